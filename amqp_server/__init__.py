@@ -1,0 +1,5 @@
+"""The AMQP 0-9-1 front end: sockets, frames, connections and channels.
+
+Only `protocol` touches a transport; everything else here is sans-IO and
+drives the domain in `vhosts`.
+"""

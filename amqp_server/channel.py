@@ -1,0 +1,308 @@
+"""One AMQP channel: method dispatch, content assembly, publish, confirms, tx.
+
+Theory of operation:
+- State: OPEN until either side closes. After the server sends Channel.Close
+  the channel is CLOSING and every frame is discarded until Channel.CloseOk
+  (spec 2.3.7.1); its consumers and unacked messages were already released.
+- Content assembly: basic.publish sets `_publish`; the next frame on this
+  channel must be its content header, then body frames until `body_size`
+  bytes arrived (anything else is UNEXPECTED_FRAME, a connection error).
+- Confirms: every publish in confirm mode gets the next sequence number; a
+  routed message is confirmed at once (transient store) by raising
+  `_confirmed_upto`, and `flush_confirms` (called once per write turn) sends
+  one basic.ack with `multiple` covering all of them.
+- Transactions: publishes and settlements are kept in `_tx` and applied in
+  order on commit; rollback drops the publishes and gives the settled
+  deliveries back to `unacked`.
+- The consumer side (deliveries, acks, qos) lives in `deliveries.Deliveries`.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pamqp import commands
+
+from amqp_server import declarations, fastpath
+from amqp_server.deliveries import Deliveries
+from amqp_server.framing import FRAME_BODY, FRAME_HEADER, content_header_prefix, decode_method
+from storage import Message
+from vhosts.errors import (
+    AMQPError,
+    FRAME_ERROR,
+    NOT_IMPLEMENTED,
+    PRECONDITION_FAILED,
+    UNEXPECTED_FRAME,
+)
+
+if TYPE_CHECKING:
+    from amqp_server.connection import Connection
+
+OPEN = "open"
+CLOSING = "closing"
+
+BASIC_CLASS = 60
+
+
+class Channel(Deliveries):
+    def __init__(self, connection: "Connection", number: int) -> None:
+        super().__init__()
+        self.connection = connection
+        self.number = number
+        self.vhost = connection.vhost
+        self.state = OPEN
+        # Pending content: [exchange, routing_key, mandatory, header, body_size, parts, received]
+        self._publish: list | None = None
+        self.confirm = False
+        self._publish_seq = 0
+        self._confirm_from = 1
+        self._confirmed_upto = 0
+        self._tx: list | None = None
+        self.most_recent_queue = ""
+        self.handlers = {
+            commands.Channel.Close: self._close,
+            commands.Channel.CloseOk: self._close_ok,
+            commands.Channel.Flow: self._flow,
+            commands.Confirm.Select: self._confirm_select,
+            commands.Tx.Select: self._tx_select,
+            commands.Tx.Commit: self._tx_commit,
+            commands.Tx.Rollback: self._tx_rollback,
+            **{cls: self._bind_handler(fn) for cls, fn in declarations.HANDLERS.items()},
+            **self.delivery_handlers(),
+        }
+
+    def _bind_handler(self, fn):
+        return lambda method: fn(self, method)
+
+    def send_method(self, method) -> None:
+        self.connection.send_method(self.number, method)
+
+    # -- frames --------------------------------------------------------------
+
+    def handle_method_frame(self, payload: bytes) -> None:
+        if self.state is CLOSING:
+            method = decode_method(payload)
+            if isinstance(method, (commands.Channel.CloseOk, commands.Channel.Close)):
+                self.connection.channel_closed(self)
+                if isinstance(method, commands.Channel.Close):
+                    self.send_method(commands.Channel.CloseOk())
+            return
+        if self._publish is not None:
+            raise AMQPError(
+                UNEXPECTED_FRAME,
+                "expected content header for class %d, got non content header frame instead" % BASIC_CLASS,
+            ).at(BASIC_CLASS, 40)
+        index = int.from_bytes(payload[:4], "big")
+        try:
+            if index == fastpath.PUBLISH:
+                self._start_publish(*fastpath.decode_publish(payload))
+                return
+            if index == fastpath.ACK:
+                self.basic_ack(*fastpath.decode_ack(payload))
+                return
+        except (ValueError, IndexError, AMQPError) as exc:
+            if isinstance(exc, AMQPError):
+                raise exc.at(index >> 16, index & 0xFFFF)
+            raise AMQPError(FRAME_ERROR, "cannot decode method %d" % index).at(index >> 16, index & 0xFFFF)
+        try:
+            method = decode_method(payload)
+            handler = self.handlers.get(type(method))
+            if handler is None:
+                raise self.connection.unexpected_method(method)
+            handler(method)
+        except AMQPError as exc:
+            raise exc.at(index >> 16, index & 0xFFFF)
+
+    def handle_content_frame(self, frame_type: int, payload: bytes) -> None:
+        if self.state is CLOSING:
+            return
+        pending = self._publish
+        if pending is None:
+            raise AMQPError(UNEXPECTED_FRAME, "expected method frame, got non method frame instead")
+        if frame_type == FRAME_HEADER:
+            if pending[3] is not None:
+                raise AMQPError(
+                    UNEXPECTED_FRAME,
+                    "expected content body, got non content body frame instead",
+                ).at(BASIC_CLASS, 40)
+            class_id, body_size = content_header_prefix(payload)
+            if class_id != BASIC_CLASS:
+                raise AMQPError(FRAME_ERROR, "content header for class %d" % class_id).at(BASIC_CLASS, 40)
+            limit = self.connection.config.max_message_size
+            if body_size > limit:
+                self._publish = None
+                raise AMQPError(
+                    PRECONDITION_FAILED,
+                    "message size %d is larger than configured max size %d" % (body_size, limit),
+                ).at(BASIC_CLASS, 40)
+            pending[3] = payload
+            pending[4] = body_size
+            if body_size == 0:
+                self._finish_publish(b"")
+            return
+        if frame_type != FRAME_BODY or pending[3] is None:
+            raise AMQPError(
+                UNEXPECTED_FRAME,
+                "expected content header for class %d, got non content header frame instead" % BASIC_CLASS,
+            ).at(BASIC_CLASS, 40)
+        pending[5].append(payload)
+        pending[6] += len(payload)
+        if pending[6] >= pending[4]:
+            if pending[6] > pending[4]:
+                raise AMQPError(
+                    FRAME_ERROR,
+                    "content body of %d bytes exceeds the declared size %d" % (pending[6], pending[4]),
+                ).at(BASIC_CLASS, 40)
+            parts = pending[5]
+            self._finish_publish(parts[0] if len(parts) == 1 else b"".join(parts))
+
+    # -- publish -------------------------------------------------------------
+
+    def _start_publish(self, exchange: str, routing_key: str, mandatory: bool, immediate: bool) -> None:
+        if immediate:
+            raise AMQPError(NOT_IMPLEMENTED, "immediate=true")
+        self._publish = [exchange, routing_key, mandatory, None, 0, [], 0]
+
+    def _finish_publish(self, body: bytes) -> None:
+        exchange, routing_key, mandatory, header = self._publish[:4]
+        self._publish = None
+        try:
+            self.vhost.check_publish(exchange)
+            message = Message(exchange, routing_key, header, body)
+            keys, headers = self._routing_keys(message)
+        except AMQPError as exc:
+            raise exc.at(BASIC_CLASS, 40)
+        if self.confirm:
+            self._publish_seq += 1
+        if self._tx is not None:
+            self._tx.append(("publish", message, keys, headers, mandatory))
+            return
+        self._route(message, keys, headers, mandatory)
+        if self.confirm:
+            self._confirmed_upto = self._publish_seq
+            self.connection.confirm_pending(self)
+
+    def _routing_keys(self, message: Message) -> tuple[list[str], dict | None]:
+        """[routing_key] + CC + BCC (RabbitMQ's sender-selected distribution);
+        BCC is removed from the message before it is stored."""
+        if not message.has_headers:
+            return [message.routing_key], None
+        headers = message.headers
+        keys = [message.routing_key]
+        for name in ("CC", "BCC"):
+            value = headers.get(name)
+            if value is None:
+                continue
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise AMQPError(
+                    PRECONDITION_FAILED,
+                    'invalid message: {unacceptable_type_in_header,"%s",%s}' % (name, _field_type(value)),
+                )
+            keys += value
+        if "BCC" in headers:
+            message.remove_header("BCC")
+        return keys, headers
+
+    def _route(self, message: Message, keys: list[str], headers: dict | None, mandatory: bool) -> None:
+        if not self.vhost.publish(message, keys, headers) and mandatory:
+            self.connection.send_content(
+                self.number,
+                commands.Basic.Return(
+                    reply_code=312,
+                    reply_text="NO_ROUTE",
+                    exchange=message.exchange,
+                    routing_key=message.routing_key,
+                ),
+                message,
+            )
+
+    def flush_confirms(self) -> None:
+        upto = self._confirmed_upto
+        if upto >= self._confirm_from:
+            self.connection.send_raw(fastpath.ack_frame(self.number, upto, upto > self._confirm_from))
+            self._confirm_from = upto + 1
+
+    # -- channel class ---------------------------------------------------------
+
+    def _close(self, method) -> None:
+        self.release()
+        self.connection.channel_closed(self)
+        self.send_method(commands.Channel.CloseOk())
+
+    def _close_ok(self, method) -> None:
+        """A CloseOk while OPEN answers nothing we sent; RabbitMQ ignores it."""
+
+    def close_with(self, error: AMQPError) -> None:
+        """Server-initiated close after a soft error (404, 405, 406, 403)."""
+        self.release()
+        self.state = CLOSING
+        self._publish = None
+        self.send_method(
+            commands.Channel.Close(
+                reply_code=error.reply_code,
+                reply_text=error.reply_text[:255],
+                class_id=error.class_id,
+                method_id=error.method_id,
+            )
+        )
+
+    def _flow(self, method) -> None:
+        self.flow_active = bool(method.active)
+        self.send_method(commands.Channel.FlowOk(active=self.flow_active))
+        if self.flow_active:
+            self.dispatch_consumers()
+
+    # -- confirm and tx ----------------------------------------------------------
+
+    def _confirm_select(self, method) -> None:
+        if self._tx is not None:
+            raise AMQPError(PRECONDITION_FAILED, "cannot switch from tx to confirm mode")
+        self.confirm = True
+        if not method.nowait:
+            self.send_method(commands.Confirm.SelectOk())
+
+    def _tx_select(self, method) -> None:
+        if self.confirm:
+            raise AMQPError(PRECONDITION_FAILED, "cannot switch from confirm to tx mode")
+        if self._tx is None:
+            self._tx = []
+        self.send_method(commands.Tx.SelectOk())
+
+    def _require_tx(self) -> list:
+        if self._tx is None:
+            raise AMQPError(PRECONDITION_FAILED, "channel is not transactional")
+        return self._tx
+
+    def _tx_commit(self, method) -> None:
+        actions = self._require_tx()
+        self._tx = []
+        for action in actions:
+            if action[0] == "publish":
+                self._route(*action[1:])
+            else:
+                self.settle(*action[1:])
+        self.send_method(commands.Tx.CommitOk())
+
+    def _tx_rollback(self, method) -> None:
+        actions = self._require_tx()
+        self._tx = []
+        self.restore_unacked([a for a in actions if a[0] == "settle"])
+        self.send_method(commands.Tx.RollbackOk())
+
+    def defer_settlement(self, settled: list, outcome: str) -> bool:
+        """In a transaction, keep acks/nacks/rejects for commit; True if kept."""
+        if self._tx is None:
+            return False
+        self._tx.append(("settle", settled, outcome))
+        return True
+
+
+def _field_type(value: object) -> str:
+    if isinstance(value, str):
+        return "longstr"
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "long"
+    if isinstance(value, dict):
+        return "table"
+    return type(value).__name__

@@ -1,0 +1,463 @@
+"""One AMQP connection: handshake, tuning, heartbeats, channels, close.
+
+Theory of operation:
+- States, in order: HEADER (waiting for the 8-byte protocol header), START_OK,
+  TUNE_OK, OPEN_WAIT (waiting for connection.open), RUNNING, then CLOSING
+  (we sent Connection.Close: discard everything until Close-Ok) and CLOSED.
+- Input: `received` feeds the frame reader and handles at most INPUT_BUDGET
+  payload bytes per turn; if more is buffered, reading pauses and resumes on
+  the next loop turn so one busy connection cannot starve the others.
+- Output: frames are appended to `_out`; the protocol writes them once per
+  loop turn (`take_output`). `output_paused` is true while the socket is
+  paused or `_out` is long, and consumers on this connection then receive
+  nothing until `output_resumed` dispatches again.
+- Errors: an AMQPError from a channel with a soft code closes that channel;
+  any other closes the connection. Anything unexpected is logged and closes
+  the connection with 541, never the broker.
+- Heartbeats: one timer per connection ticks every heartbeat/2 seconds; it
+  sends a heartbeat frame if nothing was written since the last tick and
+  drops the socket after two heartbeat intervals without input.
+"""
+from __future__ import annotations
+
+import ipaddress
+import logging
+import platform
+import struct
+from typing import TYPE_CHECKING
+
+from pamqp import commands, decode
+
+from amqp_server.channel import Channel
+from amqp_server.config import BrokerConfig
+from amqp_server.framing import (
+    FRAME_HEARTBEAT,
+    FRAME_METHOD,
+    HEARTBEAT_FRAME,
+    PROTOCOL_HEADER,
+    FrameReader,
+    content_frames,
+    decode_method,
+    method_frame,
+)
+from vhosts import Broker
+from vhosts.errors import (
+    ACCESS_REFUSED,
+    CHANNEL_ERROR,
+    COMMAND_INVALID,
+    INTERNAL_ERROR,
+    NOT_ALLOWED,
+    UNEXPECTED_FRAME,
+    AMQPError,
+)
+
+if TYPE_CHECKING:
+    from amqp_server.protocol import AMQPProtocol
+
+log = logging.getLogger("hutch.connection")
+
+HEADER, START_OK, TUNE_OK, OPEN_WAIT, RUNNING, CLOSING, CLOSED = (
+    "header", "start_ok", "tune_ok", "open_wait", "running", "closing", "closed")
+
+INPUT_BUDGET = 128 * 1024
+OUTPUT_HIGH = 4096  # queued frame parts before consumers on this connection wait
+HANDSHAKE_TIMEOUT = 10.0
+CLOSE_OK_TIMEOUT = 3.0
+CHANNEL_OPEN = (20 << 16 | 10).to_bytes(4, "big")
+
+# What hutch implements, and only that (clients switch features on these).
+CAPABILITIES = {
+    "publisher_confirms": True,
+    "exchange_exchange_bindings": True,
+    "basic.nack": True,
+    "consumer_cancel_notify": True,
+    "authentication_failure_close": True,
+    "per_consumer_qos": True,
+}
+MECHANISMS = "PLAIN AMQPLAIN"
+
+
+def server_properties() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        hutch_version = version("hutch")
+    except PackageNotFoundError:
+        hutch_version = "0+unknown"
+    return {
+        "capabilities": CAPABILITIES,
+        "cluster_name": "hutch@" + platform.node(),
+        "copyright": "hutch contributors",
+        "information": "hutch, an AMQP 0-9-1 broker",
+        "platform": "Python " + platform.python_version(),
+        "product": "hutch",
+        "version": hutch_version,
+    }
+
+
+class Connection:
+    def __init__(self, broker: Broker, config: BrokerConfig, io: "AMQPProtocol", peer: tuple | None) -> None:
+        self.broker = broker
+        self.config = config
+        self.io = io
+        self.peer = peer
+        self.state = HEADER
+        self.reader = FrameReader(config.frame_max)
+        self.frame_max = config.frame_max
+        self.channel_max = config.channel_max
+        self.heartbeat = 0
+        self.vhost = None
+        self.user = None
+        self.client_properties: dict = {}
+        self.channels: dict[int, Channel] = {}
+        self.exclusive_queues: list = []
+        self._header = b""
+        self._out: list[bytes] = []
+        self._confirming: set[Channel] = set()
+        self.socket_paused = False
+        self._received_since_tick = True
+        self._silent_ticks = 0
+        self._sent_since_tick = False
+        self._timer = io.call_later(HANDSHAKE_TIMEOUT, self._handshake_timeout)
+
+    # -- output --------------------------------------------------------------
+
+    @property
+    def output_paused(self) -> bool:
+        return self.socket_paused or len(self._out) > OUTPUT_HIGH
+
+    def send_raw(self, data: bytes) -> None:
+        if not self._out:
+            self.io.wake()
+        self._out.append(data)
+
+    def send_frames(self, frames: list[bytes]) -> None:
+        if not self._out:
+            self.io.wake()
+        self._out += frames
+
+    def send_method(self, channel: int, method) -> None:
+        self.send_raw(method_frame(channel, method))
+
+    def send_content(self, channel: int, method, message) -> None:
+        frames = content_frames(channel, message.header, message.body, self.frame_max)
+        frames.insert(0, method_frame(channel, method))
+        self.send_frames(frames)
+
+    def confirm_pending(self, channel: Channel) -> None:
+        if not self._confirming:
+            self.io.wake()
+        self._confirming.add(channel)
+
+    def take_output(self) -> list[bytes]:
+        """Everything to write this turn (confirms coalesced last)."""
+        if self._confirming:
+            for channel in self._confirming:
+                channel.flush_confirms()
+            self._confirming.clear()
+        out = self._out
+        was_full = len(out) > OUTPUT_HIGH
+        self._out = []
+        if out:
+            self._sent_since_tick = True
+        if was_full and not self.socket_paused:
+            self.io.call_soon(self.output_resumed)
+        return out
+
+    def output_resumed(self) -> None:
+        for channel in list(self.channels.values()):
+            channel.dispatch_consumers()
+
+    def client_has(self, capability: str) -> bool:
+        caps = self.client_properties.get("capabilities")
+        return isinstance(caps, dict) and bool(caps.get(capability))
+
+    # -- input ---------------------------------------------------------------
+
+    def received(self, data: bytes) -> None:
+        self._received_since_tick = True
+        if self.state is HEADER:
+            self._header += data
+            if len(self._header) < 8 and PROTOCOL_HEADER.startswith(self._header):
+                return
+            if self._header[:8] != PROTOCOL_HEADER:
+                self.send_raw(PROTOCOL_HEADER)
+                self._shutdown()
+                return
+            data = self._header[8:]
+            self._header = b""
+            self._send_start()
+        self.reader.feed(data)
+        self.parse()
+
+    def parse(self) -> None:
+        budget = INPUT_BUDGET
+        try:
+            for frame_type, channel, payload in self.reader.frames(budget):
+                budget -= len(payload) + 8
+                if self.state is CLOSED:
+                    return
+                self._frame(frame_type, channel, payload)
+        except AMQPError as exc:
+            self.close_with(exc)
+            return
+        except Exception:
+            log.exception("internal error on connection from %s", self.peer)
+            self.close_with(AMQPError(INTERNAL_ERROR, "internal error"))
+            return
+        if budget <= 0 and self.reader.buffered and self.state is not CLOSED:
+            self.io.pause_reading()
+            self.io.call_soon(self._continue)
+
+    def _continue(self) -> None:
+        if self.state is CLOSED:
+            return
+        self.io.resume_reading()
+        self.parse()
+
+    def _frame(self, frame_type: int, number: int, payload: bytes) -> None:
+        if frame_type == FRAME_HEARTBEAT:
+            return
+        state = self.state
+        if number == 0:
+            if frame_type != FRAME_METHOD:
+                raise AMQPError(UNEXPECTED_FRAME, "expected method frame, got non method frame instead")
+            self._connection_method(decode_method(payload))
+            return
+        if state is not RUNNING:
+            if state is CLOSING:
+                return
+            raise AMQPError(CHANNEL_ERROR, "unexpected frame on channel %d in connection state %s" % (number, state))
+        channel = self.channels.get(number)
+        if channel is None:
+            self._open_channel(number, frame_type, payload)
+            return
+        try:
+            if frame_type == FRAME_METHOD:
+                channel.handle_method_frame(payload)
+            else:
+                channel.handle_content_frame(frame_type, payload)
+        except AMQPError as exc:
+            if exc.closes_connection:
+                raise
+            channel.close_with(exc)
+
+    def _open_channel(self, number: int, frame_type: int, payload: bytes) -> None:
+        if frame_type != FRAME_METHOD or payload[:4] != CHANNEL_OPEN:
+            error = AMQPError(CHANNEL_ERROR, "expected 'channel.open'")
+            if frame_type == FRAME_METHOD and len(payload) >= 4:
+                error.at(int.from_bytes(payload[:2], "big"), int.from_bytes(payload[2:4], "big"))
+            raise error
+        if number > self.channel_max:
+            raise AMQPError(
+                NOT_ALLOWED,
+                "channel number %d is above the negotiated channel_max (%d)" % (number, self.channel_max),
+            ).at(20, 10)
+        self.channels[number] = Channel(self, number)
+        self.send_method(number, commands.Channel.OpenOk())
+
+    def channel_closed(self, channel: Channel) -> None:
+        if self.channels.get(channel.number) is channel:
+            del self.channels[channel.number]
+        self._confirming.discard(channel)
+
+    def unexpected_method(self, method) -> AMQPError:
+        if isinstance(method, commands.Channel.Open):
+            return AMQPError(CHANNEL_ERROR, "second 'channel.open' seen")
+        return AMQPError(COMMAND_INVALID, "unimplemented method")
+
+    # -- channel 0 -----------------------------------------------------------
+
+    def _connection_method(self, method) -> None:
+        state = self.state
+        index = method.index
+        try:
+            if state is CLOSING:
+                if isinstance(method, commands.Connection.Close):
+                    self.send_method(0, commands.Connection.CloseOk())
+                    self._shutdown()
+                elif isinstance(method, commands.Connection.CloseOk):
+                    self._shutdown()
+                return
+            if isinstance(method, commands.Connection.Close):
+                self.send_method(0, commands.Connection.CloseOk())
+                self._shutdown()
+                return
+            expected = {
+                START_OK: commands.Connection.StartOk,
+                TUNE_OK: commands.Connection.TuneOk,
+                OPEN_WAIT: commands.Connection.Open,
+            }.get(state)
+            if expected is None or not isinstance(method, expected):
+                raise AMQPError(
+                    CHANNEL_ERROR,
+                    "unexpected method in connection state %s" % ("running" if state is RUNNING else state),
+                )
+            if state is START_OK:
+                self._start_ok(method)
+            elif state is TUNE_OK:
+                self._tune_ok(method)
+            else:
+                self._open(method)
+        except AMQPError as exc:
+            raise exc.at(index >> 16, index & 0xFFFF)
+
+    def _send_start(self) -> None:
+        self.state = START_OK
+        self.send_method(
+            0,
+            commands.Connection.Start(
+                version_major=0,
+                version_minor=9,
+                server_properties=server_properties(),
+                mechanisms=MECHANISMS,
+                locales="en_US",
+            ),
+        )
+
+    def _credentials(self, method) -> tuple[str, str]:
+        response = method.response
+        raw = response.encode("utf-8") if isinstance(response, str) else bytes(response or b"")
+        if method.mechanism == "PLAIN":
+            parts = raw.split(b"\x00")
+            if len(parts) != 3:
+                return "", ""
+            return parts[1].decode("utf-8", "replace"), parts[2].decode("utf-8", "replace")
+        try:
+            _, table = decode.field_table(struct.pack(">I", len(raw)) + raw)
+        except Exception:
+            return "", ""
+        login, password = table.get("LOGIN", ""), table.get("PASSWORD", "")
+        return (login if isinstance(login, str) else ""), (password if isinstance(password, str) else "")
+
+    def _start_ok(self, method) -> None:
+        self.client_properties = method.client_properties or {}
+        if method.mechanism not in MECHANISMS.split():
+            raise AMQPError(COMMAND_INVALID, "unknown authentication mechanism '%s'" % method.mechanism)
+        username, password = self._credentials(method)
+        self.user = self.broker.authenticate(username, password, self._from_loopback())
+        if self.user is None:
+            log.warning("login refused for user '%s' from %s (mechanism %s)", username, self.peer, method.mechanism)
+            if self.client_has("authentication_failure_close"):
+                raise AMQPError(
+                    ACCESS_REFUSED,
+                    "Login was refused using authentication mechanism %s. For details see the broker logfile."
+                    % method.mechanism,
+                ).at(0, 0)  # RabbitMQ names no method here
+            self._shutdown()
+            return
+        self.state = TUNE_OK
+        self.send_method(
+            0,
+            commands.Connection.Tune(
+                channel_max=self.config.channel_max,
+                frame_max=self.config.frame_max,
+                heartbeat=self.config.heartbeat,
+            ),
+        )
+
+    def _from_loopback(self) -> bool:
+        if not self.peer:
+            return True  # a Unix socket or a test transport
+        try:
+            return ipaddress.ip_address(self.peer[0]).is_loopback
+        except ValueError:
+            return False
+
+    def _tune_ok(self, method) -> None:
+        ours = self.config
+        frame_max = method.frame_max or ours.frame_max
+        if frame_max > ours.frame_max:
+            raise AMQPError(NOT_ALLOWED, "frame_max=%d > %d max size" % (frame_max, ours.frame_max))
+        if frame_max < 4096:
+            raise AMQPError(NOT_ALLOWED, "frame_max=%d < 4096 min size" % frame_max)
+        channel_max = method.channel_max or ours.channel_max
+        if channel_max > ours.channel_max:
+            raise AMQPError(NOT_ALLOWED, "channel_max=%d > %d max" % (channel_max, ours.channel_max))
+        self.frame_max = frame_max
+        self.reader.frame_max = frame_max
+        self.channel_max = channel_max
+        self.heartbeat = method.heartbeat
+        self.state = OPEN_WAIT
+
+    def _open(self, method) -> None:
+        self.vhost = self.broker.open_vhost(self.user, method.virtual_host)
+        self.state = RUNNING
+        self._timer.cancel()
+        if self.heartbeat:
+            self._timer = self.io.call_later(self.heartbeat / 2, self._tick)
+        self.send_method(0, commands.Connection.OpenOk())
+
+    # -- heartbeats and timeouts ---------------------------------------------
+
+    def _tick(self) -> None:
+        if self.state is CLOSED:
+            return
+        if self._received_since_tick:
+            self._silent_ticks = 0
+        else:
+            self._silent_ticks += 1
+            if self._silent_ticks >= 4:
+                log.warning("missed heartbeats from %s, closing the connection", self.peer)
+                self._shutdown()
+                return
+        self._received_since_tick = False
+        if not self._sent_since_tick:
+            self.send_raw(HEARTBEAT_FRAME)
+        self._sent_since_tick = False
+        self._timer = self.io.call_later(self.heartbeat / 2, self._tick)
+
+    def _handshake_timeout(self) -> None:
+        if self.state in (HEADER, START_OK, TUNE_OK, OPEN_WAIT):
+            log.warning("handshake timeout for %s", self.peer)
+            self._shutdown()
+
+    # -- closing -------------------------------------------------------------
+
+    def own_exclusive(self, queue) -> None:
+        if queue not in self.exclusive_queues:
+            self.exclusive_queues.append(queue)
+
+    def close_with(self, error: AMQPError) -> None:
+        """Send Connection.Close and wait (briefly) for Close-Ok."""
+        if self.state in (CLOSING, CLOSED):
+            return
+        if error.reply_code != 320:
+            log.info("closing connection from %s: %s", self.peer, error.reply_text)
+        self._release()
+        self.state = CLOSING
+        self.send_method(
+            0,
+            commands.Connection.Close(
+                reply_code=error.reply_code,
+                reply_text=error.reply_text[:255],
+                class_id=error.class_id,
+                method_id=error.method_id,
+            ),
+        )
+        self._timer.cancel()
+        self._timer = self.io.call_later(CLOSE_OK_TIMEOUT, self._shutdown)
+
+    def _release(self) -> None:
+        channels = list(self.channels.values())
+        self.channels.clear()
+        for channel in channels:
+            channel.release()
+        for queue in self.exclusive_queues:
+            self.vhost.remove_queue(queue)
+        self.exclusive_queues.clear()
+
+    def _shutdown(self) -> None:
+        """Flush what is queued and close the socket."""
+        if self.state is CLOSED:
+            return
+        self._release()
+        self.state = CLOSED
+        self._timer.cancel()
+        self.io.close()
+
+    def lost(self) -> None:
+        """The socket is gone (either side)."""
+        self._release()
+        self.state = CLOSED
+        self._timer.cancel()

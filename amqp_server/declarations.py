@@ -1,0 +1,94 @@
+"""exchange.* and queue.* methods: translate each into one vhost call and reply.
+
+Every handler takes (channel, method). Names given as "" mean the channel's
+most recently declared queue (spec: queue-name shortcut), and a binding key of
+"" with that shortcut means the queue's name, as RabbitMQ expands them.
+"""
+from __future__ import annotations
+
+from pamqp import commands
+
+
+def exchange_declare(channel, m) -> None:
+    channel.vhost.declare_exchange(
+        m.exchange, m.exchange_type, m.passive, m.durable, m.auto_delete, m.internal, m.arguments
+    )
+    if not m.nowait:
+        channel.send_method(commands.Exchange.DeclareOk())
+
+
+def exchange_delete(channel, m) -> None:
+    channel.vhost.delete_exchange(m.exchange, m.if_unused)
+    if not m.nowait:
+        channel.send_method(commands.Exchange.DeleteOk())
+
+
+def exchange_bind(channel, m) -> None:
+    channel.vhost.bind_exchange(m.destination, m.source, m.routing_key, m.arguments)
+    if not m.nowait:
+        channel.send_method(commands.Exchange.BindOk())
+
+
+def exchange_unbind(channel, m) -> None:
+    channel.vhost.unbind_exchange(m.destination, m.source, m.routing_key, m.arguments)
+    if not m.nowait:
+        channel.send_method(commands.Exchange.UnbindOk())
+
+
+def queue_declare(channel, m) -> None:
+    queue = channel.vhost.declare_queue(
+        m.queue, channel.connection, m.passive, m.durable, m.exclusive, m.auto_delete, m.arguments
+    )
+    if m.exclusive and not m.passive:
+        channel.connection.own_exclusive(queue)
+    channel.most_recent_queue = queue.name
+    if not m.nowait:
+        channel.send_method(
+            commands.Queue.DeclareOk(
+                queue=queue.name, message_count=queue.message_count, consumer_count=queue.consumer_count
+            )
+        )
+
+
+def _binding_target(channel, m) -> tuple[str, str]:
+    queue = channel.queue_name(m.queue)
+    key = m.routing_key if (m.queue or m.routing_key) else queue
+    return queue, key
+
+
+def queue_bind(channel, m) -> None:
+    queue, key = _binding_target(channel, m)
+    channel.vhost.bind_queue(queue, m.exchange, key, m.arguments, channel.connection)
+    if not m.nowait:
+        channel.send_method(commands.Queue.BindOk())
+
+
+def queue_unbind(channel, m) -> None:
+    queue, key = _binding_target(channel, m)
+    channel.vhost.unbind_queue(queue, m.exchange, key, m.arguments, channel.connection)
+    channel.send_method(commands.Queue.UnbindOk())
+
+
+def queue_purge(channel, m) -> None:
+    count = channel.vhost.purge_queue(channel.queue_name(m.queue), channel.connection)
+    if not m.nowait:
+        channel.send_method(commands.Queue.PurgeOk(message_count=count))
+
+
+def queue_delete(channel, m) -> None:
+    count = channel.vhost.delete_queue(channel.queue_name(m.queue), channel.connection, m.if_unused, m.if_empty)
+    if not m.nowait:
+        channel.send_method(commands.Queue.DeleteOk(message_count=count))
+
+
+HANDLERS = {
+    commands.Exchange.Declare: exchange_declare,
+    commands.Exchange.Delete: exchange_delete,
+    commands.Exchange.Bind: exchange_bind,
+    commands.Exchange.Unbind: exchange_unbind,
+    commands.Queue.Declare: queue_declare,
+    commands.Queue.Bind: queue_bind,
+    commands.Queue.Unbind: queue_unbind,
+    commands.Queue.Purge: queue_purge,
+    commands.Queue.Delete: queue_delete,
+}

@@ -1,0 +1,254 @@
+"""The consuming half of a channel: consumers, deliveries, acks, qos, get.
+
+Invariants:
+- `unacked` maps delivery tag -> (queue, entry, consumer or None for
+  basic.get), in ascending tag order (dict insertion order; tags only grow).
+- `consumer.unacked` and `global_unacked` count the unacked deliveries made
+  to consumers (basic.get is not subject to prefetch, as in RabbitMQ).
+- A consumer may receive a message only when `can_deliver` says so: channel
+  flow is on, the connection's output is not paused, and neither the
+  consumer's nor the channel's (global) prefetch is reached.
+- Releasing the channel requeues every unacked message (redelivered=true)
+  and cancels every consumer (auto-delete queues go when their last one goes).
+"""
+from __future__ import annotations
+
+import base64
+import os
+
+from pamqp import commands
+
+from amqp_server import fastpath
+from amqp_server.framing import content_frames
+from vhosts import Consumer
+from vhosts.errors import (
+    ACCESS_REFUSED,
+    AMQPError,
+    NOT_ALLOWED,
+    NOT_FOUND,
+    NOT_IMPLEMENTED,
+    PRECONDITION_FAILED,
+)
+
+ACK, REQUEUE, DISCARD = "ack", "requeue", "discard"
+
+
+def new_consumer_tag() -> str:
+    return "amq.ctag-" + base64.urlsafe_b64encode(os.urandom(16)).decode("ascii").rstrip("=")
+
+
+class Deliveries:
+    def __init__(self) -> None:
+        self.consumers: dict[str, Consumer] = {}
+        self.unacked: dict[int, tuple] = {}
+        self._next_tag = 1
+        self.prefetch_count = 0
+        self.global_prefetch = 0
+        self.global_unacked = 0
+        self.flow_active = True
+
+    def delivery_handlers(self) -> dict:
+        return {
+            commands.Basic.Qos: self._qos,
+            commands.Basic.Consume: self._consume,
+            commands.Basic.Cancel: self._cancel,
+            commands.Basic.Get: self._get,
+            commands.Basic.Ack: lambda m: self.basic_ack(m.delivery_tag, m.multiple),
+            commands.Basic.Nack: lambda m: self._reject(m.delivery_tag, m.multiple, m.requeue),
+            commands.Basic.Reject: lambda m: self._reject(m.delivery_tag, False, m.requeue),
+            commands.Basic.Recover: self._recover,
+            commands.Basic.RecoverAsync: self._recover,
+        }
+
+    def queue_name(self, name: str) -> str:
+        """An empty queue name means the channel's most recently declared queue."""
+        if name:
+            return name
+        if not self.most_recent_queue:
+            raise AMQPError(NOT_FOUND, "no previously declared queue")
+        return self.most_recent_queue
+
+    # -- the ConsumerChannel port (called by vhosts.Queue) ---------------------
+
+    def can_deliver(self, consumer: Consumer) -> bool:
+        if not self.flow_active or self.connection.output_paused:
+            return False
+        if consumer.no_ack:
+            return True
+        if consumer.prefetch_count and consumer.unacked >= consumer.prefetch_count:
+            return False
+        return not (self.global_prefetch and self.global_unacked >= self.global_prefetch)
+
+    def deliver(self, consumer: Consumer, queue, entry) -> None:
+        tag = self._next_tag
+        self._next_tag = tag + 1
+        if consumer.no_ack:
+            queue.ack((entry,))
+        else:
+            self.unacked[tag] = (queue, entry, consumer)
+            consumer.unacked += 1
+            self.global_unacked += 1
+        message = entry.message
+        connection = self.connection
+        frames = content_frames(self.number, message.header, message.body, connection.frame_max)
+        frames.insert(0, fastpath.deliver_frame(
+            self.number,
+            consumer.tag.encode("utf-8"),
+            tag,
+            entry.redelivered,
+            message.exchange.encode("utf-8"),
+            message.routing_key.encode("utf-8"),
+        ))
+        connection.send_frames(frames)
+
+    def consumer_cancelled(self, consumer: Consumer) -> None:
+        """The queue went away (deleted); tell the client if it can hear it."""
+        if self.consumers.pop(consumer.tag, None) is None:
+            return
+        if self.connection.client_has("consumer_cancel_notify"):
+            self.send_method(commands.Basic.Cancel(consumer_tag=consumer.tag, nowait=True))
+
+    def dispatch_consumers(self) -> None:
+        for queue in {c.queue for c in self.consumers.values()}:
+            queue.dispatch()
+
+    # -- basic.qos / consume / cancel / get ----------------------------------
+
+    def _qos(self, method) -> None:
+        if method.prefetch_size:
+            raise AMQPError(NOT_IMPLEMENTED, "prefetch_size!=0 (%d)" % method.prefetch_size)
+        if method.global_:
+            self.global_prefetch = method.prefetch_count
+        else:
+            self.prefetch_count = method.prefetch_count
+        self.send_method(commands.Basic.QosOk())
+        self.dispatch_consumers()
+
+    def _consume(self, method) -> None:
+        queue = self.vhost.queue(self.queue_name(method.queue), self.connection)
+        tag = method.consumer_tag or new_consumer_tag()
+        if tag in self.consumers:
+            raise AMQPError(NOT_ALLOWED, "attempt to reuse consumer tag '%s'" % tag)
+        if queue.exclusive_consumer or (method.exclusive and queue.consumers):
+            raise AMQPError(ACCESS_REFUSED, "queue '%s' in vhost '%s' in exclusive use" % (queue.name, queue.vhost))
+        consumer = Consumer(
+            tag, queue, self, method.no_ack, method.exclusive, self.prefetch_count, method.arguments or {}
+        )
+        self.consumers[tag] = consumer
+        if not method.nowait:
+            self.send_method(commands.Basic.ConsumeOk(consumer_tag=tag))
+        queue.add_consumer(consumer)
+
+    def _cancel(self, method) -> None:
+        consumer = self.consumers.pop(method.consumer_tag, None)
+        if consumer is not None:
+            self._remove_consumer(consumer)
+        if not method.nowait:
+            self.send_method(commands.Basic.CancelOk(consumer_tag=method.consumer_tag))
+
+    def _remove_consumer(self, consumer: Consumer) -> None:
+        queue = consumer.queue
+        if queue.remove_consumer(consumer):
+            self.vhost.remove_queue(queue)
+
+    def _get(self, method) -> None:
+        queue = self.vhost.queue(self.queue_name(method.queue), self.connection)
+        entry = queue.get()
+        if entry is None:
+            self.send_method(commands.Basic.GetEmpty())
+            return
+        tag = self._next_tag
+        self._next_tag = tag + 1
+        if method.no_ack:
+            queue.ack((entry,))
+        else:
+            self.unacked[tag] = (queue, entry, None)
+        message = entry.message
+        self.connection.send_content(
+            self.number,
+            commands.Basic.GetOk(
+                delivery_tag=tag,
+                redelivered=entry.redelivered,
+                exchange=message.exchange,
+                routing_key=message.routing_key,
+                message_count=queue.message_count,
+            ),
+            message,
+        )
+
+    # -- settlement ----------------------------------------------------------
+
+    def _take(self, tag: int, multiple: bool) -> list[tuple]:
+        """Remove and return, as (tag, queue, entry, consumer), the deliveries a
+        (tag, multiple) pair names. RabbitMQ's rules: the tag itself must be
+        outstanding, except that multiple with tag 0 means all of them."""
+        unacked = self.unacked
+        if multiple and tag == 0:
+            taken = [(t, *item) for t, item in unacked.items()]
+            unacked.clear()
+            return taken
+        if tag not in unacked:
+            raise AMQPError(PRECONDITION_FAILED, "unknown delivery tag %d" % tag)
+        if not multiple:
+            return [(tag, *unacked.pop(tag))]
+        tags = []
+        for t in unacked:
+            if t > tag:
+                break
+            tags.append(t)
+        return [(t, *unacked.pop(t)) for t in tags]
+
+    def basic_ack(self, tag: int, multiple: bool) -> None:
+        settled = self._take(tag, multiple)
+        if not self.defer_settlement(settled, ACK):
+            self.settle(settled, ACK)
+
+    def _reject(self, tag: int, multiple: bool, requeue: bool) -> None:
+        settled = self._take(tag, multiple)
+        outcome = REQUEUE if requeue else DISCARD
+        if not self.defer_settlement(settled, outcome):
+            self.settle(settled, outcome)
+
+    def settle(self, settled: list[tuple], outcome: str) -> None:
+        by_queue: dict = {}
+        freed = False
+        for _tag, queue, entry, consumer in settled:
+            by_queue.setdefault(queue, []).append(entry)
+            if consumer is not None:
+                consumer.unacked -= 1
+                self.global_unacked -= 1
+                freed = True
+        for queue, entries in by_queue.items():
+            if outcome is REQUEUE:
+                queue.requeue(entries)
+            else:
+                queue.ack(entries)
+        if freed:
+            self.dispatch_consumers()
+
+    def restore_unacked(self, deferred: list[tuple]) -> None:
+        """tx.rollback: settlements not committed become outstanding again."""
+        if not deferred:
+            return
+        restored = dict(self.unacked)
+        for _kind, settled, _outcome in deferred:
+            for tag, queue, entry, consumer in settled:
+                restored[tag] = (queue, entry, consumer)
+        self.unacked = dict(sorted(restored.items()))
+
+    def _recover(self, method) -> None:
+        if not method.requeue:
+            raise AMQPError(NOT_IMPLEMENTED, "requeue=false")
+        self.settle(self._take(0, True), REQUEUE)
+        if isinstance(method, commands.Basic.Recover):
+            self.send_method(commands.Basic.RecoverOk())
+
+    def release(self) -> None:
+        """Channel closing: requeue everything unacked, cancel every consumer."""
+        self.flow_active = False
+        consumers = list(self.consumers.values())
+        self.consumers.clear()
+        for consumer in consumers:
+            self._remove_consumer(consumer)
+        if self.unacked:
+            self.settle(self._take(0, True), REQUEUE)

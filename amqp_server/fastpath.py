@@ -1,0 +1,61 @@
+"""Hand-written codecs for the per-message methods.
+
+basic.publish and basic.ack arrive once per message and basic.deliver leaves
+once per message; pamqp's generic (de)serialisers cost several times more than
+these. Each function here must give exactly what pamqp gives (property tests in
+tests/test_fastpath.py hold them to it); everything else goes through pamqp.
+"""
+from __future__ import annotations
+
+import struct
+
+from amqp_server.framing import FRAME_END_BYTE, FRAME_METHOD
+
+PUBLISH = 0x003C0028
+ACK = 0x003C0050
+DELIVER = 0x003C003C
+
+_ACK = struct.Struct(">QB")
+_DELIVER_HEAD = struct.Struct(">BHIIB")  # frame type, channel, size, method id, tag length
+_TAG_FLAG = struct.Struct(">QB")
+_ACK_FRAME = struct.Struct(">BHIIQBB")
+
+
+def decode_publish(payload: bytes) -> tuple[str, str, bool, bool]:
+    """(exchange, routing_key, mandatory, immediate) of a basic.publish payload
+    (method id included). Raises ValueError/IndexError on malformed input."""
+    pos = 6  # method id (4) + ticket (2)
+    length = payload[pos]
+    exchange = payload[pos + 1:pos + 1 + length].decode("utf-8")
+    pos += 1 + length
+    length = payload[pos]
+    routing_key = payload[pos + 1:pos + 1 + length].decode("utf-8")
+    bits = payload[pos + 1 + length]
+    return exchange, routing_key, bool(bits & 1), bool(bits & 2)
+
+
+def decode_ack(payload: bytes) -> tuple[int, bool]:
+    """(delivery_tag, multiple) of a basic.ack payload (method id included)."""
+    tag, bits = _ACK.unpack_from(payload, 4)
+    return tag, bool(bits & 1)
+
+
+def deliver_frame(channel: int, consumer_tag: bytes, delivery_tag: int, redelivered: bool,
+                  exchange: bytes, routing_key: bytes) -> bytes:
+    """A complete basic.deliver method frame; string arguments already UTF-8."""
+    size = 4 + 1 + len(consumer_tag) + 9 + 1 + len(exchange) + 1 + len(routing_key)
+    return b"".join((
+        _DELIVER_HEAD.pack(FRAME_METHOD, channel, size, DELIVER, len(consumer_tag)),
+        consumer_tag,
+        _TAG_FLAG.pack(delivery_tag, 1 if redelivered else 0),
+        bytes((len(exchange),)),
+        exchange,
+        bytes((len(routing_key),)),
+        routing_key,
+        FRAME_END_BYTE,
+    ))
+
+
+def ack_frame(channel: int, delivery_tag: int, multiple: bool) -> bytes:
+    """A complete basic.ack method frame (publisher confirms)."""
+    return _ACK_FRAME.pack(FRAME_METHOD, channel, 13, ACK, delivery_tag, 1 if multiple else 0, 0xCE)

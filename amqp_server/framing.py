@@ -1,0 +1,153 @@
+"""Sans-IO framing: bytes <-> AMQP frames.
+
+Theory: `FrameReader.feed` appends to one buffer and `frames` slices complete
+frames off its front, checking each header before waiting for the payload so an
+oversized frame is refused from its first 7 bytes. Payloads are handed on as
+`bytes` (pamqp and the publish path only ever see complete payloads). Methods
+are decoded with pamqp here, so nothing above this module parses bytes except
+the content header, which is kept raw (see `storage.message`).
+"""
+from __future__ import annotations
+
+import struct
+
+from pamqp import commands
+from pamqp.frame import marshal as pamqp_marshal
+
+from vhosts.errors import (
+    AMQPError,
+    COMMAND_INVALID,
+    FRAME_ERROR,
+)
+
+FRAME_METHOD = 1
+FRAME_HEADER = 2
+FRAME_BODY = 3
+FRAME_HEARTBEAT = 8
+FRAME_END = 0xCE
+FRAME_END_BYTE = b"\xce"
+# type(1) channel(2) size(4) ... payload ... frame-end(1)
+FRAME_OVERHEAD = 8
+
+PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
+
+_FRAME_HEADER = struct.Struct(">BHI")
+_METHOD_ID = struct.Struct(">I")
+_CONTENT_HEADER_PREFIX = struct.Struct(">HHQ")
+
+HEARTBEAT_FRAME = b"\x08\x00\x00\x00\x00\x00\x00\xce"
+
+
+class FrameReader:
+    """Incremental frame parser for one connection."""
+
+    __slots__ = ("_buf", "frame_max")
+
+    def __init__(self, frame_max: int) -> None:
+        self._buf = bytearray()
+        self.frame_max = frame_max
+
+    def feed(self, data: bytes) -> None:
+        self._buf += data
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buf)
+
+    def frames(self, budget: int = 1 << 62):
+        """Yield (frame_type, channel, payload) for each complete frame, until
+        about `budget` payload bytes were yielded (fairness between connections)."""
+        buf = self._buf
+        pos = 0
+        limit = len(buf)
+        try:
+            while limit - pos >= 7:
+                frame_type, channel, size = _FRAME_HEADER.unpack_from(buf, pos)
+                if size + FRAME_OVERHEAD > self.frame_max and self.frame_max:
+                    raise AMQPError(
+                        FRAME_ERROR,
+                        "type %d, all octets = <<>>: {frame_too_large,%d,%d}"
+                        % (frame_type, size, self.frame_max - FRAME_OVERHEAD),
+                    )
+                end = pos + 7 + size
+                if end >= limit:
+                    break
+                payload = bytes(buf[pos + 7:end])
+                if buf[end] != FRAME_END:
+                    raise AMQPError(
+                        FRAME_ERROR,
+                        "type %d, all octets = %s: {invalid_frame_end_marker,%d}"
+                        % (frame_type, _erlang_binary(payload), buf[end]),
+                    )
+                if frame_type not in (FRAME_METHOD, FRAME_HEADER, FRAME_BODY, FRAME_HEARTBEAT):
+                    raise AMQPError(
+                        FRAME_ERROR,
+                        "type %d, all octets = %s: unknown_frame" % (frame_type, _erlang_binary(payload)),
+                    )
+                pos = end + 1
+                yield frame_type, channel, payload
+                budget -= size
+                if budget <= 0:
+                    break
+        finally:
+            if pos:
+                del buf[:pos]
+
+
+def _erlang_binary(payload: bytes) -> str:
+    shown = payload[:32]
+    if all(32 <= b < 127 and b not in (34, 92) for b in shown):
+        text = '<<"%s">>' % shown.decode("ascii")
+    else:
+        text = "<<" + ",".join(str(b) for b in shown) + ">>"
+    return text if len(payload) <= 32 else text[:-2] + ",...>>"
+
+
+def decode_method(payload: bytes):
+    """pamqp method object for a method frame payload; malformed arguments are a
+    FRAME_ERROR (RabbitMQ: "cannot decode ..."), an unknown method COMMAND_INVALID."""
+    if len(payload) < 4:
+        raise AMQPError(FRAME_ERROR, "cannot decode %s" % _erlang_binary(payload))
+    (index,) = _METHOD_ID.unpack_from(payload)
+    cls = commands.INDEX_MAPPING.get(index)
+    if cls is None:
+        raise AMQPError(COMMAND_INVALID, "unknown method class %d method %d" % (index >> 16, index & 0xFFFF))
+    method = cls.__new__(cls)
+    try:
+        method.unmarshal(payload[4:])
+    except Exception:
+        raise AMQPError(FRAME_ERROR, "cannot decode %s" % _erlang_binary(payload[4:])) from None
+    return method
+
+
+def content_header_prefix(payload: bytes) -> tuple[int, int]:
+    """(class_id, body_size) of a content header payload."""
+    if len(payload) < 14:
+        raise AMQPError(FRAME_ERROR, "cannot decode %s" % _erlang_binary(payload))
+    class_id, _weight, body_size = _CONTENT_HEADER_PREFIX.unpack_from(payload)
+    return class_id, body_size
+
+
+def method_frame(channel: int, method) -> bytes:
+    return pamqp_marshal(method, channel)
+
+
+def raw_frame(frame_type: int, channel: int, payload: bytes) -> bytes:
+    return _FRAME_HEADER.pack(frame_type, channel, len(payload)) + payload + FRAME_END_BYTE
+
+
+def content_frames(channel: int, header: bytes, body: bytes, frame_max: int) -> list[bytes]:
+    """Content header (sent back exactly as published) and body frames, the body
+    split so no frame exceeds frame_max."""
+    out = [_FRAME_HEADER.pack(FRAME_HEADER, channel, len(header)), header, FRAME_END_BYTE]
+    chunk = frame_max - FRAME_OVERHEAD
+    size = len(body)
+    if size <= chunk:
+        if size:
+            out += (_FRAME_HEADER.pack(FRAME_BODY, channel, size), body, FRAME_END_BYTE)
+        return out
+    view = memoryview(body)
+    for start in range(0, size, chunk):
+        part = view[start:start + chunk]
+        out += (_FRAME_HEADER.pack(FRAME_BODY, channel, len(part)), part, FRAME_END_BYTE)
+    return out

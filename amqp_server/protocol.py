@@ -1,0 +1,81 @@
+"""The only module that touches a transport: asyncio.Protocol <-> Connection.
+
+Writes are batched: the connection appends frames and calls `wake`, and one
+`call_soon` per loop turn writes everything with a single `writelines`.
+"""
+from __future__ import annotations
+
+import asyncio
+
+from amqp_server.config import BrokerConfig
+from amqp_server.connection import Connection
+from vhosts import Broker
+
+
+class AMQPProtocol(asyncio.Protocol):
+    def __init__(self, broker: Broker, config: BrokerConfig, connections: set) -> None:
+        self.broker = broker
+        self.config = config
+        self.connections = connections
+        self.loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
+        self.connection: Connection | None = None
+        self._flush_scheduled = False
+
+    # -- asyncio.Protocol ----------------------------------------------------
+
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        self.transport = transport
+        self.connection = Connection(self.broker, self.config, self, transport.get_extra_info("peername"))
+        self.connections.add(self.connection)
+
+    def data_received(self, data: bytes) -> None:
+        self.connection.received(data)
+
+    def eof_received(self) -> bool:
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.connections.discard(self.connection)
+        self.connection.lost()
+
+    def pause_writing(self) -> None:
+        self.connection.socket_paused = True
+
+    def resume_writing(self) -> None:
+        self.connection.socket_paused = False
+        self.connection.output_resumed()
+
+    # -- what Connection asks of its IO --------------------------------------
+
+    def wake(self) -> None:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        out = self.connection.take_output()
+        if out:
+            transport.writelines(out)
+
+    def close(self) -> None:
+        """Write whatever is pending, then close."""
+        self._flush()
+        self.transport.close()
+
+    def call_later(self, delay: float, callback) -> asyncio.TimerHandle:
+        return self.loop.call_later(delay, callback)
+
+    def call_soon(self, callback) -> None:
+        self.loop.call_soon(callback)
+
+    def pause_reading(self) -> None:
+        self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if not self.transport.is_closing():
+            self.transport.resume_reading()

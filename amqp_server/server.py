@@ -1,0 +1,80 @@
+"""Listeners and the process lifetime: start, log the ports, stop on a signal."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import ssl
+
+from amqp_server.config import BrokerConfig
+from amqp_server.protocol import AMQPProtocol
+from vhosts import Broker
+from vhosts.errors import CONNECTION_FORCED, AMQPError
+
+log = logging.getLogger("hutch.server")
+
+
+def tls_context(config: BrokerConfig) -> ssl.SSLContext:
+    tls = config.tls
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(tls.certfile, tls.keyfile)
+    if tls.cacertfile:
+        context.load_verify_locations(tls.cacertfile)
+    if tls.verify_peer:
+        context.verify_mode = ssl.CERT_REQUIRED if tls.fail_if_no_peer_cert else ssl.CERT_OPTIONAL
+    return context
+
+
+class BrokerServer:
+    def __init__(self, config: BrokerConfig) -> None:
+        self.config = config
+        self.broker = Broker(config.default_user, config.default_pass, config.default_vhost, config.loopback_users)
+        self.connections: set = set()
+        self.servers: list[asyncio.Server] = []
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        config = self.config
+
+        def factory() -> AMQPProtocol:
+            return AMQPProtocol(self.broker, config, self.connections)
+
+        listeners = [("AMQP", config.port, None)]
+        if config.tls.enabled:
+            listeners.append(("AMQPS", config.tls.port, tls_context(config)))
+        for name, port, context in listeners:
+            server = await loop.create_server(factory, config.bind, port, ssl=context, reuse_address=True)
+            self.servers.append(server)
+            for sock in server.sockets:
+                host, bound = sock.getsockname()[:2]
+                log.info("listening for %s on %s:%d", name, host, bound)
+
+    async def stop(self) -> None:
+        for server in self.servers:
+            server.close()
+        for connection in list(self.connections):
+            connection.close_with(AMQPError(CONNECTION_FORCED, "broker forced connection closure with reason 'shutdown'"))
+        for server in self.servers:
+            await server.wait_closed()
+
+
+async def serve(config: BrokerConfig) -> None:
+    server = BrokerServer(config)
+    await server.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("shutting down")
+    await server.stop()
+
+
+def run(config: BrokerConfig) -> None:
+    """Run the broker until SIGINT/SIGTERM (uvloop when installed)."""
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(serve(config))
+    else:
+        uvloop.run(serve(config))

@@ -1,0 +1,33 @@
+"""`hutch-server`: load settings, configure logging, run the broker until signalled.
+
+Settings errors are reported (exit status 2, no traceback) before the server
+package is imported, so a bad configuration is diagnosed even if the broker
+itself cannot start.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from cli.settings import SettingsError, load_settings
+
+LOG_FORMAT = "%(asctime)s [%(levelname)s] %(name)s: %(message)s"
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        config = load_settings(argv, os.environ)
+    except SettingsError as exc:
+        print(f"hutch-server: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(stream=sys.stderr, level=config.log_level.upper(), format=LOG_FORMAT)
+
+    from amqp_server.server import run
+
+    run(config)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

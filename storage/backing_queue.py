@@ -1,0 +1,48 @@
+"""The interface between a queue (`vhosts.queue`) and where its messages live.
+
+A queue owns ordering decisions only through this interface:
+- `publish` appends at the tail and returns the entry;
+- `fetch` removes the head *ready* entry (it becomes "unacked" until `ack` or
+  `requeue`);
+- `requeue` returns fetched entries to the ready set at their original place:
+  ready entries are always served in ascending `seq` order.
+Counts (`ready`, `ready_bytes`) cover ready entries only, as RabbitMQ's
+`messages_ready`.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Protocol
+
+from storage.message import Message
+
+
+class QueueEntry:
+    """One message's place in one queue (a message routed to three queues has
+    three entries sharing one `Message`)."""
+
+    __slots__ = ("seq", "message", "redelivered")
+
+    def __init__(self, seq: int, message: Message) -> None:
+        self.seq = seq
+        self.message = message
+        self.redelivered = False
+
+    def __lt__(self, other: "QueueEntry") -> bool:
+        return self.seq < other.seq
+
+
+class BackingQueue(Protocol):
+    ready: int
+    ready_bytes: int
+
+    def publish(self, message: Message) -> QueueEntry: ...
+
+    def fetch(self) -> QueueEntry | None: ...
+
+    def ack(self, entries: Iterable[QueueEntry]) -> None: ...
+
+    def requeue(self, entries: Iterable[QueueEntry]) -> None: ...
+
+    def purge(self) -> int: ...
+
+    def delete(self) -> None: ...

@@ -1,0 +1,46 @@
+"""A consumer: one subscription of one channel to one queue.
+
+The channel it belongs to is a port (`ConsumerChannel`): the domain asks it
+whether it may take another message and hands it deliveries, and never learns
+about frames.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from storage import QueueEntry
+    from vhosts.queue import Queue
+
+
+class ConsumerChannel(Protocol):
+    def can_deliver(self, consumer: "Consumer") -> bool: ...
+
+    def deliver(self, consumer: "Consumer", queue: "Queue", entry: "QueueEntry") -> None: ...
+
+    def consumer_cancelled(self, consumer: "Consumer") -> None: ...
+
+
+class Consumer:
+    __slots__ = ("tag", "queue", "channel", "no_ack", "exclusive", "prefetch_count", "unacked", "arguments")
+
+    def __init__(
+        self,
+        tag: str,
+        queue: "Queue",
+        channel: ConsumerChannel,
+        no_ack: bool,
+        exclusive: bool,
+        prefetch_count: int,
+        arguments: dict,
+    ) -> None:
+        self.tag = tag
+        self.queue = queue
+        self.channel = channel
+        self.no_ack = no_ack
+        self.exclusive = exclusive
+        # Per-consumer limit (basic.qos global=false, RabbitMQ 3.3+ semantics);
+        # 0 = unlimited. `unacked` counts this consumer's outstanding deliveries.
+        self.prefetch_count = prefetch_count
+        self.unacked = 0
+        self.arguments = arguments

@@ -1,0 +1,41 @@
+"""An exchange: its declaration and its binding table (from `routing`)."""
+from __future__ import annotations
+
+import routing
+
+# The exchanges every virtual host starts with, as RabbitMQ predeclares them.
+PREDECLARED = (
+    ("amq.direct", "direct"),
+    ("amq.fanout", "fanout"),
+    ("amq.topic", "topic"),
+    ("amq.headers", "headers"),
+    ("amq.match", "headers"),
+)
+
+
+class Exchange:
+    __slots__ = ("name", "type", "durable", "auto_delete", "internal", "arguments", "table", "builtin")
+
+    def __init__(
+        self,
+        name: str,
+        type: str,
+        durable: bool = True,
+        auto_delete: bool = False,
+        internal: bool = False,
+        arguments: dict | None = None,
+        builtin: bool = False,
+    ) -> None:
+        self.name = name
+        self.type = type
+        self.durable = durable
+        self.auto_delete = auto_delete
+        self.internal = internal
+        self.arguments = arguments or {}
+        self.table = routing.table_for(type)
+        self.builtin = builtin
+
+    @property
+    def alternate_exchange(self) -> str | None:
+        value = self.arguments.get("alternate-exchange")
+        return value if isinstance(value, str) else None

@@ -1,0 +1,127 @@
+"""A queue: ready messages (in its backing queue), consumers and dispatch.
+
+Theory of operation:
+- Ready messages live in `backing` (a `storage.BackingQueue`); a delivered
+  message leaves the ready set and is owned by the channel that received it
+  until that channel acks (`ack`) or gives it back (`requeue`).
+- `dispatch` hands ready messages to consumers round-robin: the consumer list
+  is a deque rotated one step per delivery, and a consumer whose channel says
+  it cannot take more (prefetch, flow, a paused socket) is skipped. Dispatch
+  stops when no consumer can take a message; whoever frees capacity (an ack,
+  a resumed socket, a new consumer) calls `dispatch` again.
+- Invariant: at most one consumer when `exclusive_consumer` is set.
+"""
+from __future__ import annotations
+
+from collections import deque
+from typing import Iterable
+
+from storage import BackingQueue, Message, QueueEntry
+from vhosts.consumer import Consumer
+
+
+class Queue:
+    __slots__ = (
+        "name",
+        "vhost",
+        "durable",
+        "exclusive_owner",
+        "auto_delete",
+        "arguments",
+        "backing",
+        "consumers",
+        "exclusive_consumer",
+        "had_consumers",
+        "deleted",
+    )
+
+    def __init__(
+        self,
+        name: str,
+        vhost: str,
+        backing: BackingQueue,
+        durable: bool = False,
+        exclusive_owner: object | None = None,
+        auto_delete: bool = False,
+        arguments: dict | None = None,
+    ) -> None:
+        self.name = name
+        self.vhost = vhost
+        self.durable = durable
+        # The connection that declared an exclusive queue; None otherwise.
+        self.exclusive_owner = exclusive_owner
+        self.auto_delete = auto_delete
+        self.arguments = arguments or {}
+        self.backing = backing
+        self.consumers: deque[Consumer] = deque()
+        self.exclusive_consumer = False
+        self.had_consumers = False
+        self.deleted = False
+
+    @property
+    def message_count(self) -> int:
+        return self.backing.ready
+
+    @property
+    def consumer_count(self) -> int:
+        return len(self.consumers)
+
+    def publish(self, message: Message) -> None:
+        self.backing.publish(message)
+        if self.consumers:
+            self.dispatch()
+
+    def dispatch(self) -> None:
+        consumers = self.consumers
+        backing = self.backing
+        while backing.ready and consumers:
+            for _ in range(len(consumers)):
+                consumer = consumers[0]
+                consumers.rotate(-1)
+                if consumer.channel.can_deliver(consumer):
+                    break
+            else:
+                return
+            consumer.channel.deliver(consumer, self, backing.fetch())
+
+    def get(self) -> QueueEntry | None:
+        return self.backing.fetch()
+
+    def ack(self, entries: Iterable[QueueEntry]) -> None:
+        if not self.deleted:
+            self.backing.ack(entries)
+
+    def requeue(self, entries: Iterable[QueueEntry]) -> None:
+        """Give delivered entries back; they return to their original place."""
+        if self.deleted:
+            return
+        self.backing.requeue(entries)
+        if self.consumers:
+            self.dispatch()
+
+    def add_consumer(self, consumer: Consumer) -> None:
+        self.consumers.append(consumer)
+        self.exclusive_consumer = consumer.exclusive
+        self.had_consumers = True
+        self.dispatch()
+
+    def remove_consumer(self, consumer: Consumer) -> bool:
+        """Remove it; True when the queue should now be auto-deleted."""
+        try:
+            self.consumers.remove(consumer)
+        except ValueError:
+            return False
+        if consumer.exclusive:
+            self.exclusive_consumer = False
+        return self.auto_delete and not self.consumers and self.had_consumers
+
+    def purge(self) -> int:
+        return self.backing.purge()
+
+    def delete(self) -> list[Consumer]:
+        """Drop every ready message; returns the consumers to notify."""
+        self.deleted = True
+        self.backing.delete()
+        consumers = list(self.consumers)
+        self.consumers.clear()
+        return consumers

@@ -1,0 +1,353 @@
+"""A virtual host: its exchanges, queues and bindings, and publish routing.
+
+Invariants:
+- `queues` and `exchanges` hold live objects only; a deleted queue is marked
+  `deleted` so late acks and requeues from channels become no-ops.
+- `_bound_from[dest]` is the set of exchange names with at least one binding to
+  `dest`, so deleting a queue or exchange touches only the tables that route
+  to it (never a scan of every exchange).
+- Every error is an `AMQPError` carrying RabbitMQ's reply code and text.
+"""
+from __future__ import annotations
+
+import base64
+import os
+import routing
+from routing import Destination
+from storage import MemoryQueue, Message
+from vhosts.errors import (
+    ACCESS_REFUSED,
+    AMQPError,
+    COMMAND_INVALID,
+    NOT_FOUND,
+    PRECONDITION_FAILED,
+    RESOURCE_LOCKED,
+    fmt_value,
+)
+from vhosts.exchange import PREDECLARED, Exchange
+from vhosts.queue import Queue
+
+# Arguments whose values must match on re-declaration (rabbit_amqqueue's list);
+# other arguments are ignored by the equivalence check, as in RabbitMQ.
+QUEUE_EQUIVALENT_ARGS = (
+    "x-expires",
+    "x-message-ttl",
+    "x-dead-letter-exchange",
+    "x-dead-letter-routing-key",
+    "x-max-length",
+    "x-max-length-bytes",
+    "x-max-in-memory-length",
+    "x-max-in-memory-bytes",
+    "x-max-priority",
+    "x-overflow",
+    "x-queue-mode",
+    "x-queue-type",
+    "x-single-active-consumer",
+    "x-delivery-limit",
+    "x-queue-master-locator",
+    "x-quorum-initial-group-size",
+)
+EXCHANGE_EQUIVALENT_ARGS = ("alternate-exchange",)
+
+
+def _table_type(value: object) -> str:
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "long"
+    if isinstance(value, float):
+        return "double"
+    if isinstance(value, dict):
+        return "table"
+    if isinstance(value, list):
+        return "array"
+    return "longstr"
+
+
+def new_queue_name() -> str:
+    """Server-named queue, RabbitMQ style: amq.gen- + 22 chars of url-safe base64."""
+    return "amq.gen-" + base64.urlsafe_b64encode(os.urandom(16)).decode("ascii").rstrip("=")
+
+
+class VirtualHost:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.exchanges: dict[str, Exchange] = {}
+        self.queues: dict[str, Queue] = {}
+        self._bound_from: dict[Destination, set[str]] = {}
+        for xname, xtype in PREDECLARED:
+            self.exchanges[xname] = Exchange(xname, xtype, durable=True, builtin=True)
+
+    # -- lookups -------------------------------------------------------------
+
+    def _where(self) -> str:
+        return "in vhost '%s'" % self.name
+
+    def exchange(self, name: str) -> Exchange:
+        x = self.exchanges.get(name)
+        if x is None:
+            raise AMQPError(NOT_FOUND, "no exchange '%s' %s" % (name, self._where()))
+        return x
+
+    def queue(self, name: str, owner: object) -> Queue:
+        """The queue, checked for exclusive access by connection `owner`."""
+        q = self.queues.get(name)
+        if q is None:
+            raise AMQPError(NOT_FOUND, "no queue '%s' %s" % (name, self._where()))
+        if q.exclusive_owner is not None and q.exclusive_owner is not owner:
+            raise self._locked(name)
+        return q
+
+    def _locked(self, name: str) -> AMQPError:
+        return AMQPError(
+            RESOURCE_LOCKED,
+            "cannot obtain exclusive access to locked queue '%s' %s. It could be originally "
+            "declared on another connection or the exclusive property value does not match "
+            "that of the original declaration." % (name, self._where()),
+        )
+
+    def _not_default(self, name: str) -> None:
+        if name == "":
+            raise AMQPError(ACCESS_REFUSED, "operation not permitted on the default exchange")
+
+    def _inequivalent(self, what: str, name: str, key: str, received: object, current: object) -> AMQPError:
+        return AMQPError(
+            PRECONDITION_FAILED,
+            "inequivalent arg '%s' for %s '%s' %s: received '%s' but current is '%s'"
+            % (key, what, name, self._where(), fmt_value(received), fmt_value(current)),
+        )
+
+    def _check_args(self, what: str, name: str, keys, current: dict, received: dict) -> None:
+        for key in keys:
+            old, new = current.get(key), received.get(key)
+            if old == new and type(old) is type(new):
+                continue
+            if new is None:
+                detail = "received none but current is the value '%s' of type '%s'" % (
+                    fmt_value(old), _table_type(old))
+            elif old is None:
+                detail = "received the value '%s' of type '%s' but current is none" % (
+                    fmt_value(new), _table_type(new))
+            else:
+                raise self._inequivalent(what, name, key, new, old)
+            raise AMQPError(
+                PRECONDITION_FAILED,
+                "inequivalent arg '%s' for %s '%s' %s: %s" % (key, what, name, self._where(), detail),
+            )
+
+    # -- exchanges -----------------------------------------------------------
+
+    def declare_exchange(
+        self,
+        name: str,
+        type: str,
+        passive: bool = False,
+        durable: bool = False,
+        auto_delete: bool = False,
+        internal: bool = False,
+        arguments: dict | None = None,
+    ) -> Exchange:
+        # RabbitMQ's order: the type, then the default exchange, then (only for
+        # a new exchange) the reserved prefix; existing amq.* may be redeclared.
+        if not passive and type not in routing.EXCHANGE_TYPES:
+            raise AMQPError(COMMAND_INVALID, "invalid exchange type '%s'" % type)
+        self._not_default(name)
+        if passive:
+            return self.exchange(name)
+        arguments = arguments or {}
+        x = self.exchanges.get(name)
+        if x is None:
+            if name.startswith("amq."):
+                raise AMQPError(ACCESS_REFUSED, "exchange name '%s' contains reserved prefix 'amq.*'" % name)
+            x = Exchange(name, type, durable, auto_delete, internal, arguments)
+            self.exchanges[name] = x
+            return x
+        for key, received, current in (
+            ("type", type, x.type),
+            ("durable", durable, x.durable),
+            ("auto_delete", auto_delete, x.auto_delete),
+            ("internal", internal, x.internal),
+        ):
+            if received != current:
+                raise self._inequivalent("exchange", name, key, received, current)
+        self._check_args("exchange", name, EXCHANGE_EQUIVALENT_ARGS, x.arguments, arguments)
+        return x
+
+    def delete_exchange(self, name: str, if_unused: bool = False) -> None:
+        self._not_default(name)
+        x = self.exchanges.get(name)
+        if x is None:
+            return
+        if x.builtin:
+            raise AMQPError(ACCESS_REFUSED, "deletion of system exchange '%s' %s not allowed" % (name, self._where()))
+        if if_unused and len(x.table):
+            raise AMQPError(PRECONDITION_FAILED, "exchange '%s' %s in use" % (name, self._where()))
+        self._remove_exchange(x)
+
+    def _remove_exchange(self, x: Exchange) -> None:
+        del self.exchanges[x.name]
+        for dest, _key, _args in list(x.table.bindings()):
+            self._forget_binding(x.name, dest)
+        self._remove_destination(Destination("exchange", x.name))
+
+    def _remove_destination(self, dest: Destination) -> None:
+        """Drop every binding to `dest`, auto-deleting sources left with none."""
+        for source in self._bound_from.pop(dest, ()):
+            x = self.exchanges.get(source)
+            if x is None:
+                continue
+            x.table.remove_destination(dest)
+            self._maybe_auto_delete(x)
+
+    def _forget_binding(self, source: str, dest: Destination) -> None:
+        sources = self._bound_from.get(dest)
+        if sources is not None:
+            sources.discard(source)
+            if not sources:
+                del self._bound_from[dest]
+
+    def _maybe_auto_delete(self, x: Exchange) -> None:
+        if x.auto_delete and not len(x.table) and x.name in self.exchanges:
+            self._remove_exchange(x)
+
+    # -- bindings ------------------------------------------------------------
+
+    def bind(self, source: str, dest: Destination, key: str, arguments: dict | None) -> None:
+        self._not_default(source)
+        x = self.exchange(source)
+        if x.table.bind(dest, key, arguments):
+            self._bound_from.setdefault(dest, set()).add(source)
+
+    def unbind(self, source: str, dest: Destination, key: str, arguments: dict | None) -> None:
+        """Idempotent, as in RabbitMQ: a missing source, destination or binding is fine."""
+        self._not_default(source)
+        x = self.exchanges.get(source)
+        if x is not None and x.table.unbind(dest, key, arguments):
+            if not x.table.has_destination(dest):
+                self._forget_binding(source, dest)
+            self._maybe_auto_delete(x)
+
+    def bind_queue(self, queue: str, exchange: str, key: str, arguments: dict | None, owner: object) -> None:
+        self.queue(queue, owner)
+        self.bind(exchange, Destination("queue", queue), key, arguments)
+
+    def unbind_queue(self, queue: str, exchange: str, key: str, arguments: dict | None, owner: object) -> None:
+        if queue in self.queues:
+            self.queue(queue, owner)
+        self.unbind(exchange, Destination("queue", queue), key, arguments)
+
+    def bind_exchange(self, destination: str, source: str, key: str, arguments: dict | None) -> None:
+        self._not_default(destination)
+        self._not_default(source)
+        self.exchange(destination)
+        self.bind(source, Destination("exchange", destination), key, arguments)
+
+    def unbind_exchange(self, destination: str, source: str, key: str, arguments: dict | None) -> None:
+        self._not_default(destination)
+        self._not_default(source)
+        self.unbind(source, Destination("exchange", destination), key, arguments)
+
+    def bindings(self):
+        """(source, destination, key, arguments) for every explicit binding."""
+        for x in self.exchanges.values():
+            for dest, key, args in x.table.bindings():
+                yield x.name, dest, key, args
+
+    # -- queues --------------------------------------------------------------
+
+    def declare_queue(
+        self,
+        name: str,
+        owner: object,
+        passive: bool = False,
+        durable: bool = False,
+        exclusive: bool = False,
+        auto_delete: bool = False,
+        arguments: dict | None = None,
+    ) -> Queue:
+        if passive:
+            return self.queue(name, owner)
+        if not name:
+            name = new_queue_name()
+        elif name.startswith("amq."):
+            raise AMQPError(ACCESS_REFUSED, "queue name '%s' contains reserved prefix 'amq.*'" % name)
+        arguments = arguments or {}
+        q = self.queues.get(name)
+        if q is None:
+            q = Queue(
+                name,
+                self.name,
+                MemoryQueue(),
+                durable=durable,
+                exclusive_owner=owner if exclusive else None,
+                auto_delete=auto_delete,
+                arguments=arguments,
+            )
+            self.queues[name] = q
+            return q
+        if q.exclusive_owner is not None and q.exclusive_owner is not owner:
+            raise self._locked(name)
+        if q.durable != durable:
+            raise self._inequivalent("queue", name, "durable", durable, q.durable)
+        if q.auto_delete != auto_delete:
+            raise self._inequivalent("queue", name, "auto_delete", auto_delete, q.auto_delete)
+        if (q.exclusive_owner is not None) != exclusive:
+            raise self._locked(name)
+        self._check_args("queue", name, QUEUE_EQUIVALENT_ARGS, q.arguments, arguments)
+        return q
+
+    def delete_queue(self, name: str, owner: object, if_unused: bool = False, if_empty: bool = False) -> int:
+        q = self.queues.get(name)
+        if q is None:
+            return 0
+        self.queue(name, owner)
+        if if_unused and q.consumers:
+            raise AMQPError(PRECONDITION_FAILED, "queue '%s' %s in use" % (name, self._where()))
+        if if_empty and q.message_count:
+            raise AMQPError(PRECONDITION_FAILED, "queue '%s' %s not empty" % (name, self._where()))
+        return self.remove_queue(q)
+
+    def remove_queue(self, q: Queue) -> int:
+        """Delete `q` unconditionally (exclusive owner gone, auto-delete, ...)."""
+        if self.queues.get(q.name) is not q:
+            return 0
+        count = q.message_count
+        del self.queues[q.name]
+        self._remove_destination(Destination("queue", q.name))
+        for consumer in q.delete():
+            consumer.channel.consumer_cancelled(consumer)
+        return count
+
+    def purge_queue(self, name: str, owner: object) -> int:
+        return self.queue(name, owner).purge()
+
+    # -- publish -------------------------------------------------------------
+
+    def route(self, exchange: str, routing_keys: list[str], headers: dict | None) -> list[Queue]:
+        """The queues a message published to `exchange` reaches."""
+        queues = self.queues
+        if exchange == "":
+            if len(routing_keys) == 1:
+                q = queues.get(routing_keys[0])
+                return [q] if q is not None else []
+            found = {queues.get(k) for k in routing_keys}
+            found.discard(None)
+            return list(found)
+        names = routing.resolve(exchange, routing_keys, headers, self.exchanges.get)
+        return [queues[n] for n in names if n in queues]
+
+    def check_publish(self, exchange: str) -> None:
+        if exchange == "":
+            return
+        x = self.exchanges.get(exchange)
+        if x is None:
+            raise AMQPError(NOT_FOUND, "no exchange '%s' %s" % (exchange, self._where()))
+        if x.internal:
+            raise AMQPError(ACCESS_REFUSED, "cannot publish to internal exchange '%s' %s" % (exchange, self._where()))
+
+    def publish(self, message: Message, routing_keys: list[str], headers: dict | None) -> list[Queue]:
+        """Route and enqueue; returns the queues it went to (empty: unroutable)."""
+        targets = self.route(message.exchange, routing_keys, headers)
+        for q in targets:
+            q.publish(message)
+        return targets
