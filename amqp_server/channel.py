@@ -18,13 +18,14 @@ Theory of operation:
 """
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 from pamqp import commands
 
 from amqp_server import declarations, fastpath
 from amqp_server.deliveries import Deliveries
-from amqp_server.framing import FRAME_BODY, FRAME_HEADER, content_header_prefix, decode_method
+from amqp_server.framing import FRAME_BODY, FRAME_HEADER, erlang_binary, content_header_prefix, decode_method
 from storage import Message
 from vhosts.errors import (
     AMQPError,
@@ -32,6 +33,7 @@ from vhosts.errors import (
     NOT_IMPLEMENTED,
     PRECONDITION_FAILED,
     UNEXPECTED_FRAME,
+    field_type,
 )
 
 if TYPE_CHECKING:
@@ -41,6 +43,11 @@ OPEN = "open"
 CLOSING = "closing"
 
 BASIC_CLASS = 60
+# user_id (bit 4) and expiration (bit 8) in the first property-flags word
+# (header[12:14]): publishes with either are checked as RabbitMQ does.
+_CHECKED_PROPERTIES = 0x0010 | 0x0100
+_INTEGER_PREFIX = re.compile(r"[+-]?[0-9]+")
+MAX_EXPIRATION = 315360000000  # ten years in ms, RabbitMQ's limit
 
 
 class Channel(Deliveries):
@@ -80,13 +87,21 @@ class Channel(Deliveries):
 
     def handle_method_frame(self, payload: bytes) -> None:
         if self.state is CLOSING:
+            # As RabbitMQ: a Close that crossed ours gets Close-Ok and we still
+            # wait for the client's Close-Ok; a channel.open is a second open.
             method = decode_method(payload)
-            if isinstance(method, (commands.Channel.CloseOk, commands.Channel.Close)):
+            if isinstance(method, commands.Channel.CloseOk):
                 self.connection.channel_closed(self)
-                if isinstance(method, commands.Channel.Close):
-                    self.send_method(commands.Channel.CloseOk())
+            elif isinstance(method, commands.Channel.Close):
+                self.send_method(commands.Channel.CloseOk())
+            elif isinstance(method, commands.Channel.Open):
+                raise self.connection.unexpected_method(method).at(20, 10)
             return
         if self._publish is not None:
+            if self._publish[3] is not None:
+                raise AMQPError(
+                    UNEXPECTED_FRAME, "expected content body, got non content body frame instead"
+                ).at(BASIC_CLASS, 40)
             raise AMQPError(
                 UNEXPECTED_FRAME,
                 "expected content header for class %d, got non content header frame instead" % BASIC_CLASS,
@@ -102,7 +117,7 @@ class Channel(Deliveries):
         except (ValueError, IndexError, AMQPError) as exc:
             if isinstance(exc, AMQPError):
                 raise exc.at(index >> 16, index & 0xFFFF)
-            raise AMQPError(FRAME_ERROR, "cannot decode method %d" % index).at(index >> 16, index & 0xFFFF)
+            raise AMQPError(FRAME_ERROR, "cannot decode %s" % erlang_binary(payload[4:])).at(index >> 16, index & 0xFFFF)
         try:
             method = decode_method(payload)
             handler = self.handlers.get(type(method))
@@ -126,7 +141,10 @@ class Channel(Deliveries):
                 ).at(BASIC_CLASS, 40)
             class_id, body_size = content_header_prefix(payload)
             if class_id != BASIC_CLASS:
-                raise AMQPError(FRAME_ERROR, "content header for class %d" % class_id).at(BASIC_CLASS, 40)
+                raise AMQPError(
+                    UNEXPECTED_FRAME,
+                    "expected content header for class %d, got one for class %d instead" % (BASIC_CLASS, class_id),
+                ).at(BASIC_CLASS, 40)
             limit = self.connection.config.max_message_size
             if body_size > limit:
                 self._publish = None
@@ -168,6 +186,8 @@ class Channel(Deliveries):
         try:
             self.vhost.check_publish(exchange)
             message = Message(exchange, routing_key, header, body)
+            if int.from_bytes(header[12:14], "big") & _CHECKED_PROPERTIES:
+                self._check_properties(message)
             keys, headers = self._routing_keys(message)
         except AMQPError as exc:
             raise exc.at(BASIC_CLASS, 40)
@@ -181,6 +201,20 @@ class Channel(Deliveries):
             self._confirmed_upto = self._publish_seq
             self.connection.confirm_pending(self)
 
+    def _check_properties(self, message: Message) -> None:
+        """RabbitMQ's publish checks of user_id and expiration (in that order)."""
+        props = message.properties
+        user = self.connection.user
+        if props.user_id is not None and props.user_id != user.name and "impersonator" not in user.tags:
+            raise AMQPError(
+                PRECONDITION_FAILED,
+                "user_id property set to '%s' but authenticated user was '%s'" % (props.user_id, user.name),
+            )
+        if props.expiration is not None:
+            problem = _expiration_problem(props.expiration)
+            if problem:
+                raise AMQPError(PRECONDITION_FAILED, "invalid expiration '%s': %s" % (props.expiration, problem))
+
     def _routing_keys(self, message: Message) -> tuple[list[str], dict | None]:
         """[routing_key] + CC + BCC (RabbitMQ's sender-selected distribution);
         BCC is removed from the message before it is stored."""
@@ -189,15 +223,16 @@ class Channel(Deliveries):
         headers = message.headers
         keys = [message.routing_key]
         for name in ("CC", "BCC"):
-            value = headers.get(name)
-            if value is None:
+            if name not in headers:
                 continue
-            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            value = headers[name]
+            if not isinstance(value, list):
                 raise AMQPError(
                     PRECONDITION_FAILED,
-                    'invalid message: {unacceptable_type_in_header,"%s",%s}' % (name, _field_type(value)),
+                    'invalid message: {unacceptable_type_in_header,"%s",%s}' % (name, field_type(value)),
                 )
-            keys += value
+            # RabbitMQ takes the longstr elements and skips any other.
+            keys += [v for v in value if isinstance(v, str)]
         if "BCC" in headers:
             message.remove_header("BCC")
         return keys, headers
@@ -229,7 +264,8 @@ class Channel(Deliveries):
         self.send_method(commands.Channel.CloseOk())
 
     def _close_ok(self, method) -> None:
-        """A CloseOk while OPEN answers nothing we sent; RabbitMQ ignores it."""
+        """A CloseOk while OPEN answers nothing we sent (RabbitMQ: 503)."""
+        raise self.connection.unexpected_method(method)
 
     def close_with(self, error: AMQPError) -> None:
         """Server-initiated close after a soft error (404, 405, 406, 403)."""
@@ -295,14 +331,35 @@ class Channel(Deliveries):
         self._tx.append(("settle", settled, outcome))
         return True
 
+    def release(self) -> None:
+        """Closing with an open transaction: its uncommitted settlements are
+        void, so those deliveries are unacked again and requeued with the rest."""
+        if self._tx:
+            self.restore_unacked([a for a in self._tx if a[0] == "settle"])
+            self._tx = []
+        super().release()
 
-def _field_type(value: object) -> str:
-    if isinstance(value, str):
-        return "longstr"
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, int):
-        return "long"
-    if isinstance(value, dict):
-        return "table"
-    return type(value).__name__
+
+def _expiration_problem(text: str) -> str | None:
+    """Why RabbitMQ refuses an expiration (Erlang's string:to_integer, then
+    rabbit_misc:check_expiry), in its own words; None when it is valid."""
+    match = _INTEGER_PREFIX.match(text)
+    if match is None:
+        return "no_integer"
+    rest = text[match.end():]
+    if rest:
+        return "{leftover_string,%s}" % _erlang_string(rest)
+    value = int(match.group())
+    if value < 0:
+        return "{value_negative,%d}" % value
+    if value > MAX_EXPIRATION:
+        return "{value_too_large,%d}" % value
+    return None
+
+
+def _erlang_string(text: str) -> str:
+    """A string as Erlang's ~p prints it: quoted when printable, else a list of bytes."""
+    raw = text.encode("utf-8")
+    if all(32 <= b < 127 for b in raw):
+        return '"%s"' % text.replace("\\", "\\\\").replace('"', '\\"')
+    return "[%s]" % ",".join(str(b) for b in raw)

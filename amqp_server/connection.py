@@ -36,6 +36,7 @@ from amqp_server.framing import (
     HEARTBEAT_FRAME,
     PROTOCOL_HEADER,
     FrameReader,
+    payload_snippet,
     content_frames,
     decode_method,
     method_frame,
@@ -216,12 +217,13 @@ class Connection:
         self.parse()
 
     def _frame(self, frame_type: int, number: int, payload: bytes) -> None:
-        if frame_type == FRAME_HEARTBEAT:
+        if frame_type == FRAME_HEARTBEAT and number == 0:
             return
         state = self.state
-        if number == 0:
+        if number == 0 or frame_type == FRAME_HEARTBEAT:
             if frame_type != FRAME_METHOD:
-                raise AMQPError(UNEXPECTED_FRAME, "expected method frame, got non method frame instead")
+                # RabbitMQ's words for a heartbeat off channel 0 or content on it
+                raise AMQPError(UNEXPECTED_FRAME, "type %d, %s" % (frame_type, payload_snippet(payload)))
             self._connection_method(decode_method(payload))
             return
         if state is not RUNNING:
@@ -248,11 +250,17 @@ class Connection:
             if frame_type == FRAME_METHOD and len(payload) >= 4:
                 error.at(int.from_bytes(payload[:2], "big"), int.from_bytes(payload[2:4], "big"))
             raise error
-        if number > self.channel_max:
+        try:
+            decode_method(payload)  # RabbitMQ refuses malformed arguments here too
+        except AMQPError as exc:
+            raise exc.at(20, 10)
+        if len(self.channels) >= self.channel_max:
+            # RabbitMQ limits how many channels are open, not their numbers.
             raise AMQPError(
                 NOT_ALLOWED,
-                "channel number %d is above the negotiated channel_max (%d)" % (number, self.channel_max),
-            ).at(20, 10)
+                "number of channels opened (%d) has reached the negotiated channel_max (%d)"
+                % (len(self.channels), self.channel_max),
+            ).at(0, 0)
         self.channels[number] = Channel(self, number)
         self.send_method(number, commands.Channel.OpenOk())
 

@@ -23,7 +23,8 @@ _ACK_FRAME = struct.Struct(">BHIIQBB")
 
 def decode_publish(payload: bytes) -> tuple[str, str, bool, bool]:
     """(exchange, routing_key, mandatory, immediate) of a basic.publish payload
-    (method id included). Raises ValueError/IndexError on malformed input."""
+    (method id included). Raises ValueError/IndexError on malformed input,
+    trailing bytes included (RabbitMQ refuses them)."""
     pos = 6  # method id (4) + ticket (2)
     length = payload[pos]
     exchange = payload[pos + 1:pos + 1 + length].decode("utf-8")
@@ -31,11 +32,16 @@ def decode_publish(payload: bytes) -> tuple[str, str, bool, bool]:
     length = payload[pos]
     routing_key = payload[pos + 1:pos + 1 + length].decode("utf-8")
     bits = payload[pos + 1 + length]
+    if len(payload) != pos + 2 + length:
+        raise ValueError("trailing bytes after basic.publish")
     return exchange, routing_key, bool(bits & 1), bool(bits & 2)
 
 
 def decode_ack(payload: bytes) -> tuple[int, bool]:
-    """(delivery_tag, multiple) of a basic.ack payload (method id included)."""
+    """(delivery_tag, multiple) of a basic.ack payload (method id included).
+    Raises ValueError unless exactly 13 bytes (struct.error is not a ValueError)."""
+    if len(payload) != 13:
+        raise ValueError("truncated basic.ack or trailing bytes")
     tag, bits = _ACK.unpack_from(payload, 4)
     return tag, bool(bits & 1)
 

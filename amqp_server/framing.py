@@ -33,6 +33,7 @@ PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
 
 _FRAME_HEADER = struct.Struct(">BHI")
 _METHOD_ID = struct.Struct(">I")
+_LONG = struct.Struct(">I")
 _CONTENT_HEADER_PREFIX = struct.Struct(">HHQ")
 
 HEARTBEAT_FRAME = b"\x08\x00\x00\x00\x00\x00\x00\xce"
@@ -76,13 +77,14 @@ class FrameReader:
                 if buf[end] != FRAME_END:
                     raise AMQPError(
                         FRAME_ERROR,
-                        "type %d, all octets = %s: {invalid_frame_end_marker,%d}"
-                        % (frame_type, _erlang_binary(payload), buf[end]),
+                        "type %d, %s: {invalid_frame_end_marker,%d}"
+                        % (frame_type, payload_snippet(payload), buf[end]),
                     )
                 if frame_type not in (FRAME_METHOD, FRAME_HEADER, FRAME_BODY, FRAME_HEARTBEAT):
+                    pos = end + 1  # well delimited: what follows (Close-Ok) is still read
                     raise AMQPError(
                         FRAME_ERROR,
-                        "type %d, all octets = %s: unknown_frame" % (frame_type, _erlang_binary(payload)),
+                        "type %d, %s: unknown_frame" % (frame_type, payload_snippet(payload)),
                     )
                 pos = end + 1
                 yield frame_type, channel, payload
@@ -94,36 +96,74 @@ class FrameReader:
                 del buf[:pos]
 
 
-def _erlang_binary(payload: bytes) -> str:
+def payload_snippet(payload: bytes) -> str:
+    """RabbitMQ's words for a bad frame's payload (rabbit_reader:payload_snippet)."""
+    if len(payload) <= 16:
+        return "all octets = " + erlang_binary(payload)
+    return "first 16 octets = " + erlang_binary(payload[:16])
+
+
+def erlang_binary(payload: bytes) -> str:
     shown = payload[:32]
-    if all(32 <= b < 127 and b not in (34, 92) for b in shown):
+    if shown and all(32 <= b < 127 and b not in (34, 92) for b in shown):
         text = '<<"%s">>' % shown.decode("ascii")
     else:
         text = "<<" + ",".join(str(b) for b in shown) + ">>"
     return text if len(payload) <= 32 else text[:-2] + ",...>>"
 
 
+# pamqp slices strings and tables without checking they were complete, and
+# ignores trailing bytes; RabbitMQ refuses both ("cannot decode").
+_ARGUMENT_TYPES = {
+    index: tuple(cls.amqp_type(name) for name in cls.__slots__) for index, cls in commands.INDEX_MAPPING.items()
+}
+_FIXED_SIZES = {"octet": 1, "short": 2, "long": 4, "longlong": 8, "timestamp": 8}
+
+
+def _arguments_end(types: tuple, payload: bytes) -> int:
+    """Where the method arguments end (IndexError/struct.error if cut short)."""
+    pos, bits = 4, 0
+    for kind in types:
+        if kind == "bit":
+            if bits % 8 == 0:
+                pos += 1
+            bits += 1
+            continue
+        bits = 0
+        if kind == "shortstr":
+            pos += 1 + payload[pos]
+        elif kind in ("longstr", "table"):
+            pos += 4 + _LONG.unpack_from(payload, pos)[0]
+        else:
+            pos += _FIXED_SIZES[kind]
+    return pos
+
+
 def decode_method(payload: bytes):
     """pamqp method object for a method frame payload; malformed arguments are a
     FRAME_ERROR (RabbitMQ: "cannot decode ..."), an unknown method COMMAND_INVALID."""
     if len(payload) < 4:
-        raise AMQPError(FRAME_ERROR, "cannot decode %s" % _erlang_binary(payload))
+        raise AMQPError(FRAME_ERROR, "cannot decode %s" % erlang_binary(payload))
     (index,) = _METHOD_ID.unpack_from(payload)
     cls = commands.INDEX_MAPPING.get(index)
     if cls is None:
         raise AMQPError(COMMAND_INVALID, "unknown method class %d method %d" % (index >> 16, index & 0xFFFF))
     method = cls.__new__(cls)
     try:
+        if _arguments_end(_ARGUMENT_TYPES[index], payload) != len(payload):
+            raise ValueError("truncated or trailing bytes")
         method.unmarshal(payload[4:])
     except Exception:
-        raise AMQPError(FRAME_ERROR, "cannot decode %s" % _erlang_binary(payload[4:])) from None
+        raise AMQPError(FRAME_ERROR, "cannot decode %s" % erlang_binary(payload[4:])) from None
+    if getattr(method, "delivery_tag", 0) < 0:  # pamqp reads longlong as signed
+        method.delivery_tag += 1 << 64
     return method
 
 
 def content_header_prefix(payload: bytes) -> tuple[int, int]:
     """(class_id, body_size) of a content header payload."""
     if len(payload) < 14:
-        raise AMQPError(FRAME_ERROR, "cannot decode %s" % _erlang_binary(payload))
+        raise AMQPError(FRAME_ERROR, "cannot decode %s" % erlang_binary(payload))
     class_id, _weight, body_size = _CONTENT_HEADER_PREFIX.unpack_from(payload)
     return class_id, body_size
 

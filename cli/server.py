@@ -23,9 +23,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.basicConfig(stream=sys.stderr, level=config.log_level.upper(), format=LOG_FORMAT)
 
-    from amqp_server.server import run
+    from amqp_server.server import ListenError, run
 
-    run(config)
+    try:
+        run(config)
+    except ListenError as exc:
+        print(f"hutch-server: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

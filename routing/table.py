@@ -97,6 +97,9 @@ class BindingTable:
     def has_destination(self, dest: Destination) -> bool:
         return dest in self._by_destination
 
+    def has_binding(self, dest: Destination, binding_key: str, arguments: Mapping | None) -> bool:
+        return (dest, binding_key, freeze_arguments(arguments or {})) in self._arguments
+
     def __len__(self) -> int:
         return len(self._arguments)
 

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import struct
 
-from pamqp import commands
+from pamqp import commands, decode
 
 _FLAGS = struct.Struct(">H")
 _LONG = struct.Struct(">I")
-_BODY_SIZE = struct.Struct(">Q")
 
 # Property flag bits of basic's content header, in wire order.
 _CONTENT_TYPE = 0x8000
@@ -58,12 +57,15 @@ class Message:
         return self.properties.headers
 
     def remove_header(self, name: str) -> None:
-        """Drop one header (BCC must not reach consumers); re-encodes the
-        content header, the only case where it is not passed through as is."""
+        """Drop one header (BCC must not reach consumers): the only case where
+        the content header is not passed through as is. Only that table entry
+        is cut out; every other byte (empty-string properties, the wire types
+        of the other headers) stays as the publisher sent it, as in RabbitMQ."""
         props = self.properties
         if props.headers and name in props.headers:
             del props.headers[name]
-            self.header = self.header[:_FLAGS_AT - 8] + _BODY_SIZE.pack(len(self.body)) + props.marshal()
+            start, end = _headers_span(self.header)
+            self.header = self.header[:start] + _table_without(self.header[start:end], name) + self.header[end:]
 
     @property
     def persistent(self) -> bool:
@@ -81,6 +83,36 @@ def _property_flags(header: bytes) -> tuple[int, int]:
         if not word & 1:
             return flags, offset - _FLAGS_AT
         index += 1
+
+
+def _headers_span(header: bytes) -> tuple[int, int]:
+    """Where the headers table (length prefix included) lies in a content
+    header whose headers flag is set."""
+    flags, consumed = _property_flags(header)
+    offset = _FLAGS_AT + consumed
+    if flags & _CONTENT_TYPE:
+        offset += 1 + header[offset]
+    if flags & _CONTENT_ENCODING:
+        offset += 1 + header[offset]
+    return offset, offset + 4 + _LONG.unpack_from(header, offset)[0]
+
+
+def _table_without(table: bytes, name: str) -> bytes:
+    """An encoded field table minus every entry named `name`, the others kept
+    byte for byte."""
+    key = name.encode("utf-8")
+    kept = []
+    pos, end = 4, len(table)
+    while pos < end:
+        start = pos
+        pos += 1 + table[pos]
+        entry_key = table[start + 1:pos]
+        consumed, _ = decode.embedded_value(table[pos:end])
+        pos += consumed
+        if entry_key != key:
+            kept.append(table[start:pos])
+    entries = b"".join(kept)
+    return _LONG.pack(len(entries)) + entries
 
 
 def delivery_mode(header: bytes) -> int:

@@ -75,3 +75,24 @@ def fmt_value(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)
+
+
+def field_type(value: object) -> str:
+    """The AMQP field type RabbitMQ names in error texts for a decoded value.
+
+    The decoder drops the wire type, so integers are named as pika and most
+    clients send them: 'I' (signedint) when they fit in 32 bits, else 'l'.
+    """
+    if value is None:
+        return "void"
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "signedint" if -0x80000000 <= value <= 0x7FFFFFFF else "long"
+    if isinstance(value, float):
+        return "double"
+    if isinstance(value, dict):
+        return "table"
+    if isinstance(value, list):
+        return "array"
+    return "longstr"

@@ -22,6 +22,7 @@ from vhosts.errors import (
     NOT_FOUND,
     PRECONDITION_FAILED,
     RESOURCE_LOCKED,
+    field_type,
     fmt_value,
 )
 from vhosts.exchange import PREDECLARED, Exchange
@@ -50,18 +51,27 @@ QUEUE_EQUIVALENT_ARGS = (
 EXCHANGE_EQUIVALENT_ARGS = ("alternate-exchange",)
 
 
-def _table_type(value: object) -> str:
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, int):
-        return "long"
-    if isinstance(value, float):
-        return "double"
-    if isinstance(value, dict):
-        return "table"
-    if isinstance(value, list):
-        return "array"
-    return "longstr"
+def _check_x_match(value: object) -> None:
+    """A headers binding's x-match, validated as rabbit_exchange_type_headers does."""
+    if isinstance(value, str):
+        if value in ("all", "any", "all-with-x", "any-with-x"):
+            return
+        raise AMQPError(
+            PRECONDITION_FAILED,
+            "Invalid x-match field value %s; expected all, any, all-with-x, or any-with-x" % _erl_binary(value),
+        )
+    raise AMQPError(
+        PRECONDITION_FAILED,
+        "Invalid x-match field type %s (value %s); expected longstr" % (field_type(value), fmt_value(value)),
+    )
+
+
+def _erl_binary(value: str) -> str:
+    """How Erlang's ~p prints a binary: <<"text">> when printable, else its bytes."""
+    raw = value.encode("utf-8")
+    if raw and all(32 <= b < 127 for b in raw):
+        return '<<"%s">>' % value.replace("\\", "\\\\").replace('"', '\\"')
+    return "<<%s>>" % ",".join(str(b) for b in raw)
 
 
 def new_queue_name() -> str:
@@ -124,10 +134,10 @@ class VirtualHost:
                 continue
             if new is None:
                 detail = "received none but current is the value '%s' of type '%s'" % (
-                    fmt_value(old), _table_type(old))
+                    fmt_value(old), field_type(old))
             elif old is None:
                 detail = "received the value '%s' of type '%s' but current is none" % (
-                    fmt_value(new), _table_type(new))
+                    fmt_value(new), field_type(new))
             else:
                 raise self._inequivalent(what, name, key, new, old)
             raise AMQPError(
@@ -150,7 +160,7 @@ class VirtualHost:
         # RabbitMQ's order: the type, then the default exchange, then (only for
         # a new exchange) the reserved prefix; existing amq.* may be redeclared.
         if not passive and type not in routing.EXCHANGE_TYPES:
-            raise AMQPError(COMMAND_INVALID, "invalid exchange type '%s'" % type)
+            raise AMQPError(COMMAND_INVALID, "unknown exchange type '%s'" % type)
         self._not_default(name)
         if passive:
             return self.exchange(name)
@@ -159,6 +169,13 @@ class VirtualHost:
         if x is None:
             if name.startswith("amq."):
                 raise AMQPError(ACCESS_REFUSED, "exchange name '%s' contains reserved prefix 'amq.*'" % name)
+            ae = arguments.get("alternate-exchange")
+            if ae is not None and not isinstance(ae, str):
+                raise AMQPError(
+                    PRECONDITION_FAILED,
+                    "invalid type '%s' for arg 'alternate-exchange' in exchange '%s' %s"
+                    % (field_type(ae), name, self._where()),
+                )
             x = Exchange(name, type, durable, auto_delete, internal, arguments)
             self.exchanges[name] = x
             return x
@@ -175,11 +192,11 @@ class VirtualHost:
 
     def delete_exchange(self, name: str, if_unused: bool = False) -> None:
         self._not_default(name)
+        if name.startswith("amq."):  # RabbitMQ refuses any amq.* name, existing or not
+            raise AMQPError(ACCESS_REFUSED, "deletion of system exchange '%s' %s not allowed" % (name, self._where()))
         x = self.exchanges.get(name)
         if x is None:
             return
-        if x.builtin:
-            raise AMQPError(ACCESS_REFUSED, "deletion of system exchange '%s' %s not allowed" % (name, self._where()))
         if if_unused and len(x.table):
             raise AMQPError(PRECONDITION_FAILED, "exchange '%s' %s in use" % (name, self._where()))
         self._remove_exchange(x)
@@ -215,6 +232,8 @@ class VirtualHost:
     def bind(self, source: str, dest: Destination, key: str, arguments: dict | None) -> None:
         self._not_default(source)
         x = self.exchange(source)
+        if x.type == "headers" and arguments and "x-match" in arguments:
+            _check_x_match(arguments["x-match"])
         if x.table.bind(dest, key, arguments):
             self._bound_from.setdefault(dest, set()).add(source)
 
@@ -228,17 +247,22 @@ class VirtualHost:
             self._maybe_auto_delete(x)
 
     def bind_queue(self, queue: str, exchange: str, key: str, arguments: dict | None, owner: object) -> None:
+        self._not_default(exchange)
+        self.exchange(exchange)  # as RabbitMQ: a missing source is reported before a missing queue
         self.queue(queue, owner)
         self.bind(exchange, Destination("queue", queue), key, arguments)
 
     def unbind_queue(self, queue: str, exchange: str, key: str, arguments: dict | None, owner: object) -> None:
-        if queue in self.queues:
+        # As RabbitMQ: exclusivity is checked only when the binding exists.
+        x = self.exchanges.get(exchange)
+        if queue in self.queues and x is not None and x.table.has_binding(Destination("queue", queue), key, arguments):
             self.queue(queue, owner)
         self.unbind(exchange, Destination("queue", queue), key, arguments)
 
     def bind_exchange(self, destination: str, source: str, key: str, arguments: dict | None) -> None:
         self._not_default(destination)
         self._not_default(source)
+        self.exchange(source)  # as RabbitMQ: a missing source is reported first
         self.exchange(destination)
         self.bind(source, Destination("exchange", destination), key, arguments)
 

@@ -1,0 +1,125 @@
+"""Test fixtures: a real hutch broker process on 127.0.0.1 with port 0.
+
+`broker` is one broker for the whole session (tests use unique names);
+`fresh_broker` starts a dedicated one, and `start_broker` starts one with
+extra flags or environment. Each fixture reads the port the broker logged.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+LISTENING = re.compile(r"listening for (AMQPS?) on [^ ]+:(\d+)")
+
+
+@dataclass
+class BrokerProcess:
+    process: subprocess.Popen
+    ports: dict
+    data_dir: Path
+    log_lines: list = field(default_factory=list)
+
+    @property
+    def port(self) -> int:
+        return self.ports["AMQP"]
+
+    @property
+    def url(self) -> str:
+        return "amqp://guest:guest@127.0.0.1:%d/" % self.port
+
+    @property
+    def log(self) -> str:
+        return "".join(self.log_lines)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def launch(tmp: Path, *args: str, env: dict | None = None, expect: tuple = ("AMQP",)) -> BrokerProcess:
+    data_dir = tmp / ("data-" + uuid.uuid4().hex[:8])
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("HUTCH_")}
+    environ.update(env or {})
+    process = subprocess.Popen(
+        [sys.executable, "-m", "cli.server", "--bind", "127.0.0.1", "--port", "0", "--data-dir", str(data_dir), *args],
+        cwd=ROOT,
+        env=environ,
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+    )
+    broker = BrokerProcess(process, {}, data_dir)
+    ready = threading.Event()
+
+    def pump() -> None:
+        for line in process.stderr:
+            broker.log_lines.append(line)
+            match = LISTENING.search(line)
+            if match:
+                broker.ports[match.group(1)] = int(match.group(2))
+                if all(name in broker.ports for name in expect):
+                    ready.set()
+        ready.set()
+
+    threading.Thread(target=pump, daemon=True).start()
+    if not ready.wait(20) or not all(name in broker.ports for name in expect):
+        broker.stop()
+        raise RuntimeError("broker did not start:\n" + broker.log)
+    return broker
+
+
+@pytest.fixture(scope="session")
+def broker(tmp_path_factory) -> BrokerProcess:
+    proc = launch(tmp_path_factory.mktemp("broker"))
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture
+def start_broker(tmp_path):
+    started = []
+
+    def start(*args: str, env: dict | None = None, expect: tuple = ("AMQP",)) -> BrokerProcess:
+        proc = launch(tmp_path, *args, env=env, expect=expect)
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        proc.stop()
+
+
+@pytest.fixture
+def fresh_broker(start_broker) -> BrokerProcess:
+    return start_broker()
+
+
+def wait_for(predicate, timeout: float = 5.0, interval: float = 0.01):
+    """Poll `predicate` until it returns a truthy value (no sleeps as sync)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met within %.1fs" % timeout)
+        time.sleep(interval)
+
+
+def unique(prefix: str = "t") -> str:
+    return "%s-%s" % (prefix, uuid.uuid4().hex[:10])

@@ -1,0 +1,1 @@
+"""Differential tests: hutch and a real RabbitMQ, observed side by side."""

@@ -1,0 +1,63 @@
+"""Fixtures for the differential suite: the reference RabbitMQ, and `differ`,
+which runs one scenario on hutch and on RabbitMQ and returns both observations.
+
+RabbitMQ is found at $DIFFERENTIAL_RABBITMQ_URL, else amqp://guest:guest@127.0.0.1:5672/.
+Without one the tests skip, except in CI ($CI set), where they fail.
+"""
+from __future__ import annotations
+
+import os
+import socket
+
+import pika
+import pytest
+
+from .diffkit import run_scenario
+
+DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/"
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def _probe(url: str) -> str | None:
+    """None when an AMQP login works at `url`, else why not."""
+    params = pika.URLParameters(url)
+    try:
+        socket.create_connection((params.host, params.port), timeout=3).close()
+    except OSError as exc:
+        return "cannot connect: %s" % exc
+    params.socket_timeout = 5
+    params.connection_attempts = 1
+    try:
+        connection = pika.BlockingConnection(params)
+    except Exception as exc:  # noqa: BLE001 - any failure means "not usable"
+        return "AMQP connection failed: %r" % exc
+    product = connection._impl.server_properties.get("product")
+    connection.close()
+    if product != "RabbitMQ":
+        return "the broker there is %r, not RabbitMQ" % (product,)
+    return None
+
+
+@pytest.fixture(scope="session")
+def rabbitmq_url() -> str:
+    url = os.environ.get("DIFFERENTIAL_RABBITMQ_URL") or DEFAULT_URL
+    problem = _probe(url)
+    if problem is not None:
+        reason = "no RabbitMQ reachable at %s (%s); .ci/run installs and starts one" % (url, problem)
+        if _in_ci():
+            pytest.fail(reason + " [CI is set, so this is a failure, not a skip]", pytrace=False)
+        pytest.skip(reason)
+    return url
+
+
+@pytest.fixture
+def differ(rabbitmq_url, broker):
+    """differ(scenario) -> (hutch observations, RabbitMQ observations)."""
+
+    def run(scenario: list) -> tuple[list, list]:
+        return run_scenario(broker.url, scenario), run_scenario(rabbitmq_url, scenario)
+
+    return run

@@ -1,0 +1,253 @@
+"""Differential connection-level replies on raw sockets: the Connection.Close
+(reply code, text, class and method) each broker sends for a malformed or
+forbidden frame sequence, and how the socket ends, must be the same."""
+from __future__ import annotations
+
+import socket
+
+import pika
+import pytest
+from pamqp import body as pbody, commands, frame, header as pheader
+
+from .diffkit import WAIT_SECONDS, RawClient, raw_frame
+
+pytestmark = pytest.mark.differential
+
+
+@pytest.fixture
+def both(broker, rabbitmq_url):
+    """both(script, **handshake) -> (hutch observation, RabbitMQ observation).
+    `script(client)` runs after a successful handshake and returns what it saw."""
+    rabbit = pika.URLParameters(rabbitmq_url)
+    targets = [("127.0.0.1", broker.port, "guest", "guest"),
+               (rabbit.host, rabbit.port, rabbit.credentials.username, rabbit.credentials.password)]
+
+    def run(script, **handshake):
+        seen = []
+        for host, port, username, password in targets:
+            client = RawClient(host, port)
+            try:
+                handshake.setdefault("username", username)
+                if handshake.get("password") != "wrong":
+                    handshake["password"] = password
+                observed = client.handshake(**handshake)
+                if observed == ["Connection.OpenOk"] and script is not None:
+                    observed = script(client)
+                seen.append(observed)
+            finally:
+                client.close()
+            handshake.pop("username")
+        return seen[0], seen[1]
+
+    return run
+
+
+def _publish(client, channel=1, **fields):
+    client.send_frame(channel, commands.Basic.Publish(exchange="amq.direct", routing_key="diff-nowhere", **fields))
+
+
+def _header(body_size, channel=1):
+    return frame.marshal(pheader.ContentHeader(0, body_size, commands.Basic.Properties()), channel)
+
+
+def _check(both, script, code, **handshake):
+    hutch, rabbit = both(script, **handshake)
+    assert hutch == rabbit
+    if code is None:
+        assert rabbit[-1] == "socket closed"
+    else:
+        close = rabbit[-1]
+        assert close[0] == "Connection.Close" and close[2] == code, rabbit
+
+
+def test_method_on_an_unopened_channel(both):
+    def script(c):
+        c.send_frame(5, commands.Basic.Qos(prefetch_count=1))
+        return c.observe_close()
+    _check(both, script, 504)
+
+
+def test_second_channel_open(both):
+    def script(c):
+        c.open_channel(1)
+        c.send_frame(1, commands.Channel.Open())
+        return c.observe_close()
+    _check(both, script, 504)
+
+
+def test_content_header_without_publish(both):
+    def script(c):
+        c.open_channel(1)
+        c.send(_header(3))
+        return c.observe_close()
+    _check(both, script, 505)
+
+
+def test_content_body_without_header(both):
+    def script(c):
+        c.open_channel(1)
+        _publish(c)
+        c.send(frame.marshal(pbody.ContentBody(b"abc"), 1))
+        return c.observe_close()
+    _check(both, script, 505)
+
+
+def test_method_where_a_content_body_is_due(both):
+    def script(c):
+        c.open_channel(1)
+        _publish(c)
+        c.send(_header(3))
+        c.send_frame(1, commands.Basic.Qos())
+        return c.observe_close()
+    _check(both, script, 505)
+
+
+def test_content_header_of_another_class(both):
+    def script(c):
+        c.open_channel(1)
+        _publish(c)
+        header = _header(3)
+        c.send(header[:7] + b"\x00\x32" + header[9:])  # class 50 (queue)
+        return c.observe_close()
+    _check(both, script, 505)
+
+
+@pytest.mark.parametrize("payload", [b"", b"abc", b"a" * 16, b"a" * 17 + b"tail"], ids=["empty", "short", "16", "long"])
+def test_bad_frame_end(both, payload):
+    def script(c):
+        c.send(raw_frame(1, 0, payload, end=b"\x00"))
+        return c.observe_close()
+    _check(both, script, 501)
+
+
+def test_frame_larger_than_frame_max(both):
+    def script(c):
+        c.open_channel(1)
+        _publish(c)
+        c.send(_header(200000))
+        c.send(raw_frame(3, 1, b"x" * (c.frame_max + 100)))
+        return c.observe_close()
+    _check(both, script, 501)
+
+
+def test_unknown_frame_type(both):
+    def script(c):
+        c.send(raw_frame(9, 0, b"abc"))
+        return c.observe_close()
+    _check(both, script, 501)
+
+
+def test_heartbeat_on_a_channel(both):
+    def script(c):
+        c.open_channel(1)
+        c.send(raw_frame(8, 1, b""))
+        return c.observe_close()
+    _check(both, script, 505)
+
+
+def test_publish_immediate(both):
+    def script(c):
+        c.open_channel(1)
+        _publish(c, immediate=True)
+        c.send(_header(0))
+        return c.observe_close()
+    _check(both, script, 540)
+
+
+def test_channel_method_on_channel_zero(both):
+    def script(c):
+        c.send_frame(0, commands.Basic.Qos())
+        return c.observe_close()
+    _check(both, script, 504)
+
+
+def test_channel_open_on_channel_zero(both):
+    def script(c):
+        c.send_frame(0, commands.Channel.Open())
+        return c.observe_close()
+    _check(both, script, 504)
+
+
+def test_connection_method_on_a_channel(both):
+    def script(c):
+        c.open_channel(1)
+        c.send_frame(1, commands.Connection.Open(virtual_host="/"))
+        return c.observe_close()
+    _check(both, script, 503)
+
+
+def test_channel_close_ok_on_an_open_channel(both):
+    def script(c):
+        c.open_channel(1)
+        c.send_frame(1, commands.Channel.CloseOk())
+        return c.observe_close()
+    _check(both, script, 503)
+
+
+def test_frames_after_a_channel_error_are_ignored_until_close_ok(both):
+    def script(c):
+        c.open_channel(1)
+        c.send_frame(1, commands.Queue.Declare(queue="diff-surely-missing-queue", passive=True))
+        seen = []
+        channel, close = c.read_frame()
+        seen.append((type(close).__name__, channel, close.reply_code, close.reply_text, close.class_id,
+                     close.method_id))
+        c.send_frame(1, commands.Basic.Qos(prefetch_count=1))  # discarded
+        c.send_frame(1, commands.Channel.CloseOk())
+        c.send_frame(1, commands.Channel.Open())
+        channel, reply = c.read_frame()
+        seen.append((type(reply).__name__, channel))
+        return seen
+    hutch, rabbit = both(script)
+    assert hutch == rabbit
+    assert rabbit[1] == ("OpenOk", 1)
+
+
+def test_consumer_tag_reuse_on_a_channel(both):
+    def script(c):
+        c.open_channel(1)
+        c.send_frame(1, commands.Queue.Declare(queue="", exclusive=True))  # gone with the connection
+        channel, declared = c.read_frame()
+        seen = [type(declared).__name__]
+        for _ in range(2):
+            c.send_frame(1, commands.Basic.Consume(queue=declared.queue, consumer_tag="diff-tag"))
+        channel, consumed = c.read_frame()
+        seen.append((type(consumed).__name__, consumed.consumer_tag))
+        return seen + c.observe_close()
+    _check(both, script, 530)
+
+
+def test_login_refused_with_authentication_failure_close(both):
+    _check(both, None, 403, password="wrong")
+
+
+def test_login_refused_without_the_capability_just_closes(both):
+    _check(both, None, None, password="wrong", capabilities={})
+
+
+def test_unknown_vhost(both):
+    _check(both, None, 530, vhost="diff-no-such-vhost")
+
+
+def test_client_close_gets_close_ok(both):
+    def script(c):
+        c.send_frame(0, commands.Connection.Close(reply_code=200, reply_text="bye", class_id=0, method_id=0))
+        channel, reply = c.read_frame()
+        return [type(reply).__name__, channel]
+    hutch, rabbit = both(script)
+    assert hutch == rabbit == ["CloseOk", 0]
+
+
+@pytest.mark.parametrize("greeting", [b"GET / HTTP/1.1\r\n\r\n", b"AMQP\x00\x00\x09\x02", b"AMQP\x00\x00\x0a\x00",
+                                      b"XMQP\x00\x00\x09\x01"], ids=["http", "0-9-2", "1-0", "xmqp"])
+def test_wrong_protocol_header_gets_ours(broker, rabbitmq_url, greeting):
+    rabbit = pika.URLParameters(rabbitmq_url)
+    seen = []
+    for host, port in (("127.0.0.1", broker.port), (rabbit.host, rabbit.port)):
+        with socket.create_connection((host, port), timeout=WAIT_SECONDS) as sock:
+            sock.sendall(greeting)
+            data = b""
+            while len(data) < 8 and (chunk := sock.recv(8 - len(data))):
+                data += chunk
+            seen.append(data)
+    assert seen[0] == seen[1] == b"AMQP\x00\x00\x09\x01"
