@@ -238,7 +238,7 @@ class Channel(Deliveries):
         return keys, headers
 
     def _route(self, message: Message, keys: list[str], headers: dict | None, mandatory: bool) -> None:
-        if not self.vhost.publish(message, keys, headers) and mandatory:
+        if not self.vhost.publish(message, keys, headers, self.connection) and mandatory:
             self.connection.send_content(
                 self.number,
                 commands.Basic.Return(

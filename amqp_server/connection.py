@@ -11,6 +11,9 @@ Theory of operation:
   loop turn (`take_output`). `output_paused` is true while the socket is
   paused or `_out` is long, and consumers on this connection then receive
   nothing until `output_resumed` dispatches again.
+- Credit flow: when a queue this connection publishes to cannot keep up
+  (see vhosts.queue), the queue is added to `blocked_by` and reading stops
+  until every such queue calls `queue_unblocked`.
 - Errors: an AMQPError from a channel with a soft code closes that channel;
   any other closes the connection. Anything unexpected is logged and closes
   the connection with 541, never the broker.
@@ -112,6 +115,8 @@ class Connection:
         self.client_properties: dict = {}
         self.channels: dict[int, Channel] = {}
         self.exclusive_queues: list = []
+        # Queues whose credit-flow backlog keeps us from reading (vhosts.queue).
+        self.blocked_by: set = set()
         self._header = b""
         self._out: list[bytes] = []
         self._confirming: set[Channel] = set()
@@ -193,12 +198,19 @@ class Connection:
 
     def parse(self) -> None:
         budget = INPUT_BUDGET
+        frames = self.reader.frames(budget)
         try:
-            for frame_type, channel, payload in self.reader.frames(budget):
+            for frame_type, channel, payload in frames:
                 budget -= len(payload) + 8
                 if self.state is CLOSED:
                     return
                 self._frame(frame_type, channel, payload)
+                if self.blocked_by:
+                    # Credit flow: a queue asked us to wait; the rest of the
+                    # buffer is parsed when every such queue has let go.
+                    frames.close()
+                    self.io.pause_reading()
+                    return
         except AMQPError as exc:
             self.close_with(exc)
             return
@@ -210,8 +222,16 @@ class Connection:
             self.io.pause_reading()
             self.io.call_soon(self._continue)
 
+    def throttled_by(self, queue) -> None:
+        self.blocked_by.add(queue)
+
+    def queue_unblocked(self, queue) -> None:
+        self.blocked_by.discard(queue)
+        if not self.blocked_by and self.state is not CLOSED:
+            self.io.call_soon(self._continue)
+
     def _continue(self) -> None:
-        if self.state is CLOSED:
+        if self.state is CLOSED or self.blocked_by:
             return
         self.io.resume_reading()
         self.parse()
@@ -447,6 +467,9 @@ class Connection:
         self._timer = self.io.call_later(CLOSE_OK_TIMEOUT, self._shutdown)
 
     def _release(self) -> None:
+        for queue in self.blocked_by:
+            queue.flow_waiters.discard(self)
+        self.blocked_by.clear()
         channels = list(self.channels.values())
         self.channels.clear()
         for channel in channels:

@@ -70,6 +70,10 @@ class Deliveries:
 
     # -- the ConsumerChannel port (called by vhosts.Queue) ---------------------
 
+    @property
+    def output_blocked(self) -> bool:
+        return self.flow_active and self.connection.output_paused
+
     def can_deliver(self, consumer: Consumer) -> bool:
         if not self.flow_active or self.connection.output_paused:
             return False

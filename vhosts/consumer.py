@@ -14,6 +14,8 @@ if TYPE_CHECKING:
 
 
 class ConsumerChannel(Protocol):
+    output_blocked: bool  # held back by its connection's output only
+
     def can_deliver(self, consumer: "Consumer") -> bool: ...
 
     def deliver(self, consumer: "Consumer", queue: "Queue", entry: "QueueEntry") -> None: ...

@@ -10,6 +10,13 @@ Theory of operation:
   stops when no consumer can take a message; whoever frees capacity (an ack,
   a resumed socket, a new consumer) calls `dispatch` again.
 - Invariant: at most one consumer when `exclusive_consumer` is set.
+- Credit flow (RabbitMQ's idea, simplified): when more than FLOW_HIGH messages
+  are ready and a consumer is held back only by its connection's output (a
+  full socket, a long write list), the queue cannot keep up, so `publish`
+  tells the caller to stop reading from the publisher; the publisher waits in
+  `flow_waiters` until the backlog falls under FLOW_LOW or no consumer is
+  output-bound any more (then the queue is idle as far as RabbitMQ's rule
+  goes: consumers at their prefetch limit never throttle publishers).
 """
 from __future__ import annotations
 
@@ -18,6 +25,9 @@ from typing import Iterable
 
 from storage import BackingQueue, Message, QueueEntry
 from vhosts.consumer import Consumer
+
+FLOW_HIGH = 2000
+FLOW_LOW = 1000
 
 
 class Queue:
@@ -33,6 +43,7 @@ class Queue:
         "exclusive_consumer",
         "had_consumers",
         "deleted",
+        "flow_waiters",
     )
 
     def __init__(
@@ -57,6 +68,8 @@ class Queue:
         self.exclusive_consumer = False
         self.had_consumers = False
         self.deleted = False
+        # Publishers (objects with `queue_unblocked(queue)`) waiting on credit flow.
+        self.flow_waiters: set = set()
 
     @property
     def message_count(self) -> int:
@@ -66,10 +79,16 @@ class Queue:
     def consumer_count(self) -> int:
         return len(self.consumers)
 
-    def publish(self, message: Message) -> None:
+    def publish(self, message: Message) -> bool:
+        """Enqueue and dispatch; True when the publisher should wait (credit flow)."""
         self.backing.publish(message)
-        if self.consumers:
-            self.dispatch()
+        if not self.consumers:
+            return False
+        self.dispatch()
+        return self.backing.ready > FLOW_HIGH and self._output_bound()
+
+    def _output_bound(self) -> bool:
+        return any(c.channel.output_blocked for c in self.consumers)
 
     def dispatch(self) -> None:
         consumers = self.consumers
@@ -81,8 +100,16 @@ class Queue:
                 if consumer.channel.can_deliver(consumer):
                     break
             else:
-                return
+                break
             consumer.channel.deliver(consumer, self, backing.fetch())
+        if self.flow_waiters and (backing.ready < FLOW_LOW or not self._output_bound()):
+            self.release_waiters()
+
+    def release_waiters(self) -> None:
+        waiters = self.flow_waiters
+        self.flow_waiters = set()
+        for waiter in waiters:
+            waiter.queue_unblocked(self)
 
     def get(self) -> QueueEntry | None:
         return self.backing.fetch()
@@ -113,6 +140,8 @@ class Queue:
             return False
         if consumer.exclusive:
             self.exclusive_consumer = False
+        if self.flow_waiters and not self._output_bound():
+            self.release_waiters()
         return self.auto_delete and not self.consumers and self.had_consumers
 
     def purge(self) -> int:
@@ -122,6 +151,7 @@ class Queue:
         """Drop every ready message; returns the consumers to notify."""
         self.deleted = True
         self.backing.delete()
+        self.release_waiters()
         consumers = list(self.consumers)
         self.consumers.clear()
         return consumers

@@ -369,9 +369,13 @@ class VirtualHost:
         if x.internal:
             raise AMQPError(ACCESS_REFUSED, "cannot publish to internal exchange '%s' %s" % (exchange, self._where()))
 
-    def publish(self, message: Message, routing_keys: list[str], headers: dict | None) -> list[Queue]:
-        """Route and enqueue; returns the queues it went to (empty: unroutable)."""
+    def publish(self, message: Message, routing_keys: list[str], headers: dict | None, publisher) -> list[Queue]:
+        """Route and enqueue; returns the queues it went to (empty: unroutable).
+        `publisher` (with `throttled_by(queue)`) is told which queues asked it
+        to wait (see the credit flow in vhosts.queue)."""
         targets = self.route(message.exchange, routing_keys, headers)
         for q in targets:
-            q.publish(message)
+            if q.publish(message):
+                q.flow_waiters.add(publisher)
+                publisher.throttled_by(q)
         return targets
