@@ -85,15 +85,25 @@ def _property_flags(header: bytes) -> tuple[int, int]:
         index += 1
 
 
-def _headers_span(header: bytes) -> tuple[int, int]:
-    """Where the headers table (length prefix included) lies in a content
-    header whose headers flag is set."""
-    flags, consumed = _property_flags(header)
-    offset = _FLAGS_AT + consumed
+def _headers_offset(header: bytes) -> tuple[int, int]:
+    """(property flags, offset of the headers table): the headers table comes
+    after content_type and content_encoding, the only properties before it."""
+    (flags,) = _FLAGS.unpack_from(header, _FLAGS_AT)
+    offset = _FLAGS_AT + 2
+    if flags & 1:  # a continuation word: rare, take the slow path
+        flags, consumed = _property_flags(header)
+        offset = _FLAGS_AT + consumed
     if flags & _CONTENT_TYPE:
         offset += 1 + header[offset]
     if flags & _CONTENT_ENCODING:
         offset += 1 + header[offset]
+    return flags, offset
+
+
+def _headers_span(header: bytes) -> tuple[int, int]:
+    """Where the headers table (length prefix included) lies in a content
+    header whose headers flag is set."""
+    _flags, offset = _headers_offset(header)
     return offset, offset + 4 + _LONG.unpack_from(header, offset)[0]
 
 
@@ -117,17 +127,9 @@ def _table_without(table: bytes, name: str) -> bytes:
 
 def delivery_mode(header: bytes) -> int:
     """The delivery_mode property without decoding the others (0 when absent)."""
-    (flags,) = _FLAGS.unpack_from(header, _FLAGS_AT)
-    if not flags & _DELIVERY_MODE:
+    if not _FLAGS.unpack_from(header, _FLAGS_AT)[0] & _DELIVERY_MODE:
         return 0
-    offset = _FLAGS_AT + 2
-    if flags & 1:  # a continuation word: rare, take the slow path
-        flags, consumed = _property_flags(header)
-        offset = _FLAGS_AT + consumed
-    if flags & _CONTENT_TYPE:
-        offset += 1 + header[offset]
-    if flags & _CONTENT_ENCODING:
-        offset += 1 + header[offset]
+    flags, offset = _headers_offset(header)
     if flags & _HEADERS:
         offset += 4 + _LONG.unpack_from(header, offset)[0]
     return header[offset]
