@@ -27,6 +27,29 @@ class TLSConfig:
 
 
 @dataclass
+class StorageConfig:
+    """Durable storage (docs/storage.md); RabbitMQ's names in brackets."""
+
+    # What a publisher confirm of a persistent message waits for: "fsync"
+    # (written and synced) or "flush" (handed to the OS, RabbitMQ 3.13+).
+    durability: str = "fsync"
+    # Roll a message store file at this size. [msg_store_file_size_limit]
+    msg_store_file_size: int = 16777216
+    # Messages smaller than this live in the queue index itself.
+    # [queue_index_embed_msgs_below]
+    embed_below: int = 4096
+    # Sequence numbers per queue index segment file.
+    segment_entries: int = 16384
+    # Memory budget for messages: this fraction of RAM, unless
+    # vm_memory_high_watermark_absolute (bytes) is set. [vm_memory_high_watermark]
+    vm_memory_high_watermark: float = 0.4
+    vm_memory_high_watermark_absolute: int | None = None
+    # Queues start paging messages out at this fraction of the watermark.
+    # [vm_memory_high_watermark_paging_ratio]
+    paging_ratio: float = 0.5
+
+
+@dataclass
 class BrokerConfig:
     bind: str = "0.0.0.0"
     port: int = 5672
@@ -45,3 +68,4 @@ class BrokerConfig:
     loopback_users: list[str] = field(default_factory=lambda: ["guest"])
     log_level: str = "info"
     tls: TLSConfig = field(default_factory=TLSConfig)
+    storage: StorageConfig = field(default_factory=StorageConfig)

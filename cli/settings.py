@@ -43,6 +43,12 @@ _INT_RANGES: dict[str, tuple[int, int | None]] = {
 }
 _CHOICES: dict[str, tuple[str, ...]] = {
     "log_level": ("debug", "info", "warning", "error"),
+    "durability": ("fsync", "flush"),
+}
+# Float settings (by field name) and their inclusive limits.
+_FLOAT_RANGES: dict[str, tuple[float, float]] = {
+    "paging_ratio": (0.0, 1.0),
+    "vm_memory_high_watermark": (0.0, 1.0),
 }
 _BOOL_WORDS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
 
@@ -117,6 +123,15 @@ def _convert(value: typing.Any, hint: typing.Any, text: bool) -> typing.Any:
         elif isinstance(value, int) and not isinstance(value, bool):
             return value
         raise _Expected("an integer")
+    if hint is float:
+        if text:
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise _Expected("a number")
     if hint is str:
         if isinstance(value, str):
             return value
@@ -142,6 +157,10 @@ def _validate(setting: _Setting, value: typing.Any, text: bool, source: str) -> 
         value = value.lower()
         if value not in _CHOICES[name]:
             raise SettingsError(f"{prefix} must be one of {', '.join(_CHOICES[name])}, got {value!r}")
+    if type(value) is float and name in _FLOAT_RANGES:
+        low, high = _FLOAT_RANGES[name]
+        if not low <= value <= high:
+            raise SettingsError(f"{prefix} must be between {low} and {high}, got {value}")
     if type(value) is int:
         default = _PORT_RANGE if name == "port" or name.endswith("_port") else (0, None)
         low, high = _INT_RANGES.get(name, default)

@@ -1,0 +1,169 @@
+"""Group commit: one thread does every file write and sync, in batches.
+
+Theory of operation:
+- The event loop calls `append(file, data, done)` and `run(fn, done)`; both
+  only put a job on a queue (no file I/O on the loop).
+- The writer thread takes *everything* pending, performs the jobs in
+  submission order, then syncs each file it appended to once (`os.fsync` in
+  durability "fsync", a flush to the OS in "flush"), and only then hands the
+  batch's `done` callbacks back to the loop, in submission order. A confirm
+  that waits for `done` therefore never precedes the sync of its bytes, and
+  the cost of one fsync is shared by every write that arrived meanwhile.
+- Reads go to a second thread (`read`), so a deep queue being read back never
+  waits behind, or delays, a batch of writes.
+- `AppendFile.size` is advanced on the loop at submission, so the offset of
+  a record is known before it is written.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import queue
+import threading
+from typing import Callable
+
+log = logging.getLogger("hutch.storage")
+
+DURABILITY_MODES = ("fsync", "flush")
+
+
+class AppendFile:
+    """A file only ever appended to, through the writer thread."""
+
+    __slots__ = ("path", "size", "_fd")
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.size = os.path.getsize(path) if os.path.exists(path) else 0
+        self._fd: int | None = None
+
+    def _write(self, data: bytes) -> None:
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        view = memoryview(data)
+        while view:
+            written = os.write(self._fd, view)
+            view = view[written:]
+
+    def _sync(self) -> None:
+        if self._fd is not None:
+            os.fsync(self._fd)
+
+    def close(self) -> None:
+        """Only on the writer thread (through `run`) or after `stop`."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+_STOP = object()
+
+
+class GroupCommitWriter:
+    def __init__(self, loop: asyncio.AbstractEventLoop, durability: str = "fsync") -> None:
+        if durability not in DURABILITY_MODES:
+            raise ValueError("durability must be one of %s" % ", ".join(DURABILITY_MODES))
+        self.loop = loop
+        self.durability = durability
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._reads: queue.SimpleQueue = queue.SimpleQueue()
+        self.batches = 0  # how many group commits ran (metrics, tests)
+        self._thread = threading.Thread(target=self._write_loop, name="hutch-writer", daemon=True)
+        self._reader = threading.Thread(target=self._read_loop, name="hutch-reader", daemon=True)
+        self._thread.start()
+        self._reader.start()
+
+    # -- on the event loop ---------------------------------------------------
+
+    def append(self, file: AppendFile, data: bytes, done: Callable[[], None] | None = None) -> int:
+        """Queue `data` for `file`; returns the offset it will have."""
+        offset = file.size
+        file.size += len(data)
+        self._jobs.put((file, data, done))
+        return offset
+
+    def run(self, fn: Callable[[], object], done: Callable[[object], None] | None = None) -> None:
+        """Run a blocking `fn` on the writer thread after everything queued
+        before it; `done(result or exception)` runs on the loop afterwards."""
+        self._jobs.put((None, fn, done))
+
+    def read(self, fn: Callable[[], object], done: Callable[[object], None]) -> None:
+        """Run a blocking read `fn` on the reader thread; `done(result or
+        exception)` on the loop."""
+        self._reads.put((fn, done))
+
+    def stop(self) -> None:
+        """Finish every queued job and sync (blocking; at shutdown)."""
+        self._jobs.put(_STOP)
+        self._reads.put(_STOP)
+        self._thread.join()
+        self._reader.join()
+
+    # -- on the threads ------------------------------------------------------
+
+    def _write_loop(self) -> None:
+        stopping = False
+        while not stopping:
+            batch = [self._jobs.get()]
+            while True:
+                try:
+                    batch.append(self._jobs.get_nowait())
+                except queue.Empty:
+                    break
+            if batch[-1] is _STOP:
+                batch.pop()
+                stopping = True
+            self._commit(batch)
+
+    def _commit(self, batch: list) -> None:
+        touched: dict[int, AppendFile] = {}
+        callbacks: list = []
+        for file, payload, done in batch:
+            if file is None:
+                result = _call(payload)
+                if done is not None:
+                    callbacks.append((done, (result,)))
+                continue
+            try:
+                file._write(payload)
+                touched[id(file)] = file
+            except OSError as exc:
+                log.error("write to %s failed: %s", file.path, exc)
+            if done is not None:
+                callbacks.append((done, ()))
+        if self.durability == "fsync":
+            for file in touched.values():
+                try:
+                    file._sync()
+                except OSError as exc:
+                    log.error("fsync of %s failed: %s", file.path, exc)
+        self.batches += 1
+        if callbacks:
+            self._deliver(callbacks)
+
+    def _read_loop(self) -> None:
+        while True:
+            job = self._reads.get()
+            if job is _STOP:
+                return
+            fn, done = job
+            self._deliver([(done, (_call(fn),))])
+
+    def _deliver(self, callbacks: list) -> None:
+        def fire() -> None:
+            for done, args in callbacks:
+                done(*args)
+
+        try:
+            self.loop.call_soon_threadsafe(fire)
+        except RuntimeError:
+            pass  # the loop is closed: nobody is waiting any more
+
+
+def _call(fn: Callable[[], object]) -> object:
+    try:
+        return fn()
+    except Exception as exc:  # handed to the caller's `done`
+        log.exception("storage job failed")
+        return exc
