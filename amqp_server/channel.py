@@ -7,10 +7,12 @@ Theory of operation:
 - Content assembly: basic.publish sets `_publish`; the next frame on this
   channel must be its content header, then body frames until `body_size`
   bytes arrived (anything else is UNEXPECTED_FRAME, a connection error).
-- Confirms: every publish in confirm mode gets the next sequence number; a
-  routed message is confirmed at once (transient store) by raising
-  `_confirmed_upto`, and `flush_confirms` (called once per write turn) sends
-  one basic.ack with `multiple` covering all of them.
+- Confirms: every publish in confirm mode gets the next sequence number. A
+  message that no queue keeps durably is confirmable at once; one that
+  durable queues persist waits in `_awaiting[seq]` for that many
+  `on_durable` calls. Confirms go out in tag order: `flush_confirms` (once
+  per write turn) acks, with `multiple`, everything below the oldest seq
+  still waiting (or everything, when none waits).
 - Transactions: publishes and settlements are kept in `_tx` and applied in
   order on commit; rollback drops the publishes and gives the settled
   deliveries back to `unacked`.
@@ -62,7 +64,8 @@ class Channel(Deliveries):
         self.confirm = False
         self._publish_seq = 0
         self._confirm_from = 1
-        self._confirmed_upto = 0
+        # seq -> how many queues have yet to make it durable, oldest first
+        self._awaiting: dict[int, int] = {}
         self._tx: list | None = None
         self.most_recent_queue = ""
         self.handlers = {
@@ -196,9 +199,24 @@ class Channel(Deliveries):
         if self._tx is not None:
             self._tx.append(("publish", message, keys, headers, mandatory))
             return
-        self._route(message, keys, headers, mandatory)
-        if self.confirm:
-            self._confirmed_upto = self._publish_seq
+        if not self.confirm:
+            self._route(message, keys, headers, mandatory)
+            return
+        seq = self._publish_seq
+        waits = self._route(message, keys, headers, mandatory, lambda: self._durable(seq))
+        if waits:
+            self._awaiting[seq] = waits
+        else:
+            self.connection.confirm_pending(self)
+
+    def _durable(self, seq: int) -> None:
+        left = self._awaiting.get(seq)
+        if left is None:  # the channel closed meanwhile
+            return
+        if left > 1:
+            self._awaiting[seq] = left - 1
+        else:
+            del self._awaiting[seq]
             self.connection.confirm_pending(self)
 
     def _check_properties(self, message: Message) -> None:
@@ -237,8 +255,11 @@ class Channel(Deliveries):
             message.remove_header("BCC")
         return keys, headers
 
-    def _route(self, message: Message, keys: list[str], headers: dict | None, mandatory: bool) -> None:
-        if not self.vhost.publish(message, keys, headers, self.connection) and mandatory:
+    def _route(self, message: Message, keys: list[str], headers: dict | None, mandatory: bool,
+               on_durable=None) -> int:
+        """Publish into the vhost; returns how many queues will call `on_durable`."""
+        reached, waits = self.vhost.publish(message, keys, headers, self.connection, on_durable)
+        if not reached and mandatory:
             self.connection.send_content(
                 self.number,
                 commands.Basic.Return(
@@ -249,9 +270,10 @@ class Channel(Deliveries):
                 ),
                 message,
             )
+        return waits
 
     def flush_confirms(self) -> None:
-        upto = self._confirmed_upto
+        upto = next(iter(self._awaiting)) - 1 if self._awaiting else self._publish_seq
         if upto >= self._confirm_from:
             self.connection.send_raw(fastpath.ack_frame(self.number, upto, upto > self._confirm_from))
             self._confirm_from = upto + 1

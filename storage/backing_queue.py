@@ -1,7 +1,9 @@
 """The interface between a queue (`vhosts.queue`) and where its messages live.
 
 A queue owns ordering decisions only through this interface:
-- `publish` appends at the tail and returns the entry;
+- `publish` appends at the tail and returns the entry; when the backing queue
+  keeps the message durably (`persists(message)`), `on_durable` is called on
+  the event loop once it is on disk, and a publisher confirm waits for that;
 - `fetch` removes the head *ready* entry (it becomes "unacked" until `ack` or
   `requeue`);
 - `requeue` returns fetched entries to the ready set at their original place:
@@ -11,7 +13,7 @@ Counts (`ready`, `ready_bytes`) cover ready entries only, as RabbitMQ's
 """
 from __future__ import annotations
 
-from typing import Iterable, Protocol
+from typing import Callable, Iterable, Protocol
 
 from storage.message import Message
 
@@ -20,12 +22,15 @@ class QueueEntry:
     """One message's place in one queue (a message routed to three queues has
     three entries sharing one `Message`)."""
 
-    __slots__ = ("seq", "message", "redelivered")
+    __slots__ = ("seq", "message", "redelivered", "store")
 
     def __init__(self, seq: int, message: Message) -> None:
         self.seq = seq
         self.message = message
         self.redelivered = False
+        # Where the message is on disk, for backing queues that write it
+        # (None: only in RAM).
+        self.store = None
 
     def __lt__(self, other: "QueueEntry") -> bool:
         return self.seq < other.seq
@@ -35,7 +40,9 @@ class BackingQueue(Protocol):
     ready: int
     ready_bytes: int
 
-    def publish(self, message: Message) -> QueueEntry: ...
+    def persists(self, message: Message) -> bool: ...
+
+    def publish(self, message: Message, on_durable: Callable[[], None] | None = None) -> QueueEntry: ...
 
     def fetch(self) -> QueueEntry | None: ...
 

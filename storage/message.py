@@ -7,6 +7,8 @@ send it back verbatim, so properties are decoded only when a feature needs them
 """
 from __future__ import annotations
 
+import itertools
+import os
 import struct
 
 from pamqp import commands, decode
@@ -23,8 +25,13 @@ _DELIVERY_MODE = 0x1000
 _FLAGS_AT = 12
 
 
+_ID_PREFIX = os.urandom(8)
+_id_counter = itertools.count()
+_SHORT = struct.Struct(">B")
+
+
 class Message:
-    __slots__ = ("exchange", "routing_key", "header", "body", "_properties")
+    __slots__ = ("exchange", "routing_key", "header", "body", "_properties", "_msg_id")
 
     def __init__(self, exchange: str, routing_key: str, header: bytes, body: bytes) -> None:
         self.exchange = exchange
@@ -32,6 +39,39 @@ class Message:
         self.header = header
         self.body = body
         self._properties: commands.Basic.Properties | None = None
+        self._msg_id: bytes | None = None
+
+    @property
+    def msg_id(self) -> bytes:
+        """16 bytes naming this message in the message store, given on first
+        use: one id however many queues keep the message (so one copy)."""
+        if self._msg_id is None:
+            self._msg_id = _ID_PREFIX + next(_id_counter).to_bytes(8, "big")
+        return self._msg_id
+
+    def to_bytes(self) -> bytes:
+        """Serialized form kept on disk: exchange, routing key, content header, body."""
+        exchange = self.exchange.encode("utf-8")
+        routing_key = self.routing_key.encode("utf-8")
+        return b"".join((
+            _SHORT.pack(len(exchange)), exchange,
+            _SHORT.pack(len(routing_key)), routing_key,
+            _LONG.pack(len(self.header)), self.header,
+            self.body,
+        ))
+
+    @classmethod
+    def from_bytes(cls, data: bytes, msg_id: bytes | None = None) -> "Message":
+        pos = 1 + data[0]
+        exchange = data[1:pos].decode("utf-8")
+        length = data[pos]
+        routing_key = data[pos + 1:pos + 1 + length].decode("utf-8")
+        pos += 1 + length
+        (length,) = _LONG.unpack_from(data, pos)
+        header = data[pos + 4:pos + 4 + length]
+        message = cls(exchange, routing_key, header, data[pos + 4 + length:])
+        message._msg_id = msg_id
+        return message
 
     @property
     def size(self) -> int:

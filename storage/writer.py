@@ -33,9 +33,13 @@ class AppendFile:
 
     __slots__ = ("path", "size", "_fd")
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, size: int | None = None) -> None:
+        """`size`: the current size when the caller knows it (a new file: 0),
+        so that constructing one on the loop does no file I/O."""
         self.path = path
-        self.size = os.path.getsize(path) if os.path.exists(path) else 0
+        if size is None:
+            size = os.path.getsize(path) if os.path.exists(path) else 0
+        self.size = size
         self._fd: int | None = None
 
     def _write(self, data: bytes) -> None:
@@ -121,6 +125,10 @@ class GroupCommitWriter:
         callbacks: list = []
         for file, payload, done in batch:
             if file is None:
+                # A job may close, rename or delete files: what was appended
+                # before it must be synced first, or its `done` would lie.
+                self._sync(touched)
+                touched.clear()
                 result = _call(payload)
                 if done is not None:
                     callbacks.append((done, (result,)))
@@ -132,15 +140,19 @@ class GroupCommitWriter:
                 log.error("write to %s failed: %s", file.path, exc)
             if done is not None:
                 callbacks.append((done, ()))
-        if self.durability == "fsync":
-            for file in touched.values():
-                try:
-                    file._sync()
-                except OSError as exc:
-                    log.error("fsync of %s failed: %s", file.path, exc)
+        self._sync(touched)
         self.batches += 1
         if callbacks:
             self._deliver(callbacks)
+
+    def _sync(self, touched: dict[int, AppendFile]) -> None:
+        if self.durability != "fsync":
+            return
+        for file in touched.values():
+            try:
+                file._sync()
+            except OSError as exc:
+                log.error("fsync of %s failed: %s", file.path, exc)
 
     def _read_loop(self) -> None:
         while True:

@@ -10,9 +10,13 @@ import socket
 import struct
 import time
 
-from pamqp import commands, encode, frame, heartbeat
+from pamqp import commands, constants, encode, frame, heartbeat
 
 PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
+
+# The capabilities a client library announces that change what the broker
+# does (consumer_cancel_notify: Basic.Cancel when a consumed queue goes).
+CLIENT_CAPABILITIES = {"publisher_confirms": True, "consumer_cancel_notify": True}
 
 # Markers `collect` appends after the frames it read.
 EOF = "EOF"
@@ -47,9 +51,10 @@ def amqplain_response(user: str, password: str) -> bytes:
 
 
 class RawClient:
-    def __init__(self, port: int, host: str = "127.0.0.1", timeout: float = 5.0) -> None:
+    def __init__(self, port: int, host: str = "127.0.0.1", timeout: float = 5.0, nodelay: bool = True) -> None:
         self.sock = socket.create_connection((host, port), timeout=timeout)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if nodelay:
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.buf = b""
         self.timeout = timeout
         self.start = None  # Connection.Start
@@ -90,22 +95,51 @@ class RawClient:
         data, self.buf = self.buf[:count], self.buf[count:]
         return data
 
+    def _take_frame(self, deadline: float) -> bytes:
+        """The next whole frame's bytes, taken off the buffer."""
+        while len(self.buf) < 7:
+            self._fill(deadline)
+        (size,) = struct.unpack_from(">I", self.buf, 3)
+        while len(self.buf) < 8 + size:
+            self._fill(deadline)
+        data, self.buf = self.buf[:8 + size], self.buf[8 + size:]
+        self.last_frame_size = len(data)
+        return data
+
     def read_frame(self, timeout: float | None = None, heartbeats: bool = False):
         """Next (channel, frame); heartbeat frames are skipped unless asked for.
         Raises Closed on EOF and socket.timeout when nothing arrives in time."""
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         while True:
-            while len(self.buf) < 7:
-                self._fill(deadline)
-            (size,) = struct.unpack_from(">I", self.buf, 3)
-            while len(self.buf) < 8 + size:
-                self._fill(deadline)
-            consumed, channel, value = frame.unmarshal(self.buf[:8 + size])
-            self.buf = self.buf[consumed:]
-            self.last_frame_size = consumed
+            _consumed, channel, value = frame.unmarshal(self._take_frame(deadline))
             if isinstance(value, heartbeat.Heartbeat) and not heartbeats:
                 continue
             return channel, value
+
+    def read_raw_frame(self, timeout: float | None = None, heartbeats: bool = False) -> tuple[int, int, bytes]:
+        """Next frame undecoded: (frame type, channel, payload), for tests that
+        check exact bytes; heartbeat frames are skipped unless asked for."""
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        while True:
+            data = self._take_frame(deadline)
+            frame_type, channel, size = struct.unpack_from(">BHI", data)
+            assert data[-1] == constants.FRAME_END, "frame end byte is %#x" % data[-1]
+            if frame_type == constants.FRAME_HEARTBEAT and not heartbeats:
+                continue
+            return frame_type, channel, data[7:7 + size]
+
+    def read_content(self, channel: int, timeout: float | None = None) -> tuple[bytes, list[bytes]]:
+        """After a Deliver/GetOk/Return: the raw content-header payload and the
+        body frames' payloads (as many as the header's body size needs)."""
+        frame_type, got, header_payload = self.read_raw_frame(timeout)
+        assert (frame_type, got) == (constants.FRAME_HEADER, channel), (frame_type, got)
+        (size,) = struct.unpack_from(">Q", header_payload, 4)
+        bodies: list[bytes] = []
+        while sum(map(len, bodies)) < size:
+            frame_type, got, payload = self.read_raw_frame(timeout)
+            assert (frame_type, got) == (constants.FRAME_BODY, channel), (frame_type, got)
+            bodies.append(payload)
+        return header_payload, bodies
 
     def expect(self, cls, channel: int | None = None, timeout: float | None = None):
         """Read the next frame and check it is a `cls` (on `channel`)."""
@@ -157,6 +191,17 @@ class RawClient:
                 raise AssertionError("the server did not close the socket within %.1f s" % limit) from None
             self.buf = b""
 
+    def at_eof(self, timeout: float | None = None) -> bool:
+        """True if the server closes the socket before sending another byte;
+        False if a byte comes first (socket.timeout if neither happens)."""
+        if self.buf:
+            return False
+        try:
+            self._fill(time.monotonic() + (self.timeout if timeout is None else timeout))
+        except Closed:
+            return True
+        return False
+
     def is_open(self, wait: float = 0.2) -> bool:
         """True if the socket stays open (no EOF) for `wait` seconds; input is kept."""
         try:
@@ -175,21 +220,25 @@ class RawClient:
         return self.start
 
     def login(self, user: str = "guest", password: str = "guest", mechanism: str = "PLAIN",
-              capabilities: bool = True, response: bytes | None = None) -> None:
+              capabilities: bool | dict = True, response: bytes | None = None) -> None:
+        """Connection.StartOk. `capabilities`: True announces
+        authentication_failure_close, a dict is sent as it is, False none."""
         if response is None:
             response = (amqplain_response if mechanism == "AMQPLAIN" else plain_response)(user, password)
         props = {"product": "hutch-tests"}
-        if capabilities:
+        if capabilities is True:
             props["capabilities"] = {"authentication_failure_close": True}
+        elif isinstance(capabilities, dict):
+            props["capabilities"] = dict(capabilities)
         self.send(start_ok_frame(mechanism, response, props))
 
     def handshake(self, user: str = "guest", password: str = "guest", mechanism: str = "PLAIN",
                   vhost: str = "/", channel_max: int | None = None, frame_max: int | None = None,
-                  heartbeat: int = 0, open_ok: bool = True):
+                  heartbeat: int = 0, open_ok: bool = True, capabilities: bool | dict = True):
         """Header, Start/StartOk, Tune/TuneOk (server values unless given), Open.
         Returns the Connection.Tune the server sent; waits for Open-Ok if asked."""
         self.handshake_start()
-        self.login(user, password, mechanism)
+        self.login(user, password, mechanism, capabilities)
         self.tune = self.expect(commands.Connection.Tune, 0)
         self.send_frames(
             (0, commands.Connection.TuneOk(
@@ -203,9 +252,55 @@ class RawClient:
             self.expect(commands.Connection.OpenOk, 0)
         return self.tune
 
+    @classmethod
+    def connected(cls, port: int, *, capabilities: bool | dict = True, channels: tuple = (),
+                  **handshake) -> "RawClient":
+        """A client through the handshake (guest on "/" unless given), with
+        `channels` open."""
+        client = cls(port)
+        try:
+            client.handshake(capabilities=capabilities, **handshake)
+            for number in channels:
+                client.open_channel(number)
+        except BaseException:
+            client.close()
+            raise
+        return client
+
+    # -- common methods, synchronously ---------------------------------------------
+
     def open_channel(self, number: int = 1) -> None:
         self.send_frame(commands.Channel.Open(), number)
         self.expect(commands.Channel.OpenOk, number)
+
+    def declare_queue(self, channel: int = 1) -> str:
+        """An exclusive server-named queue; returns its name."""
+        self.send_frame(commands.Queue.Declare(queue="", exclusive=True), channel)
+        return self.expect(commands.Queue.DeclareOk, channel).queue
+
+    def confirm_select(self, channel: int = 1) -> None:
+        self.send_frame(commands.Confirm.Select(), channel)
+        self.expect(commands.Confirm.SelectOk, channel)
+
+    # -- publishing --------------------------------------------------------------------
+
+    def publish_bytes(self, routing_key: str, body: bytes, channel: int = 1, *, exchange: str = "",
+                      header: bytes | None = None, chunk: int | None = None, **flags) -> bytes:
+        """Basic.Publish (`flags`: mandatory, immediate), a content header
+        (`header` is its raw payload; default: no properties) and the body in
+        frames of `chunk` bytes (default: as large as the negotiated frame_max allows)."""
+        if header is None:
+            header = struct.pack(">HHQH", 60, 0, len(body), 0)
+        chunk = chunk or self.tune.frame_max - 8
+        parts = [frame.marshal(commands.Basic.Publish(exchange=exchange, routing_key=routing_key, **flags), channel),
+                 raw_frame_bytes(constants.FRAME_HEADER, channel, header)]
+        parts += [raw_frame_bytes(constants.FRAME_BODY, channel, body[i:i + chunk])
+                  for i in range(0, len(body), chunk)]
+        return b"".join(parts)
+
+    def publish(self, routing_key: str, body: bytes, channel: int = 1, **options) -> None:
+        """Write what publish_bytes builds, in one write."""
+        self.send(self.publish_bytes(routing_key, body, channel, **options))
 
     def close(self) -> None:
         try:

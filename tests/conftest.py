@@ -3,6 +3,12 @@
 `broker` is one broker for the whole session (tests use unique names);
 `fresh_broker` starts a dedicated one, and `start_broker` starts one with
 extra flags or environment. Each fixture reads the port the broker logged.
+Clients of the session broker: `conn` (pika), `aconn` (aio-pika) and `raw`
+(amqp_raw.RawClient, before the protocol header); `still_serving` checks after
+a test that the broker still serves a new client.
+
+Plain helper functions are in helpers.py (`unique` and `wait_for` are
+importable from here too).
 """
 from __future__ import annotations
 
@@ -11,12 +17,16 @@ import re
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import aio_pika
+import pika
 import pytest
+
+from amqp_raw import RawClient
+from helpers import assert_serves, unique, wait_for  # noqa: F401 - unique, wait_for re-exported
 
 ROOT = Path(__file__).resolve().parent.parent
 LISTENING = re.compile(r"listening for (AMQPS?) on [^ ]+:(\d+)")
@@ -109,17 +119,30 @@ def fresh_broker(start_broker) -> BrokerProcess:
     return start_broker()
 
 
-def wait_for(predicate, timeout: float = 5.0, interval: float = 0.01):
-    """Poll `predicate` until it returns a truthy value (no sleeps as sync)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met within %.1fs" % timeout)
-        time.sleep(interval)
+@pytest.fixture
+def conn(broker):
+    """A pika connection to the session broker."""
+    with pika.BlockingConnection(pika.URLParameters(broker.url)) as connection:
+        yield connection
 
 
-def unique(prefix: str = "t") -> str:
-    return "%s-%s" % (prefix, uuid.uuid4().hex[:10])
+@pytest.fixture
+async def aconn(broker):
+    """An aio-pika connection to the session broker."""
+    connection = await aio_pika.connect(broker.url)
+    yield connection
+    await connection.close()
+
+
+@pytest.fixture
+def raw(broker):
+    """A raw-socket client connected to the session broker, nothing sent yet."""
+    with RawClient(broker.port) as client:
+        yield client
+
+
+@pytest.fixture
+def still_serving(broker):
+    """After the test: a new client can still connect, publish and get."""
+    yield
+    assert_serves(broker.port)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import datetime
 import decimal
-import socket
 import struct
 
 import aio_pika
@@ -17,11 +16,11 @@ import pika
 import pytest
 from pamqp import body as pbody
 from pamqp import commands
-from pamqp import frame as pframe
 from pamqp import header as pheader
 from pika.exceptions import ChannelClosedByBroker, ConnectionClosedByBroker, UnroutableError
 
-from conftest import unique, wait_for
+from amqp_raw import CLIENT_CAPABILITIES, RawClient
+from helpers import channel_error, confirm_channel, declare, drain, publish_n, ready, unique, wait_for
 
 FRAME_MAX = 131072  # hutch's default, negotiated by pika and the raw client
 
@@ -29,133 +28,16 @@ FRAME_MAX = 131072  # hutch's default, negotiated by pika and the raw client
 # -- helpers ------------------------------------------------------------------
 
 
-class Raw:
-    """A minimal AMQP 0-9-1 client on a plain socket (pamqp marshals frames)."""
-
-    def __init__(self, port: int) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=5)
-        self.buf = b""
-        self.sock.sendall(b"AMQP\x00\x00\x09\x01")
-        self.expect(0, commands.Connection.Start)
-        self.send(0, commands.Connection.StartOk(
-            client_properties={"capabilities": {"publisher_confirms": True, "consumer_cancel_notify": True}},
-            mechanism="PLAIN", response="\0guest\0guest", locale="en_US"))
-        tune = self.expect(0, commands.Connection.Tune)
-        self.frame_max = tune.frame_max
-        self.send(0, commands.Connection.TuneOk(channel_max=tune.channel_max, frame_max=tune.frame_max, heartbeat=0))
-        self.send(0, commands.Connection.Open(virtual_host="/"))
-        self.expect(0, commands.Connection.OpenOk)
-
-    def close(self) -> None:
-        self.sock.close()
-
-    def send(self, channel: int, *methods) -> None:
-        self.sock.sendall(b"".join(pframe.marshal(m, channel) for m in methods))
-
-    def open_channel(self, channel: int = 1) -> None:
-        self.send(channel, commands.Channel.Open())
-        self.expect(channel, commands.Channel.OpenOk)
-
-    def declare_queue(self, channel: int = 1) -> str:
-        self.send(channel, commands.Queue.Declare(queue="", exclusive=True))
-        return self.expect(channel, commands.Queue.DeclareOk).queue
-
-    @staticmethod
-    def frame(frame_type: int, channel: int, payload: bytes) -> bytes:
-        return struct.pack(">BHI", frame_type, channel, len(payload)) + payload + b"\xce"
-
-    def publish_frames(self, channel, routing_key, body, header=None, chunk=None, exchange="", **flags) -> bytes:
-        """basic.publish + content header (raw payload, or empty properties) + body frames."""
-        if header is None:
-            header = struct.pack(">HHQH", 60, 0, len(body), 0)
-        chunk = chunk or self.frame_max - 8
-        parts = [pframe.marshal(commands.Basic.Publish(exchange=exchange, routing_key=routing_key, **flags), channel),
-                 self.frame(2, channel, header)]
-        parts += [self.frame(3, channel, body[i:i + chunk]) for i in range(0, len(body), chunk)]
-        return b"".join(parts)
-
-    def read_frame(self) -> tuple[int, int, bytes]:
-        while True:
-            if len(self.buf) >= 7:
-                frame_type, channel, size = struct.unpack_from(">BHI", self.buf)
-                if len(self.buf) >= size + 8:
-                    payload, end = self.buf[7:7 + size], self.buf[7 + size]
-                    assert end == 0xCE
-                    self.buf = self.buf[size + 8:]
-                    return frame_type, channel, payload
-            data = self.sock.recv(1 << 16)
-            if not data:
-                raise ConnectionError("socket closed by the broker")
-            self.buf += data
-
-    def read_method(self):
-        frame_type, channel, payload = self.read_frame()
-        assert frame_type == 1, (frame_type, payload[:40])
-        return channel, pframe.unmarshal(self.frame(1, channel, payload))[2]
-
-    def expect(self, channel: int, cls):
-        got_channel, method = self.read_method()
-        assert got_channel == channel and isinstance(method, cls), (got_channel, method, dict(method))
-        return method
-
-    def read_content(self, channel: int) -> tuple[bytes, list[bytes]]:
-        """The raw content-header payload and the body frames' payloads."""
-        frame_type, got, header = self.read_frame()
-        assert (frame_type, got) == (2, channel)
-        size = struct.unpack_from(">Q", header, 4)[0]
-        bodies: list[bytes] = []
-        while sum(map(len, bodies)) < size:
-            frame_type, got, payload = self.read_frame()
-            assert (frame_type, got) == (3, channel)
-            bodies.append(payload)
-        return header, bodies
-
-    def at_eof(self) -> bool:
-        try:
-            return self.sock.recv(1) == b""
-        except ConnectionResetError:
-            return True
-
-
-@pytest.fixture
-def conn(broker):
-    connection = pika.BlockingConnection(pika.URLParameters(broker.url))
-    yield connection
-    if connection.is_open:
-        connection.close()
-
-
 @pytest.fixture
 def raw(broker):
-    client = Raw(broker.port)
-    yield client
-    client.close()
-
-
-def chan(connection):
-    """A channel in confirm mode: a publish returns once the broker has
-    enqueued the message, so counts read afterwards are exact."""
-    channel = connection.channel()
-    channel.confirm_delivery()
-    return channel
-
-
-def declare(channel) -> str:
-    return channel.queue_declare(unique("basic"), exclusive=True).method.queue
-
-
-def ready(channel, queue: str) -> int:
-    return channel.queue_declare(queue, passive=True).method.message_count
+    """A raw-socket client through the handshake, no channel open yet."""
+    with RawClient.connected(broker.port, capabilities=CLIENT_CAPABILITIES) as client:
+        yield client
 
 
 def get_all(channel, queue: str) -> list:
-    """basic.get until get-empty: [(GetOk, body), ...]."""
-    out = []
-    while True:
-        method, _props, body = channel.basic_get(queue)
-        if method is None:
-            return out
-        out.append((method, body))
+    """basic.get (manual ack) until get-empty: [(GetOk, body), ...]."""
+    return [(method, body) for method, _props, body in drain(channel, queue, auto_ack=False)]
 
 
 # -- publish: bodies ----------------------------------------------------------
@@ -163,7 +45,7 @@ def get_all(channel, queue: str) -> list:
 
 @pytest.mark.parametrize("size", [0, 1, FRAME_MAX - 8, FRAME_MAX - 7, 1 << 20])
 def test_body_sizes_round_trip_pika(conn, size):
-    ch = chan(conn)
+    ch = confirm_channel(conn)
     q = declare(ch)
     body = bytes(i % 251 for i in range(size))
     ch.basic_publish("", q, body)
@@ -197,9 +79,9 @@ def test_delivered_body_is_split_at_frame_max(raw, size, frames):
     raw.open_channel()
     q = raw.declare_queue()
     body = bytes(i % 253 for i in range(size))
-    raw.sock.sendall(raw.publish_frames(1, q, body))
-    raw.send(1, commands.Basic.Get(queue=q, no_ack=True))
-    raw.expect(1, commands.Basic.GetOk)
+    raw.publish(q, body)
+    raw.send_frame(commands.Basic.Get(queue=q, no_ack=True), 1)
+    raw.expect(commands.Basic.GetOk, 1)
     _header, parts = raw.read_content(1)
     assert len(parts) == frames
     assert all(len(p) <= FRAME_MAX - 8 for p in parts)
@@ -210,9 +92,9 @@ def test_body_published_in_small_frames_is_reassembled(raw):
     raw.open_channel()
     q = raw.declare_queue()
     body = bytes(i % 241 for i in range(10_000))
-    raw.sock.sendall(raw.publish_frames(1, q, body, chunk=7))
-    raw.send(1, commands.Basic.Get(queue=q, no_ack=True))
-    raw.expect(1, commands.Basic.GetOk)
+    raw.publish(q, body, chunk=7)
+    raw.send_frame(commands.Basic.Get(queue=q, no_ack=True), 1)
+    raw.expect(commands.Basic.GetOk, 1)
     _header, parts = raw.read_content(1)
     assert parts == [body]
 
@@ -239,7 +121,7 @@ PIKA_HEADERS = {
 
 
 def test_all_properties_and_headers_round_trip_pika(conn):
-    ch = chan(conn)
+    ch = confirm_channel(conn)
     q = declare(ch)
     sent = pika.BasicProperties(
         content_type="application/json",
@@ -266,7 +148,7 @@ def test_all_properties_and_headers_round_trip_pika(conn):
 
 
 def test_no_properties_round_trip_as_none(conn):
-    ch = chan(conn)
+    ch = confirm_channel(conn)
     q = declare(ch)
     ch.basic_publish("", q, b"bare")
     _method, props, body = ch.basic_get(q, auto_ack=True)
@@ -358,16 +240,17 @@ def test_content_header_is_delivered_byte_identical(raw):
         _short("guest"), _short("app"), _short(""),
     ])
     header = struct.pack(">HHQH", 60, 0, len(body), 0xFFFC) + props
-    raw.sock.sendall(raw.publish_frames(1, q, body, header=header))
-    raw.send(1, commands.Basic.Consume(queue=q, consumer_tag="c", no_ack=True))
-    raw.expect(1, commands.Basic.ConsumeOk)
-    raw.expect(1, commands.Basic.Deliver)
+    raw.publish(q, body, header=header)
+    raw.send_frame(commands.Basic.Consume(queue=q, consumer_tag="c", no_ack=True), 1)
+    raw.expect(commands.Basic.ConsumeOk, 1)
+    raw.expect(commands.Basic.Deliver, 1)
     got_header, parts = raw.read_content(1)
     assert got_header == header
     assert parts == [body]
-    raw.send(1, commands.Basic.Publish(exchange="", routing_key=q),
-             pheader.ContentHeader(0, 3, commands.Basic.Properties(headers={"k": "v"})), pbody.ContentBody(b"abc"))
-    deliver = raw.expect(1, commands.Basic.Deliver)
+    raw.send_frames((1, commands.Basic.Publish(exchange="", routing_key=q)),
+                    (1, pheader.ContentHeader(0, 3, commands.Basic.Properties(headers={"k": "v"}))),
+                    (1, pbody.ContentBody(b"abc")))
+    deliver = raw.expect(commands.Basic.Deliver, 1)
     assert (deliver.delivery_tag, deliver.redelivered, deliver.routing_key) == (2, False, q)
     got_header, parts = raw.read_content(1)
     assert got_header == pheader.ContentHeader(0, 3, commands.Basic.Properties(headers={"k": "v"})).marshal()
@@ -407,7 +290,7 @@ def test_mandatory_unroutable_is_returned_with_312(conn):
 
 
 def test_mandatory_unroutable_with_confirms_raises_unroutable(conn):
-    ch = chan(conn)
+    ch = confirm_channel(conn)
     with pytest.raises(UnroutableError) as info:
         ch.basic_publish("amq.direct", unique("nowhere"), b"lost", mandatory=True)
     [message] = info.value.messages
@@ -420,11 +303,11 @@ def test_mandatory_unroutable_with_confirms_raises_unroutable(conn):
 def test_immediate_publish_closes_connection_540(raw):
     raw.open_channel()
     q = raw.declare_queue()
-    raw.sock.sendall(raw.publish_frames(1, q, b"now", immediate=True))
-    close = raw.expect(0, commands.Connection.Close)
+    raw.publish(q, b"now", immediate=True)
+    close = raw.expect(commands.Connection.Close, 0)
     assert (close.reply_code, close.reply_text) == (540, "NOT_IMPLEMENTED - immediate=true")
     assert (close.class_id, close.method_id) == (60, 40)
-    raw.send(0, commands.Connection.CloseOk())
+    raw.send_frame(commands.Connection.CloseOk(), 0)
     assert raw.at_eof()
 
 
@@ -436,7 +319,7 @@ def test_publish_to_missing_exchange_closes_channel_404(conn):
         ch.queue_declare(unique("never"), exclusive=True)
     assert info.value.reply_code == 404
     assert info.value.reply_text == "NOT_FOUND - no exchange '%s' in vhost '/'" % name
-    ch2 = chan(conn)
+    ch2 = confirm_channel(conn)
     q = declare(ch2)
     ch2.basic_publish("", q, b"fine")
     assert ready(ch2, q) == 1
@@ -446,7 +329,7 @@ def test_max_message_size_refuses_larger_body_406(start_broker):
     small = start_broker("--max-message-size", "1000")
     connection = pika.BlockingConnection(pika.URLParameters(small.url))
     try:
-        ch = chan(connection)
+        ch = confirm_channel(connection)
         q = declare(ch)
         ch.basic_publish("", q, b"a" * 1000)
         assert ready(ch, q) == 1
@@ -457,7 +340,7 @@ def test_max_message_size_refuses_larger_body_406(start_broker):
         assert info.value.reply_text == (
             "PRECONDITION_FAILED - message size 1001 is larger than configured max size 1000")
         assert connection.is_open
-        ch2 = chan(connection)
+        ch2 = confirm_channel(connection)
         assert ready(ch2, q) == 1
         method, _props, body = ch2.basic_get(q, auto_ack=True)
         assert body == b"a" * 1000 and method.message_count == 0
@@ -468,14 +351,14 @@ def test_max_message_size_refuses_larger_body_406(start_broker):
 
 def test_max_message_size_close_names_basic_publish(start_broker):
     small = start_broker("--max-message-size", "1000")
-    raw = Raw(small.port)
+    raw = RawClient.connected(small.port, capabilities=CLIENT_CAPABILITIES)
     try:
         raw.open_channel()
         raw.open_channel(2)
-        raw.sock.sendall(raw.publish_frames(1, "q", b"b" * 1001))
-        close = raw.expect(1, commands.Channel.Close)
+        raw.publish("q", b"b" * 1001)
+        close = raw.expect(commands.Channel.Close, 1)
         assert (close.reply_code, close.class_id, close.method_id) == (406, 60, 40)
-        raw.send(1, commands.Channel.CloseOk())
+        raw.send_frame(commands.Channel.CloseOk(), 1)
         q = raw.declare_queue(2)
         assert q.startswith("amq.gen-")
     finally:
@@ -486,7 +369,7 @@ def test_max_message_size_close_names_basic_publish(start_broker):
 
 
 def test_get_reports_message_count_then_get_empty(conn):
-    ch = chan(conn)
+    ch = confirm_channel(conn)
     q = declare(ch)
     for i in range(3):
         ch.basic_publish("", q, b"m%d" % i)
@@ -500,8 +383,8 @@ def test_get_reports_message_count_then_get_empty(conn):
 def test_get_empty_on_raw_socket(raw):
     raw.open_channel()
     q = raw.declare_queue()
-    raw.send(1, commands.Basic.Get(queue=q))
-    raw.expect(1, commands.Basic.GetEmpty)
+    raw.send_frame(commands.Basic.Get(queue=q), 1)
+    raw.expect(commands.Basic.GetEmpty, 1)
 
 
 async def test_get_with_aio_pika(broker):
@@ -517,7 +400,7 @@ async def test_get_with_aio_pika(broker):
 
 
 def test_empty_queue_name_means_last_declared_queue(conn):
-    ch = chan(conn)
+    ch = confirm_channel(conn)
     q = declare(ch)
     ch.basic_publish("", q, b"a")
     ch.basic_publish("", q, b"b")
@@ -530,14 +413,12 @@ def test_empty_queue_name_means_last_declared_queue(conn):
 
 
 def test_empty_queue_name_without_declared_queue_is_404(conn):
-    ch = chan(conn)
-    with pytest.raises(ChannelClosedByBroker) as info:
-        ch.basic_get("")
-    assert (info.value.reply_code, info.value.reply_text) == (404, "NOT_FOUND - no previously declared queue")
+    ch = confirm_channel(conn)
+    assert channel_error(ch.basic_get, "") == (404, "NOT_FOUND - no previously declared queue")
     # the shortcut is per channel: a queue declared on another channel does not count
     other = conn.channel()
     declare(other)
-    ch2 = chan(conn)
+    ch2 = confirm_channel(conn)
     with pytest.raises(ChannelClosedByBroker) as info:
         ch2.basic_consume("", lambda *a: None)
     assert info.value.reply_code == 404
@@ -546,13 +427,8 @@ def test_empty_queue_name_without_declared_queue_is_404(conn):
 # -- ack / nack / reject ------------------------------------------------------
 
 
-def publish_n(ch, q: str, n: int) -> None:
-    for i in range(n):
-        ch.basic_publish("", q, b"m%d" % i)
-
-
 def test_ack_multiple_acks_up_to_the_tag(conn):
-    ch = chan(conn)
+    ch = confirm_channel(conn)
     q = declare(ch)
     publish_n(ch, q, 5)
     got = [ch.basic_get(q)[0] for _ in range(5)]
@@ -565,7 +441,7 @@ def test_ack_multiple_acks_up_to_the_tag(conn):
 
 
 def test_ack_multiple_with_tag_zero_acks_everything(conn):
-    ch = chan(conn)
+    ch = confirm_channel(conn)
     q = declare(ch)
     publish_n(ch, q, 4)
     assert len(get_all(ch, q)) == 4
@@ -579,7 +455,7 @@ def test_ack_multiple_with_tag_zero_acks_everything(conn):
 
 
 def test_requeued_messages_keep_original_order_and_are_redelivered(conn):
-    ch = chan(conn)
+    ch = confirm_channel(conn)
     q = declare(ch)
     publish_n(ch, q, 6)
     got = [ch.basic_get(q)[0] for _ in range(4)]  # m0..m3 unacked, m4 m5 ready
@@ -595,7 +471,7 @@ def test_requeued_messages_keep_original_order_and_are_redelivered(conn):
 
 
 def test_nack_multiple_requeues_up_to_the_tag(conn):
-    ch = chan(conn)
+    ch = confirm_channel(conn)
     q = declare(ch)
     publish_n(ch, q, 5)
     got = [ch.basic_get(q)[0] for _ in range(4)]
@@ -609,7 +485,7 @@ def test_nack_multiple_requeues_up_to_the_tag(conn):
 
 @pytest.mark.parametrize("how", ["nack", "nack_multiple", "reject"])
 def test_nack_and_reject_without_requeue_drop(conn, how):
-    ch = chan(conn)
+    ch = confirm_channel(conn)
     q = declare(ch)
     publish_n(ch, q, 3)
     got = [ch.basic_get(q)[0] for _ in range(3)]
@@ -625,42 +501,36 @@ def test_nack_and_reject_without_requeue_drop(conn, how):
 
 @pytest.mark.parametrize("how", ["ack", "nack", "reject"])
 def test_unknown_delivery_tag_is_406(conn, how):
-    ch = chan(conn)
+    ch = confirm_channel(conn)
     q = declare(ch)
     publish_n(ch, q, 1)
     ch.basic_get(q)
     getattr(ch, "basic_" + how)(9)
-    with pytest.raises(ChannelClosedByBroker) as info:
-        ready(ch, q)
-    assert (info.value.reply_code, info.value.reply_text) == (406, "PRECONDITION_FAILED - unknown delivery tag 9")
+    assert channel_error(ready, ch, q) == (406, "PRECONDITION_FAILED - unknown delivery tag 9")
     other = conn.channel()
     wait_for(lambda: ready(other, q) == 1)  # the closed channel's unacked message went back
 
 
 def test_reject_tag_zero_is_unknown(conn):
-    ch = chan(conn)
+    ch = confirm_channel(conn)
     q = declare(ch)
     ch.basic_reject(0)
-    with pytest.raises(ChannelClosedByBroker) as info:
-        ready(ch, q)
-    assert (info.value.reply_code, info.value.reply_text) == (406, "PRECONDITION_FAILED - unknown delivery tag 0")
+    assert channel_error(ready, ch, q) == (406, "PRECONDITION_FAILED - unknown delivery tag 0")
 
 
 def test_double_ack_is_406(conn):
-    ch = chan(conn)
+    ch = confirm_channel(conn)
     q = declare(ch)
     publish_n(ch, q, 2)
     method = ch.basic_get(q)[0]
     ch.basic_ack(method.delivery_tag)
     ch.basic_ack(method.delivery_tag)
-    with pytest.raises(ChannelClosedByBroker) as info:
-        ready(ch, q)
-    assert (info.value.reply_code, info.value.reply_text) == (406, "PRECONDITION_FAILED - unknown delivery tag 1")
+    assert channel_error(ready, ch, q) == (406, "PRECONDITION_FAILED - unknown delivery tag 1")
     assert conn.is_open
 
 
 def test_ack_of_no_ack_delivery_is_unknown(conn):
-    ch = chan(conn)
+    ch = confirm_channel(conn)
     q = declare(ch)
     publish_n(ch, q, 1)
     method = ch.basic_get(q, auto_ack=True)[0]
@@ -674,7 +544,7 @@ def test_ack_of_no_ack_delivery_is_unknown(conn):
 
 
 def test_recover_requeue_redelivers_unacked_to_consumer(conn):
-    ch = chan(conn)
+    ch = confirm_channel(conn)
     q = declare(ch)
     publish_n(ch, q, 3)
     seen = []
@@ -689,7 +559,7 @@ def test_recover_requeue_redelivers_unacked_to_consumer(conn):
 
 
 def test_recover_requeue_false_closes_connection_540(conn):
-    ch = chan(conn)
+    ch = confirm_channel(conn)
     with pytest.raises(ConnectionClosedByBroker) as info:
         ch.basic_recover(requeue=False)
     assert (info.value.reply_code, info.value.reply_text) == (540, "NOT_IMPLEMENTED - requeue=false")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import amqp
 import kombu
 
-from conftest import unique
+from helpers import unique
 
 
 def test_py_amqp_amqplain_publish_consume_ack(broker):

@@ -7,110 +7,25 @@ of basic.return against basic.ack. Reply codes and texts are RabbitMQ 3.10's.
 from __future__ import annotations
 
 import asyncio
-import socket
-import struct
 
 import aio_pika
 import aiormq
-import pika
 import pytest
 from pamqp import commands
-from pamqp import frame as pframe
-from pika.exceptions import ChannelClosedByBroker
+from pamqp.constants import FRAME_BODY, FRAME_HEADER
 
-from conftest import unique, wait_for
+from amqp_raw import CLIENT_CAPABILITIES, RawClient
+from helpers import channel_error, confirm_channel, declare, publish_n, ready, unique, wait_for
 
 
 # -- helpers ------------------------------------------------------------------
 
 
-class Raw:
-    """A minimal AMQP 0-9-1 client on a plain socket (pamqp marshals frames)."""
-
-    def __init__(self, port: int) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=5)
-        self.buf = b""
-        self.sock.sendall(b"AMQP\x00\x00\x09\x01")
-        self.expect(0, commands.Connection.Start)
-        self.send(0, commands.Connection.StartOk(
-            client_properties={"capabilities": {"publisher_confirms": True}},
-            mechanism="PLAIN", response="\0guest\0guest", locale="en_US"))
-        tune = self.expect(0, commands.Connection.Tune)
-        self.send(0, commands.Connection.TuneOk(channel_max=tune.channel_max, frame_max=tune.frame_max, heartbeat=0))
-        self.send(0, commands.Connection.Open(virtual_host="/"))
-        self.expect(0, commands.Connection.OpenOk)
-        self.send(1, commands.Channel.Open())
-        self.expect(1, commands.Channel.OpenOk)
-
-    def close(self) -> None:
-        self.sock.close()
-
-    def send(self, channel: int, *methods) -> None:
-        self.sock.sendall(b"".join(pframe.marshal(m, channel) for m in methods))
-
-    def declare_queue(self) -> str:
-        self.send(1, commands.Queue.Declare(queue="", exclusive=True))
-        return self.expect(1, commands.Queue.DeclareOk).queue
-
-    @staticmethod
-    def publish_bytes(routing_key: str, body: bytes, mandatory: bool = False, channel: int = 1) -> bytes:
-        header = struct.pack(">HHQH", 60, 0, len(body), 0)
-        return b"".join([
-            pframe.marshal(commands.Basic.Publish(exchange="", routing_key=routing_key, mandatory=mandatory), channel),
-            struct.pack(">BHI", 2, channel, len(header)) + header + b"\xce",
-            struct.pack(">BHI", 3, channel, len(body)) + body + b"\xce" if body else b"",
-        ])
-
-    def read_frame(self) -> tuple[int, int, bytes]:
-        while True:
-            if len(self.buf) >= 7:
-                frame_type, channel, size = struct.unpack_from(">BHI", self.buf)
-                if len(self.buf) >= size + 8:
-                    frame, self.buf = self.buf[:size + 8], self.buf[size + 8:]
-                    return frame_type, channel, frame
-            data = self.sock.recv(1 << 16)
-            if not data:
-                raise ConnectionError("socket closed by the broker")
-            self.buf += data
-
-    def read(self):
-        """('method', channel, method) or ('header'|'body', channel, payload)."""
-        frame_type, channel, frame = self.read_frame()
-        if frame_type == 1:
-            return "method", channel, pframe.unmarshal(frame)[2]
-        return {2: "header", 3: "body"}[frame_type], channel, frame[7:-1]
-
-    def expect(self, channel: int, cls):
-        kind, got, method = self.read()
-        assert kind == "method" and got == channel and isinstance(method, cls), (kind, got, method)
-        return method
-
-    def confirm_select(self) -> None:
-        self.send(1, commands.Confirm.Select())
-        self.expect(1, commands.Confirm.SelectOk)
-
-
 @pytest.fixture
 def raw(broker):
-    client = Raw(broker.port)
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def conn(broker):
-    connection = pika.BlockingConnection(pika.URLParameters(broker.url))
-    yield connection
-    if connection.is_open:
-        connection.close()
-
-
-def declare(channel) -> str:
-    return channel.queue_declare(unique("ctx"), exclusive=True).method.queue
-
-
-def ready(channel, queue: str) -> int:
-    return channel.queue_declare(queue, passive=True).method.message_count
+    """A raw-socket client through the handshake, with channel 1 open."""
+    with RawClient.connected(broker.port, capabilities=CLIENT_CAPABILITIES, channels=(1,)) as client:
+        yield client
 
 
 # -- publisher confirms --------------------------------------------------------
@@ -120,8 +35,8 @@ def test_each_publish_is_confirmed_with_the_next_tag(raw):
     raw.confirm_select()
     q = raw.declare_queue()
     for tag in range(1, 6):
-        raw.sock.sendall(raw.publish_bytes(q, b"m%d" % tag))
-        ack = raw.expect(1, commands.Basic.Ack)
+        raw.publish(q, b"m%d" % tag)
+        ack = raw.expect(commands.Basic.Ack, 1)
         assert (ack.delivery_tag, ack.multiple) == (tag, False)
 
 
@@ -129,10 +44,10 @@ def test_confirms_for_a_burst_coalesce_with_multiple(raw):
     raw.confirm_select()
     q = raw.declare_queue()
     count = 200
-    raw.sock.sendall(b"".join(raw.publish_bytes(q, b"%d" % i) for i in range(count)))
+    raw.send(b"".join(raw.publish_bytes(q, b"%d" % i) for i in range(count)))
     acks = []
     while not acks or acks[-1].delivery_tag < count:
-        acks.append(raw.expect(1, commands.Basic.Ack))
+        acks.append(raw.expect(commands.Basic.Ack, 1))
     assert acks[-1].delivery_tag == count
     assert len(acks) < count
     assert any(ack.multiple for ack in acks)
@@ -142,23 +57,21 @@ def test_confirms_for_a_burst_coalesce_with_multiple(raw):
         if not ack.multiple:
             assert ack.delivery_tag == previous + 1
         previous = ack.delivery_tag
-    raw.send(1, commands.Queue.Declare(queue=q, passive=True))
-    assert raw.expect(1, commands.Queue.DeclareOk).message_count == count
+    raw.send_frame(commands.Queue.Declare(queue=q, passive=True), 1)
+    assert raw.expect(commands.Queue.DeclareOk, 1).message_count == count
 
 
 def test_each_channel_numbers_its_own_confirms(raw):
     raw.confirm_select()
     q = raw.declare_queue()
-    raw.send(2, commands.Channel.Open())
-    raw.expect(2, commands.Channel.OpenOk)
-    raw.send(2, commands.Confirm.Select())
-    raw.expect(2, commands.Confirm.SelectOk)
+    raw.open_channel(2)
+    raw.confirm_select(2)
     on_two = raw.publish_bytes(q, b"two", channel=2)
-    raw.sock.sendall(raw.publish_bytes(q, b"a") + on_two + raw.publish_bytes(q, b"b") + on_two)
+    raw.send(raw.publish_bytes(q, b"a") + on_two + raw.publish_bytes(q, b"b") + on_two)
     upto = {1: 0, 2: 0}
     while upto != {1: 2, 2: 2}:
-        kind, channel, ack = raw.read()
-        assert kind == "method" and isinstance(ack, commands.Basic.Ack)
+        channel, ack = raw.read_frame()
+        assert isinstance(ack, commands.Basic.Ack)
         assert ack.delivery_tag == upto[channel] + 1 or (ack.multiple and ack.delivery_tag > upto[channel])
         upto[channel] = ack.delivery_tag
 
@@ -167,18 +80,18 @@ def test_unroutable_mandatory_is_returned_before_its_ack(raw):
     raw.confirm_select()
     q = raw.declare_queue()
     nowhere = unique("nowhere")
-    raw.sock.sendall(raw.publish_bytes(nowhere, b"lost", mandatory=True))
-    ret = raw.expect(1, commands.Basic.Return)
+    raw.publish(nowhere, b"lost", mandatory=True)
+    ret = raw.expect(commands.Basic.Return, 1)
     assert (ret.reply_code, ret.reply_text, ret.exchange, ret.routing_key) == (312, "NO_ROUTE", "", nowhere)
-    assert raw.read()[0] == "header"
-    assert raw.read() == ("body", 1, b"lost")
-    ack = raw.expect(1, commands.Basic.Ack)
+    assert raw.read_raw_frame()[0] == FRAME_HEADER
+    assert raw.read_raw_frame() == (FRAME_BODY, 1, b"lost")
+    ack = raw.expect(commands.Basic.Ack, 1)
     assert (ack.delivery_tag, ack.multiple) == (1, False)
     # unroutable without mandatory: acked, nothing returned; then a routable one
-    raw.sock.sendall(raw.publish_bytes(nowhere, b"dropped"))
-    assert raw.expect(1, commands.Basic.Ack).delivery_tag == 2
-    raw.sock.sendall(raw.publish_bytes(q, b"kept", mandatory=True))
-    assert raw.expect(1, commands.Basic.Ack).delivery_tag == 3
+    raw.publish(nowhere, b"dropped")
+    assert raw.expect(commands.Basic.Ack, 1).delivery_tag == 2
+    raw.publish(q, b"kept", mandatory=True)
+    assert raw.expect(commands.Basic.Ack, 1).delivery_tag == 3
 
 
 async def test_aio_pika_publishes_are_all_acked(broker):
@@ -209,18 +122,14 @@ async def test_aio_pika_mandatory_unroutable_raises_publish_error(broker):
 def test_confirm_select_on_a_tx_channel_is_406(conn):
     ch = conn.channel()
     ch.tx_select()
-    with pytest.raises(ChannelClosedByBroker) as info:
-        ch.confirm_delivery()
-    assert (info.value.reply_code, info.value.reply_text) == (
+    assert channel_error(ch.confirm_delivery) == (
         406, "PRECONDITION_FAILED - cannot switch from tx to confirm mode")
 
 
 def test_tx_select_on_a_confirm_channel_is_406(conn):
     ch = conn.channel()
     ch.confirm_delivery()
-    with pytest.raises(ChannelClosedByBroker) as info:
-        ch.tx_select()
-    assert (info.value.reply_code, info.value.reply_text) == (
+    assert channel_error(ch.tx_select) == (
         406, "PRECONDITION_FAILED - cannot switch from confirm to tx mode")
     assert conn.is_open
 
@@ -228,11 +137,10 @@ def test_tx_select_on_a_confirm_channel_is_406(conn):
 def test_selecting_the_same_mode_twice_is_fine(raw):
     raw.confirm_select()
     raw.confirm_select()
-    raw.send(2, commands.Channel.Open())
-    raw.expect(2, commands.Channel.OpenOk)
+    raw.open_channel(2)
     for _ in range(2):
-        raw.send(2, commands.Tx.Select())
-        raw.expect(2, commands.Tx.SelectOk)
+        raw.send_frame(commands.Tx.Select(), 2)
+        raw.expect(commands.Tx.SelectOk, 2)
 
 
 # -- transactions: publishes -------------------------------------------------------
@@ -268,16 +176,16 @@ def test_tx_rollback_discards_publishes(conn):
 
 
 def test_tx_mandatory_unroutable_is_returned_at_commit(raw):
-    raw.send(1, commands.Tx.Select())
-    raw.expect(1, commands.Tx.SelectOk)
+    raw.send_frame(commands.Tx.Select(), 1)
+    raw.expect(commands.Tx.SelectOk, 1)
     nowhere = unique("nowhere")
-    raw.sock.sendall(raw.publish_bytes(nowhere, b"lost", mandatory=True))
-    raw.send(1, commands.Tx.Commit())
-    ret = raw.expect(1, commands.Basic.Return)
+    raw.publish(nowhere, b"lost", mandatory=True)
+    raw.send_frame(commands.Tx.Commit(), 1)
+    ret = raw.expect(commands.Basic.Return, 1)
     assert (ret.reply_code, ret.routing_key) == (312, nowhere)
-    assert raw.read()[0] == "header"
-    assert raw.read() == ("body", 1, b"lost")
-    raw.expect(1, commands.Tx.CommitOk)
+    assert raw.read_raw_frame()[0] == FRAME_HEADER
+    assert raw.read_raw_frame() == (FRAME_BODY, 1, b"lost")
+    raw.expect(commands.Tx.CommitOk, 1)
 
 
 async def test_aio_pika_transaction_commit_and_rollback(broker):
@@ -298,18 +206,17 @@ async def test_aio_pika_transaction_commit_and_rollback(broker):
 # -- transactions: acks, nacks, rejects ---------------------------------------------
 
 
-def publish_n(conn, q: str, n: int) -> None:
-    pub = conn.channel()
-    pub.confirm_delivery()
-    for i in range(n):
-        pub.basic_publish("", q, b"%d" % i)
+def publish_confirmed(conn, q: str, n: int) -> None:
+    """n messages (b"0", b"1", ...) through a confirm channel of their own."""
+    pub = confirm_channel(conn)
+    publish_n(pub, q, n, prefix=b"")
     pub.close()
 
 
 def test_tx_ack_takes_effect_only_on_commit(conn):
     ch = conn.channel()
     q = declare(ch)
-    publish_n(conn, q, 2)
+    publish_confirmed(conn, q, 2)
     worker = conn.channel()
     worker.tx_select()
     tags = [worker.basic_get(q)[0].delivery_tag for _ in range(2)]
@@ -329,7 +236,7 @@ def test_tx_ack_takes_effect_only_on_commit(conn):
 def test_tx_rollback_leaves_the_ack_undone(conn):
     ch = conn.channel()
     q = declare(ch)
-    publish_n(conn, q, 2)
+    publish_confirmed(conn, q, 2)
     ch.tx_select()
     first = ch.basic_get(q)[0]
     ch.basic_ack(first.delivery_tag)
@@ -344,7 +251,7 @@ def test_tx_rollback_leaves_the_ack_undone(conn):
 def test_tx_rolled_back_ack_is_requeued_when_the_channel_closes(conn):
     ch = conn.channel()
     q = declare(ch)
-    publish_n(conn, q, 1)
+    publish_confirmed(conn, q, 1)
     worker = conn.channel()
     worker.tx_select()
     tag = worker.basic_get(q)[0].delivery_tag
@@ -359,7 +266,7 @@ def test_tx_rolled_back_ack_is_requeued_when_the_channel_closes(conn):
 def test_tx_reject_and_nack_apply_on_commit(conn):
     ch = conn.channel()
     q = declare(ch)
-    publish_n(conn, q, 3)
+    publish_confirmed(conn, q, 3)
     ch.tx_select()
     tags = [ch.basic_get(q)[0].delivery_tag for _ in range(3)]
     ch.basic_reject(tags[0], requeue=True)
@@ -380,15 +287,11 @@ def test_tx_ack_of_unknown_tag_fails_at_once(conn):
     q = declare(ch)
     ch.tx_select()
     ch.basic_ack(5)
-    with pytest.raises(ChannelClosedByBroker) as info:
-        ready(ch, q)
-    assert (info.value.reply_code, info.value.reply_text) == (406, "PRECONDITION_FAILED - unknown delivery tag 5")
+    assert channel_error(ready, ch, q) == (406, "PRECONDITION_FAILED - unknown delivery tag 5")
 
 
 @pytest.mark.parametrize("method", ["tx_commit", "tx_rollback"])
 def test_commit_or_rollback_without_select_is_406(conn, method):
     ch = conn.channel()
-    with pytest.raises(ChannelClosedByBroker) as info:
-        getattr(ch, method)()
-    assert (info.value.reply_code, info.value.reply_text) == (406, "PRECONDITION_FAILED - channel is not transactional")
+    assert channel_error(getattr(ch, method)) == (406, "PRECONDITION_FAILED - channel is not transactional")
     assert conn.is_open

@@ -14,7 +14,9 @@ import pytest
 from pamqp import commands, heartbeat
 
 from amqp_raw import Closed, RawClient, amqplain_response, plain_response, start_ok_frame
-from conftest import unique, wait_for
+from helpers import assert_serves, connect, unique, wait_for
+
+pytestmark = pytest.mark.usefixtures("still_serving")
 
 CAPABILITIES = {
     "publisher_confirms": True,
@@ -28,35 +30,6 @@ LOGIN_REFUSED = (
     "ACCESS_REFUSED - Login was refused using authentication mechanism %s. For details see the broker logfile."
 )
 HEARTBEAT = b"\x08\x00\x00\x00\x00\x00\x00\xce"
-
-
-def connect(port: int, host: str = "127.0.0.1", **params) -> pika.BlockingConnection:
-    return pika.BlockingConnection(pika.ConnectionParameters(host, port, **params))
-
-
-def assert_serves(port: int) -> None:
-    """A new client can connect, declare, publish and get a message back."""
-    connection = connect(port)
-    try:
-        channel = connection.channel()
-        queue = channel.queue_declare(unique("alive"), exclusive=True).method.queue
-        channel.basic_publish("", queue, b"still here")
-        assert channel.basic_get(queue, auto_ack=True)[2] == b"still here"
-    finally:
-        connection.close()
-
-
-@pytest.fixture(autouse=True)
-def still_serving(broker):
-    yield
-    assert_serves(broker.port)
-
-
-@pytest.fixture
-def raw(broker):
-    client = RawClient(broker.port)
-    yield client
-    client.close()
 
 
 def negotiated(connection: pika.BlockingConnection) -> tuple:

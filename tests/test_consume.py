@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import socket
 import struct
 
 import aio_pika
@@ -18,10 +17,10 @@ import aiormq
 import pika
 import pytest
 from pamqp import commands
-from pamqp import frame as pframe
 from pika.exceptions import ConnectionClosedByBroker
 
-from conftest import unique, wait_for
+from amqp_raw import CLIENT_CAPABILITIES, RawClient
+from helpers import confirm_channel, declare, pump, ready, unique, wait_for
 
 SERVER_TAG = re.compile(r"^amq\.ctag-[A-Za-z0-9_-]{22}$")
 
@@ -29,93 +28,11 @@ SERVER_TAG = re.compile(r"^amq\.ctag-[A-Za-z0-9_-]{22}$")
 # -- helpers ------------------------------------------------------------------
 
 
-class Raw:
-    """A minimal AMQP 0-9-1 client on a plain socket (pamqp marshals frames)."""
-
-    def __init__(self, port: int) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=5)
-        self.buf = b""
-        self.sock.sendall(b"AMQP\x00\x00\x09\x01")
-        self.expect(0, commands.Connection.Start)
-        self.send(0, commands.Connection.StartOk(
-            client_properties={"capabilities": {"consumer_cancel_notify": True}},
-            mechanism="PLAIN", response="\0guest\0guest", locale="en_US"))
-        tune = self.expect(0, commands.Connection.Tune)
-        self.send(0, commands.Connection.TuneOk(channel_max=tune.channel_max, frame_max=tune.frame_max, heartbeat=0))
-        self.send(0, commands.Connection.Open(virtual_host="/"))
-        self.expect(0, commands.Connection.OpenOk)
-
-    def send(self, channel: int, *methods) -> None:
-        self.sock.sendall(b"".join(pframe.marshal(m, channel) for m in methods))
-
-    def open_channel(self, channel: int) -> None:
-        self.send(channel, commands.Channel.Open())
-        self.expect(channel, commands.Channel.OpenOk)
-
-    def read_frame(self) -> tuple[int, int, bytes]:
-        while True:
-            if len(self.buf) >= 7:
-                frame_type, channel, size = struct.unpack_from(">BHI", self.buf)
-                if len(self.buf) >= size + 8:
-                    frame, self.buf = self.buf[:size + 8], self.buf[size + 8:]
-                    return frame_type, channel, frame
-            data = self.sock.recv(1 << 16)
-            if not data:
-                raise ConnectionError("socket closed by the broker")
-            self.buf += data
-
-    def expect(self, channel: int, cls):
-        frame_type, got, frame = self.read_frame()
-        assert frame_type == 1, frame_type
-        method = pframe.unmarshal(frame)[2]
-        assert got == channel and isinstance(method, cls), (got, method, dict(method))
-        return method
-
-    def skip_content(self, channel: int) -> None:
-        frame_type, got, frame = self.read_frame()
-        assert (frame_type, got) == (2, channel)
-        size = struct.unpack_from(">Q", frame, 11)[0]
-        while size:
-            frame_type, got, frame = self.read_frame()
-            assert (frame_type, got) == (3, channel)
-            size -= len(frame) - 8
-
-
 @pytest.fixture
-def conn(broker):
-    connection = pika.BlockingConnection(pika.URLParameters(broker.url))
-    yield connection
-    if connection.is_open:
-        connection.close()
-
-
-@pytest.fixture
-async def aconn(broker):
-    connection = await aio_pika.connect(broker.url)
-    yield connection
-    await connection.close()
-
-
-def declare(channel) -> str:
-    return channel.queue_declare(unique("consume"), exclusive=True).method.queue
-
-
-def ready(channel, queue: str) -> int:
-    return channel.queue_declare(queue, passive=True).method.message_count
-
-
-def publisher(connection):
-    channel = connection.channel()
-    channel.confirm_delivery()
-    return channel
-
-
-def pump(connection, predicate):
-    """Let a pika connection dispatch callbacks until `predicate()` holds."""
-    def check():
-        connection.process_data_events(time_limit=0.02)
-        return predicate()
-    return wait_for(check)
+def raw(broker):
+    """A raw-socket client through the handshake, with channel 1 open."""
+    with RawClient.connected(broker.port, capabilities=CLIENT_CAPABILITIES, channels=(1,)) as client:
+        yield client
 
 
 async def ignore(message) -> None:
@@ -129,42 +46,34 @@ async def collect(queue: asyncio.Queue, n: int) -> list:
 # -- consumer tags --------------------------------------------------------------
 
 
-def test_server_generates_consumer_tags(broker):
-    raw = Raw(broker.port)
-    raw.open_channel(1)
-    raw.send(1, commands.Queue.Declare(queue="", exclusive=True))
-    q = raw.expect(1, commands.Queue.DeclareOk).queue
+def test_server_generates_consumer_tags(raw):
+    q = raw.declare_queue(1)
     tags = []
     for _ in range(2):
-        raw.send(1, commands.Basic.Consume(queue=q, consumer_tag="", no_ack=True))
-        tags.append(raw.expect(1, commands.Basic.ConsumeOk).consumer_tag)
+        raw.send_frame(commands.Basic.Consume(queue=q, consumer_tag="", no_ack=True), 1)
+        tags.append(raw.expect(commands.Basic.ConsumeOk, 1).consumer_tag)
     assert all(SERVER_TAG.match(tag) for tag in tags), tags
     assert tags[0] != tags[1]
-    raw.send(1, commands.Basic.Publish(exchange="", routing_key=q))
-    raw.sock.sendall(struct.pack(">BHIHHQH", 2, 1, 14, 60, 0, 0, 0) + b"\xce")
-    deliver = raw.expect(1, commands.Basic.Deliver)
+    raw.send_frame(commands.Basic.Publish(exchange="", routing_key=q), 1)
+    raw.send(struct.pack(">BHIHHQH", 2, 1, 14, 60, 0, 0, 0) + b"\xce")
+    deliver = raw.expect(commands.Basic.Deliver, 1)
     assert deliver.consumer_tag == tags[0]
-    raw.skip_content(1)
-    raw.send(1, commands.Basic.Cancel(consumer_tag=tags[1]))
-    assert raw.expect(1, commands.Basic.CancelOk).consumer_tag == tags[1]
-    raw.sock.close()
+    raw.read_content(1)
+    raw.send_frame(commands.Basic.Cancel(consumer_tag=tags[1]), 1)
+    assert raw.expect(commands.Basic.CancelOk, 1).consumer_tag == tags[1]
 
 
-def test_consumer_tag_reuse_on_one_channel_closes_connection_530(broker):
-    raw = Raw(broker.port)
-    raw.open_channel(1)
+def test_consumer_tag_reuse_on_one_channel_closes_connection_530(raw):
     raw.open_channel(2)
-    raw.send(1, commands.Queue.Declare(queue="", exclusive=True))
-    q = raw.expect(1, commands.Queue.DeclareOk).queue
-    raw.send(1, commands.Basic.Consume(queue=q, consumer_tag="dup"))
-    raw.expect(1, commands.Basic.ConsumeOk)
-    raw.send(2, commands.Basic.Consume(queue=q, consumer_tag="dup"))  # other channel: fine
-    raw.expect(2, commands.Basic.ConsumeOk)
-    raw.send(1, commands.Basic.Consume(queue=q, consumer_tag="dup"))
-    close = raw.expect(0, commands.Connection.Close)
+    q = raw.declare_queue(1)
+    raw.send_frame(commands.Basic.Consume(queue=q, consumer_tag="dup"), 1)
+    raw.expect(commands.Basic.ConsumeOk, 1)
+    raw.send_frame(commands.Basic.Consume(queue=q, consumer_tag="dup"), 2)  # other channel: fine
+    raw.expect(commands.Basic.ConsumeOk, 2)
+    raw.send_frame(commands.Basic.Consume(queue=q, consumer_tag="dup"), 1)
+    close = raw.expect(commands.Connection.Close, 0)
     assert (close.reply_code, close.reply_text) == (530, "NOT_ALLOWED - attempt to reuse consumer tag 'dup'")
     assert (close.class_id, close.method_id) == (60, 20)
-    raw.sock.close()
 
 
 # -- exclusive, missing queue -------------------------------------------------
@@ -255,12 +164,9 @@ async def test_cancel_answers_cancel_ok_and_stops_deliveries(aconn):
     assert got.empty()
 
 
-def test_cancel_of_unknown_tag_is_answered(broker):
-    raw = Raw(broker.port)
-    raw.open_channel(1)
-    raw.send(1, commands.Basic.Cancel(consumer_tag="never-consumed"))
-    assert raw.expect(1, commands.Basic.CancelOk).consumer_tag == "never-consumed"
-    raw.sock.close()
+def test_cancel_of_unknown_tag_is_answered(raw):
+    raw.send_frame(commands.Basic.Cancel(consumer_tag="never-consumed"), 1)
+    assert raw.expect(commands.Basic.CancelOk, 1).consumer_tag == "never-consumed"
 
 
 def test_queue_deletion_cancels_consumer_pika(conn):
@@ -299,7 +205,7 @@ def test_round_robin_among_three_consumers(conn):
     order = []
     tags = [ch.basic_consume(q, lambda _c, m, _p, _b: order.append(m.consumer_tag), auto_ack=True)
             for _ in range(3)]
-    pub = publisher(conn)
+    pub = confirm_channel(conn)
     for i in range(30):
         pub.basic_publish("", q, b"%d" % i)
     pump(conn, lambda: len(order) == 30)
@@ -339,7 +245,7 @@ def test_per_consumer_prefetch_applies_to_consumers_created_after(conn):
     got = consumers(ch, q, ["unlimited"])
     ch.basic_qos(prefetch_count=2)  # global=false: consumers created from now on
     got.update(consumers(ch, q, ["limited"]))
-    pub = publisher(conn)
+    pub = confirm_channel(conn)
     for i in range(20):
         pub.basic_publish("", q, b"%d" % i)
     pump(conn, lambda: len(got["unlimited"]) + len(got["limited"]) == 20)
@@ -352,7 +258,7 @@ def test_per_consumer_prefetch_limits_each_consumer(conn):
     q = declare(ch)
     ch.basic_qos(prefetch_count=2)
     got = consumers(ch, q, ["a", "b"])
-    pub = publisher(conn)
+    pub = confirm_channel(conn)
     for i in range(10):
         pub.basic_publish("", q, b"%d" % i)
     pump(conn, lambda: len(got["a"]) + len(got["b"]) == 4)
@@ -369,7 +275,7 @@ def test_global_prefetch_limits_the_whole_channel(conn):
     q = declare(ch)
     ch.basic_qos(prefetch_count=3, global_qos=True)
     got = consumers(ch, q, ["a", "b"])
-    pub = publisher(conn)
+    pub = confirm_channel(conn)
     for i in range(10):
         pub.basic_publish("", q, b"%d" % i)
     pump(conn, lambda: len(got["a"]) + len(got["b"]) == 3)
@@ -386,7 +292,7 @@ def test_per_consumer_and_global_prefetch_together(conn):
     ch.basic_qos(prefetch_count=2)
     ch.basic_qos(prefetch_count=3, global_qos=True)
     got = consumers(ch, q, ["a", "b"])
-    pub = publisher(conn)
+    pub = confirm_channel(conn)
     for i in range(20):
         pub.basic_publish("", q, b"%d" % i)
     pump(conn, lambda: len(got["a"]) + len(got["b"]) == 3)
@@ -457,7 +363,7 @@ async def test_unacked_requeued_when_channel_closes(aconn):
 def test_unacked_requeued_when_connection_closes(broker, conn):
     ch = conn.channel()
     q = ch.queue_declare(unique("consume"), auto_delete=False).method.queue
-    pub = publisher(conn)
+    pub = confirm_channel(conn)
     for i in range(4):
         pub.basic_publish("", q, b"%d" % i)
     consumer_conn = pika.BlockingConnection(pika.URLParameters(broker.url))
@@ -486,7 +392,7 @@ def test_channel_flow_pauses_and_resumes_deliveries(conn):
     seen = []
     ch.basic_consume(q, lambda _c, m, _p, b: seen.append(b), auto_ack=True)
     assert ch.flow(False) is False
-    pub = publisher(conn)
+    pub = confirm_channel(conn)
     for i in range(3):
         pub.basic_publish("", q, b"%d" % i)
     assert ready(ch, q) == 3  # a round trip on the paused channel: still nothing delivered

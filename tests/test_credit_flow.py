@@ -12,29 +12,17 @@ import socket
 import struct
 import time
 
-from pamqp import commands, frame, header
-from pamqp import body
+from pamqp import commands
 
 from amqp_raw import RawClient
-from conftest import unique
+from helpers import unique
 
 MESSAGES = 60_000
 PAYLOAD = b"x" * 200
 
 
-def publish_frames(queue: str) -> bytes:
-    one = (
-        frame.marshal(commands.Basic.Publish(exchange="", routing_key=queue), 1)
-        + frame.marshal(header.ContentHeader(body_size=len(PAYLOAD)), 1)
-        + frame.marshal(body.ContentBody(PAYLOAD), 1)
-    )
-    return one
-
-
 def declare_and_consume(port: int, queue: str) -> RawClient:
-    consumer = RawClient(port)
-    consumer.handshake()
-    consumer.open_channel(1)
+    consumer = RawClient.connected(port, channels=(1,))
     consumer.send_frame(commands.Queue.Declare(queue=queue, auto_delete=True), 1)
     consumer.expect(commands.Queue.DeclareOk, 1)
     consumer.send_frame(commands.Basic.Consume(queue=queue, no_ack=True), 1)
@@ -72,10 +60,8 @@ class BodyCounter:
 def test_slow_consumer_throttles_publisher_and_loses_nothing(broker):
     queue = unique("flow")
     consumer = declare_and_consume(broker.port, queue)
-    publisher = RawClient(broker.port)
-    publisher.handshake()
-    publisher.open_channel(1)
-    stream = publish_frames(queue) * MESSAGES
+    publisher = RawClient.connected(broker.port, channels=(1,))
+    stream = publisher.publish_bytes(queue, PAYLOAD) * MESSAGES
     publisher.sock.setblocking(False)
     sent = 0
     stalled_since = None

@@ -8,18 +8,12 @@ the same client calls against it.
 """
 from __future__ import annotations
 
-import uuid
-
 import aio_pika
 import aiormq.exceptions
-import pika
 import pytest
-from pika.exceptions import ChannelClosedByBroker, ConnectionClosedByBroker
+from pika.exceptions import ConnectionClosedByBroker
 
-
-def unique(prefix: str = "t") -> str:
-    """A fresh name (the session broker is shared by every test)."""
-    return "%s-%s" % (prefix, uuid.uuid4().hex[:10])
+from helpers import channel_error, exists, inequivalent, new_queue, publish_sync, unique
 
 
 TYPES = ("direct", "fanout", "topic", "headers")
@@ -37,60 +31,13 @@ DEFAULT_X = "ACCESS_REFUSED - operation not permitted on the default exchange"
 
 
 @pytest.fixture
-def conn(broker):
-    connection = pika.BlockingConnection(pika.URLParameters(broker.url))
-    yield connection
-    if connection.is_open:
-        connection.close()
-
-
-@pytest.fixture
 def ch(conn):
     return conn.channel()
-
-
-@pytest.fixture
-async def aconn(broker):
-    connection = await aio_pika.connect(broker.url)
-    yield connection
-    await connection.close()
-
-
-def channel_error(fn, *args, **kwargs) -> tuple[int, str]:
-    """Run a call expected to make the broker close the channel: (code, text)."""
-    with pytest.raises(ChannelClosedByBroker) as info:
-        fn(*args, **kwargs)
-    return info.value.reply_code, info.value.reply_text
-
-
-def exchange_exists(conn, name: str) -> bool:
-    channel = conn.channel()
-    try:
-        channel.exchange_declare(name, passive=True)
-    except ChannelClosedByBroker as exc:
-        assert (exc.reply_code, exc.reply_text) == (404, "NOT_FOUND - no exchange '%s' in vhost '/'" % name)
-        return False
-    channel.close()
-    return True
-
-
-def publish_sync(ch, exchange: str, key: str, body: bytes = b"m", headers: dict | None = None) -> None:
-    """Publish, then a round trip on the same channel (so a channel close surfaces)."""
-    ch.basic_publish(exchange, key, body, pika.BasicProperties(headers=headers))
-    ch.basic_qos(prefetch_count=0)
-
-
-def new_queue(ch) -> str:
-    return ch.queue_declare("", exclusive=True).method.queue
 
 
 def get_body(ch, queue: str) -> bytes | None:
     method, _props, body = ch.basic_get(queue, auto_ack=True)
     return body if method is not None else None
-
-
-def inequivalent(what: str, name: str, arg: str, detail: str) -> str:
-    return "PRECONDITION_FAILED - inequivalent arg '%s' for %s '%s' in vhost '/': %s" % (arg, what, name, detail)
 
 
 # -- declare ------------------------------------------------------------------
@@ -148,7 +95,7 @@ def test_redeclare_with_different_flag_is_406(conn, ch, flag, first, second):
     detail = "received '%s' but current is '%s'" % (str(second).lower(), str(first).lower())
     code, text = channel_error(conn.channel().exchange_declare, name, "direct", **{flag: second})
     assert (code, text) == (406, inequivalent("exchange", name, flag, detail))
-    assert exchange_exists(conn, name)
+    assert exists(conn, "exchange", name)
     conn.channel().exchange_delete(name)
 
 
@@ -208,7 +155,7 @@ def test_new_exchange_with_amq_prefix_is_403(conn, ch):
     name = "amq." + unique("x")
     assert channel_error(ch.exchange_declare, name, "direct") == (
         403, "ACCESS_REFUSED - exchange name '%s' contains reserved prefix 'amq.*'" % name)
-    assert not exchange_exists(conn, name)
+    assert not exists(conn, "exchange", name)
 
 
 def test_redeclare_predeclared_with_matching_properties_is_ok(conn, ch):
@@ -250,7 +197,7 @@ def test_delete_removes_the_exchange_and_its_bindings(conn, ch):
     publish_sync(ch, name, "k", b"before")
     assert get_body(ch, queue) == b"before"
     assert ch.exchange_delete(name).method.NAME == "Exchange.DeleteOk"
-    assert not exchange_exists(conn, name)
+    assert not exists(conn, "exchange", name)
     ch.exchange_declare(name, "fanout")  # same name again: the old binding is gone
     publish_sync(ch, name, "k", b"after")
     assert get_body(ch, queue) is None
@@ -270,10 +217,10 @@ def test_delete_if_unused_with_a_queue_binding_is_406(conn, ch):
     ch.queue_bind(queue, name, "k")
     assert channel_error(conn.channel().exchange_delete, name, if_unused=True) == (
         406, "PRECONDITION_FAILED - exchange '%s' in vhost '/' in use" % name)
-    assert exchange_exists(conn, name)
+    assert exists(conn, "exchange", name)
     ch.queue_unbind(queue, name, "k")
     ch.exchange_delete(name, if_unused=True)
-    assert not exchange_exists(conn, name)
+    assert not exists(conn, "exchange", name)
 
 
 def test_delete_if_unused_counts_bindings_as_source_only(conn, ch):
@@ -285,16 +232,16 @@ def test_delete_if_unused_counts_bindings_as_source_only(conn, ch):
         406, "PRECONDITION_FAILED - exchange '%s' in vhost '/' in use" % source)
     # the destination of a binding is "unused": it goes, and the binding with it
     ch.exchange_delete(destination, if_unused=True)
-    assert not exchange_exists(conn, destination)
+    assert not exists(conn, "exchange", destination)
     ch.exchange_delete(source, if_unused=True)
-    assert not exchange_exists(conn, source)
+    assert not exists(conn, "exchange", source)
 
 
 def test_delete_if_unused_of_unbound_exchange(conn, ch):
     name = unique("x")
     ch.exchange_declare(name, "topic")
     ch.exchange_delete(name, if_unused=True)
-    assert not exchange_exists(conn, name)
+    assert not exists(conn, "exchange", name)
 
 
 @pytest.mark.parametrize("name", [x for x, _ in PREDECLARED] + ["amq.no-such-exchange"])
@@ -302,7 +249,7 @@ def test_amq_exchanges_cannot_be_deleted(conn, ch, name):
     assert channel_error(ch.exchange_delete, name) == (
         403, "ACCESS_REFUSED - deletion of system exchange '%s' in vhost '/' not allowed" % name)
     if name != "amq.no-such-exchange":
-        assert exchange_exists(conn, name)
+        assert exists(conn, "exchange", name)
 
 
 # -- the default exchange -----------------------------------------------------------
@@ -384,9 +331,9 @@ def test_auto_delete_exchange_goes_when_its_last_queue_binding_is_removed(conn, 
     ch.queue_bind(queue, name, "a")
     ch.queue_bind(queue, name, "b")
     ch.queue_unbind(queue, name, "a")
-    assert exchange_exists(conn, name)
+    assert exists(conn, "exchange", name)
     ch.queue_unbind(queue, name, "b")
-    assert not exchange_exists(conn, name)
+    assert not exists(conn, "exchange", name)
 
 
 def test_auto_delete_exchange_goes_when_its_bound_queue_is_deleted(conn, ch):
@@ -395,9 +342,9 @@ def test_auto_delete_exchange_goes_when_its_bound_queue_is_deleted(conn, ch):
     queue = unique("q")
     ch.queue_declare(queue)
     ch.queue_bind(queue, name)
-    assert exchange_exists(conn, name)
+    assert exists(conn, "exchange", name)
     ch.queue_delete(queue)
-    assert not exchange_exists(conn, name)
+    assert not exists(conn, "exchange", name)
 
 
 def test_auto_delete_exchange_goes_when_its_last_exchange_binding_is_removed(conn, ch):
@@ -406,9 +353,9 @@ def test_auto_delete_exchange_goes_when_its_last_exchange_binding_is_removed(con
     ch.exchange_declare(destination, "direct", auto_delete=True)
     ch.exchange_bind(destination, source, "k")
     ch.exchange_unbind(destination, source, "k")
-    assert not exchange_exists(conn, source)
+    assert not exists(conn, "exchange", source)
     # the destination of the binding had no bindings of its own: it stays
-    assert exchange_exists(conn, destination)
+    assert exists(conn, "exchange", destination)
     ch.exchange_delete(destination)
 
 
@@ -423,8 +370,8 @@ def test_auto_delete_cascades_through_exchange_bindings(conn, ch):
     # the queue goes -> downstream loses its last binding and goes -> so does
     # the binding upstream -> downstream, and upstream goes too
     ch.queue_delete(queue)
-    assert not exchange_exists(conn, downstream)
-    assert not exchange_exists(conn, upstream)
+    assert not exists(conn, "exchange", downstream)
+    assert not exists(conn, "exchange", upstream)
 
 
 def test_auto_delete_exchange_that_was_never_bound_stays(conn, ch):
@@ -433,7 +380,7 @@ def test_auto_delete_exchange_that_was_never_bound_stays(conn, ch):
     # declaring, publishing, and a failed bind leave it in place
     publish_sync(ch, name, "a.b")
     assert channel_error(conn.channel().queue_bind, unique("q-missing"), name, "k")[0] == 404
-    assert exchange_exists(conn, name)
+    assert exists(conn, "exchange", name)
     ch.exchange_delete(name)
 
 

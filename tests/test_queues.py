@@ -9,8 +9,6 @@ RabbitMQ 3.10's, as observed with the same client calls against it.
 from __future__ import annotations
 
 import re
-import time
-import uuid
 
 import aio_pika
 import aiormq.exceptions
@@ -18,22 +16,7 @@ import pika
 import pytest
 from pika.exceptions import ChannelClosedByBroker
 
-
-def unique(prefix: str = "t") -> str:
-    """A fresh name (the session broker is shared by every test)."""
-    return "%s-%s" % (prefix, uuid.uuid4().hex[:10])
-
-
-def wait_for(predicate, timeout: float = 5.0, interval: float = 0.01):
-    """Poll `predicate` until it is truthy (no sleeps as synchronisation)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met within %.1fs" % timeout)
-        time.sleep(interval)
+from helpers import channel_error, confirm_channel, connect, exists, inequivalent, publish_n, unique, wait_for
 
 
 SERVER_NAMED = re.compile(r"^amq\.gen-[A-Za-z0-9_-]{22}$")
@@ -47,71 +30,22 @@ def locked(name: str) -> str:
     )
 
 
-def inequivalent(name: str, arg: str, detail: str) -> str:
-    return "PRECONDITION_FAILED - inequivalent arg '%s' for queue '%s' in vhost '/': %s" % (arg, name, detail)
-
-
 NO_PREVIOUS = (404, "NOT_FOUND - no previously declared queue")
 
 
 # -- helpers ----------------------------------------------------------------
 
 
-def connect(broker):
-    return pika.BlockingConnection(pika.URLParameters(broker.url))
-
-
-@pytest.fixture
-def conn(broker):
-    connection = connect(broker)
-    yield connection
-    if connection.is_open:
-        connection.close()
-
-
 @pytest.fixture
 def other(broker):
     """A second connection (exclusive queues belong to one connection)."""
-    connection = connect(broker)
-    yield connection
-    if connection.is_open:
-        connection.close()
-
-
-def confirming(conn):
-    """A channel in confirm mode: basic_publish returns once the broker has routed."""
-    channel = conn.channel()
-    channel.confirm_delivery()
-    return channel
+    with pika.BlockingConnection(pika.URLParameters(broker.url)) as connection:
+        yield connection
 
 
 @pytest.fixture
 def ch(conn):
-    return confirming(conn)
-
-
-@pytest.fixture
-async def aconn(broker):
-    connection = await aio_pika.connect(broker.url)
-    yield connection
-    await connection.close()
-
-
-def channel_error(fn, *args, **kwargs) -> tuple[int, str]:
-    with pytest.raises(ChannelClosedByBroker) as info:
-        fn(*args, **kwargs)
-    return info.value.reply_code, info.value.reply_text
-
-
-def queue_exists(conn, name: str) -> bool:
-    channel = conn.channel()
-    try:
-        channel.queue_declare(name, passive=True)
-    except ChannelClosedByBroker as exc:
-        assert (exc.reply_code, exc.reply_text) == (404, "NOT_FOUND - no queue '%s' in vhost '/'" % name)
-        return False
-    channel.close()
-    return True
+    return confirm_channel(conn)
 
 
 def passive_code(conn, name: str) -> int:
@@ -128,11 +62,6 @@ def counts(ch, name: str) -> tuple[int, int]:
     return ok.message_count, ok.consumer_count
 
 
-def publish(ch, queue: str, n: int = 1, prefix: bytes = b"m") -> None:
-    for i in range(n):
-        ch.basic_publish("", queue, prefix + b"%d" % i)
-
-
 # -- declare ------------------------------------------------------------------
 
 
@@ -143,7 +72,7 @@ def test_server_named_queue(ch):
     assert SERVER_NAMED.match(second.queue), second.queue
     assert first.queue != second.queue
     assert (first.message_count, first.consumer_count) == (0, 0)
-    publish(ch, first.queue, 2)
+    publish_n(ch, first.queue, 2)
     assert counts(ch, first.queue) == (2, 0)
 
 
@@ -159,7 +88,7 @@ async def test_server_named_queue_with_aio_pika(aconn):
 def test_passive_declare(conn, ch):
     name = unique("q")
     ch.queue_declare(name, exclusive=True)
-    publish(ch, name, 3)
+    publish_n(ch, name, 3)
     ok = ch.queue_declare(name, passive=True).method
     assert (ok.queue, ok.message_count, ok.consumer_count) == (name, 3, 0)
     # passive ignores the other flags
@@ -179,8 +108,8 @@ def test_redeclare_with_different_flag_is_406(conn, ch, flag, first, second):
     ch.queue_declare(name, **{flag: first})  # equivalent: ok
     detail = "received '%s' but current is '%s'" % (str(second).lower(), str(first).lower())
     assert channel_error(conn.channel().queue_declare, name, **{flag: second}) == (
-        406, inequivalent(name, flag, detail))
-    assert queue_exists(conn, name)
+        406, inequivalent("queue", name, flag, detail))
+    assert exists(conn, "queue", name)
     conn.channel().queue_delete(name)
 
 
@@ -198,14 +127,14 @@ def test_redeclare_with_different_x_max_length_is_406(conn, ch, first, second, d
     ch.queue_declare(name, exclusive=True, arguments={} if first is None else {"x-max-length": first})
     arguments = {} if second is None else {"x-max-length": second}
     assert channel_error(conn.channel().queue_declare, name, exclusive=True, arguments=arguments) == (
-        406, inequivalent(name, "x-max-length", detail))
+        406, inequivalent("queue", name, "x-max-length", detail))
 
 
 def test_redeclare_with_different_message_ttl_is_406(conn, ch):
     name = unique("q")
     ch.queue_declare(name, exclusive=True, arguments={"x-message-ttl": 60000})
     assert channel_error(conn.channel().queue_declare, name, exclusive=True, arguments={"x-message-ttl": 1000}) == (
-        406, inequivalent(name, "x-message-ttl", "received '1000' but current is '60000'"))
+        406, inequivalent("queue", name, "x-message-ttl", "received '1000' but current is '60000'"))
 
 
 async def test_other_arguments_are_ignored_on_redeclare(aconn):
@@ -223,7 +152,7 @@ async def test_aio_pika_inequivalent_redeclare_closes_the_channel(aconn):
     await channel.declare_queue(name, auto_delete=True)
     with pytest.raises(aiormq.exceptions.ChannelPreconditionFailed) as info:
         await channel.declare_queue(name, durable=True, auto_delete=True)
-    assert info.value.args[0] == inequivalent(name, "durable", "received 'true' but current is 'false'")
+    assert info.value.args[0] == inequivalent("queue", name, "durable", "received 'true' but current is 'false'")
     assert channel.is_closed
     channel = await aconn.channel()
     assert await channel.queue_delete(name)
@@ -244,7 +173,7 @@ def test_durable_queue_declare(conn, ch):
     assert (ok.queue, ok.message_count, ok.consumer_count) == (name, 0, 0)
     ch.queue_declare(name, durable=True)
     assert ch.queue_delete(name).method.message_count == 0
-    assert not queue_exists(conn, name)
+    assert not exists(conn, "queue", name)
 
 
 # -- exclusive queues ---------------------------------------------------------------
@@ -272,7 +201,7 @@ def test_exclusive_queue_is_locked_to_its_connection(ch, other, operation):
     ch.queue_bind(name, "amq.direct", "bound")
     assert channel_error(operation, other.channel(), name) == (405, locked(name))
     # still there and usable from the owner
-    publish(ch, name, 1)
+    publish_n(ch, name, 1)
     assert counts(ch, name) == (1, 0)
 
 
@@ -286,8 +215,8 @@ def test_unbind_of_missing_binding_on_someone_elses_exclusive_queue_is_ok(ch, ot
 def test_exclusive_queue_is_usable_from_another_channel_of_the_same_connection(conn, ch):
     name = unique("q-excl")
     ch.queue_declare(name, exclusive=True)
-    second = confirming(conn)
-    publish(second, name, 1)
+    second = confirm_channel(conn)
+    publish_n(second, name, 1)
     method, _props, body = second.basic_get(name, auto_ack=True)
     assert body == b"m0"
     second.basic_consume(name, lambda *args: None)
@@ -308,11 +237,11 @@ def test_redeclare_with_different_exclusivity_on_the_same_connection_is_405(conn
 
 def test_exclusive_queue_goes_when_its_connection_closes(broker, conn):
     name = unique("q-excl")
-    owner = connect(broker)
+    owner = connect(broker.port)
     owner.channel().queue_declare(name, exclusive=True)
     assert channel_error(conn.channel().queue_declare, name, passive=True) == (405, locked(name))
     owner.close()
-    wait_for(lambda: not queue_exists(conn, name))
+    wait_for(lambda: not exists(conn, "queue", name))
     # the name is free again
     conn.channel().queue_declare(name, exclusive=True)
 
@@ -342,15 +271,15 @@ def test_auto_delete_queue_goes_after_its_last_consumer_is_cancelled(conn, ch):
     ch.basic_cancel(second)  # a tag this channel does not know: no-op
     assert counts(ch, name) == (0, 1)
     second_channel.basic_cancel(second)
-    wait_for(lambda: not queue_exists(conn, name))
+    wait_for(lambda: not exists(conn, "queue", name))
 
 
 def test_auto_delete_queue_that_never_had_a_consumer_stays(conn, ch):
     name = unique("q-ad")
     ch.queue_declare(name, auto_delete=True)
-    publish(ch, name, 2)
+    publish_n(ch, name, 2)
     ch.basic_get(name, auto_ack=True)
-    assert queue_exists(conn, name)
+    assert exists(conn, "queue", name)
     assert counts(ch, name) == (1, 0)
     ch.queue_delete(name)
 
@@ -365,7 +294,7 @@ async def test_auto_delete_queue_goes_when_the_consuming_channel_closes(aconn, c
     await queue.consume(on_message)
     assert counts(conn.channel(), name) == (0, 1)
     await channel.close()
-    wait_for(lambda: not queue_exists(conn, name))
+    wait_for(lambda: not exists(conn, "queue", name))
 
 
 # -- bind / unbind ---------------------------------------------------------------------
@@ -423,7 +352,7 @@ async def test_bind_and_unbind_with_aio_pika(aconn, conn):
 def test_purge_returns_ready_count_and_leaves_unacked(ch):
     name = unique("q")
     ch.queue_declare(name, exclusive=True)
-    publish(ch, name, 5)
+    publish_n(ch, name, 5)
     tags = [ch.basic_get(name)[0].delivery_tag for _ in range(2)]
     assert ch.queue_purge(name).method.message_count == 3
     assert counts(ch, name) == (0, 0)
@@ -451,11 +380,11 @@ async def test_purge_with_aio_pika(aconn):
 def test_delete_returns_ready_message_count(conn, ch):
     name = unique("q")
     ch.queue_declare(name)
-    publish(ch, name, 3)
+    publish_n(ch, name, 3)
     ch.basic_get(name)  # one unacked: not counted
     assert counts(ch, name) == (2, 0)
     assert ch.queue_delete(name).method.message_count == 2
-    assert not queue_exists(conn, name)
+    assert not exists(conn, "queue", name)
 
 
 def test_delete_missing_queue_is_ok(ch):
@@ -470,22 +399,22 @@ def test_delete_if_unused_with_a_consumer_is_406(conn, ch):
     tag = ch.basic_consume(name, lambda *args: None)
     assert channel_error(conn.channel().queue_delete, name, if_unused=True) == (
         406, "PRECONDITION_FAILED - queue '%s' in vhost '/' in use" % name)
-    assert queue_exists(conn, name)
+    assert exists(conn, "queue", name)
     ch.basic_cancel(tag)
     assert ch.queue_delete(name, if_unused=True).method.message_count == 0
-    assert not queue_exists(conn, name)
+    assert not exists(conn, "queue", name)
 
 
 def test_delete_if_empty_with_messages_is_406(conn, ch):
     name = unique("q")
     ch.queue_declare(name, exclusive=True)
-    publish(ch, name, 1)
+    publish_n(ch, name, 1)
     assert channel_error(conn.channel().queue_delete, name, if_empty=True) == (
         406, "PRECONDITION_FAILED - queue '%s' in vhost '/' not empty" % name)
-    assert queue_exists(conn, name)
+    assert exists(conn, "queue", name)
     ch.basic_get(name, auto_ack=True)
     assert ch.queue_delete(name, if_empty=True, if_unused=True).method.message_count == 0
-    assert not queue_exists(conn, name)
+    assert not exists(conn, "queue", name)
 
 
 def test_delete_removes_bindings(conn, ch):
@@ -517,7 +446,7 @@ def test_declare_ok_counts_ready_messages_and_consumers(conn, ch):
     name = unique("q")
     ok = ch.queue_declare(name, exclusive=True).method
     assert (ok.message_count, ok.consumer_count) == (0, 0)
-    publish(ch, name, 4)
+    publish_n(ch, name, 4)
     ch.basic_get(name)  # unacked: not in message_count
     ok = ch.queue_declare(name, exclusive=True).method
     assert (ok.message_count, ok.consumer_count) == (3, 0)
@@ -549,7 +478,7 @@ def test_empty_queue_name_means_the_last_declared_queue(conn, ch):
     assert ch.basic_get("", auto_ack=True)[2] == b"by-key"
     assert ch.basic_get("", auto_ack=True)[2] == b"by-name"
     assert ch.basic_get("", auto_ack=True)[0] is None
-    publish(ch, name, 2)
+    publish_n(ch, name, 2)
     assert ch.queue_purge("").method.message_count == 2
     delivered = []
     ch.basic_consume("", lambda c, m, p, b: delivered.append(b), auto_ack=True)
@@ -559,24 +488,24 @@ def test_empty_queue_name_means_the_last_declared_queue(conn, ch):
     ch.basic_cancel(ch.consumer_tags[0])
     ch.queue_unbind("", "amq.direct", name + ".k")
     ch.basic_publish("amq.direct", name + ".k", b"unbound")
-    publish(ch, name, 1)
+    publish_n(ch, name, 1)
     assert ch.queue_delete("").method.message_count == 1
-    assert not queue_exists(conn, name)
+    assert not exists(conn, "queue", name)
 
 
 def test_empty_queue_name_follows_server_named_queue_and_is_per_channel(conn, ch):
     generated = ch.queue_declare("", exclusive=True).method.queue
-    publish(ch, generated, 2)
+    publish_n(ch, generated, 2)
     assert ch.queue_purge("").method.message_count == 2
     # another channel has declared nothing
     assert channel_error(conn.channel().queue_purge, "") == NO_PREVIOUS
     # a passive declare also counts as declaring
-    second = confirming(conn)
+    second = confirm_channel(conn)
     second.queue_declare(generated, passive=True)
-    publish(second, generated, 1)
+    publish_n(second, generated, 1)
     assert second.basic_get("", auto_ack=True)[2] == b"m0"
     assert ch.queue_delete("").method.message_count == 0
-    assert not queue_exists(conn, generated)
+    assert not exists(conn, "queue", generated)
 
 
 @pytest.mark.parametrize(

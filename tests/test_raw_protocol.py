@@ -10,7 +10,6 @@ from __future__ import annotations
 import socket
 import struct
 
-import pika
 import pytest
 from pamqp import body, commands, frame, header
 
@@ -24,33 +23,9 @@ from amqp_raw import (
     raw_frame_bytes,
     start_ok_frame,
 )
-from conftest import unique, wait_for
+from helpers import connect, unique, wait_for
 
-
-def assert_serves(port: int) -> None:
-    """A new client can connect, declare, publish and get a message back."""
-    connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
-    try:
-        channel = connection.channel()
-        queue = channel.queue_declare(unique("alive"), exclusive=True).method.queue
-        channel.basic_publish("", queue, b"still here")
-        _, _, got = channel.basic_get(queue, auto_ack=True)
-        assert got == b"still here"
-    finally:
-        connection.close()
-
-
-@pytest.fixture(autouse=True)
-def still_serving(broker):
-    yield
-    assert_serves(broker.port)
-
-
-@pytest.fixture
-def raw(broker):
-    client = RawClient(broker.port)
-    yield client
-    client.close()
+pytestmark = pytest.mark.usefixtures("still_serving")
 
 
 def close_info(close) -> tuple:
@@ -487,7 +462,7 @@ def test_many_frames_in_one_large_write_are_all_handled(raw):
 
 
 def test_malformed_frame_on_one_connection_leaves_another_working(broker, raw):
-    connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", broker.port))
+    connection = connect(broker.port)
     try:
         channel = connection.channel()
         queue = channel.queue_declare(unique("q"), exclusive=True).method.queue
@@ -510,15 +485,11 @@ def test_malformed_frame_on_one_connection_leaves_another_working(broker, raw):
 
 
 def test_abrupt_disconnect_mid_frame_leaves_broker_serving(broker):
-    client = RawClient(broker.port)
-    client.handshake()
-    client.open_channel(1)
+    client = RawClient.connected(broker.port, channels=(1,))
     frame_bytes = method_frame_bytes(50, 10, commands.Queue.Declare(queue=unique("q")).marshal(), channel=1)
     client.send(frame_bytes[:9])
     client.close()
-    with RawClient(broker.port) as other:
-        other.handshake()
-        other.open_channel(1)
+    with RawClient.connected(broker.port, channels=(1,)) as other:
         assert barrier(other) == []
 
 

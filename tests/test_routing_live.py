@@ -8,77 +8,25 @@ publisher confirms so a publish has been routed when basic_publish returns.
 from __future__ import annotations
 
 import asyncio
-import time
-import uuid
 
 import aio_pika
 import pika
 import pytest
-from pika.exceptions import ChannelClosedByBroker, UnroutableError
+from pika.exceptions import UnroutableError
 
-
-def unique(prefix: str = "t") -> str:
-    """A fresh name (the session broker is shared by every test)."""
-    return "%s-%s" % (prefix, uuid.uuid4().hex[:10])
-
-
-def wait_for(predicate, timeout: float = 5.0, interval: float = 0.01):
-    """Poll `predicate` until it is truthy (no sleeps as synchronisation)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met within %.1fs" % timeout)
-        time.sleep(interval)
+from helpers import channel_error, confirm_channel, drain, new_queue, publish_sync, send, unique, wait_for
 
 
 # -- helpers ----------------------------------------------------------------
 
 
 @pytest.fixture
-def conn(broker):
-    connection = pika.BlockingConnection(pika.URLParameters(broker.url))
-    yield connection
-    if connection.is_open:
-        connection.close()
-
-
-@pytest.fixture
 def ch(conn):
-    channel = conn.channel()
-    channel.confirm_delivery()
-    return channel
-
-
-@pytest.fixture
-async def aconn(broker):
-    connection = await aio_pika.connect(broker.url)
-    yield connection
-    await connection.close()
-
-
-def new_queue(ch) -> str:
-    return ch.queue_declare("", exclusive=True).method.queue
-
-
-def drain(ch, queue: str) -> list[tuple]:
-    """Every ready message of `queue` as (method, properties, body), acked."""
-    out = []
-    while True:
-        method, props, body = ch.basic_get(queue, auto_ack=True)
-        if method is None:
-            return out
-        out.append((method, props, body))
+    return confirm_channel(conn)
 
 
 def bodies(ch, queue: str) -> list[bytes]:
     return [body for _m, _p, body in drain(ch, queue)]
-
-
-def send(ch, exchange: str, key: str, body: bytes = b"m", headers: dict | None = None) -> None:
-    ch.basic_publish(exchange, key, body, pika.BasicProperties(headers=headers))
 
 
 # -- routing tables, checked end to end -----------------------------------------------
@@ -376,10 +324,7 @@ def test_bcc_only_routes_and_mandatory_is_satisfied_by_cc(conn, ch):
 def test_cc_or_bcc_that_is_not_an_array_is_406(conn, header, value, type_name):
     ch = conn.channel()
     queue = new_queue(ch)
-    with pytest.raises(ChannelClosedByBroker) as info:
-        send(ch, "", queue, b"m", {header: value})
-        ch.basic_qos(prefetch_count=0)  # a round trip after the publish
-    assert (info.value.reply_code, info.value.reply_text) == (
+    assert channel_error(publish_sync, ch, "", queue, b"m", {header: value}) == (
         406, 'PRECONDITION_FAILED - invalid message: {unacceptable_type_in_header,"%s",%s}' % (header, type_name))
     assert conn.is_open
 

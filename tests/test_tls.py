@@ -22,7 +22,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from pamqp import commands
 
 from amqp_raw import PROTOCOL_HEADER, Closed, RawClient
-from conftest import unique
+from helpers import unique
 
 
 # -- certificates ---------------------------------------------------------------

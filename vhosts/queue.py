@@ -21,7 +21,7 @@ Theory of operation:
 from __future__ import annotations
 
 from collections import deque
-from typing import Iterable
+from typing import Callable, Iterable
 
 from storage import BackingQueue, Message, QueueEntry
 from vhosts.consumer import Consumer
@@ -79,13 +79,19 @@ class Queue:
     def consumer_count(self) -> int:
         return len(self.consumers)
 
-    def publish(self, message: Message) -> bool:
-        """Enqueue and dispatch; True when the publisher should wait (credit flow)."""
-        self.backing.publish(message)
-        if not self.consumers:
-            return False
-        self.dispatch()
-        return self.backing.ready > FLOW_HIGH and self._output_bound()
+    def publish(self, message: Message, on_durable: Callable[[], None] | None = None) -> bool:
+        """Enqueue and dispatch. True when `on_durable` was taken: it will be
+        called once the message is on disk (persistent message, durable queue)."""
+        waits = on_durable is not None and self.backing.persists(message)
+        self.backing.publish(message, on_durable if waits else None)
+        if self.consumers:
+            self.dispatch()
+        return waits
+
+    @property
+    def backed_up(self) -> bool:
+        """Credit flow: the publisher should wait (see the module docstring)."""
+        return bool(self.consumers) and self.backing.ready > FLOW_HIGH and self._output_bound()
 
     def _output_bound(self) -> bool:
         return any(c.channel.output_blocked for c in self.consumers)

@@ -7,11 +7,22 @@ Invariants:
   `dest`, so deleting a queue or exchange touches only the tables that route
   to it (never a scan of every exchange).
 - Every error is an `AMQPError` carrying RabbitMQ's reply code and text.
+- Durable definitions: with a `definitions` store (the methods of
+  `storage.definitions.DefinitionStore`; None keeps nothing), every change to
+  a durable exchange, a durable non-exclusive queue, or a binding whose two
+  ends are such (RabbitMQ's rule) is written before the change is made in
+  memory, and one operation with the auto-deletes it triggers is one
+  transaction. Exclusive queues are never stored (RabbitMQ does not recover
+  them); durable auto-delete queues and exchanges are.
 """
 from __future__ import annotations
 
 import base64
+import contextlib
+import logging
 import os
+from typing import Callable
+
 import routing
 from routing import Destination
 from storage import MemoryQueue, Message
@@ -79,9 +90,14 @@ def new_queue_name() -> str:
     return "amq.gen-" + base64.urlsafe_b64encode(os.urandom(16)).decode("ascii").rstrip("=")
 
 
+log = logging.getLogger("hutch.vhost")
+
+
 class VirtualHost:
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, definitions=None) -> None:
         self.name = name
+        # Where durable definitions are kept (see the module docstring).
+        self.definitions = definitions
         self.exchanges: dict[str, Exchange] = {}
         self.queues: dict[str, Queue] = {}
         self._bound_from: dict[Destination, set[str]] = {}
@@ -126,6 +142,53 @@ class VirtualHost:
             "inequivalent arg '%s' for %s '%s' %s: received '%s' but current is '%s'"
             % (key, what, name, self._where(), fmt_value(received), fmt_value(current)),
         )
+
+    # -- durable definitions ---------------------------------------------------
+
+    def _transaction(self):
+        """One store transaction around an operation and its cascades."""
+        if self.definitions is None:
+            return contextlib.nullcontext()
+        return self.definitions.transaction()
+
+    @staticmethod
+    def _stored(q: Queue) -> bool:
+        """RabbitMQ recovers durable queues, but never exclusive ones."""
+        return q.durable and q.exclusive_owner is None
+
+    def _durable_binding(self, x: Exchange, dest: Destination) -> bool:
+        """RabbitMQ keeps a binding only when its source and destination are durable."""
+        if not x.durable:
+            return False
+        if dest.kind == "exchange":
+            d = self.exchanges.get(dest.name)
+            return d is not None and d.durable
+        q = self.queues.get(dest.name)
+        return q is not None and self._stored(q)
+
+    def restore(self, exchanges, queues, bindings) -> None:
+        """Rebuild durable definitions read from the store at start (rows of
+        `storage.definitions`); nothing is written back. Queues come back
+        without consumers or owner, as after a RabbitMQ restart."""
+        for row in exchanges:
+            if row.name in self.exchanges or row.type not in routing.EXCHANGE_TYPES:
+                log.warning("not restoring exchange '%s' (type %s) %s", row.name, row.type, self._where())
+                continue
+            self.exchanges[row.name] = Exchange(
+                row.name, row.type, row.durable, row.auto_delete, row.internal, row.arguments
+            )
+        for row in queues:
+            self.queues[row.name] = self._new_queue(row.name, row.durable, None, row.auto_delete, row.arguments)
+        for row in bindings:
+            dest = Destination(row.destination_kind, row.destination)
+            x = self.exchanges.get(row.source)
+            ends = self.queues if dest.kind == "queue" else self.exchanges
+            if x is None or dest.name not in ends:
+                log.warning("not restoring a binding from '%s' to %s '%s' %s: an end is missing",
+                            row.source, dest.kind, dest.name, self._where())
+                continue
+            if x.table.bind(dest, row.routing_key, row.arguments):
+                self._bound_from.setdefault(dest, set()).add(row.source)
 
     def _check_args(self, what: str, name: str, keys, current: dict, received: dict) -> None:
         for key in keys:
@@ -177,6 +240,8 @@ class VirtualHost:
                     % (field_type(ae), name, self._where()),
                 )
             x = Exchange(name, type, durable, auto_delete, internal, arguments)
+            if durable and self.definitions is not None:
+                self.definitions.upsert_exchange(self.name, name, type, durable, auto_delete, internal, arguments)
             self.exchanges[name] = x
             return x
         for key, received, current in (
@@ -199,9 +264,12 @@ class VirtualHost:
             return
         if if_unused and len(x.table):
             raise AMQPError(PRECONDITION_FAILED, "exchange '%s' %s in use" % (name, self._where()))
-        self._remove_exchange(x)
+        with self._transaction():
+            self._remove_exchange(x)
 
     def _remove_exchange(self, x: Exchange) -> None:
+        if x.durable and self.definitions is not None:
+            self.definitions.delete_exchange(self.name, x.name)  # and its bindings, both ways
         del self.exchanges[x.name]
         for dest, _key, _args in list(x.table.bindings()):
             self._forget_binding(x.name, dest)
@@ -234,6 +302,9 @@ class VirtualHost:
         x = self.exchange(source)
         if x.type == "headers" and arguments and "x-match" in arguments:
             _check_x_match(arguments["x-match"])
+        if (self.definitions is not None and self._durable_binding(x, dest)
+                and not x.table.has_binding(dest, key, arguments)):
+            self.definitions.add_binding(self.name, source, dest.kind, dest.name, key, arguments)
         if x.table.bind(dest, key, arguments):
             self._bound_from.setdefault(dest, set()).add(source)
 
@@ -241,7 +312,12 @@ class VirtualHost:
         """Idempotent, as in RabbitMQ: a missing source, destination or binding is fine."""
         self._not_default(source)
         x = self.exchanges.get(source)
-        if x is not None and x.table.unbind(dest, key, arguments):
+        if x is None or not x.table.has_binding(dest, key, arguments):
+            return
+        with self._transaction():
+            if self.definitions is not None and self._durable_binding(x, dest):
+                self.definitions.remove_binding(self.name, source, dest.kind, dest.name, key, arguments)
+            x.table.unbind(dest, key, arguments)
             if not x.table.has_destination(dest):
                 self._forget_binding(source, dest)
             self._maybe_auto_delete(x)
@@ -298,15 +374,9 @@ class VirtualHost:
         arguments = arguments or {}
         q = self.queues.get(name)
         if q is None:
-            q = Queue(
-                name,
-                self.name,
-                MemoryQueue(),
-                durable=durable,
-                exclusive_owner=owner if exclusive else None,
-                auto_delete=auto_delete,
-                arguments=arguments,
-            )
+            q = self._new_queue(name, durable, owner if exclusive else None, auto_delete, arguments)
+            if self.definitions is not None and self._stored(q):
+                self.definitions.upsert_queue(self.name, name, durable, auto_delete, arguments)
             self.queues[name] = q
             return q
         if q.exclusive_owner is not None and q.exclusive_owner is not owner:
@@ -319,6 +389,19 @@ class VirtualHost:
             raise self._locked(name)
         self._check_args("queue", name, QUEUE_EQUIVALENT_ARGS, q.arguments, arguments)
         return q
+
+    def _new_queue(self, name: str, durable: bool, exclusive_owner: object | None, auto_delete: bool,
+                   arguments: dict) -> Queue:
+        """A new queue object (declared, or restored at start)."""
+        return Queue(
+            name,
+            self.name,
+            MemoryQueue(),
+            durable=durable,
+            exclusive_owner=exclusive_owner,
+            auto_delete=auto_delete,
+            arguments=arguments,
+        )
 
     def delete_queue(self, name: str, owner: object, if_unused: bool = False, if_empty: bool = False) -> int:
         q = self.queues.get(name)
@@ -336,8 +419,11 @@ class VirtualHost:
         if self.queues.get(q.name) is not q:
             return 0
         count = q.message_count
-        del self.queues[q.name]
-        self._remove_destination(Destination("queue", q.name))
+        with self._transaction():
+            if self.definitions is not None and self._stored(q):
+                self.definitions.delete_queue(self.name, q.name)  # and the bindings to it
+            del self.queues[q.name]
+            self._remove_destination(Destination("queue", q.name))
         for consumer in q.delete():
             consumer.channel.consumer_cancelled(consumer)
         return count
@@ -369,13 +455,24 @@ class VirtualHost:
         if x.internal:
             raise AMQPError(ACCESS_REFUSED, "cannot publish to internal exchange '%s' %s" % (exchange, self._where()))
 
-    def publish(self, message: Message, routing_keys: list[str], headers: dict | None, publisher) -> list[Queue]:
-        """Route and enqueue; returns the queues it went to (empty: unroutable).
-        `publisher` (with `throttled_by(queue)`) is told which queues asked it
-        to wait (see the credit flow in vhosts.queue)."""
+    def publish(
+        self,
+        message: Message,
+        routing_keys: list[str],
+        headers: dict | None,
+        publisher,
+        on_durable: Callable[[], None] | None = None,
+    ) -> tuple[int, int]:
+        """Route and enqueue. Returns (queues reached, how many of them will
+        call `on_durable` once the message is on disk). `publisher` (with
+        `throttled_by(queue)`) is told which queues ask it to wait (credit
+        flow, see vhosts.queue)."""
         targets = self.route(message.exchange, routing_keys, headers)
+        waits = 0
         for q in targets:
-            if q.publish(message):
+            if q.publish(message, on_durable):
+                waits += 1
+            if q.backed_up:
                 q.flow_waiters.add(publisher)
                 publisher.throttled_by(q)
-        return targets
+        return len(targets), waits

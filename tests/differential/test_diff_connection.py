@@ -9,7 +9,9 @@ import pika
 import pytest
 from pamqp import body as pbody, commands, frame, header as pheader
 
-from .diffkit import WAIT_SECONDS, RawClient, raw_frame
+from amqp_raw import raw_frame_bytes
+
+from .diffkit import WAIT_SECONDS, RawClient
 
 pytestmark = pytest.mark.differential
 
@@ -43,7 +45,7 @@ def both(broker, rabbitmq_url):
 
 
 def _publish(client, channel=1, **fields):
-    client.send_frame(channel, commands.Basic.Publish(exchange="amq.direct", routing_key="diff-nowhere", **fields))
+    client.send_frame(commands.Basic.Publish(exchange="amq.direct", routing_key="diff-nowhere", **fields), channel)
 
 
 def _header(body_size, channel=1):
@@ -62,7 +64,7 @@ def _check(both, script, code, **handshake):
 
 def test_method_on_an_unopened_channel(both):
     def script(c):
-        c.send_frame(5, commands.Basic.Qos(prefetch_count=1))
+        c.send_frame(commands.Basic.Qos(prefetch_count=1), 5)
         return c.observe_close()
     _check(both, script, 504)
 
@@ -70,7 +72,7 @@ def test_method_on_an_unopened_channel(both):
 def test_second_channel_open(both):
     def script(c):
         c.open_channel(1)
-        c.send_frame(1, commands.Channel.Open())
+        c.send_frame(commands.Channel.Open(), 1)
         return c.observe_close()
     _check(both, script, 504)
 
@@ -97,7 +99,7 @@ def test_method_where_a_content_body_is_due(both):
         c.open_channel(1)
         _publish(c)
         c.send(_header(3))
-        c.send_frame(1, commands.Basic.Qos())
+        c.send_frame(commands.Basic.Qos(), 1)
         return c.observe_close()
     _check(both, script, 505)
 
@@ -115,7 +117,7 @@ def test_content_header_of_another_class(both):
 @pytest.mark.parametrize("payload", [b"", b"abc", b"a" * 16, b"a" * 17 + b"tail"], ids=["empty", "short", "16", "long"])
 def test_bad_frame_end(both, payload):
     def script(c):
-        c.send(raw_frame(1, 0, payload, end=b"\x00"))
+        c.send(raw_frame_bytes(1, 0, payload, end=0))
         return c.observe_close()
     _check(both, script, 501)
 
@@ -125,14 +127,14 @@ def test_frame_larger_than_frame_max(both):
         c.open_channel(1)
         _publish(c)
         c.send(_header(200000))
-        c.send(raw_frame(3, 1, b"x" * (c.frame_max + 100)))
+        c.send(raw_frame_bytes(3, 1, b"x" * (c.tune.frame_max + 100)))
         return c.observe_close()
     _check(both, script, 501)
 
 
 def test_unknown_frame_type(both):
     def script(c):
-        c.send(raw_frame(9, 0, b"abc"))
+        c.send(raw_frame_bytes(9, 0, b"abc"))
         return c.observe_close()
     _check(both, script, 501)
 
@@ -140,7 +142,7 @@ def test_unknown_frame_type(both):
 def test_heartbeat_on_a_channel(both):
     def script(c):
         c.open_channel(1)
-        c.send(raw_frame(8, 1, b""))
+        c.send(raw_frame_bytes(8, 1, b""))
         return c.observe_close()
     _check(both, script, 505)
 
@@ -156,14 +158,14 @@ def test_publish_immediate(both):
 
 def test_channel_method_on_channel_zero(both):
     def script(c):
-        c.send_frame(0, commands.Basic.Qos())
+        c.send_frame(commands.Basic.Qos(), 0)
         return c.observe_close()
     _check(both, script, 504)
 
 
 def test_channel_open_on_channel_zero(both):
     def script(c):
-        c.send_frame(0, commands.Channel.Open())
+        c.send_frame(commands.Channel.Open(), 0)
         return c.observe_close()
     _check(both, script, 504)
 
@@ -171,7 +173,7 @@ def test_channel_open_on_channel_zero(both):
 def test_connection_method_on_a_channel(both):
     def script(c):
         c.open_channel(1)
-        c.send_frame(1, commands.Connection.Open(virtual_host="/"))
+        c.send_frame(commands.Connection.Open(virtual_host="/"), 1)
         return c.observe_close()
     _check(both, script, 503)
 
@@ -179,7 +181,7 @@ def test_connection_method_on_a_channel(both):
 def test_channel_close_ok_on_an_open_channel(both):
     def script(c):
         c.open_channel(1)
-        c.send_frame(1, commands.Channel.CloseOk())
+        c.send_frame(commands.Channel.CloseOk(), 1)
         return c.observe_close()
     _check(both, script, 503)
 
@@ -187,14 +189,14 @@ def test_channel_close_ok_on_an_open_channel(both):
 def test_frames_after_a_channel_error_are_ignored_until_close_ok(both):
     def script(c):
         c.open_channel(1)
-        c.send_frame(1, commands.Queue.Declare(queue="diff-surely-missing-queue", passive=True))
+        c.send_frame(commands.Queue.Declare(queue="diff-surely-missing-queue", passive=True), 1)
         seen = []
         channel, close = c.read_frame()
         seen.append((type(close).__name__, channel, close.reply_code, close.reply_text, close.class_id,
                      close.method_id))
-        c.send_frame(1, commands.Basic.Qos(prefetch_count=1))  # discarded
-        c.send_frame(1, commands.Channel.CloseOk())
-        c.send_frame(1, commands.Channel.Open())
+        c.send_frame(commands.Basic.Qos(prefetch_count=1), 1)  # discarded
+        c.send_frame(commands.Channel.CloseOk(), 1)
+        c.send_frame(commands.Channel.Open(), 1)
         channel, reply = c.read_frame()
         seen.append((type(reply).__name__, channel))
         return seen
@@ -206,11 +208,11 @@ def test_frames_after_a_channel_error_are_ignored_until_close_ok(both):
 def test_consumer_tag_reuse_on_a_channel(both):
     def script(c):
         c.open_channel(1)
-        c.send_frame(1, commands.Queue.Declare(queue="", exclusive=True))  # gone with the connection
+        c.send_frame(commands.Queue.Declare(queue="", exclusive=True), 1)  # gone with the connection
         channel, declared = c.read_frame()
         seen = [type(declared).__name__]
         for _ in range(2):
-            c.send_frame(1, commands.Basic.Consume(queue=declared.queue, consumer_tag="diff-tag"))
+            c.send_frame(commands.Basic.Consume(queue=declared.queue, consumer_tag="diff-tag"), 1)
         channel, consumed = c.read_frame()
         seen.append((type(consumed).__name__, consumed.consumer_tag))
         return seen + c.observe_close()
@@ -231,7 +233,7 @@ def test_unknown_vhost(both):
 
 def test_client_close_gets_close_ok(both):
     def script(c):
-        c.send_frame(0, commands.Connection.Close(reply_code=200, reply_text="bye", class_id=0, method_id=0))
+        c.send_frame(commands.Connection.Close(reply_code=200, reply_text="bye", class_id=0, method_id=0), 0)
         channel, reply = c.read_frame()
         return [type(reply).__name__, channel]
     hutch, rabbit = both(script)

@@ -1,0 +1,423 @@
+"""Durable definitions: vhosts, users, permissions, exchanges, queues, bindings.
+
+`DefinitionStore(path)` keeps them in one SQLite database (stdlib `sqlite3`) in
+WAL mode with `synchronous=FULL`: a committed change has reached the disk
+before the call returns, and a crash (even `kill -9` or power loss) leaves
+either the whole change or none of it. Definitions change rarely, so
+correctness comes first.
+
+Theory of operation:
+- Every public mutation is one transaction (`BEGIN IMMEDIATE ... COMMIT`,
+  `ROLLBACK` on any error, so a failing mutation leaves nothing behind).
+  `transaction()` groups several mutations into one: the domain wraps one
+  AMQP operation (a queue deletion with the auto-deletes it triggers) in it.
+  Transactions nest; only the outermost one commits.
+- The store is dumb: it records what the domain tells it and enforces no
+  AMQP rule (which things are durable, name prefixes, existence). Its only
+  logic is cascades: deleting an exchange deletes its bindings as source and
+  as destination, deleting a queue deletes the bindings to it, deleting a
+  vhost everything in it and the permissions on it, deleting a user that
+  user's permissions. There are no foreign keys: a binding's source may be a
+  predeclared `amq.*` exchange, which comes from code and is never stored.
+- `load()` returns a plain snapshot (`Definitions`: lists of named tuples)
+  for the domain to rebuild itself from at start.
+- The calls are synchronous and run on the event loop, a deliberate choice:
+  each is a few milliseconds at most (one fsync of the WAL), they happen only
+  when a durable definition changes, and message data never goes through
+  here. Like every `sqlite3` connection it must be used from the thread that
+  opened it.
+
+Arguments (AMQP field tables) are stored losslessly as JSON text with type
+tags (see `encode_table`): nested tables keep their key order, and every type
+the decoder produces comes back as the same type and value (int, float, bool,
+str, bytes, bytearray, Decimal with its exponent, datetime with its tzinfo,
+None, lists, tables). pamqp's field-table encoder is not used because it
+writes floats as 32-bit and cannot encode `bytes`. A binding's arguments are
+stored with their top-level keys sorted (their order is not part of the
+binding's identity, as in RabbitMQ), which makes the encoded text a key.
+
+Schema (version 1, in `PRAGMA user_version`):
+
+    vhosts      (name PK)
+    users       (name PK, password_hash, tags: JSON list of str)
+    permissions (user, vhost, configure, write, read; PK user, vhost)
+    exchanges   (vhost, name, type, durable, auto_delete, internal, arguments; PK vhost, name)
+    queues      (vhost, name, durable, auto_delete, arguments; PK vhost, name)
+    bindings    (vhost, source, destination_kind 'queue'|'exchange', destination,
+                 routing_key, arguments; PK all six)
+"""
+from __future__ import annotations
+
+import base64
+import contextlib
+import datetime
+import json
+import sqlite3
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Iterator, NamedTuple
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE vhosts (
+    name TEXT PRIMARY KEY
+);
+CREATE TABLE users (
+    name TEXT PRIMARY KEY,
+    password_hash TEXT NOT NULL,
+    tags TEXT NOT NULL
+);
+CREATE TABLE permissions (
+    user TEXT NOT NULL,
+    vhost TEXT NOT NULL,
+    configure TEXT NOT NULL,
+    write TEXT NOT NULL,
+    read TEXT NOT NULL,
+    PRIMARY KEY (user, vhost)
+);
+CREATE INDEX permissions_by_vhost ON permissions (vhost);
+CREATE TABLE exchanges (
+    vhost TEXT NOT NULL,
+    name TEXT NOT NULL,
+    type TEXT NOT NULL,
+    durable INTEGER NOT NULL,
+    auto_delete INTEGER NOT NULL,
+    internal INTEGER NOT NULL,
+    arguments TEXT NOT NULL,
+    PRIMARY KEY (vhost, name)
+);
+CREATE TABLE queues (
+    vhost TEXT NOT NULL,
+    name TEXT NOT NULL,
+    durable INTEGER NOT NULL,
+    auto_delete INTEGER NOT NULL,
+    arguments TEXT NOT NULL,
+    PRIMARY KEY (vhost, name)
+);
+CREATE TABLE bindings (
+    vhost TEXT NOT NULL,
+    source TEXT NOT NULL,
+    destination_kind TEXT NOT NULL CHECK (destination_kind IN ('queue', 'exchange')),
+    destination TEXT NOT NULL,
+    routing_key TEXT NOT NULL,
+    arguments TEXT NOT NULL,
+    PRIMARY KEY (vhost, source, destination_kind, destination, routing_key, arguments)
+);
+CREATE INDEX bindings_by_destination ON bindings (vhost, destination_kind, destination);
+"""
+
+
+# -- the snapshot ----------------------------------------------------------
+
+
+class UserRow(NamedTuple):
+    name: str
+    password_hash: str
+    tags: list
+
+
+class PermissionRow(NamedTuple):
+    user: str
+    vhost: str
+    configure: str
+    write: str
+    read: str
+
+
+class ExchangeRow(NamedTuple):
+    vhost: str
+    name: str
+    type: str
+    durable: bool
+    auto_delete: bool
+    internal: bool
+    arguments: dict
+
+
+class QueueRow(NamedTuple):
+    vhost: str
+    name: str
+    durable: bool
+    auto_delete: bool
+    arguments: dict
+
+
+class BindingRow(NamedTuple):
+    vhost: str
+    source: str
+    destination_kind: str  # "queue" or "exchange"
+    destination: str
+    routing_key: str
+    arguments: dict
+
+
+@dataclass
+class Definitions:
+    """Everything the store holds, as plain values (the result of `load`)."""
+
+    vhosts: list = field(default_factory=list)  # of str
+    users: list = field(default_factory=list)  # of UserRow
+    permissions: list = field(default_factory=list)  # of PermissionRow
+    exchanges: list = field(default_factory=list)  # of ExchangeRow
+    queues: list = field(default_factory=list)  # of QueueRow
+    bindings: list = field(default_factory=list)  # of BindingRow
+
+    @property
+    def blank(self) -> bool:
+        """No vhost, user or permission: a fresh node (RabbitMQ then creates
+        the default vhost and user; it never does on a node with data)."""
+        return not (self.vhosts or self.users or self.permissions)
+
+
+# -- field tables as tagged JSON -----------------------------------------------
+
+
+def _to_json(value: object) -> object:
+    # Plain JSON for str, int, bool, None and lists; a one-key object tags
+    # every other type (tables included, as ordered pairs).
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return {"f": value.hex()}
+    if isinstance(value, dict):
+        return {"F": [[_key(k), _to_json(v)] for k, v in value.items()]}
+    if isinstance(value, (list, tuple)):
+        return [_to_json(v) for v in value]
+    if isinstance(value, Decimal):
+        return {"D": str(value)}
+    if isinstance(value, datetime.datetime):
+        return {"T": value.isoformat()}
+    if isinstance(value, bytearray):
+        return {"x": base64.b64encode(value).decode("ascii")}
+    if isinstance(value, bytes):
+        return {"b": base64.b64encode(value).decode("ascii")}
+    raise TypeError("cannot store a field value of type %s: %r" % (type(value).__name__, value))
+
+
+def _key(key: object) -> str:
+    if not isinstance(key, str):
+        raise TypeError("field table keys must be str, not %s: %r" % (type(key).__name__, key))
+    return key
+
+
+def _from_json(value: object) -> object:
+    if isinstance(value, list):
+        return [_from_json(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    ((tag, raw),) = value.items()
+    if tag == "F":
+        return {k: _from_json(v) for k, v in raw}
+    if tag == "f":
+        return float.fromhex(raw)
+    if tag == "D":
+        return Decimal(raw)
+    if tag == "T":
+        return datetime.datetime.fromisoformat(raw)
+    if tag == "x":
+        return bytearray(base64.b64decode(raw))
+    if tag == "b":
+        return base64.b64decode(raw)
+    raise ValueError("unknown field tag %r" % tag)
+
+
+def encode_table(table: dict | None, sort: bool = False) -> str:
+    """A field table as tagged JSON text; `sort` orders the top-level keys."""
+    items = list((table or {}).items())
+    if sort:
+        items.sort(key=lambda kv: _key(kv[0]))
+    return json.dumps(_to_json(dict(items)), ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def decode_table(text: str) -> dict:
+    return _from_json(json.loads(text))
+
+
+# -- the store -------------------------------------------------------------
+
+
+class DefinitionStore:
+    """The definitions of one broker node in the SQLite file at `path`."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._db = sqlite3.connect(path, isolation_level=None)  # transactions are explicit
+        self._depth = 0
+        try:
+            mode = self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            if mode.lower() != "wal":
+                raise sqlite3.OperationalError("cannot put %s in WAL mode (got %s)" % (path, mode))
+            self._db.execute("PRAGMA synchronous=FULL")
+            with self.transaction():
+                version = self._db.execute("PRAGMA user_version").fetchone()[0]
+                if version == 0:
+                    for statement in _SCHEMA.split(";"):
+                        if statement.strip():
+                            self._db.execute(statement)
+                    self._db.execute("PRAGMA user_version=%d" % SCHEMA_VERSION)
+                elif version != SCHEMA_VERSION:
+                    raise sqlite3.DatabaseError(
+                        "%s has definitions schema version %d; this broker knows %d" % (path, version, SCHEMA_VERSION))
+        except BaseException:
+            self._db.close()
+            raise
+
+    def close(self) -> None:
+        self._db.close()
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        """Group mutations: all of them are committed together, or none."""
+        if self._depth:
+            self._depth += 1
+            try:
+                yield
+            finally:
+                self._depth -= 1
+            return
+        self._db.execute("BEGIN IMMEDIATE")
+        self._depth = 1
+        try:
+            yield
+        except BaseException:
+            self._depth = 0
+            if self._db.in_transaction:  # SQLite may have rolled back already (disk full)
+                self._db.execute("ROLLBACK")
+            raise
+        self._depth = 0
+        try:
+            self._db.execute("COMMIT")
+        except BaseException:
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+            raise
+
+    def _run(self, *statements: tuple) -> None:
+        with self.transaction():
+            for sql, params in statements:
+                self._db.execute(sql, params)
+
+    # -- vhosts, users, permissions ------------------------------------------
+
+    def upsert_vhost(self, name: str) -> None:
+        self._run(("INSERT OR IGNORE INTO vhosts (name) VALUES (?)", (name,)))
+
+    def delete_vhost(self, name: str) -> None:
+        """The vhost, everything in it and every permission on it."""
+        self._run(
+            ("DELETE FROM bindings WHERE vhost = ?", (name,)),
+            ("DELETE FROM queues WHERE vhost = ?", (name,)),
+            ("DELETE FROM exchanges WHERE vhost = ?", (name,)),
+            ("DELETE FROM permissions WHERE vhost = ?", (name,)),
+            ("DELETE FROM vhosts WHERE name = ?", (name,)),
+        )
+
+    def upsert_user(self, name: str, password_hash: str, tags: list) -> None:
+        tags_json = json.dumps([str(tag) for tag in tags])
+        self._run((
+            "INSERT INTO users (name, password_hash, tags) VALUES (?, ?, ?) "
+            "ON CONFLICT (name) DO UPDATE SET password_hash = excluded.password_hash, tags = excluded.tags",
+            (name, password_hash, tags_json),
+        ))
+
+    def delete_user(self, name: str) -> None:
+        """The user and its permissions."""
+        self._run(
+            ("DELETE FROM permissions WHERE user = ?", (name,)),
+            ("DELETE FROM users WHERE name = ?", (name,)),
+        )
+
+    def set_permission(self, user: str, vhost: str, configure: str, write: str, read: str) -> None:
+        self._run((
+            "INSERT INTO permissions (user, vhost, configure, write, read) VALUES (?, ?, ?, ?, ?) "
+            "ON CONFLICT (user, vhost) DO UPDATE SET configure = excluded.configure, "
+            "write = excluded.write, read = excluded.read",
+            (user, vhost, configure, write, read),
+        ))
+
+    def clear_permission(self, user: str, vhost: str) -> None:
+        self._run(("DELETE FROM permissions WHERE user = ? AND vhost = ?", (user, vhost)))
+
+    # -- exchanges, queues, bindings ------------------------------------------
+
+    def upsert_exchange(self, vhost: str, name: str, type: str, durable: bool, auto_delete: bool,
+                        internal: bool, arguments: dict | None) -> None:
+        args = encode_table(arguments)  # before the transaction: a bad value writes nothing
+        self._run((
+            "INSERT INTO exchanges (vhost, name, type, durable, auto_delete, internal, arguments) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (vhost, name) DO UPDATE SET type = excluded.type, "
+            "durable = excluded.durable, auto_delete = excluded.auto_delete, "
+            "internal = excluded.internal, arguments = excluded.arguments",
+            (vhost, name, type, int(durable), int(auto_delete), int(internal), args),
+        ))
+
+    def delete_exchange(self, vhost: str, name: str) -> None:
+        """The exchange and its bindings, as source and as destination."""
+        self._run(
+            ("DELETE FROM exchanges WHERE vhost = ? AND name = ?", (vhost, name)),
+            ("DELETE FROM bindings WHERE vhost = ? AND source = ?", (vhost, name)),
+            ("DELETE FROM bindings WHERE vhost = ? AND destination_kind = 'exchange' AND destination = ?",
+             (vhost, name)),
+        )
+
+    def upsert_queue(self, vhost: str, name: str, durable: bool, auto_delete: bool, arguments: dict | None) -> None:
+        args = encode_table(arguments)
+        self._run((
+            "INSERT INTO queues (vhost, name, durable, auto_delete, arguments) VALUES (?, ?, ?, ?, ?) "
+            "ON CONFLICT (vhost, name) DO UPDATE SET durable = excluded.durable, "
+            "auto_delete = excluded.auto_delete, arguments = excluded.arguments",
+            (vhost, name, int(durable), int(auto_delete), args),
+        ))
+
+    def delete_queue(self, vhost: str, name: str) -> None:
+        """The queue and the bindings to it."""
+        self._run(
+            ("DELETE FROM queues WHERE vhost = ? AND name = ?", (vhost, name)),
+            ("DELETE FROM bindings WHERE vhost = ? AND destination_kind = 'queue' AND destination = ?",
+             (vhost, name)),
+        )
+
+    def add_binding(self, vhost: str, source: str, destination_kind: str, destination: str,
+                    routing_key: str, arguments: dict | None) -> None:
+        args = encode_table(arguments, sort=True)
+        self._run((
+            "INSERT OR IGNORE INTO bindings (vhost, source, destination_kind, destination, routing_key, arguments) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            (vhost, source, destination_kind, destination, routing_key, args),
+        ))
+
+    def remove_binding(self, vhost: str, source: str, destination_kind: str, destination: str,
+                       routing_key: str, arguments: dict | None) -> None:
+        args = encode_table(arguments, sort=True)
+        self._run((
+            "DELETE FROM bindings WHERE vhost = ? AND source = ? AND destination_kind = ? "
+            "AND destination = ? AND routing_key = ? AND arguments = ?",
+            (vhost, source, destination_kind, destination, routing_key, args),
+        ))
+
+    # -- reading -------------------------------------------------------------
+
+    def load(self) -> Definitions:
+        """Everything, read in one transaction (so a consistent snapshot)."""
+        db = self._db
+        with self.transaction():
+            return Definitions(
+                vhosts=[name for (name,) in db.execute("SELECT name FROM vhosts ORDER BY rowid")],
+                users=[UserRow(name, password_hash, json.loads(tags)) for name, password_hash, tags in
+                       db.execute("SELECT name, password_hash, tags FROM users ORDER BY rowid")],
+                permissions=[PermissionRow(*row) for row in db.execute(
+                    "SELECT user, vhost, configure, write, read FROM permissions ORDER BY rowid")],
+                exchanges=[ExchangeRow(v, n, t, bool(d), bool(a), bool(i), decode_table(args))
+                           for v, n, t, d, a, i, args in db.execute(
+                               "SELECT vhost, name, type, durable, auto_delete, internal, arguments "
+                               "FROM exchanges ORDER BY rowid")],
+                queues=[QueueRow(v, n, bool(d), bool(a), decode_table(args)) for v, n, d, a, args in db.execute(
+                    "SELECT vhost, name, durable, auto_delete, arguments FROM queues ORDER BY rowid")],
+                bindings=[BindingRow(v, s, kind, dest, key, decode_table(args))
+                          for v, s, kind, dest, key, args in db.execute(
+                              "SELECT vhost, source, destination_kind, destination, routing_key, arguments "
+                              "FROM bindings ORDER BY rowid")],
+            )
