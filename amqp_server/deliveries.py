@@ -159,6 +159,9 @@ class Deliveries:
         queue = self.vhost.queue(self.queue_name(method.queue), self.connection)
         entry = queue.get()
         if entry is None:
+            if queue.message_count and not queue.deleted:
+                queue.when_available(lambda: self._get_again(method))
+                return
             self.send_method(commands.Basic.GetEmpty())
             return
         tag = self._next_tag
@@ -179,6 +182,14 @@ class Deliveries:
             ),
             message,
         )
+
+    def _get_again(self, method) -> None:
+        """A basic.get that waited for messages read back from disk."""
+        if self.state == "open":
+            try:
+                self._get(method)
+            except AMQPError as exc:
+                self.close_with(exc.at(60, 70))
 
     # -- settlement ----------------------------------------------------------
 

@@ -11,6 +11,9 @@ import ssl
 from amqp_server.config import BrokerConfig
 from amqp_server.protocol import AMQPProtocol
 from storage.definitions import DefinitionStore
+from storage.memory_monitor import MemoryMonitor, budget_bytes
+from storage.vhost_storage import StorageSettings, VhostStorage, dir_name
+from storage.writer import GroupCommitWriter
 from vhosts import Broker
 from vhosts.errors import CONNECTION_FORCED, AMQPError
 
@@ -38,17 +41,39 @@ def open_definitions(data_dir: str) -> DefinitionStore:
         raise ListenError("cannot open the definitions store %s: %s" % (path, exc)) from None
 
 
+CLEAN_SHUTDOWN = "clean_shutdown"
+
+
 class BrokerServer:
     def __init__(self, config: BrokerConfig) -> None:
+        """Opens and recovers the data directory (blocking: before serving).
+        Must run inside the event loop (the writer hands results back to it)."""
         self.config = config
         self.definitions = open_definitions(config.data_dir)
+        marker = os.path.join(config.data_dir, CLEAN_SHUTDOWN)
+        if os.path.exists(marker):
+            os.remove(marker)
+        else:
+            log.info("no clean-shutdown marker in %s: checking every store and index file", config.data_dir)
+        settings = config.storage
+        self.writer = GroupCommitWriter(asyncio.get_running_loop(), settings.durability)
+        self.monitor = MemoryMonitor(budget_bytes(
+            settings.vm_memory_high_watermark, settings.vm_memory_high_watermark_absolute, settings.paging_ratio))
+        storage_settings = StorageSettings(settings.msg_store_file_size, settings.embed_below, settings.segment_entries)
+
+        def message_storage(vhost: str) -> VhostStorage:
+            directory = os.path.join(config.data_dir, "vhosts", dir_name(vhost))
+            return VhostStorage(directory, self.writer, self.monitor, storage_settings)
+
         try:
             self.broker = Broker(
                 config.default_user, config.default_pass, config.default_vhost, config.loopback_users,
                 definitions=self.definitions,
+                message_storage=message_storage,
             )
         except BaseException:
             self.definitions.close()
+            self.writer.stop()
             raise
         log.info(
             "definitions from %s: %d vhosts, %d users, %d exchanges, %d queues, %d bindings",
@@ -94,7 +119,11 @@ class BrokerServer:
             connection.close_with(AMQPError(CONNECTION_FORCED, "broker forced connection closure with reason 'shutdown'"))
         for server in self.servers:
             await server.wait_closed()
+        # Everything queued reaches disk, then the marker says so.
+        self.writer.stop()
         self.definitions.close()
+        with open(os.path.join(self.config.data_dir, CLEAN_SHUTDOWN), "w") as marker:
+            marker.write("hutch stopped cleanly\n")
 
 
 async def serve(config: BrokerConfig) -> None:
@@ -109,6 +138,7 @@ async def serve(config: BrokerConfig) -> None:
         await server.start()
     except BaseException:
         server.definitions.close()
+        server.writer.stop()
         raise
     await stop.wait()
     log.info("shutting down")

@@ -39,6 +39,9 @@ class QueueEntry:
 class BackingQueue(Protocol):
     ready: int
     ready_bytes: int
+    # Set by the queue: called when messages read back from disk are ready
+    # (`fetch` returns None meanwhile although `ready` is positive).
+    on_available: Callable[[], None] | None
 
     def persists(self, message: Message) -> bool: ...
 

@@ -17,7 +17,7 @@ from storage.message import Message
 
 
 class MemoryQueue:
-    __slots__ = ("_tail", "_requeued", "_next_seq", "ready", "ready_bytes")
+    __slots__ = ("_tail", "_requeued", "_next_seq", "ready", "ready_bytes", "on_available")
 
     def __init__(self) -> None:
         self._tail: deque[QueueEntry] = deque()
@@ -25,6 +25,8 @@ class MemoryQueue:
         self._next_seq = 0
         self.ready = 0
         self.ready_bytes = 0
+        # Never called: every message is always in RAM.
+        self.on_available = None
 
     def persists(self, message: Message) -> bool:
         """Nothing here outlives the process, so no confirm waits on it."""

@@ -84,6 +84,8 @@ class RecoveryReport:
     deleted_segments: list[int] = field(default_factory=list)  # fully acked, removed
     unloaded_segments: list[int] = field(default_factory=list)  # live but not returned (max_entries)
     next_seq: int = 0  # max seq seen + 1 (0 when nothing is on disk)
+    first_seq: int = -1  # lowest unacked seq (-1 when none)
+    entry_bytes: int = 0  # body bytes of the unacked entries
     store_refs: Counter = field(default_factory=Counter)  # msg_id -> live non-embedded entries
 
     @property
@@ -114,8 +116,8 @@ class QueueIndex:
         self.next_seq = 0  # max seq published or recovered + 1
         self._writer = writer
         self._fsync = writer.durability == "fsync"
-        self._embed_below = embed_below
-        self._n = segment_entries
+        self.embed_below = embed_below
+        self.segment_entries = segment_entries
         self._segments: dict[int, _Segment] = {}
         self._head = -1  # highest segment published into
         self._entries = 0  # live entries, all segments
@@ -152,7 +154,7 @@ class QueueIndex:
             else:
                 log.warning("%s: ignoring unexpected file %r", self.directory, name)
         numbers.sort()
-        n = self._n
+        n = self.segment_entries
         max_seq = -1
         loaded: list[IndexEntry] = []
         parsed: list[tuple[_Segment, list[int]]] = []
@@ -181,6 +183,9 @@ class QueueIndex:
                 i = seq - base
                 live[i >> 3] |= 1 << (i & 7)
                 seg.count += 1
+                report.entry_bytes += size
+                if report.first_seq < 0 or seq < report.first_seq:
+                    report.first_seq = seq
                 if payload is None:
                     report.store_refs[msg_id] += 1
                 if max_entries is None or len(loaded) < max_entries or (
@@ -220,7 +225,7 @@ class QueueIndex:
         """Record a publish; True when `payload` was embedded in the index
         (then it need not go to the message store). `done` runs on the loop
         once the record is durable (writer semantics)."""
-        n = self._n
+        n = self.segment_entries
         number = seq // n
         seg = self._segments.get(number)
         if seg is None:
@@ -236,7 +241,7 @@ class QueueIndex:
         live = seg.live
         if live[i >> 3] & bit:
             raise ValueError("seq %d is already published and not acked" % seq)
-        embed = len(payload) < self._embed_below
+        embed = len(payload) < self.embed_below
         if embed:
             body = _PUB.pack(PUBLISH, seq, (PERSISTENT | EMBEDDED) if persistent else EMBEDDED,
                              expiry, size, msg_id) + payload
@@ -275,7 +280,7 @@ class QueueIndex:
             self._writer.loop.call_soon(done, [])
             return
         snapshot = bytes(seg.live)
-        path, limit, n = seg.file.path, seg.file.size, self._n
+        path, limit, n = seg.file.path, seg.file.size, self.segment_entries
         writer = self._writer
 
         def read() -> list[IndexEntry]:
@@ -346,7 +351,7 @@ class QueueIndex:
         return os.path.join(self.directory, "%d%s" % (number, SUFFIX))
 
     def _mark(self, seqs: Iterable[int], kind: int) -> None:
-        n = self._n
+        n = self.segment_entries
         segments = self._segments
         ack = kind == ACK
         groups: dict[int, list[int]] = {}

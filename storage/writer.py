@@ -121,38 +121,50 @@ class GroupCommitWriter:
             self._commit(batch)
 
     def _commit(self, batch: list) -> None:
+        """Invariant: a `done` of an append fires only when its bytes were
+        written and (in fsync mode) synced; a failed write or sync withholds
+        the confirms of that file's appends in the batch (they never come:
+        the client sees no confirm rather than a false one)."""
         touched: dict[int, AppendFile] = {}
+        failed: set[int] = set()
         callbacks: list = []
         for file, payload, done in batch:
             if file is None:
                 # A job may close, rename or delete files: what was appended
                 # before it must be synced first, or its `done` would lie.
-                self._sync(touched)
+                failed |= self._sync(touched)
                 touched.clear()
                 result = _call(payload)
                 if done is not None:
-                    callbacks.append((done, (result,)))
+                    callbacks.append((done, (result,), None))
                 continue
             try:
                 file._write(payload)
                 touched[id(file)] = file
             except OSError as exc:
                 log.error("write to %s failed: %s", file.path, exc)
+                failed.add(id(file))
             if done is not None:
-                callbacks.append((done, ()))
-        self._sync(touched)
+                callbacks.append((done, (), id(file)))
+        failed |= self._sync(touched)
         self.batches += 1
+        if failed:
+            callbacks = [c for c in callbacks if c[2] not in failed]
         if callbacks:
             self._deliver(callbacks)
 
-    def _sync(self, touched: dict[int, AppendFile]) -> None:
+    def _sync(self, touched: dict[int, AppendFile]) -> set[int]:
+        """Sync the files (fsync mode); returns the ids of those that failed."""
+        failed: set[int] = set()
         if self.durability != "fsync":
-            return
-        for file in touched.values():
+            return failed
+        for key, file in touched.items():
             try:
                 file._sync()
             except OSError as exc:
                 log.error("fsync of %s failed: %s", file.path, exc)
+                failed.add(key)
+        return failed
 
     def _read_loop(self) -> None:
         while True:
@@ -160,11 +172,11 @@ class GroupCommitWriter:
             if job is _STOP:
                 return
             fn, done = job
-            self._deliver([(done, (_call(fn),))])
+            self._deliver([(done, (_call(fn),), None)])
 
     def _deliver(self, callbacks: list) -> None:
         def fire() -> None:
-            for done, args in callbacks:
+            for done, args, _file in callbacks:
                 done(*args)
 
         try:

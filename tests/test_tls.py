@@ -22,7 +22,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from pamqp import commands
 
 from amqp_raw import PROTOCOL_HEADER, Closed, RawClient
-from helpers import unique
+from helpers import connect, unique
 
 
 # -- certificates ---------------------------------------------------------------
@@ -128,7 +128,7 @@ def round_trip(connection: pika.BlockingConnection) -> None:
 
 
 def assert_plain_port_serves(port: int) -> None:
-    round_trip(pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port)))
+    round_trip(connect(port))
 
 
 def tls_start(port: int, context: ssl.SSLContext) -> commands.Connection.Start:

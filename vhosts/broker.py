@@ -25,20 +25,31 @@ class Broker:
         default_vhost: str,
         loopback_users: list[str],
         definitions=None,
+        message_storage=None,
     ) -> None:
         self.vhosts: dict[str, VirtualHost] = {}
         self.users: dict[str, User] = {}
         self.loopback_users = frozenset(loopback_users)
         self.definitions = definitions
+        # vhost name -> `storage.vhost_storage.VhostStorage` (None: all in memory)
+        self.message_storage = message_storage
+        self._started = False  # vhosts added later get their storage ready at once
         stored = definitions.load() if definitions is not None else None
         if stored is not None and not stored.blank:
             self._restore(stored)
-            return
-        with self._transaction():
-            self.add_vhost(default_vhost)
-            if default_user:
-                self.put_user(default_user, hash_password(default_pass), ["administrator"])
-                self.set_permissions(default_user, default_vhost, Permission())
+        else:
+            with self._transaction():
+                self.add_vhost(default_vhost)
+                if default_user:
+                    self.put_user(default_user, hash_password(default_pass), ["administrator"])
+                    self.set_permissions(default_user, default_vhost, Permission())
+        for vhost in self.vhosts.values():
+            vhost.storage_ready()
+        self._started = True
+
+    def _new_vhost(self, name: str) -> VirtualHost:
+        storage = self.message_storage(name) if self.message_storage is not None else None
+        return VirtualHost(name, self.definitions, storage)
 
     # -- durable definitions ---------------------------------------------------
 
@@ -50,7 +61,7 @@ class Broker:
     def _restore(self, stored) -> None:
         """Rebuild from a `storage.definitions.Definitions` snapshot."""
         for name in stored.vhosts:
-            self.vhosts[name] = VirtualHost(name, self.definitions)
+            self.vhosts[name] = self._new_vhost(name)
         for row in stored.users:
             self.users[row.name] = User(row.name, row.password_hash, tags=list(row.tags))
         for row in stored.permissions:
@@ -79,7 +90,9 @@ class Broker:
         if vhost is None:
             if self.definitions is not None:
                 self.definitions.upsert_vhost(name)
-            vhost = self.vhosts[name] = VirtualHost(name, self.definitions)
+            vhost = self.vhosts[name] = self._new_vhost(name)
+            if self._started:
+                vhost.storage_ready()
         return vhost
 
     def delete_vhost(self, name: str) -> None:

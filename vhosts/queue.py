@@ -44,6 +44,7 @@ class Queue:
         "had_consumers",
         "deleted",
         "flow_waiters",
+        "get_waiters",
     )
 
     def __init__(
@@ -70,6 +71,9 @@ class Queue:
         self.deleted = False
         # Publishers (objects with `queue_unblocked(queue)`) waiting on credit flow.
         self.flow_waiters: set = set()
+        # basic.get calls waiting for messages the backing queue reads back from disk.
+        self.get_waiters: list = []
+        backing.on_available = self._available
 
     @property
     def message_count(self) -> int:
@@ -107,7 +111,10 @@ class Queue:
                     break
             else:
                 break
-            consumer.channel.deliver(consumer, self, backing.fetch())
+            entry = backing.fetch()
+            if entry is None:
+                break  # the head is being read back from disk: `_available` resumes
+            consumer.channel.deliver(consumer, self, entry)
         if self.flow_waiters and (backing.ready < FLOW_LOW or not self._output_bound()):
             self.release_waiters()
 
@@ -118,15 +125,29 @@ class Queue:
             waiter.queue_unblocked(self)
 
     def get(self) -> QueueEntry | None:
+        """The head message, or None: the queue is empty, or (when
+        `message_count` is still positive) its head is being read back from
+        disk, and `when_available` calls back once it is in RAM."""
         return self.backing.fetch()
 
+    def when_available(self, callback: Callable[[], None]) -> None:
+        self.get_waiters.append(callback)
+
+    def _available(self) -> None:
+        waiters, self.get_waiters = self.get_waiters, []
+        for callback in waiters:
+            callback()
+        self.dispatch()
+
     def ack(self, entries: Iterable[QueueEntry]) -> None:
-        if not self.deleted:
-            self.backing.ack(entries)
+        """Also after deletion: the backing queue releases what it stored."""
+        self.backing.ack(entries)
 
     def requeue(self, entries: Iterable[QueueEntry]) -> None:
-        """Give delivered entries back; they return to their original place."""
+        """Give delivered entries back; they return to their original place
+        (a deleted queue just lets them go)."""
         if self.deleted:
+            self.backing.ack(entries)
             return
         self.backing.requeue(entries)
         if self.consumers:

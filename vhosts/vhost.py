@@ -94,10 +94,13 @@ log = logging.getLogger("hutch.vhost")
 
 
 class VirtualHost:
-    def __init__(self, name: str, definitions=None) -> None:
+    def __init__(self, name: str, definitions=None, message_storage=None) -> None:
         self.name = name
         # Where durable definitions are kept (see the module docstring).
         self.definitions = definitions
+        # A `storage.vhost_storage.VhostStorage`: durable queues keep their
+        # messages there; None keeps every queue in memory.
+        self.message_storage = message_storage
         self.exchanges: dict[str, Exchange] = {}
         self.queues: dict[str, Queue] = {}
         self._bound_from: dict[Destination, set[str]] = {}
@@ -178,7 +181,8 @@ class VirtualHost:
                 row.name, row.type, row.durable, row.auto_delete, row.internal, row.arguments
             )
         for row in queues:
-            self.queues[row.name] = self._new_queue(row.name, row.durable, None, row.auto_delete, row.arguments)
+            self.queues[row.name] = self._new_queue(
+                row.name, row.durable, None, row.auto_delete, row.arguments, restoring=True)
         for row in bindings:
             dest = Destination(row.destination_kind, row.destination)
             x = self.exchanges.get(row.source)
@@ -391,12 +395,21 @@ class VirtualHost:
         return q
 
     def _new_queue(self, name: str, durable: bool, exclusive_owner: object | None, auto_delete: bool,
-                   arguments: dict) -> Queue:
-        """A new queue object (declared, or restored at start)."""
+                   arguments: dict, restoring: bool = False) -> Queue:
+        """A new queue object (declared, or restored at start). A durable
+        queue keeps its messages in the message storage (exclusive ones are
+        never recovered, so they stay in memory)."""
+        storage = self.message_storage
+        if storage is None or not durable or exclusive_owner is not None:
+            backing = MemoryQueue()
+        elif restoring:
+            backing = storage.recover_queue(name)
+        else:
+            backing = storage.new_queue(name)
         return Queue(
             name,
             self.name,
-            MemoryQueue(),
+            backing,
             durable=durable,
             exclusive_owner=exclusive_owner,
             auto_delete=auto_delete,
@@ -427,6 +440,12 @@ class VirtualHost:
         for consumer in q.delete():
             consumer.channel.consumer_cancelled(consumer)
         return count
+
+    def storage_ready(self) -> None:
+        """After restoring (or creating) the vhost: finish the message
+        storage's recovery before serving (blocking, at start)."""
+        if self.message_storage is not None:
+            self.message_storage.finish_recovery()
 
     def purge_queue(self, name: str, owner: object) -> int:
         return self.queue(name, owner).purge()

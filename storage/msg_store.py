@@ -1,0 +1,493 @@
+"""The shared message store of one vhost (RabbitMQ's `rabbit_msg_store`).
+
+One copy of each message body however many queues hold it, in append-only
+files `N.rdq` of `directory`; each record is `record.encode(msg_id + payload)`
+(16-byte id, then the serialized message). An in-memory index maps each id
+to an `_Entry` (file, offset, record size, reference count).
+
+Threads and callbacks
+- Every public method is called on the event loop thread (`writer.loop`),
+  except `recover` and `wipe`, which block and are meant for startup, before
+  anything is written.
+- Appends go through `writer.append`; compaction, file creation and deletion
+  through `writer.run` (the writer thread, in submission order); disk reads
+  through `writer.read` (the reader thread). Every `done` callback runs on the
+  loop: `write`'s after the group commit holding the bytes (or, for a
+  duplicate of an id already durable, after the next writer batch), `read`'s
+  with the payload or an exception object.
+
+Invariants
+1. An id is in `_index` iff its refcount is > 0. An entry whose refcount
+   reached 0 is dropped from the index and from its file's `entries` and is
+   never revived (a later `write` of the same id makes a new entry).
+   `_Entry.refs` is written only on the loop.
+2. `_File.live` = sum of the sizes of the entries in `_File.entries`;
+   `_File.total` = the size of the file (what was appended, or what the last
+   compaction wrote). Dead bytes = total - live.
+3. Only the current file (`_cur`) is appended to. It is never compacted or
+   deleted while current; a file stops being current on roll (when the next
+   record would take it past `file_size_limit`) or when it is retired (all
+   of it dead and at least half the limit big), and its append fd is closed
+   by a writer job queued after its last append.
+4. A non-current file with live == 0 is deleted; one with live < total / 2 is
+   compacted. At most one compaction per file is in flight (`compacting`),
+   and a file being compacted is not deleted; both are re-checked when the
+   compaction completes.
+5. While an entry's payload is not None its bytes may not be on disk yet:
+   `read` answers from that (the pending cache). The writer's done for the
+   append (the entry itself, being callable) clears it, so a read that goes
+   to disk only ever targets bytes already written.
+6. `_Entry.offset` is written on the loop only when the entry is created (before
+   anyone else can see it), and afterwards only by the compaction of its file,
+   on the writer thread, while holding `_lock`, in the same critical section
+   as the `os.replace` that swaps the compacted file in. The reader thread
+   takes `_lock` to check the entry is alive, read its offset and open the
+   file: the fd it gets and the offset always belong to the same version of
+   the file (the pread itself runs outside the lock: an fd keeps its inode
+   alive through a later rename or unlink). File deletion also unlinks under
+   `_lock`.
+7. Compaction copies the entries of a snapshot taken on the loop (the file's
+   live entries when it is scheduled). Entries removed meanwhile are still
+   copied (their bytes count as dead in the new file, their refs are 0 so
+   readers refuse them); a new file never gains entries (not current).
+   The compacted file is written to `N.rdq.compact`, fsynced, renamed over
+   `N.rdq`, then the directory is fsynced; a crash leaves either the old or
+   the new file complete, and recovery deletes a leftover `.compact`.
+8. New files are created by a writer job queued before their first append,
+   which also fsyncs the directory (durability "fsync"), so a confirmed
+   record's file entry survives a power loss.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import struct
+import threading
+import zlib
+from dataclasses import dataclass, field
+from operator import attrgetter
+from typing import Callable
+
+from storage.record import OVERHEAD, scan_file
+from storage.writer import AppendFile, GroupCommitWriter
+
+log = logging.getLogger("hutch.storage")
+
+ID_SIZE = 16
+_LENGTH = struct.Struct(">I")  # record.py framing: u32 length | body | u32 crc | u8 0xFF
+_TRAILER = struct.Struct(">IB")
+_END_MARKER = 0xFF
+_FILE_NAME = re.compile(r"^(\d+)\.rdq$")
+_BY_OFFSET = attrgetter("offset")
+
+
+def _encode(msg_id: bytes, payload: bytes) -> bytes:
+    """`record.encode(msg_id + payload)` without building msg_id + payload."""
+    return b"".join((_LENGTH.pack(ID_SIZE + len(payload)), msg_id, payload,
+                     _TRAILER.pack(zlib.crc32(payload, zlib.crc32(msg_id)), _END_MARKER)))
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class StoreError(Exception):
+    """A message could not be read back (missing, removed, or damaged)."""
+
+
+class _File:
+    __slots__ = ("num", "path", "af", "total", "live", "entries", "compacting")
+
+    def __init__(self, num: int, path: str, af: AppendFile | None) -> None:
+        self.num = num
+        self.path = path
+        self.af = af  # only while current
+        self.total = 0
+        self.live = 0
+        self.entries: set[_Entry] = set()
+        self.compacting = False
+
+
+class _Entry:
+    """Where one message lives. Callable: it is the writer's `done` for its
+    own append (the bytes are written: drop the cached payload, fire waiters)."""
+
+    __slots__ = ("file", "offset", "size", "refs", "payload", "waiters")
+
+    def __init__(self, file: _File, offset: int, size: int, payload: bytes | None,
+                 waiters: object) -> None:
+        self.file = file
+        self.offset = offset
+        self.size = size
+        self.refs = 1
+        self.payload = payload  # not None while the append is pending
+        self.waiters = waiters  # None, one callable, or a list of them
+
+    def __call__(self) -> None:
+        self.payload = None
+        waiters = self.waiters
+        if waiters is not None:
+            self.waiters = None
+            if type(waiters) is list:
+                for done in waiters:
+                    done()
+            else:
+                waiters()
+
+
+@dataclass
+class RecoveryReport:
+    files_scanned: int = 0
+    records: int = 0  # valid records found
+    corrupt_regions: int = 0  # regions skipped because they did not check out
+    truncated_bytes: int = 0  # torn tails cut off
+    missing: set[bytes] = field(default_factory=set)  # ids in refcounts found in no file
+    garbage_records: int = 0  # records nobody references (dead bytes)
+    duplicates: int = 0  # second copies of an id already found (dead bytes)
+    files_deleted: int = 0  # files with nothing live, deleted at once
+
+
+def _noop() -> None:
+    return None
+
+
+def _after_batch(done: Callable[[], None]) -> Callable[[object], None]:
+    return lambda _result: done()
+
+
+class MessageStore:
+    def __init__(self, directory: str, writer: GroupCommitWriter,
+                 file_size_limit: int = 16 * 1024 * 1024) -> None:
+        self.directory = directory
+        self._writer = writer
+        self._limit = file_size_limit
+        self._index: dict[bytes, _Entry] = {}
+        self._files: dict[int, _File] = {}
+        self._cur: _File | None = None
+        self._next_num: int | None = None  # set by recover / wipe
+        self._lock = threading.Lock()  # invariant 6
+        self._busy = 0  # compactions and deletions queued on the writer, not yet done
+        self.compactions = 0
+        self.deletions = 0
+
+    # -- startup (blocking) --------------------------------------------------
+
+    def wipe(self) -> None:
+        """Delete every file of the store (the transient store, at start)."""
+        os.makedirs(self.directory, exist_ok=True)
+        for name in os.listdir(self.directory):
+            path = os.path.join(self.directory, name)
+            if os.path.isfile(path):
+                os.unlink(path)
+        self._reset()
+        self._next_num = 0
+
+    def recover(self, refcounts: dict[bytes, int]) -> RecoveryReport:
+        """Rebuild the index from the files (blocking; at start, before any
+        write). `refcounts`: how many references each id should have, from
+        the queue indexes; records of other ids are garbage."""
+        os.makedirs(self.directory, exist_ok=True)
+        self._reset()
+        report = RecoveryReport()
+        nums = []
+        for name in os.listdir(self.directory):
+            if name.endswith(".rdq.compact"):  # a compaction cut short: N.rdq is intact
+                os.unlink(os.path.join(self.directory, name))
+                continue
+            match = _FILE_NAME.match(name)
+            if match:
+                nums.append(int(match.group(1)))
+        nums.sort()
+        index = self._index
+        for num in nums:
+            path = self._path(num)
+            records, scan = scan_file(path)
+            report.files_scanned += 1
+            report.corrupt_regions += len(scan.corrupt_records)
+            report.truncated_bytes += scan.truncated_bytes
+            file = _File(num, path, None)
+            file.total = scan.valid_end
+            self._files[num] = file
+            for offset, body in records:
+                report.records += 1
+                msg_id = body[:ID_SIZE]
+                if len(body) < ID_SIZE:
+                    report.garbage_records += 1
+                elif msg_id in index:
+                    report.duplicates += 1
+                elif refcounts.get(msg_id, 0) > 0:
+                    entry = _Entry(file, offset, len(body) + OVERHEAD, None, None)
+                    entry.refs = refcounts[msg_id]
+                    index[msg_id] = entry
+                    file.entries.add(entry)
+                    file.live += entry.size
+                else:
+                    report.garbage_records += 1
+        report.missing = {msg_id for msg_id, refs in refcounts.items()
+                          if refs > 0 and msg_id not in index}
+        self._next_num = nums[-1] + 1 if nums else 0
+        if nums:  # keep appending to the last file while it has live data and room
+            last = self._files[nums[-1]]
+            if last.live and last.total < self._limit:
+                last.af = AppendFile(last.path)
+                last.total = last.af.size
+                self._cur = last
+        for file in list(self._files.values()):
+            if file is not self._cur and file.live == 0:
+                os.unlink(file.path)
+                del self._files[file.num]
+                report.files_deleted += 1
+        if report.files_deleted:
+            _fsync_dir(self.directory)
+        for file in list(self._files.values()):
+            self._check(file)
+        if report.missing:
+            log.error("message store %s: %d message(s) referenced by queues are missing",
+                      self.directory, len(report.missing))
+        log.info("message store %s recovered: %d file(s), %d message(s), %d garbage record(s), "
+                 "%d corrupt region(s), %d byte(s) of torn tail", self.directory,
+                 report.files_scanned, len(index), report.garbage_records,
+                 report.corrupt_regions, report.truncated_bytes)
+        return report
+
+    def _reset(self) -> None:
+        self._index.clear()
+        self._files.clear()
+        self._cur = None
+
+    # -- on the loop ---------------------------------------------------------
+
+    def write(self, msg_id: bytes, payload: bytes, done: Callable[[], None] | None = None) -> None:
+        """Store a message, or add a reference to it if `msg_id` is known.
+        `done` runs on the loop once its bytes are durable."""
+        entry = self._index.get(msg_id)
+        if entry is not None:
+            entry.refs += 1
+            if done is not None:
+                if entry.payload is None:  # already durable: after the next batch
+                    self._writer.run(_noop, _after_batch(done))
+                elif entry.waiters is None:
+                    entry.waiters = done
+                elif type(entry.waiters) is list:
+                    entry.waiters.append(done)
+                else:
+                    entry.waiters = [entry.waiters, done]
+            return
+        data = _encode(msg_id, payload)
+        size = len(data)
+        file = self._cur
+        if file is None or (file.total + size > self._limit and file.total):
+            file = self._roll()
+        entry = _Entry(file, file.total, size, payload, done)
+        file.total += size
+        file.live += size
+        file.entries.add(entry)
+        self._index[msg_id] = entry
+        self._writer.append(file.af, data, entry)
+
+    def remove(self, msg_id: bytes) -> None:
+        """Drop one reference (unknown ids are ignored: e.g. reported missing
+        at recovery)."""
+        entry = self._index.get(msg_id)
+        if entry is None:
+            return
+        entry.refs -= 1
+        if entry.refs > 0:
+            return
+        del self._index[msg_id]
+        file = entry.file
+        file.entries.discard(entry)
+        file.live -= entry.size
+        if file.live * 2 < file.total:
+            if file is self._cur:
+                if file.live == 0 and file.total * 2 >= self._limit:
+                    self._retire()
+            else:
+                self._check(file)
+
+    def read(self, msg_id: bytes, done: Callable[[bytes | Exception], None]) -> None:
+        """`done(payload)` on the loop, or `done(exception)` (`StoreError`)."""
+        entry = self._index.get(msg_id)
+        if entry is None:
+            self._writer.loop.call_soon(done, StoreError("message %s not in store" % msg_id.hex()))
+        elif entry.payload is not None:
+            self._writer.loop.call_soon(done, entry.payload)
+        else:
+            self._writer.read(lambda: self._read_entry(msg_id, entry), done)
+
+    def contains(self, msg_id: bytes) -> bool:
+        return msg_id in self._index
+
+    def refcount(self, msg_id: bytes) -> int:
+        entry = self._index.get(msg_id)
+        return 0 if entry is None else entry.refs
+
+    def stats(self) -> dict:
+        files = self._files.values()
+        return {
+            "files": len(self._files),
+            "bytes_on_disk": sum(f.total for f in files),
+            "live_bytes": sum(f.live for f in files),
+            "messages": len(self._index),
+            "compactions": self.compactions,
+            "file_deletions": self.deletions,
+            "jobs_in_flight": self._busy,
+        }
+
+    # -- files (loop side) ---------------------------------------------------
+
+    def _path(self, num: int) -> str:
+        return os.path.join(self.directory, "%d.rdq" % num)
+
+    def _roll(self) -> _File:
+        if self._next_num is None:
+            raise RuntimeError("MessageStore: call recover() or wipe() before use")
+        old = self._cur
+        num = self._next_num
+        self._next_num += 1
+        path = self._path(num)
+        sync = self._writer.durability == "fsync"
+        directory = self.directory
+
+        def create() -> None:
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o644))
+            if sync:
+                _fsync_dir(directory)
+
+        self._writer.run(create)  # before the first append to it (invariant 8)
+        # AppendFile stats a path that does not exist yet: no disk I/O to speak of.
+        file = _File(num, path, AppendFile(path))
+        self._files[num] = file
+        self._cur = file
+        if old is not None:
+            self._release(old)
+        return file
+
+    def _retire(self) -> None:
+        """The current file is all dead and big: the next write starts a new one."""
+        old = self._cur
+        self._cur = None
+        self._release(old)
+
+    def _release(self, old: _File) -> None:
+        self._writer.run(old.af.close)  # after its last append (writer order)
+        old.af = None
+        self._check(old)
+
+    def _check(self, file: _File) -> None:
+        if file is self._cur or file.compacting:
+            return
+        if file.live == 0:
+            self._delete(file)
+        elif file.live * 2 < file.total:
+            self._compact(file)
+
+    def _delete(self, file: _File) -> None:
+        del self._files[file.num]
+        self._busy += 1
+        path, lock = file.path, self._lock
+
+        def delete() -> None:
+            with lock:  # invariant 6
+                os.unlink(path)
+
+        self._writer.run(delete, self._deleted)
+
+    def _deleted(self, result: object) -> None:
+        self._busy -= 1
+        if isinstance(result, Exception):
+            log.error("could not delete a message store file: %s", result)
+        else:
+            self.deletions += 1
+
+    def _compact(self, file: _File) -> None:
+        file.compacting = True
+        self._busy += 1
+        snapshot = list(file.entries)  # sorted by offset on the writer thread (invariant 7)
+        sync = True  # compaction rewrites live data: always fsync before the rename
+
+        def compact() -> int:
+            return self._compact_file(file.path, snapshot, sync)
+
+        self._writer.run(compact, lambda result: self._compacted(file, result))
+
+    def _compacted(self, file: _File, result: object) -> None:
+        self._busy -= 1
+        file.compacting = False
+        if isinstance(result, Exception):
+            log.error("compaction of %s failed: %s", file.path, result)
+            return
+        self.compactions += 1
+        file.total = result  # live already tracks removals made meanwhile
+        self._check(file)
+
+    # -- on the writer / reader threads --------------------------------------
+
+    def _compact_file(self, path: str, snapshot: list[_Entry], sync: bool) -> int:
+        snapshot.sort(key=_BY_OFFSET)
+        tmp = path + ".compact"
+        offsets = []
+        position = 0
+        try:
+            src = os.open(path, os.O_RDONLY)
+            try:
+                with open(tmp, "wb") as dst:
+                    for entry in snapshot:
+                        data = os.pread(src, entry.size, entry.offset)
+                        if len(data) != entry.size:
+                            raise StoreError("%s: record at %d cut short" % (path, entry.offset))
+                        dst.write(data)
+                        offsets.append(position)
+                        position += entry.size
+                    dst.flush()
+                    if sync:
+                        os.fsync(dst.fileno())
+            finally:
+                os.close(src)
+            with self._lock:  # invariant 6: swap file and offsets at once
+                os.replace(tmp, path)
+                for entry, offset in zip(snapshot, offsets):
+                    entry.offset = offset
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+        if sync:
+            try:  # the rename is done: a failure here must not undo the bookkeeping
+                _fsync_dir(os.path.dirname(path) or ".")
+            except OSError as exc:
+                log.error("fsync of the directory of %s failed: %s", path, exc)
+        return position
+
+    def _read_entry(self, msg_id: bytes, entry: _Entry) -> bytes | Exception:
+        """On the reader thread. Returns (not raises) errors: the writer would
+        log expected ones (a message removed meanwhile) as failures."""
+        try:
+            with self._lock:  # invariant 6
+                if entry.refs <= 0:
+                    return StoreError("message %s removed" % msg_id.hex())
+                offset, size, path = entry.offset, entry.size, entry.file.path
+                fd = os.open(path, os.O_RDONLY)
+            try:
+                data = os.pread(fd, size, offset)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            log.error("reading message %s from %s failed: %s", msg_id.hex(), entry.file.path, exc)
+            return StoreError("message %s unreadable: %s" % (msg_id.hex(), exc))
+        end = size - _TRAILER.size
+        if (len(data) != size
+                or _LENGTH.unpack_from(data)[0] != size - OVERHEAD
+                or data[_LENGTH.size:_LENGTH.size + ID_SIZE] != msg_id
+                or _TRAILER.unpack_from(data, end) != (zlib.crc32(memoryview(data)[_LENGTH.size:end]),
+                                                       _END_MARKER)):
+            log.error("message %s in %s at offset %d is corrupt", msg_id.hex(), path, offset)
+            return StoreError("message %s corrupt on disk" % msg_id.hex())
+        return data[_LENGTH.size + ID_SIZE:end]
