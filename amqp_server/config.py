@@ -39,7 +39,7 @@ class StorageConfig:
     # [queue_index_embed_msgs_below]
     embed_below: int = 4096
     # Sequence numbers per queue index segment file.
-    segment_entries: int = 16384
+    segment_entries: int = 4096
     # Memory budget for messages: this fraction of RAM, unless
     # vm_memory_high_watermark_absolute (bytes) is set. [vm_memory_high_watermark]
     vm_memory_high_watermark: float = 0.4

@@ -109,7 +109,7 @@ def _noop() -> None:
 
 class QueueIndex:
     def __init__(self, directory: str, writer: GroupCommitWriter, embed_below: int = 4096,
-                 segment_entries: int = 16384) -> None:
+                 segment_entries: int = 4096) -> None:
         if segment_entries < 1:
             raise ValueError("segment_entries must be at least 1")
         self.directory = directory

@@ -80,10 +80,6 @@ class VariableQueue:
         self.ready_bytes += size
         if message.persistent:
             self._write(entry, on_durable)
-        if self._delta_count and self.monitor.over_budget:
-            # RAM is short: straight to delta (it is on disk or goes there now).
-            self._to_delta_end(entry)
-            return entry
         (self._tail if self._delta_count else self._head).append(entry)
         self.ram_bytes += size
         self.monitor.charge(size)
@@ -150,6 +146,13 @@ class VariableQueue:
         self.monitor.unregister(self)
         self.index.delete()
 
+    def state_counts(self) -> dict[str, int]:
+        """Ready messages per state: alpha (message in RAM only), gamma (in
+        RAM and on disk), delta (on disk only); for the CLI and metrics."""
+        gamma = sum(1 for q in (self._requeued, self._head, self._tail) for e in q if e.store is not None)
+        in_ram = len(self._requeued) + len(self._head) + len(self._tail)
+        return {"alpha": in_ram - gamma, "gamma": gamma, "delta": self._delta_count}
+
     # -- disk ----------------------------------------------------------------
 
     def _write(self, entry: QueueEntry, done: Callable[[], None] | None) -> None:
@@ -209,6 +212,12 @@ class VariableQueue:
             return
         if isinstance(result, Exception):
             raise result
+        if not self._delta_count:
+            return
+        if segment != self._delta_start // self.index.segment_entries:
+            # Paging moved delta's start to an earlier segment meanwhile.
+            self._load_delta()
+            return
         start, end = self._delta_start, self._delta_end
         found = [e for e in result if start <= e.seq < end]
         segment_end = (segment + 1) * self.index.segment_entries
@@ -216,14 +225,17 @@ class VariableQueue:
         loaded: dict[int, QueueEntry] = {}
 
         def finish() -> None:
+            # Bookkeeping first, memory charge last: the charge may page
+            # messages (these very ones) back out, which must see a
+            # consistent delta range.
+            added = 0
             for item in found:
                 entry = loaded.get(item.seq)
                 if entry is None:
                     continue  # its body was lost: reported by the store's recovery
                 self._head.append(entry)
-                size = len(entry.message.body)
-                self.ram_bytes += size
-                self.monitor.charge(size)
+                added += len(entry.message.body)
+            self.ram_bytes += added
             self._delta_count -= len(found)
             self._delta_start = min(segment_end, end)
             if self._delta_count <= 0 or self._delta_start >= end:
@@ -231,6 +243,7 @@ class VariableQueue:
                 self._delta_start = self._delta_end = self._next_seq
                 self._head.extend(self._tail)
                 self._tail.clear()
+            self.monitor.charge(added)
             if self.on_available is not None:
                 self.on_available()
 

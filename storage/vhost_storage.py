@@ -28,7 +28,7 @@ log = logging.getLogger("hutch.storage")
 class StorageSettings:
     msg_store_file_size: int = 16777216
     embed_below: int = 4096
-    segment_entries: int = 16384
+    segment_entries: int = 4096
 
 
 def dir_name(name: str) -> str:
