@@ -45,7 +45,11 @@ class VariableQueue:
         transient_store: MessageStore,
         monitor,
         next_seq: int = 0,
+        durable: bool = True,
     ) -> None:
+        # Only a durable queue keeps persistent messages across restarts; any
+        # queue writes messages to disk when it pages them out.
+        self.durable = durable
         self.index = index
         self.store = store
         self.transient_store = transient_store
@@ -69,7 +73,7 @@ class VariableQueue:
     # -- BackingQueue --------------------------------------------------------
 
     def persists(self, message: Message) -> bool:
-        return message.persistent
+        return self.durable and message.persistent
 
     def publish(self, message: Message, on_durable: Callable[[], None] | None = None) -> QueueEntry:
         seq = self._next_seq
@@ -78,7 +82,7 @@ class VariableQueue:
         size = len(message.body)
         self.ready += 1
         self.ready_bytes += size
-        if message.persistent:
+        if self.durable and message.persistent:
             self._write(entry, on_durable)
         (self._tail if self._delta_count else self._head).append(entry)
         self.ram_bytes += size
@@ -161,14 +165,15 @@ class VariableQueue:
         submitted after the body."""
         message = entry.message
         payload = message.to_bytes()
+        persistent = self.durable and message.persistent
         if len(payload) < self.index.embed_below:
             entry.store = _EMBEDDED
         else:
-            store = self.store if message.persistent else self.transient_store
+            store = self.store if persistent else self.transient_store
             store.write(message.msg_id, payload)
             entry.store = store
         self.index.publish(entry.seq, message.msg_id, len(message.body), payload,
-                           persistent=message.persistent, done=done)
+                           persistent=persistent, done=done)
 
     def _to_delta_end(self, entry: QueueEntry) -> None:
         if entry.store is None:

@@ -59,9 +59,11 @@ class VhostStorage:
             segment_entries=self.settings.segment_entries,
         )
 
-    def new_queue(self, queue: str) -> VariableQueue:
-        """The backing queue of a durable queue declared now."""
-        return VariableQueue(self._index(queue), self.persistent, self.transient, self.monitor)
+    def new_queue(self, queue: str, durable: bool) -> VariableQueue:
+        """The backing queue of a queue declared now. A non-durable one uses
+        the disk only to page messages out, and its files go at the next
+        start (only durable queues are recovered)."""
+        return VariableQueue(self._index(queue), self.persistent, self.transient, self.monitor, durable=durable)
 
     def recover_queue(self, queue: str) -> VariableQueue:
         """At start: a durable queue restored from the definitions, with the

@@ -396,16 +396,17 @@ class VirtualHost:
 
     def _new_queue(self, name: str, durable: bool, exclusive_owner: object | None, auto_delete: bool,
                    arguments: dict, restoring: bool = False) -> Queue:
-        """A new queue object (declared, or restored at start). A durable
-        queue keeps its messages in the message storage (exclusive ones are
-        never recovered, so they stay in memory)."""
+        """A new queue object (declared, or restored at start). Its messages
+        live in the message storage, which pages them to disk under memory
+        pressure; only a durable, non-exclusive queue keeps persistent
+        messages across restarts (exclusive queues are never recovered)."""
         storage = self.message_storage
-        if storage is None or not durable or exclusive_owner is not None:
+        if storage is None:
             backing = MemoryQueue()
         elif restoring:
             backing = storage.recover_queue(name)
         else:
-            backing = storage.new_queue(name)
+            backing = storage.new_queue(name, durable and exclusive_owner is None)
         return Queue(
             name,
             self.name,
