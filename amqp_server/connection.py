@@ -11,9 +11,10 @@ Theory of operation:
   loop turn (`take_output`). `output_paused` is true while the socket is
   paused or `_out` is long, and consumers on this connection then receive
   nothing until `output_resumed` dispatches again.
-- Credit flow: when a queue this connection publishes to cannot keep up
-  (see vhosts.queue), the queue is added to `blocked_by` and reading stops
-  until every such queue calls `queue_unblocked`.
+- Credit flow: when something this connection publishes into cannot keep
+  up (a queue whose consumers are output-bound, see vhosts.queue; the disk
+  writer with too much queued, see storage.writer), it is added to
+  `blocked_by` and reading stops until every such source calls `unblocked`.
 - Errors: an AMQPError from a channel with a soft code closes that channel;
   any other closes the connection. Anything unexpected is logged and closes
   the connection with 541, never the broker.
@@ -115,7 +116,7 @@ class Connection:
         self.client_properties: dict = {}
         self.channels: dict[int, Channel] = {}
         self.exclusive_queues: list = []
-        # Queues whose credit-flow backlog keeps us from reading (vhosts.queue).
+        # Flow sources (queues, the disk writer) that keep us from reading.
         self.blocked_by: set = set()
         self._header = b""
         self._out: list[bytes] = []
@@ -222,11 +223,11 @@ class Connection:
             self.io.pause_reading()
             self.io.call_soon(self._continue)
 
-    def throttled_by(self, queue) -> None:
-        self.blocked_by.add(queue)
+    def throttled_by(self, source) -> None:
+        self.blocked_by.add(source)
 
-    def queue_unblocked(self, queue) -> None:
-        self.blocked_by.discard(queue)
+    def unblocked(self, source) -> None:
+        self.blocked_by.discard(source)
         if not self.blocked_by and self.state is not CLOSED:
             self.io.call_soon(self._continue)
 
@@ -467,8 +468,8 @@ class Connection:
         self._timer = self.io.call_later(CLOSE_OK_TIMEOUT, self._shutdown)
 
     def _release(self) -> None:
-        for queue in self.blocked_by:
-            queue.flow_waiters.discard(self)
+        for source in self.blocked_by:
+            source.flow_waiters.discard(self)
         self.blocked_by.clear()
         channels = list(self.channels.values())
         self.channels.clear()

@@ -13,6 +13,10 @@ Theory of operation:
   waits behind, or delays, a batch of writes.
 - `AppendFile.size` is advanced on the loop at submission, so the offset of
   a record is known before it is written.
+- Backpressure: `pending_bytes` (changed on the loop only: added at
+  submission, subtracted when a batch's completion reaches the loop) above
+  BACKLOG_HIGH makes `backlogged` true; publishers then wait in
+  `flow_waiters` until it falls under BACKLOG_LOW (credit flow to the disk).
 """
 from __future__ import annotations
 
@@ -26,6 +30,8 @@ from typing import Callable
 log = logging.getLogger("hutch.storage")
 
 DURABILITY_MODES = ("fsync", "flush")
+BACKLOG_HIGH = 64 * 1024 * 1024
+BACKLOG_LOW = 16 * 1024 * 1024
 
 
 class AppendFile:
@@ -73,6 +79,8 @@ class GroupCommitWriter:
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._reads: queue.SimpleQueue = queue.SimpleQueue()
         self.batches = 0  # how many group commits ran (metrics, tests)
+        self.pending_bytes = 0
+        self.flow_waiters: set = set()
         self._thread = threading.Thread(target=self._write_loop, name="hutch-writer", daemon=True)
         self._reader = threading.Thread(target=self._read_loop, name="hutch-reader", daemon=True)
         self._thread.start()
@@ -84,8 +92,20 @@ class GroupCommitWriter:
         """Queue `data` for `file`; returns the offset it will have."""
         offset = file.size
         file.size += len(data)
+        self.pending_bytes += len(data)
         self._jobs.put((file, data, done))
         return offset
+
+    @property
+    def backlogged(self) -> bool:
+        return self.pending_bytes > BACKLOG_HIGH
+
+    def _written(self, size: int) -> None:
+        self.pending_bytes -= size
+        if self.flow_waiters and self.pending_bytes < BACKLOG_LOW:
+            waiters, self.flow_waiters = self.flow_waiters, set()
+            for waiter in waiters:
+                waiter.unblocked(self)
 
     def run(self, fn: Callable[[], object], done: Callable[[object], None] | None = None) -> None:
         """Run a blocking `fn` on the writer thread after everything queued
@@ -128,6 +148,7 @@ class GroupCommitWriter:
         touched: dict[int, AppendFile] = {}
         failed: set[int] = set()
         callbacks: list = []
+        written = 0
         for file, payload, done in batch:
             if file is None:
                 # A job may close, rename or delete files: what was appended
@@ -138,6 +159,7 @@ class GroupCommitWriter:
                 if done is not None:
                     callbacks.append((done, (result,), None))
                 continue
+            written += len(payload)
             try:
                 file._write(payload)
                 touched[id(file)] = file
@@ -150,6 +172,8 @@ class GroupCommitWriter:
         self.batches += 1
         if failed:
             callbacks = [c for c in callbacks if c[2] not in failed]
+        if written:
+            callbacks.append((self._written, (written,), None))
         if callbacks:
             self._deliver(callbacks)
 

@@ -69,7 +69,7 @@ class Queue:
         self.exclusive_consumer = False
         self.had_consumers = False
         self.deleted = False
-        # Publishers (objects with `queue_unblocked(queue)`) waiting on credit flow.
+        # Publishers (objects with `unblocked(source)`) waiting on credit flow.
         self.flow_waiters: set = set()
         # basic.get calls waiting for messages the backing queue reads back from disk.
         self.get_waiters: list = []
@@ -122,7 +122,7 @@ class Queue:
         waiters = self.flow_waiters
         self.flow_waiters = set()
         for waiter in waiters:
-            waiter.queue_unblocked(self)
+            waiter.unblocked(self)
 
     def get(self) -> QueueEntry | None:
         """The head message, or None: the queue is empty, or (when

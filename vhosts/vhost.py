@@ -495,4 +495,8 @@ class VirtualHost:
             if q.backed_up:
                 q.flow_waiters.add(publisher)
                 publisher.throttled_by(q)
+        storage = self.message_storage
+        if storage is not None and storage.writer.backlogged:
+            storage.writer.flow_waiters.add(publisher)
+            publisher.throttled_by(storage.writer)
         return len(targets), waits
