@@ -51,7 +51,8 @@ class BrokerServer:
         self.config = config
         self.definitions = open_definitions(config.data_dir)
         marker = os.path.join(config.data_dir, CLEAN_SHUTDOWN)
-        if os.path.exists(marker):
+        clean = os.path.exists(marker)
+        if clean:
             os.remove(marker)
         else:
             log.info("no clean-shutdown marker in %s: checking every store and index file", config.data_dir)
@@ -59,7 +60,13 @@ class BrokerServer:
         self.writer = GroupCommitWriter(asyncio.get_running_loop(), settings.durability)
         self.monitor = MemoryMonitor(budget_bytes(
             settings.vm_memory_high_watermark, settings.vm_memory_high_watermark_absolute, settings.paging_ratio))
-        storage_settings = StorageSettings(settings.msg_store_file_size, settings.embed_below, settings.segment_entries)
+        # Writes waiting for the disk are in RAM too: a small budget bounds them as well.
+        backlog = max(self.monitor.budget, 1024 * 1024)
+        if backlog < self.writer.backlog_high:
+            self.writer.backlog_high = backlog
+            self.writer.backlog_low = backlog // 4
+        storage_settings = StorageSettings(settings.msg_store_file_size, settings.embed_below, settings.segment_entries,
+                                           unclean_start=not clean)
 
         def message_storage(vhost: str) -> VhostStorage:
             directory = os.path.join(config.data_dir, "vhosts", dir_name(vhost))
@@ -120,6 +127,7 @@ class BrokerServer:
         for server in self.servers:
             await server.wait_closed()
         # Everything queued reaches disk, then the marker says so.
+        await self.writer.drained()
         self.writer.stop()
         self.definitions.close()
         with open(os.path.join(self.config.data_dir, CLEAN_SHUTDOWN), "w") as marker:

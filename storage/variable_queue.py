@@ -14,7 +14,8 @@ Invariants:
 - Every message in delta is on disk (index record, and body in a message
   store unless embedded in the index).
 - `ready` / `ready_bytes` count every ready message, RAM or disk;
-  `ram_bytes` only the bodies in RAM, which the memory monitor budgets.
+  `ram_bytes` what the messages in RAM cost (body + ENTRY_OVERHEAD each),
+  which the memory monitor budgets; at most RAM_MESSAGES are held per queue.
 - A persistent message's publish calls `on_durable` only after its index
   record (written after its body) went through a group commit.
 - Paging out takes the messages next to delta, so the range stays contiguous:
@@ -34,6 +35,14 @@ from storage.queue_index import QueueIndex
 # Keep at least this many messages in RAM at the head, and read the next
 # delta segment once fewer remain.
 HEAD_LOW = 256
+# Each queue keeps at most this many ready messages in RAM, whatever the
+# memory budget (as RabbitMQ 3.12+ classic queues do); past it, it pages its
+# newest ones out down to RAM_MESSAGES_LOW.
+RAM_MESSAGES = 2048
+RAM_MESSAGES_LOW = 1024
+# What a message held in RAM costs beyond its body (entry, message object,
+# header bytes): the memory monitor is charged body + this.
+ENTRY_OVERHEAD = 400
 _EMBEDDED = "index"  # entry.store for a message embedded in the queue index
 
 
@@ -62,7 +71,14 @@ class VariableQueue:
         self._delta_end = next_seq
         self._delta_count = 0
         self._loading = False
+        # The segment being read back, and whether delta changed there (or
+        # below) since the read was asked for: then the read is done again.
+        self._loading_segment = -1
+        self._reload = False
         self._deleted = False
+        # Seqs below this were recovered after an unclean shutdown: delivered
+        # or not, they go out redelivered (see `recovered`).
+        self._delivered_below = 0
         self.ready = 0
         self.ready_bytes = 0
         self.ram_bytes = 0
@@ -85,8 +101,13 @@ class VariableQueue:
         if self.durable and message.persistent:
             self._write(entry, on_durable)
         (self._tail if self._delta_count else self._head).append(entry)
-        self.ram_bytes += size
-        self.monitor.charge(size)
+        cost = size + ENTRY_OVERHEAD
+        self.ram_bytes += cost
+        self.monitor.charge(cost)
+        in_ram = len(self._head) + len(self._tail)
+        if in_ram > RAM_MESSAGES:
+            average = self.ram_bytes // (in_ram + len(self._requeued))
+            self.monitor.charge(-self.page_out((in_ram - RAM_MESSAGES_LOW) * average))
         return entry
 
     def fetch(self) -> QueueEntry | None:
@@ -101,8 +122,8 @@ class VariableQueue:
         size = len(entry.message.body)
         self.ready -= 1
         self.ready_bytes -= size
-        self.ram_bytes -= size
-        self.monitor.charge(-size)
+        self.ram_bytes -= size + ENTRY_OVERHEAD
+        self.monitor.charge(-size - ENTRY_OVERHEAD)
         if entry.store is not None:
             self.index.deliver((entry.seq,))
         if self._delta_count and len(self._head) < HEAD_LOW:
@@ -111,15 +132,21 @@ class VariableQueue:
 
     def ack(self, entries: Iterable[QueueEntry]) -> None:
         seqs = []
+        removed = []
         for entry in entries:
             store = entry.store
             if store is None:
                 continue
             if store is not _EMBEDDED:
-                store.remove(entry.message.msg_id)
+                removed.append((store, entry.message.msg_id))
             seqs.append(entry.seq)
+        # ACK records first: a removal may compact or delete the store file
+        # (writer jobs, run in submission order), and a crash in between must
+        # not leave an unacked index entry whose body is gone.
         if seqs and not self._deleted:
             self.index.ack(seqs)
+        for store, msg_id in removed:
+            store.remove(msg_id)
 
     def requeue(self, entries: Iterable[QueueEntry]) -> None:
         for entry in entries:
@@ -128,8 +155,8 @@ class VariableQueue:
             size = len(entry.message.body)
             self.ready += 1
             self.ready_bytes += size
-            self.ram_bytes += size
-            self.monitor.charge(size)
+            self.ram_bytes += size + ENTRY_OVERHEAD
+            self.monitor.charge(size + ENTRY_OVERHEAD)
 
     def purge(self) -> int:
         count = self.ready
@@ -175,31 +202,39 @@ class VariableQueue:
         self.index.publish(entry.seq, message.msg_id, len(message.body), payload,
                            persistent=persistent, done=done)
 
+    def _delta_added(self, seq: int) -> None:
+        """`seq` joined delta: a read in flight of its segment (or of a later
+        one) did not see it, so it must not move delta's start past it."""
+        if self._loading and seq // self.index.segment_entries <= self._loading_segment:
+            self._reload = True
+
     def _to_delta_end(self, entry: QueueEntry) -> None:
         if entry.store is None:
             self._write(entry, None)
+        self._delta_added(entry.seq)
         if not self._delta_count:
             self._delta_start = entry.seq
         self._delta_end = entry.seq + 1
         self._delta_count += 1
 
     def page_out(self, goal: int) -> int:
-        """Move up to `goal` bytes of bodies from RAM to delta; returns how
-        many were freed."""
+        """Move messages worth `goal` bytes of RAM (bodies and overhead) to
+        delta; returns how much was freed."""
         freed = 0
         while freed < goal and self._tail:
             entry = self._tail.popleft()
             self._to_delta_end(entry)
-            freed += len(entry.message.body)
+            freed += len(entry.message.body) + ENTRY_OVERHEAD
         while freed < goal and len(self._head) > HEAD_LOW:
             entry = self._head.pop()
             if entry.store is None:
                 self._write(entry, None)
+            self._delta_added(entry.seq)
             if not self._delta_count:
                 self._delta_end = entry.seq + 1
             self._delta_start = entry.seq
             self._delta_count += 1
-            freed += len(entry.message.body)
+            freed += len(entry.message.body) + ENTRY_OVERHEAD
         self.ram_bytes -= freed
         return freed
 
@@ -209,6 +244,8 @@ class VariableQueue:
             return
         self._loading = True
         segment = self._delta_start // self.index.segment_entries
+        self._loading_segment = segment
+        self._reload = False
         self.index.read_segment(segment, lambda result: self._segment_read(segment, result))
 
     def _segment_read(self, segment: int, result) -> None:
@@ -219,8 +256,9 @@ class VariableQueue:
             raise result
         if not self._delta_count:
             return
-        if segment != self._delta_start // self.index.segment_entries:
-            # Paging moved delta's start to an earlier segment meanwhile.
+        if self._reload or segment != self._delta_start // self.index.segment_entries:
+            # Paging moved delta's start to an earlier segment meanwhile, or
+            # added entries the read did not see: read again.
             self._load_delta()
             return
         start, end = self._delta_start, self._delta_end
@@ -230,16 +268,28 @@ class VariableQueue:
         loaded: dict[int, QueueEntry] = {}
 
         def finish() -> None:
+            self._loading = False
+            if self._reload:  # delta changed while the bodies were read (paging, a purge)
+                self._load_delta()
+                return
             # Bookkeeping first, memory charge last: the charge may page
             # messages (these very ones) back out, which must see a
             # consistent delta range.
             added = 0
+            lost = []
             for item in found:
                 entry = loaded.get(item.seq)
                 if entry is None:
-                    continue  # its body was lost: reported by the store's recovery
+                    # Its body was lost (logged by the store): it is no longer
+                    # ready, and acked so the index forgets it.
+                    lost.append(item.seq)
+                    self.ready -= 1
+                    self.ready_bytes -= item.size
+                    continue
                 self._head.append(entry)
-                added += len(entry.message.body)
+                added += len(entry.message.body) + ENTRY_OVERHEAD
+            if lost:
+                self.index.ack(lost)
             self.ram_bytes += added
             self._delta_count -= len(found)
             self._delta_start = min(segment_end, end)
@@ -258,6 +308,7 @@ class VariableQueue:
         if not pending:
             finish()
             return
+        self._loading = True  # until `finish`: changes to delta meanwhile set `_reload`
         remaining = [len(pending)]
         for item in pending:
             store = self.store if item.persistent else self.transient_store
@@ -271,10 +322,9 @@ class VariableQueue:
 
             store.read(item.msg_id, got)
 
-    @staticmethod
-    def _entry_from(item, message: Message, store) -> QueueEntry:
+    def _entry_from(self, item, message: Message, store) -> QueueEntry:
         entry = QueueEntry(item.seq, message)
-        entry.redelivered = item.delivered
+        entry.redelivered = item.delivered or item.seq < self._delivered_below
         entry.store = store
         return entry
 
@@ -286,6 +336,7 @@ class VariableQueue:
         start, end = self._delta_start, self._delta_end
         self._delta_count = 0
         self._delta_start = self._delta_end = self._next_seq
+        self._reload = self._loading  # a read back in flight must not add these to the head
         size = self.index.segment_entries
         for segment in range(start // size, (end - 1) // size + 1):
             self.index.read_segment(segment, lambda result: self._drop_read(result, start, end))
@@ -293,20 +344,26 @@ class VariableQueue:
     def _drop_read(self, result, start: int, end: int) -> None:
         if isinstance(result, Exception):
             return
-        seqs = []
-        for item in result:
-            if start <= item.seq < end:
-                if item.payload is None:
-                    (self.store if item.persistent else self.transient_store).remove(item.msg_id)
-                seqs.append(item.seq)
+        seqs = [item for item in result if start <= item.seq < end]
+        # Ack records first, as in `ack`: a crash must never leave an index
+        # entry whose body the store already let go.
         if seqs and not self._deleted:
-            self.index.ack(seqs)
+            self.index.ack([item.seq for item in seqs])
+        for item in seqs:
+            if item.payload is None:
+                (self.store if item.persistent else self.transient_store).remove(item.msg_id)
 
     # -- recovery ------------------------------------------------------------
 
-    def recovered(self, first_seq: int, count: int, ready_bytes: int) -> None:
+    def recovered(self, first_seq: int, count: int, ready_bytes: int, unclean: bool = False) -> None:
         """At start: `count` ready messages (their bytes) wait on disk from
-        `first_seq` on; they form delta and are read back as consumed."""
+        `first_seq` on; they form delta and are read back as consumed.
+        `unclean`: the broker was not stopped cleanly, so a delivery may have
+        reached a client before its DELIVER record reached the disk; as
+        RabbitMQ after an unclean shutdown, every recovered message is
+        delivered with redelivered=true."""
+        if unclean:
+            self._delivered_below = self._next_seq
         if count:
             self._delta_start = first_seq
             self._delta_end = self._next_seq

@@ -29,6 +29,7 @@ class StorageSettings:
     msg_store_file_size: int = 16777216
     embed_below: int = 4096
     segment_entries: int = 4096
+    unclean_start: bool = False  # no clean-shutdown marker: recovered messages count as delivered
 
 
 def dir_name(name: str) -> str:
@@ -73,7 +74,7 @@ class VhostStorage:
         self._refcounts.update(report.store_refs)
         self._recovered.add(dir_name(queue))
         backing = VariableQueue(index, self.persistent, self.transient, self.monitor, next_seq=report.next_seq)
-        backing.recovered(report.first_seq, report.entries, report.entry_bytes)
+        backing.recovered(report.first_seq, report.entries, report.entry_bytes, self.settings.unclean_start)
         return backing
 
     def finish_recovery(self) -> None:

@@ -13,7 +13,8 @@ Theory of operation:
   waits behind, or delays, a batch of writes.
 - `AppendFile.size` is advanced on the loop at submission, so the offset of
   a record is known before it is written.
-- Backpressure: `pending_bytes` (changed on the loop only: added at
+- Backpressure: `pending_bytes` (data plus JOB_OVERHEAD per append; changed
+  on the loop only: added at
   submission, subtracted when a batch's completion reaches the loop) above
   BACKLOG_HIGH makes `backlogged` true; publishers then wait in
   `flow_waiters` until it falls under BACKLOG_LOW (credit flow to the disk).
@@ -30,6 +31,9 @@ from typing import Callable
 log = logging.getLogger("hutch.storage")
 
 DURABILITY_MODES = ("fsync", "flush")
+# What a queued append costs in RAM beyond its data (the job tuple, the
+# bytes object): counted too, or millions of tiny records escape the marks.
+JOB_OVERHEAD = 200
 BACKLOG_HIGH = 64 * 1024 * 1024
 BACKLOG_LOW = 16 * 1024 * 1024
 
@@ -68,6 +72,7 @@ class AppendFile:
 
 
 _STOP = object()
+_JOB = object()  # marks the callbacks of `run` and `read` jobs (counted in `in_flight`)
 
 
 class GroupCommitWriter:
@@ -79,7 +84,14 @@ class GroupCommitWriter:
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._reads: queue.SimpleQueue = queue.SimpleQueue()
         self.batches = 0  # how many group commits ran (metrics, tests)
+        # `run`/`read` jobs whose `done` has not run on the loop yet: their
+        # callbacks may queue more writes (a purge acks what it read back),
+        # so a clean stop waits for 0 (BrokerServer.stop). Loop thread only.
+        self.in_flight = 0
         self.pending_bytes = 0
+        # Marks on pending_bytes (BrokerServer lowers them to a small memory budget).
+        self.backlog_high = BACKLOG_HIGH
+        self.backlog_low = BACKLOG_LOW
         self.flow_waiters: set = set()
         self._thread = threading.Thread(target=self._write_loop, name="hutch-writer", daemon=True)
         self._reader = threading.Thread(target=self._read_loop, name="hutch-reader", daemon=True)
@@ -92,17 +104,17 @@ class GroupCommitWriter:
         """Queue `data` for `file`; returns the offset it will have."""
         offset = file.size
         file.size += len(data)
-        self.pending_bytes += len(data)
+        self.pending_bytes += len(data) + JOB_OVERHEAD
         self._jobs.put((file, data, done))
         return offset
 
     @property
     def backlogged(self) -> bool:
-        return self.pending_bytes > BACKLOG_HIGH
+        return self.pending_bytes > self.backlog_high
 
     def _written(self, size: int) -> None:
         self.pending_bytes -= size
-        if self.flow_waiters and self.pending_bytes < BACKLOG_LOW:
+        if self.flow_waiters and self.pending_bytes < self.backlog_low:
             waiters, self.flow_waiters = self.flow_waiters, set()
             for waiter in waiters:
                 waiter.unblocked(self)
@@ -110,12 +122,25 @@ class GroupCommitWriter:
     def run(self, fn: Callable[[], object], done: Callable[[object], None] | None = None) -> None:
         """Run a blocking `fn` on the writer thread after everything queued
         before it; `done(result or exception)` runs on the loop afterwards."""
+        if done is not None:
+            self.in_flight += 1
         self._jobs.put((None, fn, done))
 
     def read(self, fn: Callable[[], object], done: Callable[[object], None]) -> None:
         """Run a blocking read `fn` on the reader thread; `done(result or
         exception)` on the loop."""
+        self.in_flight += 1
         self._reads.put((fn, done))
+
+    async def drained(self, timeout: float = 5.0) -> None:
+        """Until no `run` or `read` job is in flight (a clean stop waits for
+        this before `stop`: their callbacks may queue more writes, e.g. the
+        acks of a purge); gives up after `timeout` seconds."""
+        deadline = self.loop.time() + timeout
+        while self.in_flight and self.loop.time() < deadline:
+            done = self.loop.create_future()
+            self.run(_nothing, done.set_result)
+            await done
 
     def stop(self) -> None:
         """Finish every queued job and sync (blocking; at shutdown)."""
@@ -157,9 +182,9 @@ class GroupCommitWriter:
                 touched.clear()
                 result = _call(payload)
                 if done is not None:
-                    callbacks.append((done, (result,), None))
+                    callbacks.append((done, (result,), _JOB))
                 continue
-            written += len(payload)
+            written += len(payload) + JOB_OVERHEAD
             try:
                 file._write(payload)
                 touched[id(file)] = file
@@ -196,17 +221,23 @@ class GroupCommitWriter:
             if job is _STOP:
                 return
             fn, done = job
-            self._deliver([(done, (_call(fn),), None)])
+            self._deliver([(done, (_call(fn),), _JOB)])
 
     def _deliver(self, callbacks: list) -> None:
         def fire() -> None:
-            for done, args, _file in callbacks:
+            for done, args, file in callbacks:
+                if file is _JOB:  # the `done` of a `run` or `read`
+                    self.in_flight -= 1
                 done(*args)
 
         try:
             self.loop.call_soon_threadsafe(fire)
         except RuntimeError:
             pass  # the loop is closed: nobody is waiting any more
+
+
+def _nothing() -> None:
+    return None
 
 
 def _call(fn: Callable[[], object]) -> object:
