@@ -163,6 +163,18 @@ def profiled(pid: int, out_dir: str | None, name: str, delay: float = 5.0, durat
 
 # --- hutch process --------------------------------------------------------------------------
 
+def dir_size(path: str) -> int:
+    """Bytes in every file under `path` (the broker's data directory)."""
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.path.getsize(os.path.join(root, name))
+            except OSError:
+                pass
+    return total
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -480,6 +492,8 @@ def main() -> int:
         queue = "bench-persist-%d" % os.getpid()
         if args.messages:
             def restarts(res: dict) -> None:
+                res["disk_full"] = dir_size(data_dir)
+                log("data dir after the fill: %.1f MiB" % (res["disk_full"] / MB))
                 if args.no_restart:
                     return
                 sent = res["fill_sent"]
@@ -488,6 +502,13 @@ def main() -> int:
 
             results["fill_drain"].append(fill_drain(binary, hutch.uri, lambda: hutch.pid, queue, args.messages,
                                                     "hutch", args.profile, between=restarts))
+            # Reclaim: compaction and segment deletion run on the writer thread
+            # after the last acks; give them a moment, then measure.
+            deadline = time.monotonic() + 30
+            while dir_size(data_dir) > 8 * MB and time.monotonic() < deadline:
+                time.sleep(0.5)
+            results["fill_drain"][-1]["disk_drained"] = dir_size(data_dir)
+            log("data dir after the drain: %.1f MiB" % (results["fill_drain"][-1]["disk_drained"] / MB))
         if args.messages and args.target == "both":
             rq = "bench-persist-%d" % os.getpid()
             try:
