@@ -1,0 +1,484 @@
+"""A durable queue against a reference model (hypothesis stateful testing),
+at two levels.
+
+The reference model is the rule of storage.backing_queue plus RabbitMQ's
+restart rules:
+- ready messages are served in publish order; a fetched message is unacked
+  until it is acked (gone) or requeued (ready again at its original place,
+  redelivered);
+- after a restart, persistent messages that were ready or unacked are ready
+  again in publish order; those that had been delivered before (unacked, or
+  requeued) carry redelivered=true; transient messages and acked ones are gone.
+
+Level A (in-process, many examples): storage.vhost_storage.VhostStorage and
+its VariableQueue driven directly on an asyncio loop the machine owns. Small
+settings put every code path within reach of a few messages: bodies on both
+sides of `embed_below` (64 bytes here), 4-entry index segments, 1 KiB message
+store files (rolls, compaction), a memory budget the test moves between
+"everything fits" and "nothing fits" (paging to delta), and
+`variable_queue.HEAD_LOW` lowered from 256 to 2 for the duration of a run so
+that paging the head out (delta) needs only a handful of messages. A restart
+is what BrokerServer.stop does: `writer.drained()` (storage jobs in flight
+finish: a purge of delta acks what it reads back), `writer.stop()` (every
+queued write reaches the files), then new writer, memory monitor and
+VhostStorage on the same directory, `recover_queue` and `finish_recovery`. Crashes are tested at level B only: in-process there is no
+faithful way to lose exactly what a killed process loses.
+
+Level B (real broker processes, pika, few examples): the same operations on a
+durable queue through a confirm-mode channel (basic.publish waits for its
+confirm, basic.get, basic.ack, basic.nack requeue, queue.purge) plus
+`restart` (SIGTERM, then a broker on the same --data-dir) and `crash`
+(SIGKILL, same). What the model allows after a crash, precisely:
+- every persistent message whose publish was confirmed and that was not
+  acked or purged is back (confirms mean "on disk");
+- a persistent message that was acked (basic.ack, or basic.get with
+  auto-ack) or purged may come back, unless the ack is known to be on disk.
+  An ack is known to be on disk once a later persistent publish to the vhost
+  was confirmed (sync point): the broker handles a connection's frames in
+  order and the group-commit writer writes in submission order, so that
+  confirm implies the ack record was written before. A purge is never known
+  to be on disk before a clean stop (the acks of messages purged from delta
+  are written only after their segment has been read back). A message that
+  may have come back is "maybe" in the model until an observation (a get, a
+  purge or queue count) settles it;
+- a redelivered flag read back after a crash is true if the message's
+  delivery record is known to be on disk (the get was before a sync point),
+  false if it was never delivered, and either when the get came after the
+  last sync point (the record may be lost with the process);
+- ready messages are served in publish order, the "maybe" ones included.
+A clean stop loses nothing: every ack, delivery record and purge reaches the
+disk, so after `restart` the model is exact again (but "maybe" messages of an
+earlier crash stay "maybe": the disk decided, the model does not know).
+The queue's count (passive queue.declare, get-ok message_count, purge-ok)
+must lie between the model's certain and certain + maybe counts.
+"""
+from __future__ import annotations
+
+import asyncio
+import bisect
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import pika
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from pamqp import commands, header
+
+from conftest import launch
+from storage import variable_queue
+from storage.memory_monitor import MemoryMonitor
+from storage.message import Message
+from storage.vhost_storage import StorageSettings, VhostStorage
+from storage.writer import GroupCommitWriter
+
+EMBED = 64  # embed_below: a body under ~40 bytes is embedded in the index
+SEG = 4  # index segment entries
+STORE_FILE = 1024  # message store file size limit
+HEAD_LOW = 2  # variable_queue.HEAD_LOW during level A
+WAIT = 10.0  # seconds: a wait that is not over by then is a hang (a bug)
+BIG = 10 ** 9
+
+
+def make_body(n: int, size: int) -> bytes:
+    """A body naming message n, padded to `size` bytes (at least the name)."""
+    return (b"%d." % n).ljust(size, b"x")
+
+
+def number_of(body: bytes) -> int:
+    return int(body.split(b".", 1)[0])
+
+
+def content_header(persistent: bool, size: int) -> bytes:
+    return header.ContentHeader(0, size, commands.Basic.Properties(delivery_mode=2 if persistent else 1)).marshal()
+
+
+sizes = st.one_of(st.integers(0, 30), st.integers(30, 120))
+
+
+# -- level A: in-process ---------------------------------------------------------
+
+
+@dataclass
+class AMsg:
+    body: bytes
+    persistent: bool
+    embedded: bool  # small enough to live in the queue index
+    redelivered: bool = False
+
+
+class InProcessQueueMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.dir = tempfile.mkdtemp(prefix="dqm-")
+        self.loop = asyncio.new_event_loop()
+        self.loop_errors: list = []  # exceptions raised by callbacks on the loop (storage bugs)
+        self.loop.set_exception_handler(lambda _loop, context: self.loop_errors.append(context))
+        self.saved_head_low = variable_queue.HEAD_LOW
+        variable_queue.HEAD_LOW = HEAD_LOW
+        self.msgs: dict[int, AMsg] = {}
+        self.ready: list[int] = []  # message numbers, ascending = publish order
+        self.unacked: dict[int, object] = {}  # number -> QueueEntry
+        self.next = 0
+        self.budget = BIG
+        self.confirmed: list[int] = []  # persistent publishes whose on_durable ran, in order
+        self.writer = None
+        self.open(first=True)
+
+    def run(self, awaitable):
+        return self.loop.run_until_complete(asyncio.wait_for(awaitable, WAIT))
+
+    def open(self, first: bool = False) -> None:
+        self.writer = GroupCommitWriter(self.loop, "flush")
+        self.monitor = MemoryMonitor(self.budget)
+        self.storage = VhostStorage(self.dir, self.writer, self.monitor,
+                                    StorageSettings(STORE_FILE, EMBED, SEG))
+        if first:
+            self.storage.finish_recovery()
+            self.q = self.storage.new_queue("q", durable=True)
+        else:
+            self.q = self.storage.recover_queue("q")
+            self.storage.finish_recovery()
+        self.confirmed.clear()
+        self.durable_pending: list[int] = []  # persistent publishes not yet confirmed
+
+    async def _round_trip(self) -> None:
+        """Every write submitted so far is done and its callbacks have run."""
+        fut = self.loop.create_future()
+        self.writer.run(lambda: None, lambda _r: fut.set_result(None))
+        await fut
+
+    def fetch_entry(self):
+        """VariableQueue.fetch, waiting through `on_available` while the head
+        is read back from disk (what vhosts.queue does for basic.get)."""
+        entry = self.q.fetch()
+        for _ in range(1000):
+            if entry is not None or not self.q.ready:
+                return entry
+            available = asyncio.Event()
+            self.q.on_available = available.set
+            self.run(available.wait())
+            entry = self.q.fetch()
+        raise AssertionError("fetch kept returning None with %d ready" % self.q.ready)
+
+    # -- rules ---------------------------------------------------------------
+
+    @rule(persistent=st.booleans(), size=sizes)
+    def publish(self, persistent, size):
+        n = self.next
+        self.next += 1
+        body = make_body(n, size)
+        message = Message("", "q", content_header(persistent, len(body)), body)
+        self.msgs[n] = AMsg(body, persistent, len(message.to_bytes()) < EMBED)
+        if persistent:
+            self.durable_pending.append(n)
+            self.q.publish(message, lambda n=n, q=self.q: q is self.q and self.confirmed.append(n))
+        else:
+            self.q.publish(message)
+        self.ready.append(n)
+
+    @rule(ack_later=st.booleans())
+    def fetch(self, ack_later):
+        entry = self.fetch_entry()
+        if not self.ready:
+            assert entry is None
+            return
+        assert entry is not None, "fetch returned nothing with %d ready in the model" % len(self.ready)
+        n = self.ready.pop(0)
+        expected = self.msgs[n]
+        assert (entry.message.body, entry.redelivered) == (expected.body, expected.redelivered), (
+            "expected message %d (redelivered=%s), got %r" % (n, expected.redelivered, entry.message.body[:12]))
+        assert entry.message.persistent == expected.persistent
+        if ack_later:
+            self.unacked[n] = entry
+        else:
+            self.q.ack([entry])
+
+    @precondition(lambda self: self.unacked)
+    @rule(data=st.data())
+    def ack(self, data):
+        chosen = data.draw(st.lists(st.sampled_from(sorted(self.unacked)), unique=True, min_size=1))
+        self.q.ack([self.unacked.pop(n) for n in chosen])
+
+    @precondition(lambda self: self.unacked)
+    @rule(data=st.data())
+    def requeue(self, data):
+        # any subset, in any order (basic.nack, basic.recover, a closed channel)
+        chosen = data.draw(st.permutations(sorted(self.unacked)).flatmap(
+            lambda ns: st.integers(1, len(ns)).map(lambda k: ns[:k])))
+        entries = []
+        for n in chosen:
+            entries.append(self.unacked.pop(n))
+            self.msgs[n].redelivered = True
+            bisect.insort(self.ready, n)
+        self.q.requeue(entries)
+
+    @rule()
+    def purge(self):
+        assert self.q.purge() == len(self.ready)
+        self.ready.clear()
+
+    @rule(budget=st.sampled_from([0, 1000, 4000, BIG]))
+    def memory_budget(self, budget):
+        """Move the memory budget; over it, the monitor pages queues out."""
+        self.budget = self.monitor.budget = budget
+        if self.monitor.over_budget:
+            self.monitor.page()
+
+    @rule()
+    def settle(self):
+        """Let the loop run until the writer is idle: every persistent
+        publish is confirmed by then, in publish order."""
+        self.run(self._round_trip())
+        assert self.confirmed == self.durable_pending
+        self.confirmed.clear()
+        self.durable_pending.clear()
+
+    @rule()
+    def restart(self):
+        # BrokerServer.stop: storage jobs in flight finish, then the writer stops.
+        self.run(self.writer.drained())
+        self.writer.stop()
+        survivors = [n for n in self.ready + list(self.unacked) if self.msgs[n].persistent]
+        for n in self.unacked:
+            self.msgs[n].redelivered = True
+        self.unacked.clear()
+        self.ready = sorted(survivors)
+        self.open()
+        # the store's refcounts were rebuilt from the index: one entry per survivor not embedded
+        assert self.storage.persistent.stats()["messages"] == sum(
+            1 for n in self.ready if not self.msgs[n].embedded)
+
+    # -- invariants ----------------------------------------------------------
+
+    @invariant()
+    def counts(self):
+        assert not self.loop_errors, self.loop_errors
+        q = self.q
+        assert q.ready == len(self.ready)
+        assert q.ready_bytes == sum(len(self.msgs[n].body) for n in self.ready)
+        assert sum(q.state_counts().values()) == q.ready, q.state_counts()
+        assert q.ram_bytes >= 0
+        assert self.monitor.used == q.ram_bytes
+
+    def teardown(self):
+        variable_queue.HEAD_LOW = self.saved_head_low
+        if self.writer is not None:
+            self.writer.stop()
+        self.loop.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+InProcessQueueMachine.TestCase.settings = settings(
+    max_examples=150, stateful_step_count=50, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow])
+test_variable_queue_matches_model = InProcessQueueMachine.TestCase
+
+
+# -- level B: the broker process -------------------------------------------------
+
+QUEUE = "durable-model"
+BROKER_FLAGS = ("--storage-embed-below", str(EMBED), "--storage-segment-entries", str(SEG),
+                "--storage-msg-store-file-size", "2048")
+# On a start without the clean-shutdown marker every recovered message is
+# delivered with redelivered=true (RabbitMQ's rule after an unclean shutdown).
+UNCLEAN_START_REDELIVERS = True
+
+# A message's DELIVER record on disk: never written, queued to the writer,
+# maybe lost with a killed process, known written.
+NONE, PENDING, UNKNOWN, DURABLE = "none", "pending", "unknown", "durable"
+FLAGS_ON_DISK = {NONE: frozenset([False]), UNKNOWN: frozenset([False, True]), DURABLE: frozenset([True])}
+
+
+@dataclass
+class BMsg:
+    body: bytes
+    persistent: bool
+    status: str = "ready"  # ready | unacked | gone | maybe (after a crash: back or not)
+    redelivered: frozenset = frozenset([False])  # the values the next get may show
+    deliver: str = NONE
+    ack: str | None = None  # when gone: "pending" (basic.ack not known on disk), "purge", None (final)
+    tag: int = 0
+
+
+class BrokerQueueMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.tmp = Path(tempfile.mkdtemp(prefix="dqb-"))
+        self.msgs: dict[int, BMsg] = {}
+        self.next = 0
+        self.steps = 0  # operations since the broker started (restarts are the slow step)
+        self.proc = launch(self.tmp, *BROKER_FLAGS)
+        self.data_dir = self.proc.data_dir
+        self.connection = None
+        self.connect()
+        self.channel.queue_declare(QUEUE, durable=True)
+
+    def connect(self) -> None:
+        self.connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", self.proc.port))
+        self.channel = self.connection.channel()
+        self.channel.confirm_delivery()
+
+    def start_again(self) -> None:
+        try:
+            self.connection.close()
+        except Exception:  # the broker closed it (SIGTERM) or vanished (SIGKILL)
+            pass
+        self.proc = launch(self.tmp, *BROKER_FLAGS, "--data-dir", str(self.data_dir))
+        self.steps = 0
+        self.connect()
+
+    # -- the model's views ---------------------------------------------------
+
+    def in_state(self, *states: str) -> list[int]:
+        return sorted(n for n, m in self.msgs.items() if m.status in states)
+
+    def check_count(self, count: int) -> None:
+        """The broker's ready count lies between the certain and the possible;
+        at either bound the "maybe" messages are settled."""
+        certain, maybe = len(self.in_state("ready")), self.in_state("maybe")
+        assert certain <= count <= certain + len(maybe), (count, certain, maybe)
+        if count == certain:
+            for n in maybe:
+                self.msgs[n].status, self.msgs[n].ack = "gone", None
+        elif count == certain + len(maybe):
+            for n in maybe:
+                self.msgs[n].status = "ready"
+
+    def sync_point(self) -> None:
+        """A persistent publish was confirmed: every record the broker queued
+        before it (deliveries, acks of basic.ack) is on disk."""
+        for m in self.msgs.values():
+            if m.deliver == PENDING:
+                m.deliver = DURABLE
+            if m.status == "gone" and m.ack == "pending":
+                m.ack = None
+
+    # -- rules ---------------------------------------------------------------
+
+    @rule(persistent=st.booleans(), size=sizes)
+    def publish(self, persistent, size):
+        n = self.next
+        self.next += 1
+        body = make_body(n, size)
+        # confirm mode: returns once the broker confirmed (persistent: on disk)
+        self.channel.basic_publish("", QUEUE, body, pika.BasicProperties(delivery_mode=2 if persistent else 1))
+        self.msgs[n] = BMsg(body, persistent)
+        if persistent:
+            self.sync_point()
+
+    @rule(ack_later=st.booleans())
+    def get(self, ack_later):
+        method, props, body = self.channel.basic_get(QUEUE, auto_ack=not ack_later)
+        candidates = self.in_state("ready", "maybe")
+        if method is None:
+            assert not self.in_state("ready"), "get-empty with %s ready in the model" % self.in_state("ready")
+            for n in candidates:
+                self.msgs[n].status, self.msgs[n].ack = "gone", None
+            return
+        n = number_of(body)
+        assert n in candidates, "got message %d, expected one of %s" % (n, candidates)
+        for earlier in candidates[:candidates.index(n)]:
+            assert self.msgs[earlier].status == "maybe", "got %d before ready message %d" % (n, earlier)
+            self.msgs[earlier].status, self.msgs[earlier].ack = "gone", None  # it did not come back
+        m = self.msgs[n]
+        assert body == m.body
+        assert method.redelivered in m.redelivered, (n, method.redelivered, m)
+        assert (props.delivery_mode == 2) == m.persistent
+        if m.deliver != DURABLE:
+            m.deliver = PENDING
+        if ack_later:
+            m.status, m.tag = "unacked", method.delivery_tag
+        else:
+            m.status, m.ack = "gone", "pending"
+        self.check_count(method.message_count)
+
+    @precondition(lambda self: self.in_state("unacked"))
+    @rule(data=st.data())
+    def ack(self, data):
+        for n in data.draw(st.lists(st.sampled_from(self.in_state("unacked")), unique=True, min_size=1)):
+            self.channel.basic_ack(self.msgs[n].tag)
+            self.msgs[n].status, self.msgs[n].ack = "gone", "pending"
+
+    @precondition(lambda self: self.in_state("unacked"))
+    @rule(data=st.data())
+    def nack_requeue(self, data):
+        for n in data.draw(st.lists(st.sampled_from(self.in_state("unacked")), unique=True, min_size=1)):
+            self.channel.basic_nack(self.msgs[n].tag, requeue=True)
+            self.msgs[n].status, self.msgs[n].redelivered = "ready", frozenset([True])
+
+    @rule()
+    def purge(self):
+        count = self.channel.queue_purge(QUEUE).method.message_count
+        self.check_count(count)
+        for n in self.in_state("ready", "maybe"):
+            self.msgs[n].status, self.msgs[n].ack = "gone", "purge"
+
+    @precondition(lambda self: self.steps >= 3)
+    @rule(kill=st.booleans())
+    def restart(self, kill):
+        """One rule for both, so that stops (a broker start each) take a
+        smaller share of the steps."""
+        if kill:
+            self.crash()
+        else:
+            self.clean_restart()
+
+    def clean_restart(self):
+        """SIGTERM: a clean stop writes everything, so no ack is lost and
+        every delivery record is on disk."""
+        self.channel.queue_declare(QUEUE, passive=True)  # every ack sent was handled
+        self.proc.stop()
+        assert self.proc.process.returncode == 0, self.proc.log
+        for m in self.msgs.values():
+            if not m.persistent:
+                m.status = "gone"
+            if m.deliver == PENDING:
+                m.deliver = DURABLE
+            if m.status in ("ready", "unacked", "maybe"):
+                m.status = "ready" if m.status == "unacked" else m.status
+                m.redelivered = FLAGS_ON_DISK[m.deliver]
+            elif m.status == "gone":
+                m.ack = None
+        self.start_again()
+
+    def crash(self):
+        """SIGKILL: what was not on disk is lost (see the module docstring)."""
+        self.proc.process.kill()
+        self.proc.process.wait()
+        for m in self.msgs.values():
+            if not m.persistent:
+                m.status = "gone"
+            if m.deliver == PENDING:
+                m.deliver = UNKNOWN
+            if m.status == "gone" and m.ack is not None:
+                m.status, m.ack = "maybe", None
+            if m.status in ("ready", "unacked", "maybe"):
+                m.status = "ready" if m.status == "unacked" else m.status
+                m.redelivered = frozenset([True]) if UNCLEAN_START_REDELIVERS else FLAGS_ON_DISK[m.deliver]
+        self.start_again()
+
+    # -- invariants ----------------------------------------------------------
+
+    @invariant()
+    def count(self):
+        self.steps += 1
+        self.check_count(self.channel.queue_declare(QUEUE, passive=True).method.message_count)
+
+    def teardown(self):
+        try:
+            if self.connection is not None and self.connection.is_open:
+                self.connection.close()
+        except Exception:
+            pass
+        self.proc.stop()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+BrokerQueueMachine.TestCase.settings = settings(
+    max_examples=12, stateful_step_count=30, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow])
+test_broker_queue_matches_model = BrokerQueueMachine.TestCase
