@@ -29,6 +29,7 @@ from amqp_server import declarations, fastpath
 from amqp_server.deliveries import Deliveries
 from amqp_server.framing import FRAME_BODY, FRAME_HEADER, erlang_binary, content_header_prefix, decode_method
 from storage import Message
+from vhosts.access import Access
 from vhosts.errors import (
     AMQPError,
     FRAME_ERROR,
@@ -58,6 +59,7 @@ class Channel(Deliveries):
         self.connection = connection
         self.number = number
         self.vhost = connection.vhost
+        self.access = Access(connection.user, connection.vhost.name)
         self.state = OPEN
         # Pending content: [exchange, routing_key, mandatory, header, body_size, parts, received]
         self._publish: list | None = None
@@ -187,7 +189,12 @@ class Channel(Deliveries):
         exchange, routing_key, mandatory, header = self._publish[:4]
         self._publish = None
         try:
-            self.vhost.check_publish(exchange)
+            # RabbitMQ's order: write permission, the exchange (404, internal),
+            # the topic permission of the routing key, then the properties.
+            self.access.publish(exchange)
+            x = self.vhost.check_publish(exchange)
+            if x is not None and x.type == "topic":
+                self.access.topic(x, routing_key, "write")
             message = Message(exchange, routing_key, header, body)
             if int.from_bytes(header[12:14], "big") & _CHECKED_PROPERTIES:
                 self._check_properties(message)

@@ -50,6 +50,7 @@ from vhosts.errors import (
     ACCESS_REFUSED,
     CHANNEL_ERROR,
     COMMAND_INVALID,
+    CONNECTION_FORCED,
     INTERNAL_ERROR,
     NOT_ALLOWED,
     UNEXPECTED_FRAME,
@@ -282,6 +283,7 @@ class Connection:
                 "number of channels opened (%d) has reached the negotiated channel_max (%d)"
                 % (len(self.channels), self.channel_max),
             ).at(0, 0)
+        self.broker.check_channel_limit(self.user)
         self.channels[number] = Channel(self, number)
         self.send_method(number, commands.Channel.OpenOk())
 
@@ -410,7 +412,7 @@ class Connection:
         self.state = OPEN_WAIT
 
     def _open(self, method) -> None:
-        self.vhost = self.broker.open_vhost(self.user, method.virtual_host)
+        self.vhost = self.broker.open_vhost(self.user, method.virtual_host, self)
         self.state = RUNNING
         self._timer.cancel()
         if self.heartbeat:
@@ -447,6 +449,10 @@ class Connection:
         if queue not in self.exclusive_queues:
             self.exclusive_queues.append(queue)
 
+    def force_close(self, reason: str) -> None:
+        """An administrator closed us (vhost or user deleted): 320, RabbitMQ's text."""
+        self.close_with(AMQPError(CONNECTION_FORCED, reason))
+
     def close_with(self, error: AMQPError) -> None:
         """Send Connection.Close and wait (briefly) for Close-Ok."""
         if self.state in (CLOSING, CLOSED):
@@ -468,6 +474,7 @@ class Connection:
         self._timer = self.io.call_later(CLOSE_OK_TIMEOUT, self._shutdown)
 
     def _release(self) -> None:
+        self.broker.connection_closed(self)
         for source in self.blocked_by:
             source.flow_waiters.discard(self)
         self.blocked_by.clear()

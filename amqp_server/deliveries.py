@@ -129,10 +129,13 @@ class Deliveries:
         self.dispatch_consumers()
 
     def _consume(self, method) -> None:
-        queue = self.vhost.queue(self.queue_name(method.queue), self.connection)
+        # RabbitMQ's order: a reused tag, read permission, then the queue.
+        if method.consumer_tag in self.consumers:
+            raise AMQPError(NOT_ALLOWED, "attempt to reuse consumer tag '%s'" % method.consumer_tag)
+        name = self.queue_name(method.queue)
+        self.access.check("queue", name, "read")
+        queue = self.vhost.queue(name, self.connection)
         tag = method.consumer_tag or new_consumer_tag()
-        if tag in self.consumers:
-            raise AMQPError(NOT_ALLOWED, "attempt to reuse consumer tag '%s'" % tag)
         if queue.exclusive_consumer or (method.exclusive and queue.consumers):
             raise AMQPError(ACCESS_REFUSED, "queue '%s' in vhost '%s' in exclusive use" % (queue.name, queue.vhost))
         consumer = Consumer(
@@ -156,7 +159,9 @@ class Deliveries:
             self.vhost.remove_queue(queue)
 
     def _get(self, method) -> None:
-        queue = self.vhost.queue(self.queue_name(method.queue), self.connection)
+        name = self.queue_name(method.queue)
+        self.access.check("queue", name, "read")
+        queue = self.vhost.queue(name, self.connection)
         entry = queue.get()
         if entry is None:
             if queue.message_count and not queue.deleted:

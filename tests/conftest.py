@@ -5,7 +5,8 @@
 extra flags or environment. Each fixture reads the port the broker logged.
 Clients of the session broker: `conn` (pika), `aconn` (aio-pika) and `raw`
 (amqp_raw.RawClient, before the protocol header); `still_serving` checks after
-a test that the broker still serves a new client.
+a test that the broker still serves a new client. `live` is an in-process
+broker whose domain tests administer while clients are connected.
 
 Plain helper functions are in helpers.py (`unique` and `wait_for` are
 importable from here too).
@@ -27,6 +28,7 @@ import pytest
 
 from amqp_raw import RawClient
 from helpers import assert_serves, unique, wait_for  # noqa: F401 - unique, wait_for re-exported
+from live_broker import LiveBroker
 
 ROOT = Path(__file__).resolve().parent.parent
 LISTENING = re.compile(r"listening for (AMQPS?) on [^ ]+:(\d+)")
@@ -117,6 +119,14 @@ def start_broker(tmp_path):
 @pytest.fixture
 def fresh_broker(start_broker) -> BrokerProcess:
     return start_broker()
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory) -> LiveBroker:
+    """An in-process broker for tests that administer it (see live_broker.py)."""
+    server = LiveBroker(str(tmp_path_factory.mktemp("live")))
+    yield server
+    server.stop()
 
 
 @pytest.fixture

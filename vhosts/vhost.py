@@ -26,6 +26,7 @@ from typing import Callable
 import routing
 from routing import Destination
 from storage import MemoryQueue, Message
+from vhosts.access import Access
 from vhosts.errors import (
     ACCESS_REFUSED,
     AMQPError,
@@ -38,6 +39,7 @@ from vhosts.errors import (
 )
 from vhosts.exchange import PREDECLARED, Exchange
 from vhosts.queue import Queue
+from vhosts.users import limit_reached
 
 # Arguments whose values must match on re-declaration (rabbit_amqqueue's list);
 # other arguments are ignored by the equivalence check, as in RabbitMQ.
@@ -103,6 +105,8 @@ class VirtualHost:
         self.message_storage = message_storage
         self.exchanges: dict[str, Exchange] = {}
         self.queues: dict[str, Queue] = {}
+        # max-connections, max-queues (vhosts.users.VHOST_LIMITS); kept by the Broker.
+        self.limits: dict = {}
         self._bound_from: dict[Destination, set[str]] = {}
         for xname, xtype in PREDECLARED:
             self.exchanges[xname] = Exchange(xname, xtype, durable=True, builtin=True)
@@ -223,14 +227,19 @@ class VirtualHost:
         auto_delete: bool = False,
         internal: bool = False,
         arguments: dict | None = None,
+        access: Access | None = None,
     ) -> Exchange:
-        # RabbitMQ's order: the type, then the default exchange, then (only for
-        # a new exchange) the reserved prefix; existing amq.* may be redeclared.
+        # RabbitMQ's order: the type, then the default exchange, then the
+        # configure permission, then (only for a new exchange) the reserved
+        # prefix; existing amq.* may be redeclared. `access` None: no
+        # permission checks (an administrator's operation).
         if not passive and type not in routing.EXCHANGE_TYPES:
             raise AMQPError(COMMAND_INVALID, "unknown exchange type '%s'" % type)
         self._not_default(name)
         if passive:
             return self.exchange(name)
+        if access is not None:
+            access.check("exchange", name, "configure")
         arguments = arguments or {}
         x = self.exchanges.get(name)
         if x is None:
@@ -243,6 +252,9 @@ class VirtualHost:
                     "invalid type '%s' for arg 'alternate-exchange' in exchange '%s' %s"
                     % (field_type(ae), name, self._where()),
                 )
+            if ae is not None and access is not None:
+                access.check("exchange", name, "read")
+                access.check("exchange", ae, "write")
             x = Exchange(name, type, durable, auto_delete, internal, arguments)
             if durable and self.definitions is not None:
                 self.definitions.upsert_exchange(self.name, name, type, durable, auto_delete, internal, arguments)
@@ -259,10 +271,12 @@ class VirtualHost:
         self._check_args("exchange", name, EXCHANGE_EQUIVALENT_ARGS, x.arguments, arguments)
         return x
 
-    def delete_exchange(self, name: str, if_unused: bool = False) -> None:
+    def delete_exchange(self, name: str, if_unused: bool = False, access: Access | None = None) -> None:
         self._not_default(name)
         if name.startswith("amq."):  # RabbitMQ refuses any amq.* name, existing or not
             raise AMQPError(ACCESS_REFUSED, "deletion of system exchange '%s' %s not allowed" % (name, self._where()))
+        if access is not None:
+            access.check("exchange", name, "configure")
         x = self.exchanges.get(name)
         if x is None:
             return
@@ -326,27 +340,48 @@ class VirtualHost:
                 self._forget_binding(source, dest)
             self._maybe_auto_delete(x)
 
-    def bind_queue(self, queue: str, exchange: str, key: str, arguments: dict | None, owner: object) -> None:
+    def _check_binding(self, access: Access | None, source: str, dest: Destination, key: str) -> None:
+        """RabbitMQ's checks of a binding or unbinding, in its order: write on
+        the destination, neither end the default exchange, read on the
+        source, then the topic permission of the binding key."""
+        if access is None:
+            return
+        access.check(dest.kind, dest.name, "write")
+        if dest.kind == "exchange":
+            self._not_default(dest.name)
+        self._not_default(source)
+        access.check("exchange", source, "read")
+        access.topic(self.exchanges.get(source), key, "read")
+
+    def bind_queue(self, queue: str, exchange: str, key: str, arguments: dict | None, owner: object,
+                   access: Access | None = None) -> None:
+        self._check_binding(access, exchange, Destination("queue", queue), key)
         self._not_default(exchange)
         self.exchange(exchange)  # as RabbitMQ: a missing source is reported before a missing queue
         self.queue(queue, owner)
         self.bind(exchange, Destination("queue", queue), key, arguments)
 
-    def unbind_queue(self, queue: str, exchange: str, key: str, arguments: dict | None, owner: object) -> None:
+    def unbind_queue(self, queue: str, exchange: str, key: str, arguments: dict | None, owner: object,
+                     access: Access | None = None) -> None:
+        self._check_binding(access, exchange, Destination("queue", queue), key)
         # As RabbitMQ: exclusivity is checked only when the binding exists.
         x = self.exchanges.get(exchange)
         if queue in self.queues and x is not None and x.table.has_binding(Destination("queue", queue), key, arguments):
             self.queue(queue, owner)
         self.unbind(exchange, Destination("queue", queue), key, arguments)
 
-    def bind_exchange(self, destination: str, source: str, key: str, arguments: dict | None) -> None:
+    def bind_exchange(self, destination: str, source: str, key: str, arguments: dict | None,
+                      access: Access | None = None) -> None:
+        self._check_binding(access, source, Destination("exchange", destination), key)
         self._not_default(destination)
         self._not_default(source)
         self.exchange(source)  # as RabbitMQ: a missing source is reported first
         self.exchange(destination)
         self.bind(source, Destination("exchange", destination), key, arguments)
 
-    def unbind_exchange(self, destination: str, source: str, key: str, arguments: dict | None) -> None:
+    def unbind_exchange(self, destination: str, source: str, key: str, arguments: dict | None,
+                        access: Access | None = None) -> None:
+        self._check_binding(access, source, Destination("exchange", destination), key)
         self._not_default(destination)
         self._not_default(source)
         self.unbind(source, Destination("exchange", destination), key, arguments)
@@ -368,16 +403,32 @@ class VirtualHost:
         exclusive: bool = False,
         auto_delete: bool = False,
         arguments: dict | None = None,
+        access: Access | None = None,
     ) -> Queue:
+        # RabbitMQ's order: the name, the configure permission (on the
+        # generated name for a server-named queue); for a new queue the
+        # vhost's queue limit, then read on it and write on its DLX.
         if passive:
             return self.queue(name, owner)
         if not name:
             name = new_queue_name()
         elif name.startswith("amq."):
             raise AMQPError(ACCESS_REFUSED, "queue name '%s' contains reserved prefix 'amq.*'" % name)
+        if access is not None:
+            access.check("queue", name, "configure")
         arguments = arguments or {}
         q = self.queues.get(name)
         if q is None:
+            limit = limit_reached(self.limits, "max-queues", len(self.queues))
+            if limit is not None:
+                raise AMQPError(
+                    PRECONDITION_FAILED,
+                    "cannot declare queue '%s': queue limit in vhost '%s' (%d) is reached" % (name, self.name, limit),
+                )
+            dlx = arguments.get("x-dead-letter-exchange")
+            if isinstance(dlx, str) and access is not None:
+                access.check("queue", name, "read")
+                access.check("exchange", dlx, "write")
             q = self._new_queue(name, durable, owner if exclusive else None, auto_delete, arguments)
             if self.definitions is not None and self._stored(q):
                 self.definitions.upsert_queue(self.name, name, durable, auto_delete, arguments)
@@ -417,7 +468,10 @@ class VirtualHost:
             arguments=arguments,
         )
 
-    def delete_queue(self, name: str, owner: object, if_unused: bool = False, if_empty: bool = False) -> int:
+    def delete_queue(self, name: str, owner: object, if_unused: bool = False, if_empty: bool = False,
+                     access: Access | None = None) -> int:
+        if access is not None:
+            access.check("queue", name, "configure")
         q = self.queues.get(name)
         if q is None:
             return 0
@@ -448,7 +502,9 @@ class VirtualHost:
         if self.message_storage is not None:
             self.message_storage.finish_recovery()
 
-    def purge_queue(self, name: str, owner: object) -> int:
+    def purge_queue(self, name: str, owner: object, access: Access | None = None) -> int:
+        if access is not None:
+            access.check("queue", name, "read")
         return self.queue(name, owner).purge()
 
     # -- publish -------------------------------------------------------------
@@ -466,14 +522,16 @@ class VirtualHost:
         names = routing.resolve(exchange, routing_keys, headers, self.exchanges.get)
         return [queues[n] for n in names if n in queues]
 
-    def check_publish(self, exchange: str) -> None:
+    def check_publish(self, exchange: str) -> Exchange | None:
+        """The exchange a publish goes to (None: the default exchange)."""
         if exchange == "":
-            return
+            return None
         x = self.exchanges.get(exchange)
         if x is None:
             raise AMQPError(NOT_FOUND, "no exchange '%s' %s" % (exchange, self._where()))
         if x.internal:
             raise AMQPError(ACCESS_REFUSED, "cannot publish to internal exchange '%s' %s" % (exchange, self._where()))
+        return x
 
     def publish(
         self,
