@@ -20,8 +20,10 @@ RabbitMQ). A connection is any object with `user`, `vhost`, `channels` and
 from __future__ import annotations
 
 import contextlib
+import logging
 
 from vhosts.errors import NOT_ALLOWED, AMQPError
+from vhosts.policies import Policy
 from vhosts.users import (
     USER_LIMITS,
     VHOST_LIMITS,
@@ -34,6 +36,8 @@ from vhosts.users import (
     limit_reached,
 )
 from vhosts.vhost import VirtualHost
+
+log = logging.getLogger("hutch.broker")
 
 
 class Broker:
@@ -98,6 +102,14 @@ class Broker:
         for name, limits in stored.vhost_limits.items():
             if name in self.vhosts:
                 self.vhosts[name].limits = limits
+        for row in stored.policies:
+            if row.vhost in self.vhosts:
+                try:
+                    policy = Policy(row.vhost, row.name, row.pattern, row.definition, row.priority, row.apply_to)
+                except ValueError as exc:
+                    log.warning("not restoring policy '%s' in vhost '%s': %s", row.name, row.vhost, exc)
+                    continue
+                self.vhosts[row.vhost].policies[row.name] = policy
         for name, vhost in self.vhosts.items():
             vhost.restore(
                 [row for row in stored.exchanges if row.vhost == name],
@@ -255,6 +267,34 @@ class Broker:
             self.definitions.clear_topic_permission(user, vhost, exchange)
         for key in [k for k in found.topic_permissions if k[0] == vhost and exchange in (None, k[1])]:
             del found.topic_permissions[key]
+
+    # -- policies --------------------------------------------------------------
+
+    def set_policy(self, vhost: str, name: str, pattern: str, definition: dict, priority: int = 0,
+                   apply_to: str = "all") -> Policy:
+        """Add or replace a policy (ValueError with rabbitmqctl's reason when
+        invalid) and apply it at once to existing queues and exchanges."""
+        target = self._vhost(vhost)
+        policy = Policy(vhost, name, pattern, definition, priority, apply_to)
+        if self.definitions is not None:
+            self.definitions.set_policy(vhost, name, pattern, apply_to, policy.definition, priority)
+        target.policies[name] = policy
+        target.apply_policies()
+        return policy
+
+    def clear_policy(self, vhost: str, name: str) -> None:
+        target = self._vhost(vhost)
+        if name not in target.policies:
+            raise LookupError("Parameter does not exist")
+        if self.definitions is not None:
+            self.definitions.clear_policy(vhost, name)
+        del target.policies[name]
+        target.apply_policies()
+
+    def list_policies(self, vhost: str | None = None) -> list[Policy]:
+        """Every policy, or those of one vhost."""
+        vhosts = [self._vhost(vhost)] if vhost is not None else self.vhosts.values()
+        return [policy for v in vhosts for policy in v.policies.values()]
 
     # -- connections ---------------------------------------------------------
 

@@ -1,4 +1,5 @@
-"""An exchange: its declaration and its binding table (from `routing`)."""
+"""An exchange: its declaration, its binding table (from `routing`) and the
+definition of the policy that applies to it (vhosts.policies)."""
 from __future__ import annotations
 
 import routing
@@ -14,7 +15,7 @@ PREDECLARED = (
 
 
 class Exchange:
-    __slots__ = ("name", "type", "durable", "auto_delete", "internal", "arguments", "table", "builtin")
+    __slots__ = ("name", "type", "durable", "auto_delete", "internal", "arguments", "table", "builtin", "policy")
 
     def __init__(
         self,
@@ -34,8 +35,12 @@ class Exchange:
         self.arguments = arguments or {}
         self.table = routing.table_for(type)
         self.builtin = builtin
+        self.policy: dict | None = None
 
     @property
     def alternate_exchange(self) -> str | None:
+        """The argument, else the policy's (RabbitMQ: the argument wins)."""
         value = self.arguments.get("alternate-exchange")
-        return value if isinstance(value, str) else None
+        if isinstance(value, str):
+            return value
+        return self.policy.get("alternate-exchange") if self.policy is not None else None

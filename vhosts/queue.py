@@ -45,6 +45,7 @@ class Queue:
         "deleted",
         "flow_waiters",
         "get_waiters",
+        "policy",
     )
 
     def __init__(
@@ -73,6 +74,7 @@ class Queue:
         self.flow_waiters: set = set()
         # basic.get calls waiting for messages the backing queue reads back from disk.
         self.get_waiters: list = []
+        self.policy: dict | None = None
         backing.on_available = self._available
 
     @property
@@ -170,6 +172,10 @@ class Queue:
         if self.flow_waiters and not self._output_bound():
             self.release_waiters()
         return self.auto_delete and not self.consumers and self.had_consumers
+
+    def apply_policy(self, definition: dict | None) -> None:
+        """The definition of the policy that now applies (None: none does)."""
+        self.policy = definition
 
     def purge(self) -> int:
         return self.backing.purge()

@@ -34,10 +34,12 @@ from vhosts.errors import (
     NOT_FOUND,
     PRECONDITION_FAILED,
     RESOURCE_LOCKED,
+    erl_binary,
     field_type,
     fmt_value,
 )
 from vhosts.exchange import PREDECLARED, Exchange
+from vhosts.policies import Policy, matching
 from vhosts.queue import Queue
 from vhosts.users import limit_reached
 
@@ -71,20 +73,12 @@ def _check_x_match(value: object) -> None:
             return
         raise AMQPError(
             PRECONDITION_FAILED,
-            "Invalid x-match field value %s; expected all, any, all-with-x, or any-with-x" % _erl_binary(value),
+            "Invalid x-match field value %s; expected all, any, all-with-x, or any-with-x" % erl_binary(value),
         )
     raise AMQPError(
         PRECONDITION_FAILED,
         "Invalid x-match field type %s (value %s); expected longstr" % (field_type(value), fmt_value(value)),
     )
-
-
-def _erl_binary(value: str) -> str:
-    """How Erlang's ~p prints a binary: <<"text">> when printable, else its bytes."""
-    raw = value.encode("utf-8")
-    if raw and all(32 <= b < 127 for b in raw):
-        return '<<"%s">>' % value.replace("\\", "\\\\").replace('"', '\\"')
-    return "<<%s>>" % ",".join(str(b) for b in raw)
 
 
 def new_queue_name() -> str:
@@ -107,6 +101,8 @@ class VirtualHost:
         self.queues: dict[str, Queue] = {}
         # max-connections, max-queues (vhosts.users.VHOST_LIMITS); kept by the Broker.
         self.limits: dict = {}
+        # name -> Policy; set by the Broker, which calls apply_policies after a change.
+        self.policies: dict[str, Policy] = {}
         self._bound_from: dict[Destination, set[str]] = {}
         for xname, xtype in PREDECLARED:
             self.exchanges[xname] = Exchange(xname, xtype, durable=True, builtin=True)
@@ -149,6 +145,23 @@ class VirtualHost:
             "inequivalent arg '%s' for %s '%s' %s: received '%s' but current is '%s'"
             % (key, what, name, self._where(), fmt_value(received), fmt_value(current)),
         )
+
+    # -- policies ----------------------------------------------------------------
+
+    def policy_for(self, kind: str, name: str) -> Policy | None:
+        """The policy that applies to the queue or exchange (`kind`) `name`."""
+        return matching(self.policies.values(), kind, name) if self.policies else None
+
+    def _definition_for(self, kind: str, name: str) -> dict | None:
+        policy = self.policy_for(kind, name)
+        return policy.definition if policy is not None else None
+
+    def apply_policies(self) -> None:
+        """Give every queue and exchange the policy that now applies to it."""
+        for x in self.exchanges.values():
+            x.policy = self._definition_for("exchange", x.name)
+        for q in self.queues.values():
+            q.apply_policy(self._definition_for("queue", q.name))
 
     # -- durable definitions ---------------------------------------------------
 
@@ -197,6 +210,7 @@ class VirtualHost:
                 continue
             if x.table.bind(dest, row.routing_key, row.arguments):
                 self._bound_from.setdefault(dest, set()).add(row.source)
+        self.apply_policies()
 
     def _check_args(self, what: str, name: str, keys, current: dict, received: dict) -> None:
         for key in keys:
@@ -256,6 +270,7 @@ class VirtualHost:
                 access.check("exchange", name, "read")
                 access.check("exchange", ae, "write")
             x = Exchange(name, type, durable, auto_delete, internal, arguments)
+            x.policy = self._definition_for("exchange", name)
             if durable and self.definitions is not None:
                 self.definitions.upsert_exchange(self.name, name, type, durable, auto_delete, internal, arguments)
             self.exchanges[name] = x
@@ -430,6 +445,7 @@ class VirtualHost:
                 access.check("queue", name, "read")
                 access.check("exchange", dlx, "write")
             q = self._new_queue(name, durable, owner if exclusive else None, auto_delete, arguments)
+            q.apply_policy(self._definition_for("queue", name))
             if self.definitions is not None and self._stored(q):
                 self.definitions.upsert_queue(self.name, name, durable, auto_delete, arguments)
             self.queues[name] = q
