@@ -10,9 +10,11 @@ import os
 
 import pika
 import pytest
+from pamqp import commands
 from pika.exceptions import ChannelClosedByBroker, ConnectionClosedByBroker, ProbableAccessDeniedError, \
     ProbableAuthenticationError
 
+from amqp_raw import RawClient
 from helpers import channel_error, connect, publish_sync, unique, wait_for
 from live_broker import LiveBroker
 from storage.vhost_storage import dir_name
@@ -203,3 +205,21 @@ def test_topic_permissions_and_limits_survive_a_restart(tmp_path, start_broker):
     with pytest.raises(ConnectionClosedByBroker):
         connection.channel()
     assert channel_error(login(proc.port, user, vhost=vhost).channel().queue_declare, "q")[0] == 406
+
+
+def test_limit_errors_name_the_method_as_rabbitmq_does(live):
+    """The Close frames themselves: connection.open (10, 40) for the vhost
+    connection limit, no method (0, 0) for the user channel limit."""
+    vhost = new_vhost(live)
+    user = new_user(live, vhost)
+    live.admin(lambda b: b.set_permissions(user, "/", Permission()))
+    live.admin(lambda b: b.set_vhost_limits(vhost, {"max-connections": 0}))
+    live.admin(lambda b: b.set_user_limits(user, {"max-channels": 1}))
+    with RawClient(live.port) as client:
+        client.handshake(user=user, password="pw", vhost=vhost, open_ok=False)
+        close = client.expect(commands.Connection.Close, 0)
+        assert (close.reply_code, close.class_id, close.method_id) == (530, 10, 40)
+    with RawClient.connected(live.port, user=user, password="pw", channels=(1,)) as client:
+        client.send_frame(commands.Channel.Open(), 2)
+        close = client.expect(commands.Connection.Close, 0)
+        assert (close.reply_code, close.class_id, close.method_id) == (530, 0, 0)

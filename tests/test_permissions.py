@@ -291,3 +291,16 @@ def test_without_permissions_on_a_vhost_a_user_cannot_open_it(live, users):
     with pytest.raises(ProbableAccessDeniedError) as info:
         users.connect(user)
     assert "NOT_ALLOWED - access to vhost '/' refused for user '%s'" % user in str(info.value)
+
+
+def test_topic_grants_are_cached_per_channel_too(live, users):
+    user = users.make()
+    live.admin(lambda b: b.set_topic_permissions(user, "/", "amq.topic", "^a", ".*"))
+    connection = users.connect(user)
+    ch = connection.channel()
+    publish_sync(ch, "amq.topic", "a.1")
+    live.admin(lambda b: b.set_topic_permissions(user, "/", "amq.topic", "^b", ".*"))
+    publish_sync(ch, "amq.topic", "a.1")
+    assert channel_error(publish_sync, ch, "amq.topic", "a.2") == (403, topic_refused("a.2", "amq.topic", user))
+    assert channel_error(publish_sync, connection.channel(), "amq.topic", "a.1") == (
+        403, topic_refused("a.1", "amq.topic", user))

@@ -16,7 +16,8 @@ Theory of operation:
   exchange name), so a publish costs one dict lookup, no regex and no
   allocation.
 - Topic permissions apply only to topic exchanges and only when the user has
-  one for that exchange in this vhost (none means allowed, as RabbitMQ).
+  one for that exchange in this vhost (none means allowed, as RabbitMQ);
+  granted (exchange, routing key, permission) checks are cached like the rest.
 """
 from __future__ import annotations
 
@@ -72,12 +73,18 @@ class Access:
         if exchange is None or exchange.type != "topic":
             return
         rule = self.user.topic_permissions.get((self.vhost, exchange.name))
-        if rule is not None and not rule.allows(permission, routing_key, self.variables):
+        if rule is None:
+            return
+        key = ("topic", exchange.name, routing_key, permission)
+        if key in self._granted:
+            return
+        if not rule.allows(permission, routing_key, self.variables):
             raise AMQPError(
                 ACCESS_REFUSED,
                 "access to topic '%s' in exchange '%s' in vhost '%s' refused for user '%s'"
                 % (routing_key, exchange.name, self.vhost, self.user.name),
             )
+        _remember(self._granted, key)
 
 
 def _remember(cache: dict, key) -> None:
