@@ -1,4 +1,5 @@
-"""Durable definitions: vhosts, users, permissions, exchanges, queues, bindings.
+"""Durable definitions: vhosts, users, permissions, topic permissions, limits,
+policies, exchanges, queues, bindings.
 
 `DefinitionStore(path)` keeps them in one SQLite database (stdlib `sqlite3`) in
 WAL mode with `synchronous=FULL`: a committed change has reached the disk
@@ -16,8 +17,9 @@ Theory of operation:
   AMQP rule (which things are durable, name prefixes, existence). Its only
   logic is cascades: deleting an exchange deletes its bindings as source and
   as destination, deleting a queue deletes the bindings to it, deleting a
-  vhost everything in it and the permissions on it, deleting a user that
-  user's permissions. There are no foreign keys: a binding's source may be a
+  vhost everything in it and the permissions, topic permissions, limits and
+  policies on it, deleting a user that user's permissions, topic permissions
+  and limits. There are no foreign keys: a binding's source may be a
   predeclared `amq.*` exchange, which comes from code and is never stored.
 - `load()` returns a plain snapshot (`Definitions`: lists of named tuples)
   for the domain to rebuild itself from at start.
