@@ -55,6 +55,13 @@ def test_definitions_are_validated_with_rabbitmqctls_reasons(live, prefix, defin
     assert not [p for p in live.admin(lambda b: b.list_policies("/")) if p.name == prefix]
 
 
+def test_rabbitmq_keys_without_effect_in_hutch_are_accepted(live, prefix):
+    """So that RabbitMQ definitions with mirroring or lazy-queue policies import."""
+    live.admin(lambda b: b.set_policy("/", prefix, "^" + prefix, {"ha-mode": "all", "queue-mode": "lazy"}))
+    assert [p.definition for p in live.admin(lambda b: b.list_policies("/")) if p.name == prefix] == [
+        {"ha-mode": "all", "queue-mode": "lazy"}]
+
+
 def test_apply_to_and_pattern_are_validated(live, prefix):
     with pytest.raises(ValueError, match="apply-to 'bogus' unrecognised; should be 'queues', 'exchanges' or 'all'"):
         live.admin(lambda b: b.set_policy("/", prefix, "^x", {"max-length": 1}, apply_to="bogus"))

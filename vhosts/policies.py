@@ -50,15 +50,27 @@ DEFINITION_KEYS = {
 }
 
 
+# Keys RabbitMQ 3.10 recognises for features hutch does not have (mirroring,
+# lazy mode, quorum queues, streams): accepted, so that definitions exported
+# from RabbitMQ import, and without effect.
+WITHOUT_EFFECT = frozenset({
+    "ha-mode", "ha-params", "ha-sync-mode", "ha-sync-batch-size", "ha-promote-on-shutdown",
+    "ha-promote-on-failure", "queue-mode", "queue-master-locator", "max-in-memory-length",
+    "max-in-memory-bytes", "max-age", "stream-max-segment-size-bytes",
+})
+
+
 def validate_definition(definition: object) -> dict:
     """The definition, or ValueError with rabbitmqctl's reason."""
     if not isinstance(definition, dict) or not definition:
         raise ValueError("no policy provided")
-    unknown = [(k, v) for k, v in definition.items() if k not in DEFINITION_KEYS]
+    unknown = [(k, v) for k, v in definition.items() if k not in DEFINITION_KEYS and k not in WITHOUT_EFFECT]
     if unknown:
         raise ValueError("[%s] are not recognised policy settings"
                          % ",".join("{%s,%s}" % (erl_term(k), erl_term(v)) for k, v in unknown))
     for key, value in definition.items():
+        if key in WITHOUT_EFFECT:
+            continue
         check, what = DEFINITION_KEYS[key]
         if not check(value):
             raise ValueError("%s is not a valid %s" % (erl_term(value), what))
