@@ -17,6 +17,9 @@ Theory of operation:
   order on commit; rollback drops the publishes and gives the settled
   deliveries back to `unacked`.
 - The consumer side (deliveries, acks, qos) lives in `deliveries.Deliveries`.
+- Permissions: `access` (vhosts.access.Access) is checked by every operation
+  where RabbitMQ checks it; on publish that is one dict lookup once the
+  channel has used the exchange.
 """
 from __future__ import annotations
 

@@ -14,6 +14,12 @@ Invariants:
   memory, and one operation with the auto-deletes it triggers is one
   transaction. Exclusive queues are never stored (RabbitMQ does not recover
   them); durable auto-delete queues and exchanges are.
+- Permissions: methods taking `access` (a vhosts.access.Access) check it at
+  the point where RabbitMQ's channel does, so a client sees the same error
+  first; `access` None is an administrator's call and checks nothing.
+- Policies: every queue and exchange carries the definition of the one
+  policy that applies to it (vhosts.policies), set when it is declared or
+  restored and by `apply_policies` whenever the vhost's policies change.
 """
 from __future__ import annotations
 
