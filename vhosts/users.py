@@ -18,6 +18,8 @@ import os
 import re
 from dataclasses import dataclass, field
 
+from vhosts.errors import erl_term
+
 
 def hash_password(password: str, salt: bytes | None = None) -> str:
     salt = os.urandom(4) if salt is None else salt
@@ -93,12 +95,13 @@ VHOST_LIMITS = ("max-connections", "max-queues")
 def check_limits(limits: dict, known: tuple) -> dict:
     """Validated limits (a negative value means no limit); raise ValueError
     with rabbitmqctl's words for an unknown key or a non-integer value."""
-    unknown = [key for key in limits if key not in known]
+    unknown = [(key, value) for key, value in limits.items() if key not in known]
     if unknown:
-        raise ValueError("Unrecognised terms %s in limits" % ", ".join("'%s'" % key for key in unknown))
+        raise ValueError("Unrecognised terms [%s] in limits"
+                         % ",".join("{%s,%s}" % (erl_term(k), erl_term(v)) for k, v in unknown))
     for key, value in limits.items():
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError("%s should be a number, actually was %r" % (key, value))
+            raise ValueError("%s should be a number, actually was %s" % (key, erl_term(value)))
     return dict(limits)
 
 
