@@ -5,8 +5,8 @@ RabbitMQ's re:run), what it applies to ("queues", "exchanges" or "all"), a
 priority and a definition (the keys in DEFINITION_KEYS). Exactly one policy
 applies to a queue or exchange: among those whose pattern matches its name
 and whose apply-to covers its kind, the one with the highest priority (ties
-go to the name that sorts first, so the choice never depends on the order
-policies were set). Definitions are validated as RabbitMQ does, with its
+go to the name that sorts first: RabbitMQ's tie-break is its table's hash
+order, which nothing can rely on; this one is at least deterministic). Definitions are validated as RabbitMQ does, with its
 error texts. How a policy combines with a queue's own x-arguments is the
 queue's business (`Queue.apply_policy`); for exchanges, the
 "alternate-exchange" argument wins over the policy's (`Exchange.alternate_exchange`).
