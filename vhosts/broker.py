@@ -139,13 +139,13 @@ class Broker:
 
     def delete_vhost(self, name: str) -> None:
         """The vhost, its connections (closed with 320), exchanges, queues,
-        their messages on disk, and every permission and limit on it."""
-        vhost = self.vhosts.get(name)
-        if vhost is None:
-            raise LookupError("no vhost '%s'" % name)
-        self._force_close(lambda c: c.vhost is vhost, "vhost '%s' is deleted" % name)
-        if self.definitions is not None:
-            self.definitions.delete_vhost(name)  # everything in it, in one transaction
+        their messages on disk, its limits and policies, and every permission
+        and topic permission on it."""
+        vhost = self._vhost(name)
+        with self._transaction():  # with what closing its connections auto-deletes
+            self._force_close(lambda c: c.vhost is vhost, "vhost '%s' is deleted" % name)
+            if self.definitions is not None:
+                self.definitions.delete_vhost(name)
         vhost.definitions = None
         del self.vhosts[name]
         for user in self.users.values():
@@ -194,7 +194,7 @@ class Broker:
             user.tags = list(tags)
         return user
 
-    def add_user(self, name: str, password: str, tags: list[str] = ()) -> User:
+    def add_user(self, name: str, password: str, tags=()) -> User:
         """A new user with a password (stored hashed); ValueError if it exists."""
         if name in self.users:
             raise ValueError("user '%s' already exists" % name)
