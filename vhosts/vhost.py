@@ -26,6 +26,7 @@ from typing import Callable
 import routing
 from routing import Destination
 from storage import MemoryQueue, Message
+from vhosts.argument_checks import check_queue_arguments
 from vhosts.errors import (
     ACCESS_REFUSED,
     AMQPError,
@@ -378,6 +379,7 @@ class VirtualHost:
         arguments = arguments or {}
         q = self.queues.get(name)
         if q is None:
+            check_queue_arguments(self.name, name, arguments)
             q = self._new_queue(name, durable, owner if exclusive else None, auto_delete, arguments)
             if self.definitions is not None and self._stored(q):
                 self.definitions.upsert_queue(self.name, name, durable, auto_delete, arguments)
