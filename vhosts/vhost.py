@@ -26,7 +26,8 @@ from typing import Callable
 import routing
 from routing import Destination
 from storage import MemoryQueue, Message
-from vhosts.argument_checks import check_queue_arguments
+from storage.priority_queue import PriorityQueue, level_name
+from vhosts.argument_checks import check_queue_arguments, max_priority
 from vhosts.errors import (
     ACCESS_REFUSED,
     AMQPError,
@@ -401,14 +402,22 @@ class VirtualHost:
         """A new queue object (declared, or restored at start). Its messages
         live in the message storage, which pages them to disk under memory
         pressure; only a durable, non-exclusive queue keeps persistent
-        messages across restarts (exclusive queues are never recovered)."""
+        messages across restarts (exclusive queues are never recovered).
+        A priority queue has one backing queue per priority level."""
         storage = self.message_storage
-        if storage is None:
-            backing = MemoryQueue()
-        elif restoring:
-            backing = storage.recover_queue(name)
+
+        def backing_for(stored_as: str):
+            if storage is None:
+                return MemoryQueue()
+            if restoring:
+                return storage.recover_queue(stored_as)
+            return storage.new_queue(stored_as, durable and exclusive_owner is None)
+
+        top = max_priority(arguments)
+        if top:
+            backing = PriorityQueue([backing_for(level_name(name, level)) for level in range(top + 1)])
         else:
-            backing = storage.new_queue(name, durable and exclusive_owner is None)
+            backing = backing_for(name)
         return Queue(
             name,
             self.name,

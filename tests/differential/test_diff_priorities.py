@@ -110,3 +110,64 @@ def test_single_active_consumer_exclusive_and_argument_types(differ):
         op("queue.declare", queue="{q2}", arguments={"x-single-active-consumer": "yes"}),
         op("queue.declare", queue="{q}", arguments={"x-single-active-consumer": False}),
     ])
+
+
+# -- priority queues ------------------------------------------------------------------
+
+
+def _prio(queue: str, body: str, priority: int | None, on: str = "1.1") -> tuple:
+    properties = {"priority": priority} if priority is not None else None
+    return op("basic.publish", exchange="", routing_key=queue, body=body, properties=properties, on=on)
+
+
+MIXED = [("a0", 0), ("b5", 5), ("c1", 1), ("d5", 5), ("e", None), ("f9", 9), ("g1", 1), ("h200", 200), ("i3", 3)]
+
+
+def test_priority_queue_delivery_order(differ):
+    _same(differ, [
+        op("queue.declare", queue="{q}", arguments={"x-max-priority": 5}),
+        *[_prio("{q}", body, priority) for body, priority in MIXED],
+        op("queue.declare", queue="{q}", passive=True),
+        op("basic.get", queue="{q}"),
+        op("basic.get", queue="{q}"),
+        op("basic.get", queue="{q}"),
+        op("basic.nack", delivery_tag=3, multiple=True),  # back to their places
+        _prio("{q}", "j4", 4),
+        op("drain", queue="{q}"),
+    ])
+
+
+def test_priority_queue_with_prefetch(differ):
+    _same(differ, [
+        op("queue.declare", queue="{q}", arguments={"x-max-priority": 10}),
+        op("basic.qos", prefetch_count=2),
+        op("basic.consume", queue="{q}", consumer_tag="{c}"),
+        *[_prio("{q}", body, priority, on="1.2") for body, priority in MIXED],
+        op("deliveries", count=2),  # the first two published go straight out
+        op("basic.ack", delivery_tag=1),
+        op("deliveries", count=1),  # then the highest waiting
+        op("basic.ack", delivery_tag=3, multiple=True),
+        op("deliveries", count=2),
+        op("basic.nack", delivery_tag=5, multiple=True),  # requeued by priority
+        op("deliveries", count=2),
+        op("basic.ack", delivery_tag=7, multiple=True),
+        op("deliveries", count=2),
+        op("queue.declare", queue="{q}", passive=True),
+        op("basic.ack", delivery_tag=9, multiple=True),
+        op("deliveries", count=2),
+        op("queue.declare", queue="{q}", passive=True),
+    ])
+
+
+def test_priority_queue_argument_validation(differ):
+    _same(differ, [
+        op("queue.declare", queue="{q1}", arguments={"x-max-priority": 256}),
+        op("queue.declare", queue="{q1}", arguments={"x-max-priority": -1}),
+        op("queue.declare", queue="{q1}", arguments={"x-max-priority": "5"}),
+        op("queue.declare", queue="{q1}", arguments={"x-max-priority": 255}),
+        op("queue.declare", queue="{q1}", arguments={"x-max-priority": 254}),
+        op("queue.declare", queue="{q2}", arguments={"x-max-priority": 0}),
+        _prio("{q2}", "x", 0),
+        _prio("{q2}", "y", 7),
+        op("drain", queue="{q2}"),
+    ])
