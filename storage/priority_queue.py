@@ -102,6 +102,23 @@ class PriorityQueue:
             level.delete()
         self._recount()
 
+    def peek(self, count: int, done) -> None:
+        """Level by level from the top, each level's entries in its order."""
+        found: list[QueueEntry] = []
+        pending = [level for level in reversed(self.levels) if level.ready]
+
+        def step(result) -> None:
+            if isinstance(result, Exception):
+                done(result)
+                return
+            found.extend(result)
+            if pending and len(found) < count:
+                pending.pop(0).peek(count - len(found), step)
+            else:
+                done(found)
+
+        step([])
+
     def state_counts(self) -> dict[str, int]:
         totals: dict[str, int] = {}
         for level in self.levels:

@@ -17,6 +17,7 @@ Invariants:
 """
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import logging
@@ -25,7 +26,7 @@ from typing import Callable
 
 import routing
 from routing import Destination
-from storage import MemoryQueue, Message
+from storage import MemoryQueue, Message, QueueEntry
 from storage.priority_queue import PriorityQueue, level_name
 from vhosts.argument_checks import check_queue_arguments, max_priority
 from vhosts.errors import (
@@ -39,6 +40,7 @@ from vhosts.errors import (
     fmt_value,
 )
 from vhosts.exchange import PREDECLARED, Exchange
+from vhosts.move import move
 from vhosts.queue import Queue
 
 # Arguments whose values must match on re-declaration (rabbit_amqqueue's list);
@@ -461,6 +463,61 @@ class VirtualHost:
 
     def purge_queue(self, name: str, owner: object) -> int:
         return self.queue(name, owner).purge()
+
+    # -- peek and move (admin operations) ------------------------------------
+
+    def _existing_queue(self, name: str) -> Queue:
+        """For admin operations: any queue, exclusive ones included."""
+        q = self.queues.get(name)
+        if q is None:
+            raise AMQPError(NOT_FOUND, "no queue '%s' %s" % (name, self._where()))
+        return q
+
+    async def peek_queue(self, name: str, count: int) -> list[QueueEntry]:
+        """The first `count` ready messages of queue `name`, in delivery
+        order, left where they are: entries with `redelivered` and `message`
+        (`exchange`, `routing_key`, `properties`, `headers`, `body`); to be
+        treated as read-only. Paged-out messages are read back off the loop."""
+        q = self._existing_queue(name)
+        if count <= 0:
+            return []
+        peeked = asyncio.get_running_loop().create_future()
+        q.backing.peek(count, lambda result: peeked.done() or peeked.set_result(result))
+        result = await peeked
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    async def move_messages(self, source: str, destination: str, kind: str = "queue",
+                            count: int | None = None, routing_key: str | None = None) -> int:
+        """Move up to `count` messages (None: all ready now) from the head of
+        queue `source` to queue `destination` (kind "queue": the messages are
+        unchanged) or through exchange `destination` (kind "exchange", "" the
+        default one: published with their routing key, or `routing_key`).
+        Each leaves the source only once the destination holds it (durably
+        when persistent); a message routed nowhere stays in the source and
+        ends the move. Returns how many moved (see vhosts.move)."""
+        q = self._existing_queue(source)
+        if kind == "queue":
+            target = self._existing_queue(destination)
+            if target is q:
+                raise AMQPError(PRECONDITION_FAILED, "cannot move messages of queue '%s' %s to itself"
+                                % (source, self._where()))
+
+            def route(message: Message):
+                return message, ([] if target.deleted else [target])
+        elif kind == "exchange":
+            if destination:
+                self.exchange(destination)
+
+            def route(message: Message):
+                key = message.routing_key if routing_key is None else routing_key
+                moved = Message(destination, key, message.header, message.body)
+                return moved, self.route(destination, [key], message.headers)
+        else:
+            raise ValueError("kind must be 'queue' or 'exchange', not %r" % (kind,))
+        limit = q.message_count if count is None else max(count, 0)
+        return await move(q, route, limit)
 
     # -- publish -------------------------------------------------------------
 
