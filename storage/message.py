@@ -29,6 +29,7 @@ _FLAGS_AT = 12
 _ID_PREFIX = os.urandom(8)
 _id_counter = itertools.count()
 _SHORT = struct.Struct(">B")
+_SIGNED = struct.Struct(">i")
 
 
 class Message:
@@ -107,6 +108,18 @@ class Message:
             del props.headers[name]
             start, end = _headers_span(self.header)
             self.header = self.header[:start] + _table_without(self.header[start:end], name) + self.header[end:]
+
+    def set_signed_header(self, name: str, value: int) -> None:
+        """Give one header a signedint value (the delayed exchange's x-delay
+        swap), every other entry of the table kept byte for byte. The
+        message must have headers."""
+        props = self.properties
+        props.headers[name] = value
+        start, end = _headers_span(self.header)
+        key = name.encode("utf-8")
+        entries = _table_without(self.header[start:end], name)[4:] + (
+            _SHORT.pack(len(key)) + key + b"I" + _SIGNED.pack(value))
+        self.header = self.header[:start] + _LONG.pack(len(entries)) + entries + self.header[end:]
 
     @property
     def persistent(self) -> bool:

@@ -16,7 +16,7 @@ import aiormq.exceptions
 import pika
 import pytest
 
-from helpers import confirm_channel, connect, drain, inequivalent, unique
+from helpers import confirm_channel, connect, drain, inequivalent, restarted, unique
 
 
 async def publish(channel, queue: str, messages) -> None:
@@ -164,13 +164,7 @@ def test_durable_priority_queue_keeps_its_order_across_restarts(start_broker, ki
     first = start_broker()
     queue = unique("prio-durable")
     publish_sync(first.port, queue, [(b"%d-%d" % (p, i), p) for i in range(20) for p in (0, 3, 9, 5)])
-    if kill:
-        first.process.kill()
-        first.process.wait()
-    else:
-        first.stop()
-        assert first.process.returncode == 0, first.log
-    second = start_broker("--data-dir", str(first.data_dir))
+    second = restarted(start_broker, first, kill)
     expected = [b"%d-%d" % (p, i) for p in (9, 5, 3, 0) for i in range(20)]
     assert drained(second.port, queue) == expected
     assert "Traceback" not in second.log

@@ -39,6 +39,7 @@ from vhosts.errors import (
     field_type,
     fmt_value,
 )
+from vhosts.delayed import DELAYED, Delayer, check_delayed_type, delay_of
 from vhosts.exchange import PREDECLARED, Exchange
 from vhosts.move import move
 from vhosts.queue import Queue
@@ -64,6 +65,8 @@ QUEUE_EQUIVALENT_ARGS = (
     "x-quorum-initial-group-size",
 )
 EXCHANGE_EQUIVALENT_ARGS = ("alternate-exchange",)
+# Every exchange type that can be declared: routing's, and the delayed-message one.
+EXCHANGE_TYPES = routing.EXCHANGE_TYPES | {DELAYED}
 
 
 def _check_x_match(value: object) -> None:
@@ -108,6 +111,11 @@ class VirtualHost:
         self.exchanges: dict[str, Exchange] = {}
         self.queues: dict[str, Queue] = {}
         self._bound_from: dict[Destination, set[str]] = {}
+        # Names of the x-delayed-message exchanges (publish checks this set
+        # first) and the messages they hold.
+        self.delayed_exchanges: set[str] = set()
+        self.delayer = Delayer(self._deliver_delayed,
+                               message_storage.delayed_store() if message_storage is not None else None)
         for xname, xtype in PREDECLARED:
             self.exchanges[xname] = Exchange(xname, xtype, durable=True, builtin=True)
 
@@ -178,12 +186,14 @@ class VirtualHost:
         `storage.definitions`); nothing is written back. Queues come back
         without consumers or owner, as after a RabbitMQ restart."""
         for row in exchanges:
-            if row.name in self.exchanges or row.type not in routing.EXCHANGE_TYPES:
+            if row.name in self.exchanges or row.type not in EXCHANGE_TYPES:
                 log.warning("not restoring exchange '%s' (type %s) %s", row.name, row.type, self._where())
                 continue
             self.exchanges[row.name] = Exchange(
                 row.name, row.type, row.durable, row.auto_delete, row.internal, row.arguments
             )
+            if row.type == DELAYED:
+                self.delayed_exchanges.add(row.name)
         for row in queues:
             self.queues[row.name] = self._new_queue(
                 row.name, row.durable, None, row.auto_delete, row.arguments, restoring=True)
@@ -230,7 +240,7 @@ class VirtualHost:
     ) -> Exchange:
         # RabbitMQ's order: the type, then the default exchange, then (only for
         # a new exchange) the reserved prefix; existing amq.* may be redeclared.
-        if not passive and type not in routing.EXCHANGE_TYPES:
+        if not passive and type not in EXCHANGE_TYPES:
             raise AMQPError(COMMAND_INVALID, "unknown exchange type '%s'" % type)
         self._not_default(name)
         if passive:
@@ -247,10 +257,14 @@ class VirtualHost:
                     "invalid type '%s' for arg 'alternate-exchange' in exchange '%s' %s"
                     % (field_type(ae), name, self._where()),
                 )
+            if type == DELAYED:
+                check_delayed_type(arguments, routing.EXCHANGE_TYPES)
             x = Exchange(name, type, durable, auto_delete, internal, arguments)
             if durable and self.definitions is not None:
                 self.definitions.upsert_exchange(self.name, name, type, durable, auto_delete, internal, arguments)
             self.exchanges[name] = x
+            if type == DELAYED:
+                self.delayed_exchanges.add(name)
             return x
         for key, received, current in (
             ("type", type, x.type),
@@ -279,6 +293,7 @@ class VirtualHost:
         if x.durable and self.definitions is not None:
             self.definitions.delete_exchange(self.name, x.name)  # and its bindings, both ways
         del self.exchanges[x.name]
+        self.delayed_exchanges.discard(x.name)
         for dest, _key, _args in list(x.table.bindings()):
             self._forget_binding(x.name, dest)
         self._remove_destination(Destination("exchange", x.name))
@@ -459,6 +474,7 @@ class VirtualHost:
         """After restoring (or creating) the vhost: finish the message
         storage's recovery before serving (blocking, at start)."""
         if self.message_storage is not None:
+            self.delayer.recover()
             self.message_storage.finish_recovery()
 
     def purge_queue(self, name: str, owner: object) -> int:
@@ -534,6 +550,14 @@ class VirtualHost:
         names = routing.resolve(exchange, routing_keys, headers, self.exchanges.get)
         return [queues[n] for n in names if n in queues]
 
+    def _deliver_delayed(self, message: Message, routing_keys: list[str]) -> None:
+        """A delayed message is due: route it as its exchange now does (none
+        when the exchange is gone) and enqueue it."""
+        if message.exchange not in self.delayed_exchanges:
+            return
+        for q in self.route(message.exchange, routing_keys, message.headers):
+            q.publish(message)
+
     def check_publish(self, exchange: str) -> None:
         if exchange == "":
             return
@@ -554,7 +578,13 @@ class VirtualHost:
         """Route and enqueue. Returns (queues reached, how many of them will
         call `on_durable` once the message is on disk). `publisher` (with
         `throttled_by(queue)`) is told which queues ask it to wait (credit
-        flow, see vhosts.queue)."""
+        flow, see vhosts.queue). A message a delayed-message exchange holds
+        reaches no queue now (vhosts.delayed)."""
+        if message.exchange in self.delayed_exchanges:
+            delay = delay_of(headers)
+            if delay:
+                durable = self.exchanges[message.exchange].durable
+                return 0, int(self.delayer.delay(message, delay, routing_keys, durable, on_durable))
         targets = self.route(message.exchange, routing_keys, headers)
         waits = 0
         for q in targets:
