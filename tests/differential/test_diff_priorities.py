@@ -171,3 +171,21 @@ def test_priority_queue_argument_validation(differ):
         _prio("{q2}", "y", 7),
         op("drain", queue="{q2}"),
     ])
+
+
+def test_single_active_consumer_with_consumer_priorities(differ):
+    # The first consumer stays active when a higher-priority one registers;
+    # when it goes, the highest-priority one takes over.
+    _same(differ, [
+        op("queue.declare", queue="{q}", arguments={"x-single-active-consumer": True}),
+        op("basic.consume", queue="{q}", consumer_tag="{c1}", on="1.1"),
+        op("basic.consume", queue="{q}", consumer_tag="{c2}", on="1.2"),
+        op("basic.consume", queue="{q}", consumer_tag="{c3}", arguments={"x-priority": 5}, on="1.3"),
+        *_publish("{q}", "m1", on="1.4"),
+        op("deliveries", count=1, on="1.1"),
+        op("basic.ack", delivery_tag=1, on="1.1"),
+        op("basic.cancel", consumer_tag="{c1}", on="1.1"),
+        *_publish("{q}", "m2", on="1.4"),
+        op("deliveries", count=1, on="1.3"),
+        op("queue.declare", queue="{q}", passive=True),
+    ])
