@@ -111,8 +111,8 @@ class VirtualHost:
         self.exchanges: dict[str, Exchange] = {}
         self.queues: dict[str, Queue] = {}
         self._bound_from: dict[Destination, set[str]] = {}
-        # Names of the x-delayed-message exchanges (publish checks this set
-        # first) and the messages they hold.
+        # The names of the x-delayed-message exchanges, which publish looks
+        # up first, and what holds their delayed messages.
         self.delayed_exchanges: set[str] = set()
         self.delayer = Delayer(self._deliver_delayed,
                                message_storage.delayed_store() if message_storage is not None else None)
