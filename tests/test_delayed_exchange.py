@@ -130,6 +130,21 @@ def test_a_delayed_mandatory_message_is_returned_at_once_and_delivered_when_due(
     channel.basic_publish(exchange, "k", b"at once", mandatory=True)  # no delay: routed, not returned
 
 
+async def test_a_headers_delayed_exchange_checks_x_match_and_routes_by_headers(aconn):
+    channel = await aconn.channel(publisher_confirms=True)
+    exchange, queue = await delayed_setup(channel, "headers")
+    await queue.bind(exchange, arguments={"x-match": "all", "kind": "order"})
+    for body, kind in ((b"invoice", "invoice"), (b"order", "order")):
+        await exchange.publish(aio_pika.Message(body, headers={"x-delay": 100, "kind": kind}), routing_key="")
+    assert [m.body for m in await asyncio.wait_for(collect(queue, 1), 10)] == [b"order"]
+    other = await aconn.channel()
+    bound = await other.get_queue(queue.name, ensure=False)
+    with pytest.raises(aiormq.exceptions.ChannelPreconditionFailed) as info:
+        await bound.bind(exchange, arguments={"x-match": "bogus"})
+    assert info.value.args[0] == ('PRECONDITION_FAILED - Invalid x-match field value <<"bogus">>; '
+                                  "expected all, any, all-with-x, or any-with-x")
+
+
 # -- declaration -------------------------------------------------------------------------
 
 

@@ -197,6 +197,17 @@ async def test_move_through_an_exchange_with_a_new_routing_key(server, client):
     assert await consume_all(client, target.name) == [b"a", b"b"]
 
 
+async def test_move_from_a_priority_queue_takes_the_highest_first(server, client):
+    source = await client.declare_queue(unique("dlq"), arguments={"x-max-priority": 5})
+    target = await client.declare_queue(unique("work"))
+    for body, priority in ((b"low", 1), (b"high", 5), (b"mid", 3), (b"high2", 5)):
+        await client.default_exchange.publish(aio_pika.Message(body, priority=priority), routing_key=source.name)
+    await synced(client)
+    assert await server.vhost.move_messages(source.name, target.name, count=3) == 3
+    assert await consume_all(client, target.name) == [b"high", b"high2", b"mid"]
+    assert await consume_all(client, source.name) == [b"low"]
+
+
 async def test_move_errors(server, client):
     source = await client.declare_queue(unique("dlq"))
     with pytest.raises(AMQPError) as info:

@@ -323,7 +323,7 @@ class VirtualHost:
     def bind(self, source: str, dest: Destination, key: str, arguments: dict | None) -> None:
         self._not_default(source)
         x = self.exchange(source)
-        if x.type == "headers" and arguments and "x-match" in arguments:
+        if isinstance(x.table, routing.HeadersTable) and arguments and "x-match" in arguments:
             _check_x_match(arguments["x-match"])
         if (self.definitions is not None and self._durable_binding(x, dest)
                 and not x.table.has_binding(dest, key, arguments)):
