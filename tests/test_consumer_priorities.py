@@ -218,3 +218,17 @@ async def test_single_active_consumer_false_is_an_ordinary_queue(aconn):
         await (await queue_on(await consumer_channel(aconn), queue.name)).consume(Sink(name, got, ack=True))
     await publish(publisher, queue.name, b"0", b"1")
     assert sorted(name for name, _ in await collect(got, 2)) == ["a", "b"]
+
+
+async def test_failover_when_the_active_consumers_connection_goes(broker, aconn):
+    publisher = await aconn.channel(publisher_confirms=True)
+    queue = await publisher.declare_queue(unique("sac"), arguments={"x-single-active-consumer": True},
+                                          auto_delete=True)
+    got: asyncio.Queue = asyncio.Queue()
+    doomed = await aio_pika.connect(broker.url)
+    await (await queue_on(await consumer_channel(doomed, prefetch=1), queue.name)).consume(Sink("first", got))
+    await (await queue_on(await consumer_channel(aconn), queue.name)).consume(Sink("second", got, ack=True))
+    await publish(publisher, queue.name, b"0", b"1")
+    assert await collect(got, 1) == [("first", b"0")]
+    await doomed.close()
+    assert await collect(got, 2) == [("second", b"0"), ("second", b"1")]
