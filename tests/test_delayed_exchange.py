@@ -7,7 +7,8 @@ source-code behaviour is the reference).
   would route it, once the delay has passed; it arrives with `x-delay`
   negated; no (or a non-positive) delay routes at once;
 - a delayed mandatory publish is returned NO_ROUTE at once, and still
-  delivered when due (the plugin routes it to no queue at publish time);
+  delivered when due (the plugin routes it to no queue at publish time, so
+  an alternate exchange gets it at once);
 - a persistent message on a durable delayed exchange survives a clean
   restart and a SIGKILL and is delivered when due; a transient one does not.
 
@@ -143,6 +144,27 @@ async def test_a_headers_delayed_exchange_checks_x_match_and_routes_by_headers(a
         await bound.bind(exchange, arguments={"x-match": "bogus"})
     assert info.value.args[0] == ('PRECONDITION_FAILED - Invalid x-match field value <<"bogus">>; '
                                   "expected all, any, all-with-x, or any-with-x")
+
+
+async def test_an_alternate_exchange_gets_a_delayed_message_at_once(aconn):
+    """The plugin routes a delayed message to no queue at publish time, so
+    RabbitMQ hands it to the alternate exchange then (x-delay as published),
+    and the exchange's own queues get it when due."""
+    channel = await aconn.channel(publisher_confirms=True)
+    alternate = await channel.declare_exchange(unique("ae"), aio_pika.ExchangeType.FANOUT)
+    unrouted = await channel.declare_queue(unique("ae-q"), exclusive=True)
+    await unrouted.bind(alternate)
+    exchange = await channel.declare_exchange(
+        unique("delayed"), "x-delayed-message",
+        arguments={"x-delayed-type": "direct", "alternate-exchange": alternate.name})
+    queue = await channel.declare_queue(unique("delayed-q"), exclusive=True)
+    await queue.bind(exchange, "k")
+    await exchange.publish(aio_pika.Message(b"m", headers={"x-delay": 200}), routing_key="k")
+    now = await unrouted.get(no_ack=True)
+    assert (now.body, now.headers["x-delay"]) == (b"m", 200)
+    later = await asyncio.wait_for(collect(queue, 1), 10)
+    assert [(m.body, m.headers["x-delay"]) for m in later] == [(b"m", -200)]
+    assert await count(channel, unrouted.name) == 0
 
 
 # -- declaration -------------------------------------------------------------------------

@@ -10,10 +10,12 @@ Theory of operation:
   task or timer per message. When it fires, every message due is routed by
   its exchange (if the exchange still exists; otherwise it is dropped, as
   the plugin drops it) and enqueued.
-- As the plugin: a delayed publish reaches no queue at publish time (so a
-  mandatory one is returned with NO_ROUTE at once), and the delivered
-  message carries `x-delay` negated (signedint), so a consumer can tell it
-  was delayed and a second delayed exchange does not delay it again.
+- As the plugin: a delayed publish reaches no queue at publish time, so a
+  mandatory one is returned with NO_ROUTE at once, unless the exchange has an
+  alternate exchange: that one routes it at once (RabbitMQ sends a message
+  its exchange routes nowhere there). The delivered message carries `x-delay`
+  negated (signedint), so a consumer can tell it was delayed and a second
+  delayed exchange does not delay it again.
 - Durability: a persistent message published to a durable delayed exchange
   is written to the vhost's `DelayedStore` (a publisher confirm waits for
   that) and removed from it once enqueued (the removal goes through the
@@ -102,8 +104,11 @@ class Delayer:
 
     def delay(self, message: Message, delay: int, routing_keys: list[str], durable: bool,
               on_durable: Callable[[], None] | None) -> bool:
-        """Hold `message` for `delay` ms; True when `on_durable` was taken
-        (it is called once the message is on disk)."""
+        """Hold a copy of `message` (with x-delay negated) for `delay` ms;
+        True when `on_durable` was taken (it is called once the copy is on
+        disk). The message itself is left as it is: an alternate exchange
+        may route it now."""
+        message = Message(message.exchange, message.routing_key, message.header, message.body)
         message.set_signed_header("x-delay", -delay)
         due = int(time.time() * 1000) + delay
         seq = None

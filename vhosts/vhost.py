@@ -578,15 +578,17 @@ class VirtualHost:
         """Route and enqueue. Returns (queues reached, how many of them will
         call `on_durable` once the message is on disk). `publisher` (with
         `throttled_by(queue)`) is told which queues ask it to wait (credit
-        flow, see vhosts.queue). A message a delayed-message exchange holds
-        reaches no queue now (vhosts.delayed)."""
-        if message.exchange in self.delayed_exchanges:
-            delay = delay_of(headers)
-            if delay:
-                durable = self.exchanges[message.exchange].durable
-                return 0, int(self.delayer.delay(message, delay, routing_keys, durable, on_durable))
-        targets = self.route(message.exchange, routing_keys, headers)
+        flow, see vhosts.queue)."""
         waits = 0
+        if message.exchange in self.delayed_exchanges and (delay := delay_of(headers)):
+            # Held by the exchange (vhosts.delayed): no queue now, but its
+            # alternate exchange, if any, gets it at once, as with the plugin.
+            x = self.exchanges[message.exchange]
+            waits = int(self.delayer.delay(message, delay, routing_keys, x.durable, on_durable))
+            ae = x.alternate_exchange
+            targets = self.route(ae, routing_keys, headers) if ae is not None else []
+        else:
+            targets = self.route(message.exchange, routing_keys, headers)
         for q in targets:
             if q.publish(message, on_durable):
                 waits += 1
