@@ -31,11 +31,12 @@ def level_name(queue: str, level: int) -> str:
 
 
 class PriorityQueue:
-    __slots__ = ("levels", "_top", "ready", "ready_bytes", "on_available")
+    __slots__ = ("levels", "_descending", "_top", "ready", "ready_bytes", "on_available")
 
     def __init__(self, levels: list[BackingQueue]) -> None:
         self.levels = levels
         self._top = len(levels) - 1
+        self._descending = levels[::-1]
         self.on_available: Callable[[], None] | None = None
         for level in levels:
             level.on_available = self._available
@@ -71,9 +72,7 @@ class PriorityQueue:
         return entry
 
     def fetch(self) -> QueueEntry | None:
-        levels = self.levels
-        for i in range(self._top, -1, -1):
-            level = levels[i]
+        for level in self._descending:
             if level.ready:
                 entry = level.fetch()
                 if entry is not None:
@@ -105,7 +104,7 @@ class PriorityQueue:
     def peek(self, count: int, done) -> None:
         """Level by level from the top, each level's entries in its order."""
         found: list[QueueEntry] = []
-        pending = [level for level in reversed(self.levels) if level.ready]
+        pending = [level for level in self._descending if level.ready]
 
         def step(result) -> None:
             if isinstance(result, Exception):
