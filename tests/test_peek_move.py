@@ -1,5 +1,6 @@
 """Peek and move, the broker operations behind the admin API / hutchctl:
-`VirtualHost.peek_queue(name, count)` and `VirtualHost.move_messages(...)`.
+`VirtualHost.peek_queue(name, count)` and `VirtualHost.move_messages(...)`
+(and `vhost.delayer.held(exchange)`, a delayed exchange's message count).
 
 They have no AMQP method, so the broker runs in the test's process
 (`BrokerServer`, the object `hutch-server` runs, on port 0 and its own data
@@ -248,3 +249,18 @@ async def test_moved_persistent_messages_are_on_disk_when_the_move_returns(serve
         assert "Traceback" not in recovered.log
     finally:
         recovered.stop()
+
+
+# -- delayed messages held ------------------------------------------------------------
+
+
+async def test_held_counts_the_messages_a_delayed_exchange_holds(server, client):
+    exchange = await client.declare_exchange(unique("delayed"), "x-delayed-message",
+                                             arguments={"x-delayed-type": "fanout"})
+    other = await client.declare_exchange(unique("delayed"), "x-delayed-message",
+                                          arguments={"x-delayed-type": "fanout"})
+    for delay in (60000, 60000, 0):
+        await exchange.publish(aio_pika.Message(b"m", headers={"x-delay": delay}), routing_key="")
+    await other.publish(aio_pika.Message(b"m", headers={"x-delay": 60000}), routing_key="")
+    await synced(client)
+    assert (server.vhost.delayer.held(exchange.name), server.vhost.delayer.held(other.name)) == (2, 1)
