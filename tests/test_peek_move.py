@@ -24,15 +24,20 @@ from helpers import connect, drain, unique
 from vhosts.errors import AMQPError
 
 
-@pytest.fixture
-async def server(tmp_path):
+async def started(data_dir) -> BrokerServer:
     """An in-process broker whose memory budget makes queues page out."""
-    config = BrokerConfig(bind="127.0.0.1", port=0, data_dir=str(tmp_path / "data"),
+    config = BrokerConfig(bind="127.0.0.1", port=0, data_dir=str(data_dir),
                           storage=StorageConfig(vm_memory_high_watermark_absolute=4000000, segment_entries=1024))
     broker = BrokerServer(config)
     await broker.start()
     broker.port = broker.servers[0].sockets[0].getsockname()[1]
     broker.vhost = broker.broker.vhosts["/"]
+    return broker
+
+
+@pytest.fixture
+async def server(tmp_path):
+    broker = await started(tmp_path / "data")
     yield broker
     await broker.stop()
 
@@ -249,6 +254,33 @@ async def test_moved_persistent_messages_are_on_disk_when_the_move_returns(serve
         assert "Traceback" not in recovered.log
     finally:
         recovered.stop()
+
+
+async def test_a_move_waiting_for_the_disk_ends_when_the_source_is_deleted(tmp_path):
+    """After a restart a durable queue's messages are all on disk: a move
+    first waits for the read back. Deleting the queue then ends the move
+    (driven step by step, so the delete surely comes while it waits)."""
+    first = await started(tmp_path / "data")
+    connection = await aio_pika.connect("amqp://guest:guest@127.0.0.1:%d/" % first.port)
+    channel = await connection.channel()
+    source = await channel.declare_queue(unique("dlq"), durable=True)
+    target = await channel.declare_queue(unique("work"), durable=True)
+    await publish(channel, source.name, [b"m"] * 10, delivery_mode=aio_pika.DeliveryMode.PERSISTENT)
+    await connection.close()
+    await first.stop()
+    second = await started(tmp_path / "data")
+    try:
+        assert second.vhost.queues[source.name].backing.state_counts()["delta"] == 10
+        moving = second.vhost.move_messages(source.name, target.name)
+        waiting = moving.send(None)  # runs up to the wait for the disk read
+        assert isinstance(waiting, asyncio.Future) and not waiting.done()
+        second.vhost.delete_queue(source.name, None)
+        with pytest.raises(StopIteration) as finished:
+            moving.send(None)
+        assert finished.value.value == 0
+        assert second.vhost.queues[target.name].message_count == 0
+    finally:
+        await second.stop()
 
 
 # -- delayed messages held ------------------------------------------------------------

@@ -241,4 +241,5 @@ class Queue:
         consumers = list(self.consumers)
         self.consumers.clear()
         self.active = None
+        self._available()  # whoever waits for a read back from disk sees the queue gone
         return consumers
