@@ -21,6 +21,7 @@ from pamqp import commands
 from amqp_server import fastpath
 from amqp_server.framing import content_frames
 from vhosts import Consumer
+from vhosts.argument_checks import consumer_priority
 from vhosts.errors import (
     ACCESS_REFUSED,
     AMQPError,
@@ -136,10 +137,12 @@ class Deliveries:
         self.access.check("queue", name, "read")
         queue = self.vhost.queue(name, self.connection)
         tag = method.consumer_tag or new_consumer_tag()
-        if queue.exclusive_consumer or (method.exclusive and queue.consumers):
+        arguments = method.arguments or {}
+        priority = consumer_priority(queue.vhost, queue.name, arguments)
+        if queue.exclusive_consumer or (method.exclusive and (queue.consumers or queue.single_active)):
             raise AMQPError(ACCESS_REFUSED, "queue '%s' in vhost '%s' in exclusive use" % (queue.name, queue.vhost))
         consumer = Consumer(
-            tag, queue, self, method.no_ack, method.exclusive, self.prefetch_count, method.arguments or {}
+            tag, queue, self, method.no_ack, method.exclusive, self.prefetch_count, arguments, priority
         )
         self.consumers[tag] = consumer
         if not method.nowait:
@@ -264,7 +267,9 @@ class Deliveries:
             self.send_method(commands.Basic.RecoverOk())
 
     def release(self) -> None:
-        """Channel closing: requeue everything unacked, cancel every consumer."""
+        """Channel closing: cancel every consumer, requeue everything unacked,
+        then dispatch (as RabbitMQ: a single active consumer's successor gets
+        the requeued messages first, in their order)."""
         self.flow_active = False
         consumers = list(self.consumers.values())
         self.consumers.clear()
@@ -272,3 +277,5 @@ class Deliveries:
             self._remove_consumer(consumer)
         if self.unacked:
             self.settle(self._take(0, True), REQUEUE)
+        for queue in {c.queue for c in consumers}:
+            queue.dispatch()

@@ -22,6 +22,7 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass
 
+from storage.delayed_store import DelayedStore
 from storage.msg_store import MessageStore
 from storage.queue_index import QueueIndex
 from storage.variable_queue import VariableQueue
@@ -82,6 +83,11 @@ class VhostStorage:
         backing = VariableQueue(index, self.persistent, self.transient, self.monitor, next_seq=report.next_seq)
         backing.recovered(report.first_seq, report.entries, report.entry_bytes, self.settings.unclean_start)
         return backing
+
+    def delayed_store(self) -> DelayedStore:
+        """Where the delayed messages of this vhost's durable delayed-message
+        exchanges are kept (`recover` it at start)."""
+        return DelayedStore(os.path.join(self.directory, "delayed"), self.writer, self.settings.segment_entries)
 
     def finish_recovery(self) -> None:
         self.transient.wipe()

@@ -3,6 +3,7 @@ definition of the policy that applies to it (vhosts.policies)."""
 from __future__ import annotations
 
 import routing
+from vhosts.delayed import DELAYED
 
 # The exchanges every virtual host starts with, as RabbitMQ predeclares them.
 PREDECLARED = (
@@ -33,7 +34,8 @@ class Exchange:
         self.auto_delete = auto_delete
         self.internal = internal
         self.arguments = arguments or {}
-        self.table = routing.table_for(type)
+        # A delayed-message exchange routes as its x-delayed-type (vhosts.delayed).
+        self.table = routing.table_for(self.arguments["x-delayed-type"] if type == DELAYED else type)
         self.builtin = builtin
         self.policy: dict | None = None
 

@@ -23,6 +23,7 @@ Invariants:
 """
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import logging
@@ -31,8 +32,10 @@ from typing import Callable
 
 import routing
 from routing import Destination
-from storage import MemoryQueue, Message
+from storage import MemoryQueue, Message, QueueEntry
+from storage.priority_queue import PriorityQueue, level_name
 from vhosts.access import Access
+from vhosts.argument_checks import check_queue_arguments, max_priority
 from vhosts.errors import (
     ACCESS_REFUSED,
     AMQPError,
@@ -44,7 +47,9 @@ from vhosts.errors import (
     field_type,
     fmt_value,
 )
+from vhosts.delayed import DELAYED, Delayer, check_delayed_type, delay_of
 from vhosts.exchange import PREDECLARED, Exchange
+from vhosts.move import move
 from vhosts.policies import Policy, matching
 from vhosts.queue import Queue
 from vhosts.users import limit_reached
@@ -70,6 +75,8 @@ QUEUE_EQUIVALENT_ARGS = (
     "x-quorum-initial-group-size",
 )
 EXCHANGE_EQUIVALENT_ARGS = ("alternate-exchange",)
+# Every exchange type that can be declared: routing's, and the delayed-message one.
+EXCHANGE_TYPES = routing.EXCHANGE_TYPES | {DELAYED}
 
 
 def _check_x_match(value: object) -> None:
@@ -110,6 +117,11 @@ class VirtualHost:
         # name -> Policy; set by the Broker, which calls apply_policies after a change.
         self.policies: dict[str, Policy] = {}
         self._bound_from: dict[Destination, set[str]] = {}
+        # The names of the x-delayed-message exchanges, which publish looks
+        # up first, and what holds their delayed messages.
+        self.delayed_exchanges: set[str] = set()
+        self.delayer = Delayer(self._deliver_delayed,
+                               message_storage.delayed_store() if message_storage is not None else None)
         for xname, xtype in PREDECLARED:
             self.exchanges[xname] = Exchange(xname, xtype, durable=True, builtin=True)
 
@@ -197,12 +209,14 @@ class VirtualHost:
         `storage.definitions`); nothing is written back. Queues come back
         without consumers or owner, as after a RabbitMQ restart."""
         for row in exchanges:
-            if row.name in self.exchanges or row.type not in routing.EXCHANGE_TYPES:
+            if row.name in self.exchanges or row.type not in EXCHANGE_TYPES:
                 log.warning("not restoring exchange '%s' (type %s) %s", row.name, row.type, self._where())
                 continue
             self.exchanges[row.name] = Exchange(
                 row.name, row.type, row.durable, row.auto_delete, row.internal, row.arguments
             )
+            if row.type == DELAYED:
+                self.delayed_exchanges.add(row.name)
         for row in queues:
             self.queues[row.name] = self._new_queue(
                 row.name, row.durable, None, row.auto_delete, row.arguments, restoring=True)
@@ -253,7 +267,7 @@ class VirtualHost:
         # configure permission, then (only for a new exchange) the reserved
         # prefix; existing amq.* may be redeclared. `access` None: no
         # permission checks (an administrator's operation).
-        if not passive and type not in routing.EXCHANGE_TYPES:
+        if not passive and type not in EXCHANGE_TYPES:
             raise AMQPError(COMMAND_INVALID, "unknown exchange type '%s'" % type)
         self._not_default(name)
         if passive:
@@ -275,11 +289,15 @@ class VirtualHost:
             if ae is not None and access is not None:
                 access.check("exchange", name, "read")
                 access.check("exchange", ae, "write")
+            if type == DELAYED:
+                check_delayed_type(arguments, routing.EXCHANGE_TYPES)
             x = Exchange(name, type, durable, auto_delete, internal, arguments)
             x.policy = self._definition_for("exchange", name)
             if durable and self.definitions is not None:
                 self.definitions.upsert_exchange(self.name, name, type, durable, auto_delete, internal, arguments)
             self.exchanges[name] = x
+            if type == DELAYED:
+                self.delayed_exchanges.add(name)
             return x
         for key, received, current in (
             ("type", type, x.type),
@@ -310,6 +328,7 @@ class VirtualHost:
         if x.durable and self.definitions is not None:
             self.definitions.delete_exchange(self.name, x.name)  # and its bindings, both ways
         del self.exchanges[x.name]
+        self.delayed_exchanges.discard(x.name)
         for dest, _key, _args in list(x.table.bindings()):
             self._forget_binding(x.name, dest)
         self._remove_destination(Destination("exchange", x.name))
@@ -339,7 +358,7 @@ class VirtualHost:
     def bind(self, source: str, dest: Destination, key: str, arguments: dict | None) -> None:
         self._not_default(source)
         x = self.exchange(source)
-        if x.type == "headers" and arguments and "x-match" in arguments:
+        if isinstance(x.table, routing.HeadersTable) and arguments and "x-match" in arguments:
             _check_x_match(arguments["x-match"])
         if (self.definitions is not None and self._durable_binding(x, dest)
                 and not x.table.has_binding(dest, key, arguments)):
@@ -450,6 +469,7 @@ class VirtualHost:
             if isinstance(dlx, str) and access is not None:
                 access.check("queue", name, "read")
                 access.check("exchange", dlx, "write")
+            check_queue_arguments(self.name, name, arguments)
             q = self._new_queue(name, durable, owner if exclusive else None, auto_delete, arguments)
             q.apply_policy(self._definition_for("queue", name))
             if self.definitions is not None and self._stored(q):
@@ -472,14 +492,22 @@ class VirtualHost:
         """A new queue object (declared, or restored at start). Its messages
         live in the message storage, which pages them to disk under memory
         pressure; only a durable, non-exclusive queue keeps persistent
-        messages across restarts (exclusive queues are never recovered)."""
+        messages across restarts (exclusive queues are never recovered).
+        A priority queue has one backing queue per priority level."""
         storage = self.message_storage
-        if storage is None:
-            backing = MemoryQueue()
-        elif restoring:
-            backing = storage.recover_queue(name)
+
+        def backing_for(stored_as: str):
+            if storage is None:
+                return MemoryQueue()
+            if restoring:
+                return storage.recover_queue(stored_as)
+            return storage.new_queue(stored_as, durable and exclusive_owner is None)
+
+        top = max_priority(arguments)
+        if top:
+            backing = PriorityQueue([backing_for(level_name(name, level)) for level in range(top + 1)])
         else:
-            backing = storage.new_queue(name, durable and exclusive_owner is None)
+            backing = backing_for(name)
         return Queue(
             name,
             self.name,
@@ -522,12 +550,68 @@ class VirtualHost:
         """After restoring (or creating) the vhost: finish the message
         storage's recovery before serving (blocking, at start)."""
         if self.message_storage is not None:
+            self.delayer.recover()
             self.message_storage.finish_recovery()
 
     def purge_queue(self, name: str, owner: object, access: Access | None = None) -> int:
         if access is not None:
             access.check("queue", name, "read")
         return self.queue(name, owner).purge()
+
+    # -- peek and move (admin operations) ------------------------------------
+
+    def _existing_queue(self, name: str) -> Queue:
+        """For admin operations: any queue, exclusive ones included."""
+        q = self.queues.get(name)
+        if q is None:
+            raise AMQPError(NOT_FOUND, "no queue '%s' %s" % (name, self._where()))
+        return q
+
+    async def peek_queue(self, name: str, count: int) -> list[QueueEntry]:
+        """The first `count` ready messages of queue `name`, in delivery
+        order, left where they are: entries with `redelivered` and `message`
+        (`exchange`, `routing_key`, `properties`, `headers`, `body`); to be
+        treated as read-only. Paged-out messages are read back off the loop."""
+        q = self._existing_queue(name)
+        if count <= 0:
+            return []
+        peeked = asyncio.get_running_loop().create_future()
+        q.backing.peek(count, lambda result: peeked.done() or peeked.set_result(result))
+        result = await peeked
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    async def move_messages(self, source: str, destination: str, kind: str = "queue",
+                            count: int | None = None, routing_key: str | None = None) -> int:
+        """Move up to `count` messages (None: all ready now) from the head of
+        queue `source` to queue `destination` (kind "queue": the messages are
+        unchanged) or through exchange `destination` (kind "exchange", "" the
+        default one: published with their routing key, or `routing_key`).
+        Each leaves the source only once the destination holds it (durably
+        when persistent); a message routed nowhere stays in the source and
+        ends the move. Returns how many moved (see vhosts.move)."""
+        q = self._existing_queue(source)
+        if kind == "queue":
+            target = self._existing_queue(destination)
+            if target is q:
+                raise AMQPError(PRECONDITION_FAILED, "cannot move messages of queue '%s' %s to itself"
+                                % (source, self._where()))
+
+            def route(message: Message):
+                return message, ([] if target.deleted else [target])
+        elif kind == "exchange":
+            if destination:
+                self.exchange(destination)
+
+            def route(message: Message):
+                key = message.routing_key if routing_key is None else routing_key
+                moved = Message(destination, key, message.header, message.body)
+                return moved, self.route(destination, [key], message.headers)
+        else:
+            raise ValueError("kind must be 'queue' or 'exchange', not %r" % (kind,))
+        limit = q.message_count if count is None else max(count, 0)
+        return await move(q, route, limit)
 
     # -- publish -------------------------------------------------------------
 
@@ -543,6 +627,14 @@ class VirtualHost:
             return list(found)
         names = routing.resolve(exchange, routing_keys, headers, self.exchanges.get)
         return [queues[n] for n in names if n in queues]
+
+    def _deliver_delayed(self, message: Message, routing_keys: list[str]) -> None:
+        """A delayed message is due: route it as its exchange now does (none
+        when the exchange is gone) and enqueue it."""
+        if message.exchange not in self.delayed_exchanges:
+            return
+        for q in self.route(message.exchange, routing_keys, message.headers):
+            q.publish(message)
 
     def check_publish(self, exchange: str) -> Exchange | None:
         """The exchange a publish goes to (None: the default exchange)."""
@@ -567,8 +659,16 @@ class VirtualHost:
         call `on_durable` once the message is on disk). `publisher` (with
         `throttled_by(queue)`) is told which queues ask it to wait (credit
         flow, see vhosts.queue)."""
-        targets = self.route(message.exchange, routing_keys, headers)
         waits = 0
+        if message.exchange in self.delayed_exchanges and (delay := delay_of(headers)):
+            # Held by the exchange (vhosts.delayed): no queue now, but its
+            # alternate exchange, if any, gets it at once, as with the plugin.
+            x = self.exchanges[message.exchange]
+            waits = int(self.delayer.delay(message, delay, routing_keys, x.durable, on_durable))
+            ae = x.alternate_exchange
+            targets = self.route(ae, routing_keys, headers) if ae is not None else []
+        else:
+            targets = self.route(message.exchange, routing_keys, headers)
         for q in targets:
             if q.publish(message, on_durable):
                 waits += 1
