@@ -286,3 +286,26 @@ def test_vhost_delete_closes_its_connections(api, broker, vhost):
         channel.queue_declare(unique("q"))
     assert info.value.reply_code == 320
     assert connect(broker.port).is_open
+
+
+def test_message_rates_come_from_samples(start_broker):
+    """With a short sample interval the publish rate of a queue and of its
+    vhost becomes positive while messages arrive, and falls back to zero."""
+    broker = start_broker("--management-sample-interval", "0.2", expect=("AMQP", "HTTP"))
+    api = Api(broker.ports["HTTP"])
+    connection = connect(broker.port)
+    channel = connection.channel()
+    queue = channel.queue_declare(unique("rates")).method.queue
+
+    def rate(path: str):
+        return api.get(path).body.get("message_stats", {}).get("publish_details", {}).get("rate", 0)
+
+    def publishing_seen():
+        channel.basic_publish("", queue, b"m")
+        connection.process_data_events(0)
+        return rate("/api/queues/%2F/" + queue) > 0 and rate("/api/vhosts/%2F") > 0
+
+    wait_for(publishing_seen)
+    assert api.get("/api/overview").body["message_stats"]["publish_details"]["rate"] >= 0
+    wait_for(lambda: rate("/api/queues/%2F/" + queue) == 0)
+    connection.close()

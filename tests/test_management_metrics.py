@@ -1,0 +1,80 @@
+"""Prometheus metrics on the metrics port: the exposition parses, carries
+RabbitMQ's metric names and hutch's own, and the values follow traffic."""
+from __future__ import annotations
+
+import re
+import urllib.request
+
+from helpers import confirm_channel, drain, publish_n, unique, wait_for
+
+SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (-?[0-9.e+]+|NaN|\+Inf|-Inf)$')
+
+
+def scrape(broker) -> tuple[dict, dict]:
+    """(types by metric family, samples by name+labels) of one scrape; every
+    line must parse as the text format."""
+    with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % broker.ports["PROMETHEUS"], timeout=30) as reply:
+        assert reply.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        text = reply.read().decode()
+    types, samples = {}, {}
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split(" ", 3)
+            types[name] = kind
+        elif line.startswith("# HELP ") or not line:
+            continue
+        else:
+            match = SAMPLE.match(line)
+            assert match, line
+            samples[match.group(1) + (match.group(2) or "")] = float(match.group(3))
+    for key in samples:
+        family = re.sub(r"_(sum|count)$", "", key.split("{")[0])
+        assert key.split("{")[0] in types or family in types, key
+    return types, samples
+
+
+def test_metric_names(broker):
+    types, samples = scrape(broker)
+    for name in ("rabbitmq_connections", "rabbitmq_channels", "rabbitmq_consumers", "rabbitmq_queues",
+                 "rabbitmq_queue_messages_ready", "rabbitmq_queue_messages_unacked", "rabbitmq_queue_messages",
+                 "rabbitmq_process_resident_memory_bytes", "rabbitmq_resident_memory_limit_bytes"):
+        assert types[name] == "gauge", name
+    for name in ("rabbitmq_global_messages_received_total", "rabbitmq_global_messages_delivered_total",
+                 "rabbitmq_global_messages_acknowledged_total", "rabbitmq_global_messages_confirmed_total",
+                 "rabbitmq_global_messages_unroutable_dropped_total"):
+        assert types[name] == "counter", name
+    for state in ("alpha", "gamma", "delta"):
+        assert 'hutch_queue_messages_state{state="%s"}' % state in samples
+    assert 'hutch_msg_store_files{store="persistent"}' in samples
+    assert types["hutch_fsync_duration_seconds"] == "summary"
+    assert "hutch_fsync_duration_seconds_count" in samples and "hutch_fsync_duration_seconds_sum" in samples
+    assert samples["rabbitmq_process_resident_memory_bytes"] > 0
+
+
+def test_metrics_follow_traffic(broker, conn):
+    _, before = scrape(broker)
+    channel = confirm_channel(conn)
+    queue = channel.queue_declare(unique("metrics"), durable=True).method.queue
+    publish_n(channel, queue, 5)
+    channel.basic_publish("", unique("nowhere"), b"dropped")
+    _, during = scrape(broker)
+    assert during["rabbitmq_global_messages_received_total"] - before["rabbitmq_global_messages_received_total"] >= 6
+    assert during["rabbitmq_global_messages_confirmed_total"] - before["rabbitmq_global_messages_confirmed_total"] >= 6
+    assert during["rabbitmq_global_messages_unroutable_dropped_total"] > \
+        before["rabbitmq_global_messages_unroutable_dropped_total"]
+    assert during["rabbitmq_queue_messages_ready"] >= 5
+    assert during["rabbitmq_connections"] >= 1 and during["rabbitmq_queues"] >= 1
+    assert during["hutch_fsync_duration_seconds_count"] >= before["hutch_fsync_duration_seconds_count"]
+    drain(channel, queue, auto_ack=False)
+    channel.basic_ack(0, multiple=True)
+
+    def acked_since_before():
+        samples = scrape(broker)[1]
+        acked = samples["rabbitmq_global_messages_acknowledged_total"] - before[
+            "rabbitmq_global_messages_acknowledged_total"]
+        return samples if acked >= 5 else None
+
+    after = wait_for(acked_since_before)
+    assert after["rabbitmq_global_messages_delivered_get_manual_ack_total"] - \
+        before["rabbitmq_global_messages_delivered_get_manual_ack_total"] >= 5
+    channel.queue_delete(queue)
