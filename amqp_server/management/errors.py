@@ -1,6 +1,8 @@
 """The management API's errors, in RabbitMQ's JSON shape {"error", "reason"}."""
 from __future__ import annotations
 
+import contextlib
+
 from vhosts.errors import ACCESS_REFUSED, NOT_FOUND, AMQPError
 
 NOT_FOUND_BODY = {"error": "Object Not Found", "reason": "Not Found"}
@@ -39,6 +41,15 @@ def from_amqp(error: AMQPError) -> ApiError:
     if error.reply_code == NOT_FOUND:
         return ApiError(404, "not_found", error.reply_text)
     return bad_request(error.reply_text.split(" - ", 1)[-1])
+
+
+@contextlib.contextmanager
+def amqp_errors_as_http():
+    """Run a domain call, answering an `AMQPError` as RabbitMQ's API does."""
+    try:
+        yield
+    except AMQPError as exc:
+        raise from_amqp(exc) from None
 
 
 def missing_keys(body: dict, keys: tuple[str, ...]) -> None:

@@ -17,7 +17,7 @@ from pamqp import commands, header
 from storage import Message
 from vhosts.errors import AMQPError
 
-from amqp_server.management.errors import bad_request, from_amqp, missing_keys
+from amqp_server.management.errors import amqp_errors_as_http, bad_request, missing_keys
 from amqp_server.management.http import NO_CONTENT
 
 ACK_MODES = {
@@ -48,10 +48,8 @@ _PUBLISHER = _HttpPublisher()
 
 def _queue(req):
     v = req.vhost(req.params["vhost"])
-    try:
+    with amqp_errors_as_http():
         return v, v.queue(req.params["name"], None)
-    except AMQPError as exc:
-        raise from_amqp(exc) from None
 
 
 async def _fetch(queue):
@@ -137,10 +135,8 @@ def properties_json(props):
 
 def purge(req):
     v, queue = _queue(req)
-    try:
+    with amqp_errors_as_http():
         v.purge_queue(queue.name, None)
-    except AMQPError as exc:
-        raise from_amqp(exc) from None
     return NO_CONTENT
 
 

@@ -3,7 +3,7 @@ permissions, exchanges, queues and bindings (RabbitMQ's /api/... routes).
 
 Changes go through the same domain calls AMQP methods use (`vhosts.Broker`,
 `vhosts.VirtualHost`), so durability, auto-delete cascades and errors are
-the same; an `AMQPError` becomes RabbitMQ's HTTP answer (`errors.from_amqp`).
+the same; an `AMQPError` becomes RabbitMQ's HTTP answer (`errors.amqp_errors_as_http`).
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from vhosts.errors import CONNECTION_FORCED, AMQPError
 from vhosts.users import Permission, hash_password
 
 from amqp_server.management import access, shapes
-from amqp_server.management.errors import ApiError, bad_request, from_amqp, not_found
+from amqp_server.management.errors import ApiError, amqp_errors_as_http, bad_request, not_found
 from amqp_server.management.http import CREATED, NO_CONTENT, Created
 from amqp_server.management.listing import present
 from amqp_server.management.node import COMPATIBLE_VERSION
@@ -381,18 +381,23 @@ def _bool(body: dict, key: str, default: bool) -> bool:
     return value
 
 
-def put_exchange(req):
+def _declare(req, kind: str, declare) -> object:
+    """PUT of an exchange or queue: `declare(vhost, name, body)`; 201 when
+    it is new, 204 when it existed (and was equivalent)."""
     v = _writable_vhost(req)
     body = req.body()
     name = req.params["name"]
-    existed = name in v.exchanges
-    try:
-        v.declare_exchange(name, body.get("type", "direct"), durable=_bool(body, "durable", True),
-                           auto_delete=_bool(body, "auto_delete", False), internal=_bool(body, "internal", False),
-                           arguments=arguments_of(body))
-    except AMQPError as exc:
-        raise from_amqp(exc) from None
+    existed = name in (v.exchanges if kind == "exchange" else v.queues)
+    with amqp_errors_as_http():
+        declare(v, name, body)
     return NO_CONTENT if existed else CREATED
+
+
+def put_exchange(req):
+    return _declare(req, "exchange", lambda v, name, body: v.declare_exchange(
+        name, body.get("type", "direct"), durable=_bool(body, "durable", True),
+        auto_delete=_bool(body, "auto_delete", False), internal=_bool(body, "internal", False),
+        arguments=arguments_of(body)))
 
 
 def delete_exchange(req):
@@ -400,10 +405,8 @@ def delete_exchange(req):
     name = _exchange_name(req.params["name"])
     if name not in v.exchanges:
         raise not_found()
-    try:
+    with amqp_errors_as_http():
         v.delete_exchange(name, if_unused=_flag(req.query, "if-unused"))
-    except AMQPError as exc:
-        raise from_amqp(exc) from None
     return NO_CONTENT
 
 
@@ -442,24 +445,15 @@ def queue(req) -> dict:
 
 
 def put_queue(req):
-    v = _writable_vhost(req)
-    body = req.body()
-    name = req.params["name"]
-    existed = name in v.queues
-    try:
-        v.declare_queue(name, None, durable=_bool(body, "durable", True),
-                        auto_delete=_bool(body, "auto_delete", False), arguments=arguments_of(body))
-    except AMQPError as exc:
-        raise from_amqp(exc) from None
-    return NO_CONTENT if existed else CREATED
+    return _declare(req, "queue", lambda v, name, body: v.declare_queue(
+        name, None, durable=_bool(body, "durable", True), auto_delete=_bool(body, "auto_delete", False),
+        arguments=arguments_of(body)))
 
 
 def delete_queue(req):
     v, q = find_queue(req)
-    try:
+    with amqp_errors_as_http():
         v.delete_queue(q.name, None, if_unused=_flag(req.query, "if-unused"), if_empty=_flag(req.query, "if-empty"))
-    except AMQPError as exc:
-        raise from_amqp(exc) from None
     return NO_CONTENT
 
 
@@ -547,13 +541,11 @@ def add_binding(req):
     if not isinstance(key, str):
         raise bad_request("routing_key must be a string")
     arguments = arguments_of(body)
-    try:
+    with amqp_errors_as_http():
         if dest.kind == "queue":
             v.bind_queue(dest.name, source, key, arguments, None)
         else:
             v.bind_exchange(dest.name, source, key, arguments)
-    except AMQPError as exc:
-        raise from_amqp(exc) from None
     return Created(shapes.properties_key(key, arguments))
 
 
@@ -574,12 +566,8 @@ def binding(req) -> dict:
 
 def delete_binding(req):
     found = _binding(req)
-    if found["source"] == "":
-        raise from_amqp(AMQPError(403, "operation not permitted on the default exchange"))
     v = req.vhost(req.params["vhost"])
-    try:
+    with amqp_errors_as_http():
         v.unbind(found["source"], Destination(found["destination_type"], found["destination"]),
                  found["routing_key"], found["arguments"])
-    except AMQPError as exc:
-        raise from_amqp(exc) from None
     return NO_CONTENT
