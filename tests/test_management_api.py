@@ -242,6 +242,13 @@ def test_exchanges_and_bindings(api, broker, vhost):
     reply = api.post("/api/exchanges/%s/%s/publish" % (v, x),
                      {"properties": {}, "routing_key": "a.b", "payload": "hi", "payload_encoding": "string"})
     assert reply.body == {"routed": False}
+    missing = unique("missing")
+    reply = api.post("/api/bindings/%s/e/%s/q/%s" % (v, x, missing), {})
+    assert (reply.status, reply.body) == (404, {"error": "not_found",
+                                                "reason": "no queue '%s' in vhost '%s'" % (missing, vhost)})
+    reply = api.post("/api/bindings/%s/e/%s/q/%s" % (v, missing, q), {})
+    assert (reply.status, reply.body) == (404, {"error": "not_found",
+                                                "reason": "no exchange '%s' in vhost '%s'" % (missing, vhost)})
     # exchange-to-exchange
     y = unique("y")
     api.put("/api/exchanges/%s/%s" % (v, y), {"type": "fanout"})

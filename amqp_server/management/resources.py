@@ -7,6 +7,8 @@ the same; an `AMQPError` becomes RabbitMQ's HTTP answer (`errors.amqp_errors_as_
 """
 from __future__ import annotations
 
+import base64
+import binascii
 import os
 from urllib.parse import unquote
 
@@ -261,7 +263,11 @@ def imported_hash(entry: dict) -> str:
         raise bad_request("unsupported hashing_algorithm '%s'" % algorithm)
     value = entry.get("password_hash")
     if not isinstance(value, str):
-        raise bad_request("password_hash must be a string")
+        raise bad_request(["not_string", "password_hash"])
+    try:
+        base64.b64decode(value, validate=True)
+    except binascii.Error:
+        raise bad_request(["not_base64", value]) from None
     return value
 
 
@@ -508,16 +514,17 @@ def exchange_destination_bindings(req) -> list:
 DEST_KINDS = {"q": "queue", "e": "exchange"}
 
 
-def _ends(req):
+def _ends(req, existing: bool = True):
+    """(vhost, source, destination) a binding route names; with `existing`
+    both ends must exist (404 otherwise)."""
     v = req.vhost(req.params["vhost"])
     kind = DEST_KINDS.get(req.params["kind"])
     if kind is None:
         raise not_found()
     source = _exchange_name(req.params["source"])
     dest = req.params["destination"]
-    if source not in v.exchanges and source != "":
-        raise not_found()
-    if (v.queues if kind == "queue" else v.exchanges).get(dest) is None:
+    if existing and (source not in v.exchanges and source != ""
+                     or dest not in (v.queues if kind == "queue" else v.exchanges)):
         raise not_found()
     return v, source, Destination(kind, dest)
 
@@ -535,7 +542,8 @@ def bindings_between(req) -> list:
 
 
 def add_binding(req):
-    v, source, dest = _ends(req)
+    """A missing end is the domain's 404, as RabbitMQ reports it."""
+    v, source, dest = _ends(req, existing=False)
     body = req.body()
     key = body.get("routing_key", "")
     if not isinstance(key, str):
