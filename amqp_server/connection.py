@@ -116,6 +116,8 @@ class Connection:
         self.user = None
         self.client_properties: dict = {}
         self.auth_mechanism = ""
+        # Bytes and socket reads/writes, for the management API (recv_oct, send_oct, ...).
+        self.recv_oct = self.recv_cnt = self.send_oct = self.send_cnt = 0
         self.connected_at = int(time.time() * 1000)  # ms since the epoch, as RabbitMQ reports it
         self.channels: dict[int, Channel] = {}
         self.exclusive_queues: list = []
@@ -170,6 +172,8 @@ class Connection:
         self._out = []
         if out:
             self._sent_since_tick = True
+            self.send_oct += sum(map(len, out))
+            self.send_cnt += 1
         if was_full and not self.socket_paused:
             self.io.call_soon(self.output_resumed)
         return out
@@ -186,6 +190,8 @@ class Connection:
 
     def received(self, data: bytes) -> None:
         self._received_since_tick = True
+        self.recv_oct += len(data)
+        self.recv_cnt += 1
         if self.state is HEADER:
             self._header += data
             if len(self._header) < 8 and PROTOCOL_HEADER.startswith(self._header):

@@ -18,8 +18,9 @@ SAMPLED = FIELDS + ("deliver_get",)
 
 
 class RateSampler:
-    def __init__(self, broker, interval: float) -> None:
+    def __init__(self, broker, connections: set, interval: float) -> None:
         self.broker = broker
+        self.connections = connections
         self.interval = interval
         # id(counter object) -> (object, time, totals)
         self._last: dict[int, tuple] = {}
@@ -34,6 +35,8 @@ class RateSampler:
             for queue in vhost.queues.values():
                 yield queue.stats, queue.stats.totals()
                 yield queue, {"messages_ready": queue.message_count}
+        for connection in list(self.connections):
+            yield connection, {"recv_oct": connection.recv_oct, "send_oct": connection.send_oct}
 
     def sample(self) -> None:
         now = time.monotonic()

@@ -145,6 +145,7 @@ def queue(sampler, q, unacked: int, consumers: list) -> dict:
         "durable": q.durable,
         "effective_policy_definition": {},
         "exclusive": q.exclusive_owner is not None,
+        **_owner(q.exclusive_owner),
         "exclusive_consumer_tag": exclusive_tag,
         "head_message_timestamp": None,
         "message_bytes": q.backing.ready_bytes,
@@ -169,6 +170,15 @@ def queue(sampler, q, unacked: int, consumers: list) -> dict:
     if stats is not None:
         out["message_stats"] = stats
     return out
+
+
+def _owner(connection) -> dict:
+    """RabbitMQ's owner_pid_details of an exclusive queue: its connection."""
+    if connection is None:
+        return {}
+    peer_host, peer_port = _peer(connection)
+    return {"owner_pid_details": {"name": connection_name(connection), "peer_host": peer_host,
+                                  "peer_port": peer_port}}
 
 
 def binding(vhost_name: str, source: str, dest_kind: str, dest_name: str, key: str, arguments: dict | None) -> dict:
@@ -218,7 +228,7 @@ def _local(connection) -> tuple[str, int]:
     return (local[0], local[1]) if local else ("", 0)
 
 
-def connection(conn) -> dict:
+def connection(sampler, conn) -> dict:
     peer_host, peer_port = _peer(conn)
     host, port = _local(conn)
     transport = conn.io.transport
@@ -242,6 +252,13 @@ def connection(conn) -> dict:
         "peer_port": peer_port,
         "port": port,
         "protocol": "AMQP 0-9-1",
+        "recv_cnt": conn.recv_cnt,
+        "recv_oct": conn.recv_oct,
+        "recv_oct_details": {"rate": sampler.rate(conn, "recv_oct")},
+        "send_cnt": conn.send_cnt,
+        "send_oct": conn.send_oct,
+        "send_oct_details": {"rate": sampler.rate(conn, "send_oct")},
+        "send_pend": 0,
         "ssl": ssl_object is not None,
         "ssl_cipher": cipher[0] if cipher else None,
         "ssl_hash": None,
