@@ -6,14 +6,16 @@ import re
 import urllib.request
 
 from helpers import confirm_channel, drain, publish_n, unique, wait_for
+from http_api import Api, segment
 
 SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (-?[0-9.e+]+|NaN|\+Inf|-Inf)$')
 
 
-def scrape(broker) -> tuple[dict, dict]:
+def scrape(broker, path: str = "/metrics") -> tuple[dict, dict]:
     """(types by metric family, samples by name+labels) of one scrape; every
     line must parse as the text format."""
-    with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % broker.ports["PROMETHEUS"], timeout=30) as reply:
+    url = "http://127.0.0.1:%d%s" % (broker.ports["PROMETHEUS"], path)
+    with urllib.request.urlopen(url, timeout=30) as reply:
         assert reply.headers["Content-Type"].startswith("text/plain; version=0.0.4")
         text = reply.read().decode()
     types, samples = {}, {}
@@ -78,3 +80,20 @@ def test_metrics_follow_traffic(broker, conn):
     assert after["rabbitmq_global_messages_delivered_get_manual_ack_total"] - \
         before["rabbitmq_global_messages_delivered_get_manual_ack_total"] >= 5
     channel.queue_delete(queue)
+
+
+def test_per_object_metrics_label_each_queue(broker):
+    api = Api(broker.ports["HTTP"])
+    queue = unique('per "object"')  # declared over HTTP: a quote must be escaped in the label
+    path = "/api/queues/%2F/" + segment(queue)
+    api.put(path, {"durable": False})
+    for _ in range(3):
+        api.post("/api/exchanges/%2F/amq.default/publish",
+                 {"properties": {}, "routing_key": queue, "payload": "m", "payload_encoding": "string"})
+    _types, samples = scrape(broker, "/metrics/per-object")
+    labels = '{vhost="/",queue="%s"}' % queue.replace('"', '\\"')
+    assert samples["rabbitmq_queue_messages_ready" + labels] == 3
+    assert samples["rabbitmq_queue_messages_published_total" + labels] == 3
+    assert samples['hutch_queue_messages_state{vhost="/",queue="%s",state="alpha"}' % queue.replace('"', '\\"')] \
+        == 3
+    api.delete(path)

@@ -5,6 +5,8 @@ import os
 import time
 from dataclasses import dataclass, field
 
+from storage.memory_monitor import total_memory
+
 from amqp_server.management.rates import RateSampler
 
 # The RabbitMQ release whose API (and definitions format) hutch answers as.
@@ -26,6 +28,15 @@ class Node:
     @property
     def uptime_ms(self) -> int:
         return int((time.monotonic() - self.started) * 1000)
+
+    @property
+    def memory_limit(self) -> int:
+        """RabbitMQ's memory high watermark in bytes (paging starts at
+        paging_ratio of it, the monitor's budget)."""
+        storage = self.config.storage
+        if storage.vm_memory_high_watermark_absolute is not None:
+            return storage.vm_memory_high_watermark_absolute
+        return int(storage.vm_memory_high_watermark * total_memory())
 
     @staticmethod
     def rss_bytes() -> int:

@@ -112,14 +112,13 @@ def overview(req) -> dict:
 
 def node_info(req) -> dict:
     node = req.node
-    limit = int(node.monitor.budget / max(node.config.storage.paging_ratio, 1e-9))
     return {
         "name": shapes.NODE,
         "type": "disc",
         "running": True,
         "os_pid": str(os.getpid()),
         "mem_used": node.rss_bytes(),
-        "mem_limit": limit,
+        "mem_limit": node.memory_limit,
         "mem_alarm": False,
         "disk_free_alarm": False,
         "partitions": [],
