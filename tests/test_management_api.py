@@ -209,6 +209,9 @@ def test_queue_delete_conditions_and_reserved_names(api, broker, vhost):
     assert api.delete(path).status == 204
     reply = api.put("/api/queues/%s/amq.reserved" % segment(vhost), {})
     assert (reply.status, reply.body) == (401, {"error": "not_authorised", "reason": "Access refused."})
+    reply = api.put("/api/queues/%s/%s" % (segment(vhost), "q" * 300), {})
+    assert (reply.status, reply.body) == (400, {"error": "bad_request",
+                                                "reason": "queue should be less than 255 bytes, actually was 300\n"})
     reply = api.put("/api/queues/%s/q" % segment(unique("novhost")), {})
     assert (reply.status, reply.body) == (404, {"error": "not_found", "reason": "vhost_not_found"})
 
@@ -250,6 +253,8 @@ def test_exchanges_and_bindings(api, broker, vhost):
     assert (reply.status, reply.body) == (404, {"error": "not_found",
                                                 "reason": "no exchange '%s' in vhost '%s'" % (missing, vhost)})
     # exchange-to-exchange
+    assert api.post("/api/bindings/%s/e/%s/q/%s" % (v, x, q), {"arguments": {"h": 1}}).headers["location"] \
+        .startswith("~")
     y = unique("y")
     api.put("/api/exchanges/%s/%s" % (v, y), {"type": "fanout"})
     assert api.post("/api/bindings/%s/e/%s/e/%s" % (v, x, y), {"routing_key": "k"}).status == 201

@@ -450,6 +450,9 @@ def queue(req) -> dict:
 
 
 def put_queue(req):
+    size = len(req.params["name"].encode("utf-8"))
+    if size > 255:  # a queue must be nameable in AMQP's short strings
+        raise bad_request("queue should be less than 255 bytes, actually was %d\n" % size)
     return _declare(req, "queue", lambda v, name, body: v.declare_queue(
         name, None, durable=_bool(body, "durable", True), auto_delete=_bool(body, "auto_delete", False),
         arguments=arguments_of(body)))

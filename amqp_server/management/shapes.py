@@ -196,10 +196,9 @@ def binding(vhost_name: str, source: str, dest_kind: str, dest_name: str, key: s
 def properties_key(key: str, arguments: dict | None) -> str:
     """How RabbitMQ names one binding in a URL: the quoted routing key, plus
     a hash of the arguments when there are any."""
-    quoted = quote(key, safe="") if key else "~"
     if not arguments:
-        return quoted
-    return quoted + "~" + _arguments_hash(arguments)
+        return quote(key, safe="") if key else "~"
+    return quote(key, safe="") + "~" + _arguments_hash(arguments)
 
 
 def _arguments_hash(arguments: dict) -> str:
