@@ -183,3 +183,32 @@ def test_aliveness_test(api):
     api.delete("/api/vhosts/" + vhost)
     reply = api.get("/api/aliveness-test/" + vhost)
     assert (reply.status, reply.body) == (404, {"error": "Object Not Found", "reason": "Not Found"})
+
+
+def test_memory_watermark_extension_changes_the_paging_budget(start_broker):
+    broker = start_broker(expect=("AMQP", "HTTP", "PROMETHEUS"))
+    api = Api(broker.ports["HTTP"])
+    path = "/api/hutch/vm-memory-high-watermark"
+    assert api.put(path, {"value": "2MB"}).status == 204
+    (node,) = api.get("/api/nodes").body
+    assert node["mem_limit"] == 2000000
+    connection = pika.BlockingConnection(pika.URLParameters(broker.url))
+    channel = confirm_channel(connection)
+    channel.queue_declare("budget", durable=True)
+    for _ in range(600):  # 1.2 MB: over the 1 MB paging budget (half the watermark)
+        channel.basic_publish("", "budget", b"x" * 2000, pika.BasicProperties(delivery_mode=2))
+    assert api.get("/api/queues/%2F/budget").body["message_states"]["delta"] > 0
+    assert api.put(path, {"value": 0.4}).status == 204
+    assert api.get("/api/nodes").body[0]["mem_limit"] > 2000000
+    for bad in ({"value": "2 parsecs"}, {"value": 1.5}, {}):
+        assert api.put(path, bad).status == 400
+    assert Api(broker.ports["HTTP"], ("nobody", "x")).put(path, {"value": 0.4}).status == 401
+    connection.close()
+
+
+def test_tracing_is_refused_not_faked(api):
+    vhost = unique("trace")
+    assert api.put("/api/vhosts/" + vhost, {"tracing": True}).status == 400
+    assert api.put("/api/vhosts/" + vhost, {"tracing": False, "description": "d"}).status == 201
+    assert api.get("/api/vhosts/" + vhost).body["tracing"] is False
+    api.delete("/api/vhosts/" + vhost)

@@ -174,7 +174,10 @@ def vhost(req) -> dict:
 
 
 def put_vhost(req):
-    req.body()
+    """Description, tags and default queue type are accepted and not kept;
+    tracing (the firehose) is refused: hutch does not implement it."""
+    if req.body().get("tracing") is True:
+        raise bad_request("tracing is not supported by hutch")
     name = req.params["vhost"]
     if name in req.broker.vhosts:
         return NO_CONTENT

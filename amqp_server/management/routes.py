@@ -10,7 +10,7 @@ limits (branch policyperm); hutch's peek and move operations (branch prio).
 """
 from __future__ import annotations
 
-from amqp_server.management import clients, definitions, health, operations, resources
+from amqp_server.management import clients, definitions, health, operations, resources, watermark
 from amqp_server.management.access import ADMINISTRATOR, MANAGEMENT, MONITORING
 
 M, MON, A = MANAGEMENT, MONITORING, ADMINISTRATOR
@@ -79,6 +79,8 @@ _TABLE = [
     ("/api/permissions", {"GET": (resources.permissions, A)}),
     ("/api/permissions/{vhost}/{user}", {"GET": (resources.permission, A), "PUT": (resources.put_permission, A),
                                          "DELETE": (resources.delete_permission, A)}),
+    # hutch's extensions
+    ("/api/hutch/vm-memory-high-watermark", {"PUT": (watermark.put_watermark, A)}),
     # health
     ("/api/aliveness-test/{vhost}", {"GET": (operations.aliveness_test, M)}),
     ("/api/health/checks/alarms", {"GET": (health.ok, M)}),
