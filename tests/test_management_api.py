@@ -3,6 +3,12 @@ bodies, and the objects (overview, vhosts, users, permissions, exchanges,
 queues, bindings) in RabbitMQ's shapes, seen from AMQP clients too."""
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
 import pika
 import pytest
 from pika.exceptions import ChannelClosedByBroker, ProbableAccessDeniedError, ProbableAuthenticationError
@@ -11,6 +17,7 @@ from helpers import confirm_channel, connect, publish_n, unique, wait_for
 from http_api import Api, call, segment
 
 NOT_FOUND = {"error": "Object Not Found", "reason": "Not Found"}
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
@@ -321,3 +328,26 @@ def test_message_rates_come_from_samples(start_broker):
     assert api.get("/api/overview").body["message_stats"]["publish_details"]["rate"] >= 0
     wait_for(lambda: rate("/api/queues/%2F/" + queue) == 0)
     connection.close()
+
+
+def test_listeners_can_be_switched_off(start_broker):
+    broker = start_broker("--management-enabled", "false", "--prometheus-enabled", "false")
+    assert "HTTP" not in broker.ports and "PROMETHEUS" not in broker.ports
+    assert "listening for HTTP" not in broker.log
+    connect(broker.port).close()
+
+
+def test_a_busy_http_port_stops_the_broker_with_a_message(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "cli.server", "--bind", "127.0.0.1", "--port", "0", "--data-dir",
+             str(tmp_path / "data"), "--management-bind", "127.0.0.1", "--management-port", str(port),
+             "--prometheus-enabled", "false"],
+            cwd=ROOT, env={k: v for k, v in os.environ.items() if not k.startswith("HUTCH_")},
+            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert "cannot listen for HTTP on 127.0.0.1:%d" % port in result.stderr
+    assert "Traceback" not in result.stderr
