@@ -21,7 +21,7 @@ from vhosts.errors import NOT_FOUND, PRECONDITION_FAILED, AMQPError
 from amqp_server.channel import check_properties
 from amqp_server.management.errors import ApiError, amqp_errors_as_http, bad_request, missing_keys
 from amqp_server.management.http import NO_CONTENT
-from amqp_server.management.resources import find_queue
+from amqp_server.management.resources import exchange_name, find_queue
 
 ACK_MODES = {
     "ack_requeue_true": True,
@@ -197,7 +197,7 @@ def publish(req) -> dict:
     body = req.body()
     missing_keys(body, ("routing_key", "properties", "payload", "payload_encoding"))
     v = req.vhost(req.params["vhost"])
-    exchange = "" if req.params["name"] == "amq.default" else req.params["name"]
+    exchange = exchange_name(req.params["name"])
     routing_key = body["routing_key"]
     if not isinstance(routing_key, str):
         raise bad_request(["not_string", "routing_key"])
