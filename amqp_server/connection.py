@@ -131,6 +131,7 @@ class Connection:
         self._silent_ticks = 0
         self._sent_since_tick = False
         self._timer = io.call_later(HANDSHAKE_TIMEOUT, self._handshake_timeout)
+        broker.churn.connection_created += 1
 
     # -- output --------------------------------------------------------------
 
@@ -292,11 +293,13 @@ class Connection:
                 % (len(self.channels), self.channel_max),
             ).at(0, 0)
         self.channels[number] = Channel(self, number)
+        self.broker.churn.channel_created += 1
         self.send_method(number, commands.Channel.OpenOk())
 
     def channel_closed(self, channel: Channel) -> None:
         if self.channels.get(channel.number) is channel:
             del self.channels[channel.number]
+            self.broker.churn.channel_closed += 1
         self._confirming.discard(channel)
 
     def unexpected_method(self, method) -> AMQPError:
@@ -483,6 +486,7 @@ class Connection:
         self.blocked_by.clear()
         channels = list(self.channels.values())
         self.channels.clear()
+        self.broker.churn.channel_closed += len(channels)
         for channel in channels:
             channel.release()
         for queue in self.exclusive_queues:
@@ -500,6 +504,7 @@ class Connection:
 
     def lost(self) -> None:
         """The socket is gone (either side)."""
+        self.broker.churn.connection_closed += 1
         self._release()
         self.state = CLOSED
         self._timer.cancel()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import urllib.request
 
-from helpers import confirm_channel, drain, publish_n, unique, wait_for
+from helpers import confirm_channel, connect, drain, publish_n, unique, wait_for
 from http_api import Api, segment
 
 SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (-?[0-9.e+]+|NaN|\+Inf|-Inf)$')
@@ -97,3 +97,33 @@ def test_per_object_metrics_label_each_queue(broker):
     assert samples['hutch_queue_messages_state{vhost="/",queue="%s",state="alpha"}' % queue.replace('"', '\\"')] \
         == 3
     api.delete(path)
+
+
+def test_churn_counters(broker):
+    api = Api(broker.ports["HTTP"])
+    _, before = scrape(broker)
+    churn_before = api.get("/api/overview").body["churn_rates"]
+    connection = connect(broker.port)
+    channel = connection.channel()
+    connection.channel().close()
+    name = channel.queue_declare(unique("churn")).method.queue
+    channel.queue_declare(name, passive=True)
+    channel.queue_declare(name)
+    channel.queue_delete(name)
+    connection.close()
+
+    def counted():
+        samples = scrape(broker)[1]
+        return samples if samples["rabbitmq_connections_closed_total"] > before[
+            "rabbitmq_connections_closed_total"] else None
+
+    after = wait_for(counted)
+    for metric, least in (("rabbitmq_connections_opened_total", 1), ("rabbitmq_connections_closed_total", 1),
+                          ("rabbitmq_channels_opened_total", 2), ("rabbitmq_channels_closed_total", 2),
+                          ("rabbitmq_queues_declared_total", 2), ("rabbitmq_queues_created_total", 1),
+                          ("rabbitmq_queues_deleted_total", 1)):
+        assert after[metric] - before[metric] >= least, metric
+    churn = api.get("/api/overview").body["churn_rates"]
+    assert churn["queue_created"] > churn_before["queue_created"]
+    assert churn["channel_closed"] >= churn_before["channel_closed"] + 2
+    assert "rate" in churn["connection_created_details"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 
 from vhosts.errors import NOT_ALLOWED, AMQPError
+from vhosts.stats import Churn
 from vhosts.users import Permission, User, hash_password
 from vhosts.vhost import VirtualHost
 
@@ -30,6 +31,7 @@ class Broker:
         self.vhosts: dict[str, VirtualHost] = {}
         self.users: dict[str, User] = {}
         self.loopback_users = frozenset(loopback_users)
+        self.churn = Churn()
         self.definitions = definitions
         # vhost name -> `storage.vhost_storage.VhostStorage` (None: all in memory)
         self.message_storage = message_storage
@@ -49,7 +51,9 @@ class Broker:
 
     def _new_vhost(self, name: str) -> VirtualHost:
         storage = self.message_storage(name) if self.message_storage is not None else None
-        return VirtualHost(name, self.definitions, storage)
+        vhost = VirtualHost(name, self.definitions, storage)
+        vhost.churn = self.churn
+        return vhost
 
     # -- durable definitions ---------------------------------------------------
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from routing import EXCHANGE_TYPES
+from vhosts.stats import CHURN_FIELDS
 
 from amqp_server.management import access, shapes
 from amqp_server.management.errors import not_found
@@ -62,6 +63,7 @@ def overview(req) -> dict:
         "disable_stats": False,
         "enable_queue_totals": False,
         "message_stats": message_stats,
+        "churn_rates": shapes.with_rates(sampler, req.broker.churn, req.broker.churn.totals(), CHURN_FIELDS),
         "queue_totals": {
             "messages": ready + held, "messages_details": {"rate": ready_rate},
             "messages_ready": ready, "messages_ready_details": {"rate": ready_rate},
@@ -111,6 +113,7 @@ def node_info(req) -> dict:
         "db_dir": node.config.data_dir,
         "net_ticktime": 60,
         "mem_calculation_strategy": "rss",
+        **req.broker.churn.totals(),
     }
 
 

@@ -69,6 +69,16 @@ GLOBAL_COUNTERS = (
      "Total number of messages published as non-mandatory into an exchange and dropped as unroutable",
      lambda t: t["drop_unroutable"]),
 )
+# Churn: (name, help, Churn field).
+CHURN_COUNTERS = (
+    ("rabbitmq_connections_opened_total", "Total number of connections opened", "connection_created"),
+    ("rabbitmq_connections_closed_total", "Total number of connections closed or terminated", "connection_closed"),
+    ("rabbitmq_channels_opened_total", "Total number of channels opened", "channel_created"),
+    ("rabbitmq_channels_closed_total", "Total number of channels closed", "channel_closed"),
+    ("rabbitmq_queues_declared_total", "Total number of queues declared", "queue_declared"),
+    ("rabbitmq_queues_created_total", "Total number of queues created", "queue_created"),
+    ("rabbitmq_queues_deleted_total", "Total number of queues deleted", "queue_deleted"),
+)
 STORE_GAUGES = (
     ("files", "Message store files"),
     ("bytes_on_disk", "Bytes in message store files"),
@@ -138,6 +148,9 @@ def render(node, per_object: bool = False) -> str:
             totals[key] += value
     for name, help_text, value in GLOBAL_COUNTERS:
         out.one(name, COUNTER, help_text, value(totals))
+    churn = node.broker.churn.totals()
+    for name, help_text, key in CHURN_COUNTERS:
+        out.one(name, COUNTER, help_text, churn[key])
     out.one("rabbitmq_process_resident_memory_bytes", GAUGE, "Memory used in bytes", node.rss_bytes())
     out.one("rabbitmq_resident_memory_limit_bytes", GAUGE, "Memory high watermark in bytes", node.memory_limit)
     out.one("rabbitmq_erlang_uptime_seconds", GAUGE, "Node uptime", round(node.uptime_ms / 1000, 3))

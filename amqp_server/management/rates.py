@@ -29,6 +29,7 @@ class RateSampler:
 
     def _subjects(self):
         """Everything that keeps counters: (object, totals) now."""
+        yield self.broker.churn, self.broker.churn.totals()
         for vhost in self.broker.vhosts.values():
             yield vhost.stats, vhost.stats.totals()
             yield vhost, {"messages_ready": sum(q.message_count for q in vhost.queues.values())}
