@@ -263,13 +263,20 @@ def connection(sampler, conn) -> dict:
         "ssl_hash": None,
         "ssl_key_exchange": None,
         "ssl_protocol": ssl_object.version() if ssl_object is not None else None,
-        "state": "blocked" if conn.blocked_by else "running",
+        "state": _connection_state(conn),
         "timeout": conn.heartbeat,
         "type": "network",
         "user": user,
         "user_who_performed_action": user,
         "vhost": conn.vhost.name if conn.vhost is not None else "",
     }
+
+
+def _connection_state(conn) -> str:
+    """RabbitMQ's words: running, blocked (credit flow holds its publishes), closing."""
+    if conn.state in ("closing", "closed"):
+        return "closing"
+    return "blocked" if conn.blocked_by else "running"
 
 
 def channel_name(channel) -> str:
