@@ -88,6 +88,8 @@ def test_overview_and_whoami(api):
 def test_nodes_lists_this_node(api):
     (node,) = api.get("/api/nodes").body
     assert node["running"] is True and node["mem_limit"] > 0 and node["uptime"] >= 0
+    assert node["fd_used"] > 0 and node["fd_total"] >= node["fd_used"] and node["disk_free"] > 0
+    assert node["sockets_used"] >= 0 and node["connection_created"] >= node["connection_closed"]
     assert api.get("/api/nodes/" + segment(node["name"])).body["name"] == node["name"]
 
 

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import os
+import resource
+import shutil
 import time
 from dataclasses import dataclass, field
 
@@ -11,6 +13,8 @@ from amqp_server.management.rates import RateSampler
 
 # The RabbitMQ release whose API (and definitions format) hutch answers as.
 COMPATIBLE_VERSION = "3.10.8"
+# RabbitMQ's default disk_free_limit (50 MB).
+DISK_FREE_LIMIT = 50000000
 
 
 @dataclass
@@ -37,6 +41,21 @@ class Node:
         if storage.vm_memory_high_watermark_absolute is not None:
             return storage.vm_memory_high_watermark_absolute
         return int(storage.vm_memory_high_watermark * total_memory())
+
+    def resources(self) -> dict:
+        """RabbitMQ's node fields for file descriptors and disk space (no
+        alarm is raised: the limit is reported for tools that show it)."""
+        limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        try:
+            fds = len(os.listdir("/proc/self/fd"))
+        except OSError:
+            fds = 0
+        try:
+            free = shutil.disk_usage(self.config.data_dir).free
+        except OSError:
+            free = 0
+        return {"fd_used": fds, "fd_total": limit, "sockets_total": limit, "disk_free": free,
+                "disk_free_limit": DISK_FREE_LIMIT}
 
     @staticmethod
     def rss_bytes() -> int:

@@ -113,6 +113,8 @@ def node_info(req) -> dict:
         "db_dir": node.config.data_dir,
         "net_ticktime": 60,
         "mem_calculation_strategy": "rss",
+        "sockets_used": len(node.connections),
+        **node.resources(),
         **req.broker.churn.totals(),
     }
 
