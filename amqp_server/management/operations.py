@@ -218,6 +218,8 @@ def publish(req) -> dict:
         raise bad_request("invalid properties: %s" % exc) from None
     message = Message(exchange, routing_key, content, payload)
     reached, _waits = v.publish(message, [routing_key], props.headers, _PUBLISHER)
+    if not reached:
+        v.stats.drop_unroutable += 1
     return {"routed": bool(reached)}
 
 
