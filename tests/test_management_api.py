@@ -196,6 +196,7 @@ def test_queue_declared_over_http_is_seen_over_amqp(api, broker, vhost):
     wait_for(lambda: connection.process_data_events(0) or api.get(path).body["messages_unacknowledged"] == 1)
     shown = api.get(path).body
     assert (shown["messages"], shown["messages_ready"], shown["consumers"]) == (3, 2, 1)
+    assert (shown["message_bytes"], shown["message_bytes_ready"], shown["message_bytes_unacknowledged"]) == (6, 4, 2)
     (consumer,) = shown["consumer_details"]
     assert consumer["consumer_tag"] == "ctag-api" and consumer["prefetch_count"] == 1
     assert consumer["ack_required"] is True

@@ -124,9 +124,10 @@ def delete_exchange(req):
 def _queue_list(req, vhosts) -> list[dict]:
     connections = req.node.connections
     unacked = shapes.unacked_by_queue(connections)
+    unacked_bytes = shapes.unacked_bytes_by_queue(connections)
     consumers = shapes.consumers_by_queue(connections)
-    return [shapes.queue(req.node.sampler, v.queues[n], unacked[v.queues[n]], consumers.get(v.queues[n], []))
-            for v in vhosts for n in sorted(v.queues)]
+    return [shapes.queue(req.node.sampler, q, unacked[q], unacked_bytes[q], consumers.get(q, []))
+            for v in vhosts for q in (v.queues[n] for n in sorted(v.queues))]
 
 
 def queues(req) -> list:
@@ -145,7 +146,8 @@ def queue(req) -> dict:
     _v, q = find_queue(req)
     connections = req.node.connections
     consumers = shapes.consumers_by_queue(connections).get(q, [])
-    out = shapes.queue(req.node.sampler, q, shapes.unacked_by_queue(connections)[q], consumers)
+    out = shapes.queue(req.node.sampler, q, shapes.unacked_by_queue(connections)[q],
+                       shapes.unacked_bytes_by_queue(connections)[q], consumers)
     out["consumer_details"] = [shapes.consumer(ch, c) for ch, c in consumers]
     out["deliveries"] = []
     out["incoming"] = []

@@ -54,13 +54,24 @@ def counts(sampler, subject, ready: int, unacked: int) -> dict:
 # -- who holds what ------------------------------------------------------------
 
 
-def unacked_by_queue(connections) -> Counter:
-    """Queue -> deliveries not acked yet, over every open channel."""
-    found: Counter = Counter()
-    for connection in connections:
+def _unacked(connections):
+    """(queue, entry) of every delivery not acked yet, over every open channel."""
+    for connection in list(connections):
         for channel in list(connection.channels.values()):
-            for queue, _entry, _consumer in channel.unacked.values():
-                found[queue] += 1
+            for queue, entry, _consumer in list(channel.unacked.values()):
+                yield queue, entry
+
+
+def unacked_by_queue(connections) -> Counter:
+    """Queue -> deliveries not acked yet."""
+    return Counter(queue for queue, _entry in _unacked(connections))
+
+
+def unacked_bytes_by_queue(connections) -> Counter:
+    """Queue -> body bytes of the deliveries not acked yet."""
+    found: Counter = Counter()
+    for queue, entry in _unacked(connections):
+        found[queue] += len(entry.message.body)
     return found
 
 
@@ -132,7 +143,7 @@ def default_exchange(vhost_name: str, user_name: str) -> dict:
             "type": "direct", "user_who_performed_action": user_name, "vhost": vhost_name}
 
 
-def queue(sampler, q, unacked: int, consumers: list) -> dict:
+def queue(sampler, q, unacked: int, unacked_bytes: int, consumers: list) -> dict:
     states = q.backing.state_counts()
     ready = q.message_count
     exclusive_tag = next((c.tag for _ch, c in consumers if c.exclusive), None)
@@ -148,9 +159,9 @@ def queue(sampler, q, unacked: int, consumers: list) -> dict:
         **_owner(q.exclusive_owner),
         "exclusive_consumer_tag": exclusive_tag,
         "head_message_timestamp": None,
-        "message_bytes": q.backing.ready_bytes,
+        "message_bytes": q.backing.ready_bytes + unacked_bytes,
         "message_bytes_ready": q.backing.ready_bytes,
-        "message_bytes_unacknowledged": 0,
+        "message_bytes_unacknowledged": unacked_bytes,
         "messages_paged_out": states.get("delta", 0),
         "messages_ram": ready - states.get("delta", 0),
         "messages_ready_ram": ready - states.get("delta", 0),
