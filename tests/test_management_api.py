@@ -90,6 +90,7 @@ def test_nodes_lists_this_node(api):
     assert node["running"] is True and node["mem_limit"] > 0 and node["uptime"] >= 0
     assert node["fd_used"] > 0 and node["fd_total"] >= node["fd_used"] and node["disk_free"] > 0
     assert node["sockets_used"] >= 0 and node["connection_created"] >= node["connection_closed"]
+    assert "rate" in node["queue_declared_details"] and node["contexts"][0]["port"] == str(api.port)
     assert api.get("/api/nodes/" + segment(node["name"])).body["name"] == node["name"]
 
 
@@ -103,6 +104,7 @@ def test_vhost_lifecycle(api, broker):
     assert api.put(path).status == 204
     shown = api.get(path).body
     assert shown["name"] == name and shown["messages"] == 0 and shown["tracing"] is False
+    assert (shown["recv_oct"], shown["send_oct"]) == (0, 0)
     assert name in [v["name"] for v in api.get("/api/vhosts").body]
     # guest has no permission in it yet: AMQP refuses, as RabbitMQ does
     with pytest.raises(ProbableAccessDeniedError):

@@ -19,13 +19,14 @@ from amqp_server.management.listing import present
 
 def vhosts(req) -> list:
     unacked = shapes.unacked_by_queue(req.node.connections)
-    return present([shapes.vhost(req.node.sampler, v, unacked) for v in access.visible_vhosts(req.user, req.broker)],
-                   req.query)
+    return present([shapes.vhost(req.node.sampler, v, unacked, req.node.connections)
+                    for v in access.visible_vhosts(req.user, req.broker)], req.query)
 
 
 def vhost(req) -> dict:
     found = req.vhost(req.params["vhost"])
-    return shapes.vhost(req.node.sampler, found, shapes.unacked_by_queue(req.node.connections))
+    connections = req.node.connections
+    return shapes.vhost(req.node.sampler, found, shapes.unacked_by_queue(connections), connections)
 
 
 def put_vhost(req):

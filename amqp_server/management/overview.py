@@ -82,11 +82,14 @@ def overview(req) -> dict:
             {"node": shapes.NODE, "protocol": protocol, "ip_address": address, "port": port, "socket_opts": {}}
             for protocol, address, port in node.listeners
         ],
-        "contexts": [
-            {"node": shapes.NODE, "description": "RabbitMQ Management", "path": "/", "port": str(port)}
-            for protocol, _address, port in node.listeners if protocol == "http"
-        ],
+        "contexts": contexts(node),
     }
+
+
+def contexts(node) -> list[dict]:
+    """The HTTP listeners, as RabbitMQ lists its web contexts."""
+    return [{"node": shapes.NODE, "description": "RabbitMQ Management", "path": "/", "port": str(port)}
+            for protocol, _address, port in node.listeners if protocol == "http"]
 
 
 def node_info(req) -> dict:
@@ -114,8 +117,17 @@ def node_info(req) -> dict:
         "net_ticktime": 60,
         "mem_calculation_strategy": "rss",
         "sockets_used": len(node.connections),
+        "applications": [],
+        "enabled_plugins": ["rabbitmq_management", "rabbitmq_prometheus"],
+        "contexts": contexts(node),
+        "config_files": [],
+        "log_files": [],
+        # the disk writer's group-commit fsyncs, in RabbitMQ's io_sync fields (ms)
+        "io_sync_count": node.writer.fsync_count,
+        "io_sync_avg_time": round(node.writer.fsync_seconds * 1000 / node.writer.fsync_count, 3)
+        if node.writer.fsync_count else 0.0,
         **node.resources(),
-        **req.broker.churn.totals(),
+        **shapes.with_rates(node.sampler, req.broker.churn, req.broker.churn.totals(), CHURN_FIELDS),
     }
 
 

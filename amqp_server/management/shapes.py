@@ -88,9 +88,10 @@ def consumers_by_queue(connections) -> dict:
 # -- vhosts, users, permissions -------------------------------------------------
 
 
-def vhost(sampler, vhost, unacked: Counter) -> dict:
+def vhost(sampler, vhost, unacked: Counter, connections) -> dict:
     ready = sum(q.message_count for q in vhost.queues.values())
     held = sum(unacked[q] for q in vhost.queues.values())
+    clients = [c for c in list(connections) if c.vhost is vhost]
     out = {
         "cluster_state": {NODE: "running"},
         "default_queue_type": "undefined",
@@ -101,6 +102,9 @@ def vhost(sampler, vhost, unacked: Counter) -> dict:
         "tracing": False,
         **counts(sampler, vhost, ready, held),
     }
+    for key in ("recv_oct", "send_oct"):
+        out[key] = sum(getattr(c, key) for c in clients)
+        out[key + "_details"] = {"rate": round(sum(sampler.rate(c, key) for c in clients), 1)}
     stats = message_stats(sampler, vhost.stats, VHOST_STATS)
     if stats is not None:
         out["message_stats"] = stats
