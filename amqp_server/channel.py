@@ -85,6 +85,15 @@ class Channel(Deliveries):
             **self.delivery_handlers(),
         }
 
+    @property
+    def transactional(self) -> bool:
+        return self._tx is not None
+
+    @property
+    def unconfirmed(self) -> int:
+        """Publishes in confirm mode not confirmed yet."""
+        return self._publish_seq - self._confirm_from + 1 if self.confirm else 0
+
     def _bind_handler(self, fn):
         return lambda method: fn(self, method)
 
@@ -200,7 +209,7 @@ class Channel(Deliveries):
                 self.access.topic(x, routing_key, "write")
             message = Message(exchange, routing_key, header, body)
             if int.from_bytes(header[12:14], "big") & _CHECKED_PROPERTIES:
-                self._check_properties(message)
+                check_properties(message.properties, self.connection.user)
             keys, headers = self._routing_keys(message)
         except AMQPError as exc:
             raise exc.at(BASIC_CLASS, 40)
@@ -229,20 +238,6 @@ class Channel(Deliveries):
             del self._awaiting[seq]
             self.connection.confirm_pending(self)
 
-    def _check_properties(self, message: Message) -> None:
-        """RabbitMQ's publish checks of user_id and expiration (in that order)."""
-        props = message.properties
-        user = self.connection.user
-        if props.user_id is not None and props.user_id != user.name and "impersonator" not in user.tags:
-            raise AMQPError(
-                PRECONDITION_FAILED,
-                "user_id property set to '%s' but authenticated user was '%s'" % (props.user_id, user.name),
-            )
-        if props.expiration is not None:
-            problem = _expiration_problem(props.expiration)
-            if problem:
-                raise AMQPError(PRECONDITION_FAILED, "invalid expiration '%s': %s" % (props.expiration, problem))
-
     def _routing_keys(self, message: Message) -> tuple[list[str], dict | None]:
         """[routing_key] + CC + BCC (RabbitMQ's sender-selected distribution);
         BCC is removed from the message before it is stored."""
@@ -269,7 +264,10 @@ class Channel(Deliveries):
                on_durable=None) -> int:
         """Publish into the vhost; returns how many queues will call `on_durable`."""
         reached, waits = self.vhost.publish(message, keys, headers, self.connection, on_durable)
-        if not reached and mandatory:
+        if not reached and not mandatory:
+            self.vhost.stats.drop_unroutable += 1
+        elif not reached:
+            self.vhost.stats.return_unroutable += 1
             self.connection.send_content(
                 self.number,
                 commands.Basic.Return(
@@ -285,6 +283,7 @@ class Channel(Deliveries):
     def flush_confirms(self) -> None:
         upto = next(iter(self._awaiting)) - 1 if self._awaiting else self._publish_seq
         if upto >= self._confirm_from:
+            self.vhost.stats.confirm += upto - self._confirm_from + 1
             self.connection.send_raw(fastpath.ack_frame(self.number, upto, upto > self._confirm_from))
             self._confirm_from = upto + 1
 
@@ -370,6 +369,20 @@ class Channel(Deliveries):
             self.restore_unacked([a for a in self._tx if a[0] == "settle"])
             self._tx = []
         super().release()
+
+
+def check_properties(props, user) -> None:
+    """RabbitMQ's publish checks of user_id and expiration (in that order),
+    for a message published by `user` (over AMQP or the management API)."""
+    if props.user_id is not None and props.user_id != user.name and "impersonator" not in user.tags:
+        raise AMQPError(
+            PRECONDITION_FAILED,
+            "user_id property set to '%s' but authenticated user was '%s'" % (props.user_id, user.name),
+        )
+    if props.expiration is not None:
+        problem = _expiration_problem(props.expiration)
+        if problem:
+            raise AMQPError(PRECONDITION_FAILED, "invalid expiration '%s': %s" % (props.expiration, problem))
 
 
 def _expiration_problem(text: str) -> str | None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from amqp_server.config import BrokerConfig
+from amqp_server.config import BrokerConfig, ManagementConfig, PrometheusConfig
 from amqp_server.server import BrokerServer
 
 
@@ -23,7 +23,11 @@ class LiveBroker:
         self._thread.start()
 
         async def start() -> BrokerServer:
-            server = BrokerServer(BrokerConfig(bind="127.0.0.1", port=0, data_dir=data_dir))
+            # The HTTP listeners stay off: administration goes through `admin`.
+            config = BrokerConfig(bind="127.0.0.1", port=0, data_dir=data_dir,
+                                  management=ManagementConfig(enabled=False),
+                                  prometheus=PrometheusConfig(enabled=False))
+            server = BrokerServer(config)
             await server.start()
             return server
 

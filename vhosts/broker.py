@@ -23,6 +23,7 @@ import contextlib
 import logging
 
 from vhosts.errors import NOT_ALLOWED, AMQPError
+from vhosts.stats import Churn
 from vhosts.policies import Policy
 from vhosts.users import (
     USER_LIMITS,
@@ -53,6 +54,7 @@ class Broker:
         self.vhosts: dict[str, VirtualHost] = {}
         self.users: dict[str, User] = {}
         self.loopback_users = frozenset(loopback_users)
+        self.churn = Churn()
         self.definitions = definitions
         self.connections: set = set()  # open ones (see the module docstring)
         # vhost name -> `storage.vhost_storage.VhostStorage` (None: all in memory)
@@ -73,7 +75,9 @@ class Broker:
 
     def _new_vhost(self, name: str) -> VirtualHost:
         storage = self.message_storage(name) if self.message_storage is not None else None
-        return VirtualHost(name, self.definitions, storage)
+        vhost = VirtualHost(name, self.definitions, storage)
+        vhost.churn = self.churn
+        return vhost
 
     # -- durable definitions ---------------------------------------------------
 

@@ -37,6 +37,7 @@ from typing import Callable, Iterable
 
 from storage import BackingQueue, Message, QueueEntry
 from vhosts.consumer import Consumer
+from vhosts.stats import MessageStats
 
 FLOW_HIGH = 2000
 FLOW_LOW = 1000
@@ -61,6 +62,7 @@ class Queue:
         "single_active",
         "active",
         "_pick",
+        "stats",
     )
 
     def __init__(
@@ -93,6 +95,7 @@ class Queue:
         self.single_active = self.arguments.get("x-single-active-consumer") is True
         self.active: Consumer | None = None
         self._pick = self._single_active if self.single_active else self._round_robin
+        self.stats = MessageStats()
         backing.on_available = self._available
 
     @property
@@ -106,6 +109,7 @@ class Queue:
     def publish(self, message: Message, on_durable: Callable[[], None] | None = None) -> bool:
         """Enqueue and dispatch. True when `on_durable` was taken: it will be
         called once the message is on disk (persistent message, durable queue)."""
+        self.stats.publish += 1
         waits = on_durable is not None and self.backing.persists(message)
         self.backing.publish(message, on_durable if waits else None)
         if self.consumers:

@@ -53,6 +53,7 @@ from vhosts.move import move
 from vhosts.policies import Policy, matching
 from vhosts.queue import Queue
 from vhosts.users import limit_reached
+from vhosts.stats import Churn, MessageStats
 
 # Arguments whose values must match on re-declaration (rabbit_amqqueue's list);
 # other arguments are ignored by the equivalence check, as in RabbitMQ.
@@ -122,6 +123,8 @@ class VirtualHost:
         self.delayed_exchanges: set[str] = set()
         self.delayer = Delayer(self._deliver_delayed,
                                message_storage.delayed_store() if message_storage is not None else None)
+        self.stats = MessageStats()
+        self.churn = Churn()  # the broker's, once it adopts this vhost
         for xname, xtype in PREDECLARED:
             self.exchanges[xname] = Exchange(xname, xtype, durable=True, builtin=True)
 
@@ -457,6 +460,7 @@ class VirtualHost:
         if access is not None:
             access.check("queue", name, "configure")
         arguments = arguments or {}
+        self.churn.queue_declared += 1
         q = self.queues.get(name)
         if q is None:
             limit = limit_reached(self.limits, "max-queues", len(self.queues))
@@ -475,6 +479,7 @@ class VirtualHost:
             if self.definitions is not None and self._stored(q):
                 self.definitions.upsert_queue(self.name, name, durable, auto_delete, arguments)
             self.queues[name] = q
+            self.churn.queue_created += 1
             return q
         if q.exclusive_owner is not None and q.exclusive_owner is not owner:
             raise self._locked(name)
@@ -542,6 +547,7 @@ class VirtualHost:
                 self.definitions.delete_queue(self.name, q.name)  # and the bindings to it
             del self.queues[q.name]
             self._remove_destination(Destination("queue", q.name))
+        self.churn.queue_deleted += 1
         for consumer in q.delete():
             consumer.channel.consumer_cancelled(consumer)
         return count
@@ -659,6 +665,7 @@ class VirtualHost:
         call `on_durable` once the message is on disk). `publisher` (with
         `throttled_by(queue)`) is told which queues ask it to wait (credit
         flow, see vhosts.queue)."""
+        self.stats.publish += 1
         waits = 0
         if message.exchange in self.delayed_exchanges and (delay := delay_of(headers)):
             # Held by the exchange (vhosts.delayed): no queue now, but its
