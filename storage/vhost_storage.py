@@ -6,6 +6,14 @@ every durable queue restored from the definitions (each index tells which
 message-store entries it still references), then `finish_recovery`, which
 rebuilds the persistent store's reference counts from those, wipes the
 transient store and removes the directories of queues that no longer exist.
+
+After a clean stop (`write_summaries`, storage/summary.py) each index loads
+its summary instead of scanning when the summary matches its files; the
+persistent store loads its own only when every queue whose references it
+counted came back from its summary, and every other queue holds no store
+reference (its counts are then exactly what the scans would rebuild).
+Otherwise the store is scanned, with the references of the indexes that
+came from summaries read from their segment files.
 """
 from __future__ import annotations
 
@@ -13,6 +21,7 @@ import hashlib
 import logging
 import os
 import shutil
+import weakref
 from collections import Counter
 from dataclasses import dataclass
 
@@ -51,6 +60,10 @@ class VhostStorage:
             os.path.join(directory, "msg_store_transient"), writer, settings.msg_store_file_size)
         self._refcounts: Counter = Counter()
         self._recovered: set[str] = set()
+        self._from_summary: dict[str, QueueIndex] = {}  # recovered from their summaries, by directory
+        # By directory: whose summaries a clean stop writes (a deleted queue's
+        # entry goes with its last reference).
+        self._durable: weakref.WeakValueDictionary[str, VariableQueue] = weakref.WeakValueDictionary()
 
     def _index(self, queue: str) -> QueueIndex:
         return QueueIndex(
@@ -64,22 +77,41 @@ class VhostStorage:
         """The backing queue of a queue declared now. A non-durable one uses
         the disk only to page messages out, and its files go at the next
         start (only durable queues are recovered)."""
-        return VariableQueue(self._index(queue), self.persistent, self.transient, self.monitor, durable=durable)
+        backing = VariableQueue(self._index(queue), self.persistent, self.transient, self.monitor, durable=durable)
+        if durable:
+            self._durable[dir_name(queue)] = backing
+        return backing
 
     def recover_queue(self, queue: str) -> VariableQueue:
         """At start: a durable queue restored from the definitions, with the
         messages its index still holds as delta (read back as consumed)."""
         index = self._index(queue)
-        _loaded, report = index.recover(max_entries=0)
-        self._refcounts.update(report.store_refs)
-        self._recovered.add(dir_name(queue))
+        name = dir_name(queue)
+        report = None if self.settings.unclean_start else index.recover_summary()
+        if report is None:
+            _loaded, report = index.recover(max_entries=0)
+            self._refcounts.update(report.store_refs)
+        else:
+            self._from_summary[name] = index
+        self._recovered.add(name)
         backing = VariableQueue(index, self.persistent, self.transient, self.monitor, next_seq=report.next_seq)
         backing.recovered(report.first_seq, report.entries, report.entry_bytes, self.settings.unclean_start)
+        self._durable[name] = backing
         return backing
 
     def finish_recovery(self) -> None:
         self.transient.wipe()
-        report = self.persistent.recover(dict(self._refcounts))
+        report = None
+        if self._refcounts and not self.settings.unclean_start:
+            log.info("message store %s: recovery summary not used (queues recovered without a summary "
+                     "hold references): scanning", self.persistent.directory)
+        elif not self.settings.unclean_start:
+            report = self.persistent.recover_summary(set(self._from_summary))
+        if report is None:
+            for index in self._from_summary.values():
+                self._refcounts.update(index.store_refs())
+            report = self.persistent.recover(dict(self._refcounts))
+        self._from_summary.clear()
         if report.missing:
             log.error("%s: %d message(s) referenced by queue indexes were not found in the message store",
                       self.directory, len(report.missing))
@@ -89,3 +121,23 @@ class VhostStorage:
             if entry not in self._recovered:
                 shutil.rmtree(os.path.join(queues_dir, entry), ignore_errors=True)
         self._recovered.clear()
+
+    def write_summaries(self) -> None:
+        """At a clean stop, once the writer has stopped (blocking): the
+        summary of each durable queue index, then the persistent store's,
+        naming the queues summarized. A failure is logged and leaves that
+        summary out: the next start scans what it does not cover."""
+        referrers = []
+        for name, backing in self._durable.items():
+            if backing.index.deleted:
+                continue
+            try:
+                backing.index.write_summary(backing.persistent_bytes)
+            except OSError as exc:
+                log.error("queue index %s: no recovery summary written: %s", backing.index.directory, exc)
+                continue
+            referrers.append(name)
+        try:
+            self.persistent.write_summary(referrers)
+        except OSError as exc:
+            log.error("message store %s: no recovery summary written: %s", self.persistent.directory, exc)
