@@ -172,9 +172,13 @@ def _after_batch(done: Callable[[], None]) -> Callable[[object], None]:
 
 class MessageStore:
     def __init__(self, directory: str, writer: GroupCommitWriter,
-                 file_size_limit: int = 16 * 1024 * 1024) -> None:
+                 file_size_limit: int = 16 * 1024 * 1024, durable: bool = True) -> None:
+        """`durable`: False for the transient store (wiped at start): its
+        files are never fsynced."""
         self.directory = directory
         self._writer = writer
+        self._durable = durable
+        self._sync = writer.durability == "fsync" and durable
         self._limit = file_size_limit
         self._index: dict[bytes, _Entry] = {}
         self._files: dict[int, _File] = {}
@@ -258,7 +262,7 @@ class MessageStore:
         if self._files:  # keep appending to the last file while it has live data and room
             last = self._files[max(self._files)]
             if last.live and last.total < self._limit:
-                last.af = AppendFile(last.path)
+                last.af = AppendFile(last.path, sync=self._sync)
                 last.total = last.af.size
                 self._cur = last
         for file in list(self._files.values()):
@@ -306,6 +310,8 @@ class MessageStore:
         body, why = summary.take(self.directory)
         if body is not None:
             why = self._load_summary(body, referrers)
+        elif not any(map(_FILE_NAME.match, os.listdir(self.directory))):
+            return None  # nothing stored (a new vhost): nothing to scan either
         if why:
             self._reset()
             log.warning("message store %s: recovery summary not used (%s): scanning", self.directory, why)
@@ -460,7 +466,7 @@ class MessageStore:
         num = self._next_num
         self._next_num += 1
         path = self._path(num)
-        sync = self._writer.durability == "fsync"
+        sync = self._sync
         directory = self.directory
 
         def create() -> None:
@@ -470,7 +476,7 @@ class MessageStore:
 
         self._writer.run(create)  # before the first append to it (invariant 8)
         # AppendFile stats a path that does not exist yet: no disk I/O to speak of.
-        file = _File(num, path, AppendFile(path))
+        file = _File(num, path, AppendFile(path, sync=sync))
         self._files[num] = file
         self._cur = file
         if old is not None:
@@ -518,7 +524,7 @@ class MessageStore:
         file.compacting = True
         self._busy += 1
         snapshot = list(file.entries)  # sorted by offset on the writer thread (invariant 7)
-        sync = True  # compaction rewrites live data: always fsync before the rename
+        sync = self._durable  # compaction rewrites live data: fsync before the rename
 
         def compact() -> int:
             return self._compact_file(file.path, snapshot, sync)

@@ -125,13 +125,15 @@ def _noop() -> None:
 
 class QueueIndex:
     def __init__(self, directory: str, writer: GroupCommitWriter, embed_below: int = 4096,
-                 segment_entries: int = 4096) -> None:
+                 segment_entries: int = 4096, durable: bool = True) -> None:
+        """`durable`: False for the index of a queue that is not recovered
+        at start (its files only hold paged-out messages): never fsynced."""
         if segment_entries < 1:
             raise ValueError("segment_entries must be at least 1")
         self.directory = directory
         self.next_seq = 0  # max seq published or recovered + 1
         self._writer = writer
-        self._fsync = writer.durability == "fsync"
+        self._fsync = writer.durability == "fsync" and durable
         self.embed_below = embed_below
         self.segment_entries = segment_entries
         self._segments: dict[int, _Segment] = {}
@@ -177,7 +179,7 @@ class QueueIndex:
                 log.error("%s: %d record(s) that are not index records of segment %d skipped",
                           path, invalid, number)
             max_seq = max(max_seq, seg_max)
-            seg = _Segment(number, AppendFile(path), n)
+            seg = _Segment(number, AppendFile(path, sync=self._fsync), n)
             dropped = []
             live = seg.live
             base = number * n
@@ -239,8 +241,7 @@ class QueueIndex:
         loaded = self._parse_summary(body) if body is not None else why
         if isinstance(loaded, str):
             if body is not None or self._segment_numbers():
-                (log.info if body is None else log.warning)(
-                    "queue index %s: recovery summary not used (%s): scanning", self.directory, loaded)
+                log.warning("queue index %s: recovery summary not used (%s): scanning", self.directory, loaded)
             return None
         head, next_seq, entry_bytes, segments = loaded
         report = RecoveryReport(self.directory, segments=len(segments), next_seq=next_seq,
@@ -248,7 +249,7 @@ class QueueIndex:
         self._head, self.next_seq = head, next_seq
         n = self.segment_entries
         for number, size, live, count, transient in segments:
-            seg = _Segment(number, AppendFile(self._path(number), size=size), n)
+            seg = _Segment(number, AppendFile(self._path(number), size=size, sync=self._fsync), n)
             seg.live, seg.count = live, count
             dropped = []
             if transient is not None:
@@ -370,7 +371,7 @@ class QueueIndex:
                 raise RuntimeError("queue index %s was deleted" % self.directory)
             if seq < 0 or len(msg_id) != 16:
                 raise ValueError("seq must be >= 0 and msg_id 16 bytes")
-            seg = self._segments[number] = _Segment(number, AppendFile(self._path(number), size=0), n)
+            seg = self._segments[number] = _Segment(number, AppendFile(self._path(number), size=0, sync=self._fsync), n)
         elif len(msg_id) != 16:
             raise ValueError("msg_id must be 16 bytes")
         i = seq - number * n

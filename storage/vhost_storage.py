@@ -57,7 +57,7 @@ class VhostStorage:
         self.persistent = MessageStore(
             os.path.join(directory, "msg_store_persistent"), writer, settings.msg_store_file_size)
         self.transient = MessageStore(
-            os.path.join(directory, "msg_store_transient"), writer, settings.msg_store_file_size)
+            os.path.join(directory, "msg_store_transient"), writer, settings.msg_store_file_size, durable=False)
         self._refcounts: Counter = Counter()
         self._recovered: set[str] = set()
         self._from_summary: dict[str, QueueIndex] = {}  # recovered from their summaries, by directory
@@ -65,19 +65,21 @@ class VhostStorage:
         # entry goes with its last reference).
         self._durable: weakref.WeakValueDictionary[str, VariableQueue] = weakref.WeakValueDictionary()
 
-    def _index(self, queue: str) -> QueueIndex:
+    def _index(self, queue: str, durable: bool = True) -> QueueIndex:
         return QueueIndex(
             os.path.join(self.directory, "queues", dir_name(queue)),
             self.writer,
             embed_below=self.settings.embed_below,
             segment_entries=self.settings.segment_entries,
+            durable=durable,
         )
 
     def new_queue(self, queue: str, durable: bool) -> VariableQueue:
         """The backing queue of a queue declared now. A non-durable one uses
         the disk only to page messages out, and its files go at the next
         start (only durable queues are recovered)."""
-        backing = VariableQueue(self._index(queue), self.persistent, self.transient, self.monitor, durable=durable)
+        backing = VariableQueue(self._index(queue, durable), self.persistent, self.transient, self.monitor,
+                                durable=durable)
         if durable:
             self._durable[dir_name(queue)] = backing
         return backing
