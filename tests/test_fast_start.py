@@ -23,8 +23,8 @@ import re
 import pika
 import pytest
 
-from conftest import launch
 from helpers import confirm_channel, connect
+from test_torn_writes import brokers, start as start_broker, stop as clean_stop  # noqa: F401 (fixture)
 
 FLAGS = ("--storage-segment-entries", "512", "--storage-msg-store-file-size", "200000")
 QUEUES = ("q1", "q2")
@@ -43,25 +43,8 @@ def properties(i: int) -> pika.BasicProperties:
                                 correlation_id="c%d" % i, headers={"i": i, "tag": ["a", i]})
 
 
-@pytest.fixture
-def brokers():
-    started: list = []
-    yield started
-    for proc in started:
-        proc.stop()
-
-
 def start(tmp_path, brokers, data_dir=None):
-    proc = launch(tmp_path, *FLAGS, *(("--data-dir", str(data_dir)) if data_dir else ()))
-    if data_dir:
-        proc.data_dir = data_dir
-    brokers.append(proc)
-    return proc
-
-
-def clean_stop(proc) -> None:
-    proc.stop()
-    assert proc.process.returncode == 0, proc.log
+    return start_broker(tmp_path, brokers, data_dir, flags=FLAGS)
 
 
 def kill(proc) -> None:
@@ -69,7 +52,7 @@ def kill(proc) -> None:
     proc.process.wait()
 
 
-def fill(port: int) -> None:
+def fill(port: int) -> pika.BlockingConnection:
     """The world of the module docstring; q1's first message is delivered
     and left unacked while the broker stops."""
     connection = connect(port)
@@ -123,7 +106,7 @@ def summaries(data_dir) -> list[str]:
 
 def test_clean_restart_loads_the_summaries_and_serves_everything(tmp_path, brokers):
     first = start(tmp_path, brokers)
-    fill(first.port)
+    client = fill(first.port)  # noqa: F841 (open until the stop)
     clean_stop(first)
     assert len(summaries(first.data_dir)) == 3  # two queue indexes, the persistent store
 
@@ -149,7 +132,7 @@ def test_crash_after_a_clean_start_scans(tmp_path, brokers):
     """A start that loaded the summaries, then a crash: the next start has
     neither marker nor summaries, scans, and still serves everything."""
     first = start(tmp_path, brokers)
-    fill(first.port)
+    client = fill(first.port)  # noqa: F841 (open until the stop)
     clean_stop(first)
     second = start(tmp_path, brokers, first.data_dir)
     assert second.log.count(SUMMARY_USED) == 3, second.log
@@ -166,7 +149,7 @@ def test_crash_scans_and_ignores_summaries_left_behind(tmp_path, brokers):
     """Killed while serving: no marker, so every file is scanned, even when
     summaries of an older clean stop lie around (they are removed)."""
     first = start(tmp_path, brokers)
-    fill(first.port)
+    client = fill(first.port)  # noqa: F841 (open until the stop)
     clean_stop(first)
     stale = {path: open(path, "rb").read() for path in summaries(first.data_dir)}
     second = start(tmp_path, brokers, first.data_dir)
@@ -233,7 +216,7 @@ def test_a_missing_or_mismatched_summary_falls_back_to_the_scan(tmp_path, broker
     why); the message store is scanned too whenever a queue was, so its
     reference counts come from the indexes; everything is still served."""
     first = start(tmp_path, brokers)
-    fill(first.port)
+    client = fill(first.port)  # noqa: F841 (open until the stop)
     clean_stop(first)
     why, summaries_used = tamper(first.data_dir)
 
