@@ -289,10 +289,7 @@ class MessageStore:
                 raise ValueError("a referrer name must be %d ASCII characters" % _REFERRER)
             parts.append(name.encode())
         for file in files:
-            stamp = summary.stamp(file.path)
-            if summary.STAMP.unpack(stamp)[0] != file.total:
-                raise OSError("%s: %d bytes on disk, %d written" % (file.path, summary.STAMP.unpack(stamp)[0], file.total))
-            parts += [_SUMMARY_FILE.pack(file.num), stamp]
+            parts += [_SUMMARY_FILE.pack(file.num), summary.stamp(file.path, file.total)]
         pack = _SUMMARY_ENTRY.pack
         parts += [pack(msg_id, entry.file.num, entry.offset, entry.size, entry.refs)
                   for msg_id, entry in self._index.items()]
@@ -354,7 +351,7 @@ class MessageStore:
             if summary.stamp(path) != stamp:
                 return "%s changed since the stop" % path
             file = files[num] = _File(num, path, None)
-            file.total = summary.STAMP.unpack(stamp)[0]
+            file.total = summary.stamp_size(stamp)
         index = self._index
         for msg_id, num, offset, size, refs in _SUMMARY_ENTRY.iter_unpack(memoryview(body)[pos:]):
             file = files.get(num)

@@ -295,8 +295,10 @@ class QueueIndex:
             for _ in range(count):
                 number, live_count, has_transient = _SUMMARY_SEG.unpack_from(body, pos)
                 pos += _SUMMARY_SEG.size
+                if number in stamps:
+                    return "segment %d twice in the summary" % number
                 stamps[number] = body[pos:pos + summary.STAMP.size]
-                size = summary.STAMP.unpack_from(body, pos)[0]
+                size = summary.stamp_size(stamps[number])
                 pos += summary.STAMP.size
                 bitmaps = []
                 for _bitmap in range(2 if has_transient else 1):
@@ -304,13 +306,18 @@ class QueueIndex:
                     pos += width
                     if len(bitmaps[-1]) != width:
                         return "the summary is cut short"
-                if int.from_bytes(bitmaps[0], "big").bit_count() != live_count:
+                live = int.from_bytes(bitmaps[0], "big")
+                if live.bit_count() != live_count:
                     return "segment %d: the count does not match the bitmap" % number
+                if has_transient and int.from_bytes(bitmaps[1], "big") & ~live:
+                    return "segment %d: transient entries that are not live" % number
                 segments.append((number, size, bitmaps[0], live_count, bitmaps[1] if has_transient else None))
         except struct.error:
             return "the summary is cut short"
         if pos != len(body):
             return "the summary has trailing bytes"
+        if stamps and (head < max(stamps) or next_seq <= max(stamps) * n):
+            return "its seq bounds do not cover its segments"
         on_disk = set(self._segment_numbers())
         if on_disk != set(stamps):
             return "segment files %s on disk, %s in the summary" % (sorted(on_disk), sorted(stamps))
@@ -329,11 +336,8 @@ class QueueIndex:
                                     entry_bytes, len(self._segments))]
         for number in sorted(self._segments):
             seg = self._segments[number]
-            stamp = summary.stamp(seg.file.path)
-            if summary.STAMP.unpack(stamp)[0] != seg.file.size:
-                raise OSError("%s: %d bytes on disk, %d written" % (
-                    seg.file.path, summary.STAMP.unpack(stamp)[0], seg.file.size))
-            parts += [_SUMMARY_SEG.pack(number, seg.count, seg.transient is not None), stamp, seg.live]
+            parts += [_SUMMARY_SEG.pack(number, seg.count, seg.transient is not None),
+                      summary.stamp(seg.file.path, seg.file.size), seg.live]
             if seg.transient is not None:
                 parts.append(seg.transient)
         summary.write(self.directory, b"".join(parts))

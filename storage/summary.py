@@ -28,9 +28,12 @@ NAME = "recovery.summary"
 STAMP = struct.Struct(">QQQ")  # size, mtime_ns, inode
 
 
-def stamp(path: str) -> bytes:
-    """The identity of a file as a summary records it."""
+def stamp(path: str, size: int | None = None) -> bytes:
+    """The identity of a file as a summary records it. With `size` (what
+    its writer believes it holds), OSError when the file does not hold that."""
     st = os.stat(path)
+    if size is not None and st.st_size != size:
+        raise OSError("%s: %d bytes on disk, %d written" % (path, st.st_size, size))
     return STAMP.pack(st.st_size, st.st_mtime_ns, st.st_ino)
 
 
