@@ -360,6 +360,11 @@ class QueueIndex:
     def deleted(self) -> bool:
         return self._deleted
 
+    @property
+    def segments_on_disk(self) -> int:
+        """Segment files of this index (live, or the head)."""
+        return len(self._segments)
+
     # -- on the event loop: the hot path ------------------------------------
 
     def publish(self, seq: int, msg_id: bytes, size: int, payload: bytes, expiry: int = 0,

@@ -227,3 +227,28 @@ def test_a_missing_or_mismatched_summary_falls_back_to_the_scan(tmp_path, broker
     assert "message store" in second.log and "recovered:" in second.log  # the store was scanned
     check_everything_served(second.port)
     assert "Traceback" not in second.log
+
+
+def test_empty_and_deleted_queues_leave_the_summaries_usable(tmp_path, brokers):
+    """An empty durable queue needs no summary (nothing to scan), a deleted
+    one's references left the store with it: the store's summary still
+    counts exactly the references of the queues that come back."""
+    first = start(tmp_path, brokers)
+    with connect(first.port) as connection:
+        channel = confirm_channel(connection)
+        for queue in ("empty", "gone", "kept"):
+            channel.queue_declare(queue, durable=True)
+        for i in range(0, 70, 7):  # message store bodies
+            channel.basic_publish("", "gone", body(i), properties(i))
+            channel.basic_publish("", "kept", body(i), properties(i))
+        channel.queue_delete("gone")
+    clean_stop(first)
+    second = start(tmp_path, brokers, first.data_dir)
+    assert second.log.count(SUMMARY_USED) == 2, second.log  # "kept" and the store
+    assert "recovery summary not used" not in second.log
+    with connect(second.port) as connection:
+        channel = connection.channel()
+        assert channel.queue_declare("empty", passive=True).method.message_count == 0
+        got = [channel.basic_get("kept", auto_ack=True) for _ in range(10)]
+        assert [b for _m, _p, b in got] == [body(i) for i in range(0, 70, 7)]
+        assert channel.basic_get("kept") == (None, None, None)
