@@ -56,6 +56,7 @@ class BrokerServer:
         clean = os.path.exists(marker)
         if clean:
             os.remove(marker)
+            log.info("clean-shutdown marker found in %s: loading the recovery summaries", config.data_dir)
         else:
             log.info("no clean-shutdown marker in %s: checking every store and index file", config.data_dir)
         settings = config.storage
@@ -139,9 +140,16 @@ class BrokerServer:
             connection.close_with(AMQPError(CONNECTION_FORCED, "broker forced connection closure with reason 'shutdown'"))
         for server in self.servers:
             await server.wait_closed()
-        # Everything queued reaches disk, then the marker says so.
+        # Everything queued reaches disk, then the summaries describe it
+        # (blocking, but nothing is served any more), then the marker says so.
         await self.writer.drained()
         self.writer.stop()
+        if self.writer.in_flight:
+            log.warning("storage jobs still in flight at the stop: no recovery summaries, the next start scans")
+        else:
+            for vhost in self.broker.vhosts.values():
+                if vhost.message_storage is not None:
+                    vhost.message_storage.write_summaries()
         self.definitions.close()
         with open(os.path.join(self.config.data_dir, CLEAN_SHUTDOWN), "w") as marker:
             marker.write("hutch stopped cleanly\n")

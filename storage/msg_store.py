@@ -69,6 +69,7 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Callable
 
+from storage import summary
 from storage.record import OVERHEAD, scan_file
 from storage.writer import AppendFile, GroupCommitWriter
 
@@ -80,6 +81,15 @@ _TRAILER = struct.Struct(">IB")
 _END_MARKER = 0xFF
 _FILE_NAME = re.compile(r"^(\d+)\.rdq$")
 _BY_OFFSET = attrgetter("offset")
+
+# Summary (storage/summary.py) body: head, the referrers (32 ASCII characters
+# each), per file FILE and its stamp, then one ENTRY per message id.
+_SUMMARY_MAGIC = b"HMSS"
+_SUMMARY_VERSION = 1
+_SUMMARY_HEAD = struct.Struct(">4sBQIII")  # magic, version, next file number, files, entries, referrers
+_REFERRER = 32
+_SUMMARY_FILE = struct.Struct(">Q")  # file number
+_SUMMARY_ENTRY = struct.Struct(">16sQQII")  # msg id, file number, offset, record size, references
 
 
 def _encode(msg_id: bytes, payload: bytes) -> bytes:
@@ -162,9 +172,13 @@ def _after_batch(done: Callable[[], None]) -> Callable[[object], None]:
 
 class MessageStore:
     def __init__(self, directory: str, writer: GroupCommitWriter,
-                 file_size_limit: int = 16 * 1024 * 1024) -> None:
+                 file_size_limit: int = 16 * 1024 * 1024, durable: bool = True) -> None:
+        """`durable`: False for the transient store (wiped at start): its
+        files are never fsynced."""
         self.directory = directory
         self._writer = writer
+        self._durable = durable
+        self._sync = writer.durability == "fsync" and durable
         self._limit = file_size_limit
         self._index: dict[bytes, _Entry] = {}
         self._files: dict[int, _File] = {}
@@ -193,6 +207,7 @@ class MessageStore:
         the queue indexes; records of other ids are garbage."""
         os.makedirs(self.directory, exist_ok=True)
         self._reset()
+        summary.discard(self.directory)  # left by a clean stop, but this start scans
         report = RecoveryReport()
         nums = []
         for name in os.listdir(self.directory):
@@ -230,11 +245,24 @@ class MessageStore:
                     report.garbage_records += 1
         report.missing = {msg_id for msg_id, refs in refcounts.items()
                           if refs > 0 and msg_id not in index}
-        self._next_num = nums[-1] + 1 if nums else 0
-        if nums:  # keep appending to the last file while it has live data and room
-            last = self._files[nums[-1]]
+        self._settle(nums[-1] + 1 if nums else 0, report)
+        if report.missing:
+            log.error("message store %s: %d message(s) referenced by queues are missing",
+                      self.directory, len(report.missing))
+        log.info("message store %s recovered: %d file(s), %d message(s), %d garbage record(s), "
+                 "%d corrupt region(s), %d byte(s) of torn tail", self.directory,
+                 report.files_scanned, len(index), report.garbage_records,
+                 report.corrupt_regions, report.truncated_bytes)
+        return report
+
+    def _settle(self, next_num: int, report: RecoveryReport) -> None:
+        """End of recovery: choose the file to append to, delete the files
+        with nothing live, compact the sparse ones."""
+        self._next_num = next_num
+        if self._files:  # keep appending to the last file while it has live data and room
+            last = self._files[max(self._files)]
             if last.live and last.total < self._limit:
-                last.af = AppendFile(last.path)
+                last.af = AppendFile(last.path, sync=self._sync)
                 last.total = last.af.size
                 self._cur = last
         for file in list(self._files.values()):
@@ -246,14 +274,98 @@ class MessageStore:
             _fsync_dir(self.directory)
         for file in list(self._files.values()):
             self._check(file)
-        if report.missing:
-            log.error("message store %s: %d message(s) referenced by queues are missing",
-                      self.directory, len(report.missing))
-        log.info("message store %s recovered: %d file(s), %d message(s), %d garbage record(s), "
-                 "%d corrupt region(s), %d byte(s) of torn tail", self.directory,
-                 report.files_scanned, len(index), report.garbage_records,
-                 report.corrupt_regions, report.truncated_bytes)
+
+    def write_summary(self, referrers: list[str]) -> None:
+        """At a clean stop, after the writer has stopped (blocking): save the
+        index (id -> file, offset, size, references) and the files' stamps
+        for `recover_summary`. `referrers`: names of whoever holds the
+        references counted (the queue indexes summarized with it). Raises
+        OSError when a file is not as the store believes it is."""
+        files = sorted(self._files.values(), key=attrgetter("num"))
+        parts = [_SUMMARY_HEAD.pack(_SUMMARY_MAGIC, _SUMMARY_VERSION, self._next_num or 0,
+                                    len(files), len(self._index), len(referrers))]
+        for name in referrers:
+            if len(name.encode()) != _REFERRER:
+                raise ValueError("a referrer name must be %d ASCII characters" % _REFERRER)
+            parts.append(name.encode())
+        for file in files:
+            parts += [_SUMMARY_FILE.pack(file.num), summary.stamp(file.path, file.total)]
+        pack = _SUMMARY_ENTRY.pack
+        parts += [pack(msg_id, entry.file.num, entry.offset, entry.size, entry.refs)
+                  for msg_id, entry in self._index.items()]
+        summary.write(self.directory, b"".join(parts))
+
+    def recover_summary(self, referrers: set[str]) -> RecoveryReport | None:
+        """At a clean start, instead of `recover` (blocking, before any
+        write): the index as the clean stop's summary describes it, reading
+        no message. The summary is removed as it is read. Its reference
+        counts hold only if the same `referrers` were summarized with it
+        (and those recovered from their summaries). None (logged) when it is
+        missing or does not match: then call `recover`."""
+        os.makedirs(self.directory, exist_ok=True)
+        self._reset()
+        body, why = summary.take(self.directory)
+        if body is not None:
+            why = self._load_summary(body, referrers)
+        elif not any(map(_FILE_NAME.match, os.listdir(self.directory))):
+            return None  # nothing stored (a new vhost): nothing to scan either
+        if why:
+            self._reset()
+            log.warning("message store %s: recovery summary not used (%s): scanning", self.directory, why)
+            return None
+        report = RecoveryReport()
+        self._settle(self._next_num, report)
+        log.info("message store %s: %d message(s) in %d file(s) loaded from its recovery summary (no scan)",
+                 self.directory, len(self._index), len(self._files))
         return report
+
+    def _load_summary(self, body: bytes, referrers: set[str]) -> str:
+        """Fill the index from a summary; "" or why it cannot be used."""
+        try:
+            magic, version, next_num, nfiles, nentries, nreferrers = _SUMMARY_HEAD.unpack_from(body)
+        except struct.error:
+            return "the summary is cut short"
+        if magic != _SUMMARY_MAGIC or version != _SUMMARY_VERSION:
+            return "not a message store summary of version %d" % _SUMMARY_VERSION
+        pos = _SUMMARY_HEAD.size
+        recorded = {body[at:at + _REFERRER].decode("ascii", "replace")
+                    for at in range(pos, pos + nreferrers * _REFERRER, _REFERRER)}
+        pos += nreferrers * _REFERRER
+        if recorded != referrers:
+            return "its reference counts are from queues %s, recovered from summaries %s" % (
+                sorted(recorded - referrers), sorted(referrers - recorded))
+        file_size = _SUMMARY_FILE.size + summary.STAMP.size
+        if len(body) != pos + nfiles * file_size + nentries * _SUMMARY_ENTRY.size:
+            return "the summary is cut short"
+        stamps = {}
+        for at in range(pos, pos + nfiles * file_size, file_size):
+            stamps[_SUMMARY_FILE.unpack_from(body, at)[0]] = body[at + _SUMMARY_FILE.size:at + file_size]
+        pos += nfiles * file_size
+        names = os.listdir(self.directory)
+        on_disk = {int(m.group(1)) for m in map(_FILE_NAME.match, names) if m}
+        if on_disk != set(stamps) or any(name.endswith(".rdq.compact") for name in names):
+            return "files %s on disk, %s in the summary" % (sorted(on_disk), sorted(stamps))
+        files = self._files
+        for num, stamp in stamps.items():
+            path = self._path(num)
+            if summary.stamp(path) != stamp:
+                return "%s changed since the stop" % path
+            file = files[num] = _File(num, path, None)
+            file.total = summary.stamp_size(stamp)
+        index = self._index
+        for msg_id, num, offset, size, refs in _SUMMARY_ENTRY.iter_unpack(memoryview(body)[pos:]):
+            file = files.get(num)
+            if file is None or offset + size > file.total or refs < 1:
+                return "an entry points outside the files"
+            entry = _Entry(file, offset, size, None, None)
+            entry.refs = refs
+            index[bytes(msg_id)] = entry
+            file.entries.add(entry)
+            file.live += size
+        if len(index) != nentries:
+            return "an id appears twice"
+        self._next_num = max(next_num, max(files) + 1 if files else 0)
+        return ""
 
     def _reset(self) -> None:
         self._index.clear()
@@ -351,7 +463,7 @@ class MessageStore:
         num = self._next_num
         self._next_num += 1
         path = self._path(num)
-        sync = self._writer.durability == "fsync"
+        sync = self._sync
         directory = self.directory
 
         def create() -> None:
@@ -361,7 +473,7 @@ class MessageStore:
 
         self._writer.run(create)  # before the first append to it (invariant 8)
         # AppendFile stats a path that does not exist yet: no disk I/O to speak of.
-        file = _File(num, path, AppendFile(path))
+        file = _File(num, path, AppendFile(path, sync=sync))
         self._files[num] = file
         self._cur = file
         if old is not None:
@@ -416,7 +528,7 @@ class MessageStore:
         file.compacting = True
         self._busy += 1
         snapshot = list(file.entries)  # sorted by offset on the writer thread (invariant 7)
-        sync = True  # compaction rewrites live data: always fsync before the rename
+        sync = self._durable  # compaction rewrites live data: fsync before the rename
 
         def compact() -> int:
             return self._compact_file(file.path, snapshot, sync)

@@ -15,8 +15,14 @@ Recovery applies a file's records in file order: PUBLISH makes a seq live
 
 In memory, per segment: one bit per slot ("published and not acked") and the
 count of set bits, i.e. segment_entries/8 bytes per segment (2 KiB by default,
-~1.2 MiB for 10,000,000 messages), plus the segment's AppendFile. Nothing is
-kept per message; entries are read back from disk (`recover`, `read_segment`).
+~1.2 MiB for 10,000,000 messages), plus the segment's AppendFile, and a second
+bitmap of the live non-persistent entries once the segment holds one (a
+restart drops those). Nothing is kept per message; entries are read back from
+disk (`recover`, `read_segment`).
+
+Clean stop and start (storage/summary.py): `write_summary` saves those
+bitmaps, the file stamps and the seq bounds; `recover_summary` rebuilds the
+index from them without reading a segment, when they match the files.
 
 Invariants:
 - every segment in `_segments` has live entries, or is the head (the highest
@@ -42,7 +48,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
-from storage import record
+from storage import record, summary
 from storage.writer import AppendFile, GroupCommitWriter
 
 log = logging.getLogger("hutch.storage")
@@ -87,6 +93,7 @@ class RecoveryReport:
     first_seq: int = -1  # lowest unacked seq (-1 when none)
     entry_bytes: int = 0  # body bytes of the unacked entries
     store_refs: Counter = field(default_factory=Counter)  # msg_id -> live non-embedded entries
+    from_summary: bool = False  # loaded from the clean stop's summary: no file was read
 
     @property
     def damaged(self) -> bool:
@@ -94,13 +101,22 @@ class RecoveryReport:
 
 
 class _Segment:
-    __slots__ = ("number", "file", "live", "count")
+    __slots__ = ("number", "file", "live", "count", "transient")
 
     def __init__(self, number: int, file: AppendFile, slots: int) -> None:
         self.number = number
         self.file = file
         self.live = bytearray((slots + 7) >> 3)  # bit set = published, not acked
         self.count = 0  # bits set in `live`
+        self.transient: bytearray | None = None  # bit set = live and not persistent
+
+
+# Summary (storage/summary.py) body: head, then per segment in ascending order
+# SEG, the file's stamp, the live bitmap and, when flagged, the transient one.
+_SUMMARY_MAGIC = b"HQIS"
+_SUMMARY_VERSION = 1
+_SUMMARY_HEAD = struct.Struct(">4sBIQqQI")  # magic, version, segment_entries, next_seq, head, entry bytes, segments
+_SUMMARY_SEG = struct.Struct(">QIB")  # number, live count, has a transient bitmap
 
 
 def _noop() -> None:
@@ -109,13 +125,15 @@ def _noop() -> None:
 
 class QueueIndex:
     def __init__(self, directory: str, writer: GroupCommitWriter, embed_below: int = 4096,
-                 segment_entries: int = 4096) -> None:
+                 segment_entries: int = 4096, durable: bool = True) -> None:
+        """`durable`: False for the index of a queue that is not recovered
+        at start (its files only hold paged-out messages): never fsynced."""
         if segment_entries < 1:
             raise ValueError("segment_entries must be at least 1")
         self.directory = directory
         self.next_seq = 0  # max seq published or recovered + 1
         self._writer = writer
-        self._fsync = writer.durability == "fsync"
+        self._fsync = writer.durability == "fsync" and durable
         self.embed_below = embed_below
         self.segment_entries = segment_entries
         self._segments: dict[int, _Segment] = {}
@@ -142,18 +160,8 @@ class QueueIndex:
         if self._segments or self._deleted:
             raise RuntimeError("recover() must be called once, before any other use")
         report = RecoveryReport(self.directory)
-        try:
-            names = os.listdir(self.directory)
-        except FileNotFoundError:
-            names = []
-        numbers = []
-        for name in names:
-            stem = name[:-len(SUFFIX)]
-            if name.endswith(SUFFIX) and stem.isdigit() and str(int(stem)) == stem:
-                numbers.append(int(stem))
-            else:
-                log.warning("%s: ignoring unexpected file %r", self.directory, name)
-        numbers.sort()
+        summary.discard(self.directory)  # left by a clean stop, but this start scans
+        numbers = self._segment_numbers()
         n = self.segment_entries
         max_seq = -1
         loaded: list[IndexEntry] = []
@@ -171,16 +179,18 @@ class QueueIndex:
                 log.error("%s: %d record(s) that are not index records of segment %d skipped",
                           path, invalid, number)
             max_seq = max(max_seq, seg_max)
-            seg = _Segment(number, AppendFile(path), n)
+            seg = _Segment(number, AppendFile(path, sync=self._fsync), n)
             dropped = []
             live = seg.live
             base = number * n
             for seq in sorted(pubs):
                 flags, expiry, size, msg_id, payload = pubs[seq]
-                if drop_transient and not flags & PERSISTENT:
-                    dropped.append(seq)
-                    continue
                 i = seq - base
+                if not flags & PERSISTENT:
+                    if drop_transient:
+                        dropped.append(seq)
+                        continue
+                    _set_transient(seg, i)
                 live[i >> 3] |= 1 << (i & 7)
                 seg.count += 1
                 report.entry_bytes += size
@@ -218,6 +228,143 @@ class QueueIndex:
             report.truncated_bytes, report.invalid_records, report.dropped_transient)
         return loaded, report
 
+    def recover_summary(self) -> RecoveryReport | None:
+        """At a clean start, instead of `recover(max_entries=0)` (blocking,
+        once, before serving): the index as the clean stop's summary
+        describes it, reading no segment; non-persistent entries are dropped
+        as `recover` drops them. The summary is removed as it is read. None
+        (logged) when it is missing or does not match the files: then call
+        `recover`. `report.store_refs` stays empty (see `store_refs`)."""
+        if self._segments or self._deleted:
+            raise RuntimeError("recover_summary() must be called once, before any other use")
+        body, why = summary.take(self.directory)
+        loaded = self._parse_summary(body) if body is not None else why
+        if isinstance(loaded, str):
+            if body is not None or self._segment_numbers():
+                log.warning("queue index %s: recovery summary not used (%s): scanning", self.directory, loaded)
+            return None
+        head, next_seq, entry_bytes, segments = loaded
+        report = RecoveryReport(self.directory, segments=len(segments), next_seq=next_seq,
+                                entry_bytes=entry_bytes, from_summary=True)
+        self._head, self.next_seq = head, next_seq
+        n = self.segment_entries
+        for number, size, live, count, transient in segments:
+            seg = _Segment(number, AppendFile(self._path(number), size=size, sync=self._fsync), n)
+            seg.live, seg.count = live, count
+            dropped = []
+            if transient is not None:
+                for byte_no, byte in enumerate(transient):
+                    for bit in range(8) if byte else ():
+                        if byte >> bit & 1:
+                            dropped.append(number * n + byte_no * 8 + bit)
+                            live[byte_no] &= ~(1 << bit)
+                seg.count -= len(dropped)
+                report.dropped_transient += len(dropped)
+            if seg.count == 0 and number != head:
+                report.deleted_segments.append(number)
+                self._writer.run(self._delete_job(seg.file))
+                continue
+            self._segments[number] = seg
+            self._entries += seg.count
+            if report.first_seq < 0 and seg.count:
+                byte_no = next(i for i, byte in enumerate(live) if byte)
+                report.first_seq = number * n + byte_no * 8 + (live[byte_no] & -live[byte_no]).bit_length() - 1
+            if dropped:
+                self._append(seg, _seqs_body(ACK, dropped))
+        report.entries = self._entries
+        log.info("queue index %s: %d entries in %d segment(s) loaded from its recovery summary (no scan), "
+                 "%d transient dropped", self.directory, report.entries, report.segments, report.dropped_transient)
+        return report
+
+    def _parse_summary(self, body: bytes):
+        """(head, next_seq, entry bytes, [(number, size, live, count,
+        transient or None)]) from a summary that matches the files, else why not."""
+        try:
+            magic, version, n, next_seq, head, entry_bytes, count = _SUMMARY_HEAD.unpack_from(body)
+        except struct.error:
+            return "the summary is cut short"
+        if magic != _SUMMARY_MAGIC or version != _SUMMARY_VERSION:
+            return "not a queue index summary of version %d" % _SUMMARY_VERSION
+        if n != self.segment_entries:
+            return "it was written with segment_entries %d" % n
+        width = (n + 7) >> 3
+        pos = _SUMMARY_HEAD.size
+        segments = []
+        stamps = {}
+        try:
+            for _ in range(count):
+                number, live_count, has_transient = _SUMMARY_SEG.unpack_from(body, pos)
+                pos += _SUMMARY_SEG.size
+                if number in stamps:
+                    return "segment %d twice in the summary" % number
+                stamps[number] = body[pos:pos + summary.STAMP.size]
+                size = summary.stamp_size(stamps[number])
+                pos += summary.STAMP.size
+                bitmaps = []
+                for _bitmap in range(2 if has_transient else 1):
+                    bitmaps.append(bytearray(body[pos:pos + width]))
+                    pos += width
+                    if len(bitmaps[-1]) != width:
+                        return "the summary is cut short"
+                live = int.from_bytes(bitmaps[0], "big")
+                if live.bit_count() != live_count:
+                    return "segment %d: the count does not match the bitmap" % number
+                if has_transient and int.from_bytes(bitmaps[1], "big") & ~live:
+                    return "segment %d: transient entries that are not live" % number
+                segments.append((number, size, bitmaps[0], live_count, bitmaps[1] if has_transient else None))
+        except struct.error:
+            return "the summary is cut short"
+        if pos != len(body):
+            return "the summary has trailing bytes"
+        if stamps and (head < max(stamps) or next_seq <= max(stamps) * n):
+            return "its seq bounds do not cover its segments"
+        on_disk = set(self._segment_numbers())
+        if on_disk != set(stamps):
+            return "segment files %s on disk, %s in the summary" % (sorted(on_disk), sorted(stamps))
+        for number, recorded in stamps.items():
+            if summary.stamp(self._path(number)) != recorded:
+                return "segment %d changed since the stop" % number
+        return head, next_seq, entry_bytes, segments
+
+    def write_summary(self, entry_bytes: int) -> None:
+        """At a clean stop, after the writer has stopped (blocking): save what
+        `recover` would find, for `recover_summary`. `entry_bytes`: the body
+        bytes of the live persistent entries (the caller keeps that count).
+        Raises OSError when a file is not as the index believes it is."""
+        n = self.segment_entries
+        parts = [_SUMMARY_HEAD.pack(_SUMMARY_MAGIC, _SUMMARY_VERSION, n, self.next_seq, self._head,
+                                    entry_bytes, len(self._segments))]
+        for number in sorted(self._segments):
+            seg = self._segments[number]
+            parts += [_SUMMARY_SEG.pack(number, seg.count, seg.transient is not None),
+                      summary.stamp(seg.file.path, seg.file.size), seg.live]
+            if seg.transient is not None:
+                parts.append(seg.transient)
+        summary.write(self.directory, b"".join(parts))
+
+    def store_refs(self) -> Counter:
+        """msg_id -> live persistent entries whose message is in the message
+        store, read from the segment files (blocking, at start): what
+        `recover` reports, for an index that came from its summary when the
+        message store must be scanned after all."""
+        refs: Counter = Counter()
+        n = self.segment_entries
+        for number, seg in self._segments.items():
+            if seg.count:
+                for entry in _read_segment_file(seg.file.path, seg.file.size, number * n, n, bytes(seg.live)):
+                    if entry.payload is None and entry.persistent:
+                        refs[entry.msg_id] += 1
+        return refs
+
+    @property
+    def deleted(self) -> bool:
+        return self._deleted
+
+    @property
+    def segments_on_disk(self) -> int:
+        """Segment files of this index (live, or the head)."""
+        return len(self._segments)
+
     # -- on the event loop: the hot path ------------------------------------
 
     def publish(self, seq: int, msg_id: bytes, size: int, payload: bytes, expiry: int = 0,
@@ -233,7 +380,7 @@ class QueueIndex:
                 raise RuntimeError("queue index %s was deleted" % self.directory)
             if seq < 0 or len(msg_id) != 16:
                 raise ValueError("seq must be >= 0 and msg_id 16 bytes")
-            seg = self._segments[number] = _Segment(number, AppendFile(self._path(number), size=0), n)
+            seg = self._segments[number] = _Segment(number, AppendFile(self._path(number), size=0, sync=self._fsync), n)
         elif len(msg_id) != 16:
             raise ValueError("msg_id must be 16 bytes")
         i = seq - number * n
@@ -250,6 +397,8 @@ class QueueIndex:
         live[i >> 3] |= bit
         seg.count += 1
         self._entries += 1
+        if not persistent:
+            _set_transient(seg, i)
         if seq >= self.next_seq:
             self.next_seq = seq + 1
         self._append(seg, body, done)
@@ -313,7 +462,7 @@ class QueueIndex:
             except FileNotFoundError:
                 return
             for name in names:
-                if name.endswith(SUFFIX):
+                if name.endswith(SUFFIX) or summary.is_summary(name):
                     try:
                         os.unlink(os.path.join(directory, name))
                     except FileNotFoundError:
@@ -346,6 +495,22 @@ class QueueIndex:
         }
 
     # -- internals -----------------------------------------------------------
+
+    def _segment_numbers(self) -> list[int]:
+        """The numbers of the segment files on disk, ascending (blocking)."""
+        try:
+            names = os.listdir(self.directory)
+        except FileNotFoundError:
+            names = []
+        numbers = []
+        for name in names:
+            stem = name[:-len(SUFFIX)]
+            if name.endswith(SUFFIX) and stem.isdigit() and str(int(stem)) == stem:
+                numbers.append(int(stem))
+            elif not summary.is_summary(name):
+                log.warning("%s: ignoring unexpected file %r", self.directory, name)
+        numbers.sort()
+        return numbers
 
     def _path(self, number: int) -> str:
         return os.path.join(self.directory, "%d%s" % (number, SUFFIX))
@@ -380,6 +545,8 @@ class QueueIndex:
                 live[i >> 3] ^= bit
                 seg.count -= 1
                 self._entries -= 1
+                if seg.transient is not None:
+                    seg.transient[i >> 3] &= ~bit
             group.append(seq)
         for number, group in groups.items():
             if not group:
@@ -455,6 +622,12 @@ def _fsync_dir(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _set_transient(seg: _Segment, i: int) -> None:
+    if seg.transient is None:
+        seg.transient = bytearray(len(seg.live))
+    seg.transient[i >> 3] |= 1 << (i & 7)
 
 
 def _seqs_body(kind: int, seqs: list[int]) -> bytes:

@@ -83,6 +83,9 @@ class VariableQueue:
         self.ready = 0
         self.ready_bytes = 0
         self.ram_bytes = 0
+        # Body bytes of the persistent entries live in the index (ready or
+        # not): what a restart recovers (the index summary records it).
+        self.persistent_bytes = 0
         # Called when messages read back from delta become available.
         self.on_available: Callable[[], None] | None = None
         monitor.register(self)
@@ -134,13 +137,18 @@ class VariableQueue:
     def ack(self, entries: Iterable[QueueEntry]) -> None:
         seqs = []
         removed = []
+        persistent_bytes = 0
         for entry in entries:
             store = entry.store
             if store is None:
                 continue
             if store is not _EMBEDDED:
                 removed.append((store, entry.message.msg_id))
+            if entry.message.persistent:
+                persistent_bytes += len(entry.message.body)
             seqs.append(entry.seq)
+        if self.durable:
+            self.persistent_bytes -= persistent_bytes
         # ACK records first: a removal may compact or delete the store file
         # (writer jobs, run in submission order), and a crash in between must
         # not leave an unacked index entry whose body is gone.
@@ -243,6 +251,8 @@ class VariableQueue:
         message = entry.message
         payload = message.to_bytes()
         persistent = self.durable and message.persistent
+        if persistent:
+            self.persistent_bytes += len(message.body)
         if len(payload) < self.index.embed_below:
             entry.store = _EMBEDDED
         else:
@@ -335,6 +345,8 @@ class VariableQueue:
                     lost.append(item.seq)
                     self.ready -= 1
                     self.ready_bytes -= item.size
+                    if item.persistent:
+                        self.persistent_bytes -= item.size
                     continue
                 self._head.append(entry)
                 added += len(entry.message.body) + ENTRY_OVERHEAD
@@ -400,6 +412,8 @@ class VariableQueue:
         if seqs and not self._deleted:
             self.index.ack([item.seq for item in seqs])
         for item in seqs:
+            if item.persistent:
+                self.persistent_bytes -= item.size
             if item.payload is None:
                 (self.store if item.persistent else self.transient_store).remove(item.msg_id)
 
@@ -419,4 +433,4 @@ class VariableQueue:
             self._delta_end = self._next_seq
             self._delta_count = count
             self.ready = count
-            self.ready_bytes = ready_bytes
+            self.ready_bytes = self.persistent_bytes = ready_bytes

@@ -11,6 +11,14 @@ Deleting the vhost (`destroy`) renames its directory aside at once (one
 metadata operation on the loop, like creating it), so a vhost of the same
 name added right afterwards starts empty, and removes the renamed tree on
 the writer thread after every job already queued for its files.
+
+After a clean stop (`write_summaries`, storage/summary.py) each index loads
+its summary instead of scanning when the summary matches its files; the
+persistent store loads its own only when every queue whose references it
+counted came back from its summary, and every other queue holds no store
+reference (its counts are then exactly what the scans would rebuild).
+Otherwise the store is scanned, with the references of the indexes that
+came from summaries read from their segment files.
 """
 from __future__ import annotations
 
@@ -19,6 +27,8 @@ import logging
 import os
 import shutil
 import uuid
+import weakref
+from concurrent.futures import ThreadPoolExecutor
 from collections import Counter
 from dataclasses import dataclass
 
@@ -39,6 +49,19 @@ class StorageSettings:
     unclean_start: bool = False  # no clean-shutdown marker: recovered messages count as delivered
 
 
+# Threads writing queue index summaries at a clean stop (VhostStorage.write_summaries).
+SUMMARY_THREADS = 16
+
+
+def _write_index_summary(backing: VariableQueue) -> bool:
+    try:
+        backing.index.write_summary(backing.persistent_bytes)
+        return True
+    except OSError as exc:
+        log.error("queue index %s: no recovery summary written: %s", backing.index.directory, exc)
+        return False
+
+
 def dir_name(name: str) -> str:
     """A directory name for any vhost or queue name: no name can reach
     outside the data directory, whatever characters it holds."""
@@ -55,33 +78,48 @@ class VhostStorage:
         self.persistent = MessageStore(
             os.path.join(directory, "msg_store_persistent"), writer, settings.msg_store_file_size)
         self.transient = MessageStore(
-            os.path.join(directory, "msg_store_transient"), writer, settings.msg_store_file_size)
+            os.path.join(directory, "msg_store_transient"), writer, settings.msg_store_file_size, durable=False)
         self._refcounts: Counter = Counter()
         self._recovered: set[str] = set()
+        self._from_summary: dict[str, QueueIndex] = {}  # recovered from their summaries, by directory
+        # By directory: whose summaries a clean stop writes (a deleted queue's
+        # entry goes with its last reference).
+        self._durable: weakref.WeakValueDictionary[str, VariableQueue] = weakref.WeakValueDictionary()
 
-    def _index(self, queue: str) -> QueueIndex:
+    def _index(self, queue: str, durable: bool = True) -> QueueIndex:
         return QueueIndex(
             os.path.join(self.directory, "queues", dir_name(queue)),
             self.writer,
             embed_below=self.settings.embed_below,
             segment_entries=self.settings.segment_entries,
+            durable=durable,
         )
 
     def new_queue(self, queue: str, durable: bool) -> VariableQueue:
         """The backing queue of a queue declared now. A non-durable one uses
         the disk only to page messages out, and its files go at the next
         start (only durable queues are recovered)."""
-        return VariableQueue(self._index(queue), self.persistent, self.transient, self.monitor, durable=durable)
+        backing = VariableQueue(self._index(queue, durable), self.persistent, self.transient, self.monitor,
+                                durable=durable)
+        if durable:
+            self._durable[dir_name(queue)] = backing
+        return backing
 
     def recover_queue(self, queue: str) -> VariableQueue:
         """At start: a durable queue restored from the definitions, with the
         messages its index still holds as delta (read back as consumed)."""
         index = self._index(queue)
-        _loaded, report = index.recover(max_entries=0)
-        self._refcounts.update(report.store_refs)
-        self._recovered.add(dir_name(queue))
+        name = dir_name(queue)
+        report = None if self.settings.unclean_start else index.recover_summary()
+        if report is None:
+            _loaded, report = index.recover(max_entries=0)
+            self._refcounts.update(report.store_refs)
+        else:
+            self._from_summary[name] = index
+        self._recovered.add(name)
         backing = VariableQueue(index, self.persistent, self.transient, self.monitor, next_seq=report.next_seq)
         backing.recovered(report.first_seq, report.entries, report.entry_bytes, self.settings.unclean_start)
+        self._durable[name] = backing
         return backing
 
     def delayed_store(self) -> DelayedStore:
@@ -91,7 +129,17 @@ class VhostStorage:
 
     def finish_recovery(self) -> None:
         self.transient.wipe()
-        report = self.persistent.recover(dict(self._refcounts))
+        report = None
+        if self._refcounts and not self.settings.unclean_start:
+            log.info("message store %s: recovery summary not used (queues recovered without a summary "
+                     "hold references): scanning", self.persistent.directory)
+        elif not self.settings.unclean_start:
+            report = self.persistent.recover_summary(set(self._from_summary))
+        if report is None:
+            for index in self._from_summary.values():
+                self._refcounts.update(index.store_refs())
+            report = self.persistent.recover(dict(self._refcounts))
+        self._from_summary.clear()
         if report.missing:
             log.error("%s: %d message(s) referenced by queue indexes were not found in the message store",
                       self.directory, len(report.missing))
@@ -112,3 +160,23 @@ class VhostStorage:
         self.persistent.close()
         self.transient.close()
         self.writer.run(lambda: shutil.rmtree(doomed, ignore_errors=True))
+
+    def write_summaries(self) -> None:
+        """At a clean stop, once the writer has stopped (blocking; the loop
+        is blocked too, so nothing changes meanwhile): the summary of each
+        durable queue index that has files (one without scans in no time),
+        then the persistent store's, naming the queues summarized. The
+        indexes are written by SUMMARY_THREADS threads: each summary costs
+        two fsyncs, which the file system commits together when they come
+        at once (about 5x faster for 200 queues here). A failure is logged
+        and leaves that summary out: the next start scans what it does not
+        cover."""
+        backings = {name: backing for name, backing in self._durable.items()
+                    if not backing.index.deleted and backing.index.segments_on_disk}
+        with ThreadPoolExecutor(SUMMARY_THREADS, thread_name_prefix="hutch-summary") as pool:
+            written = list(pool.map(_write_index_summary, backings.values()))
+        referrers = [name for name, ok in zip(backings, written) if ok]
+        try:
+            self.persistent.write_summary(referrers)
+        except OSError as exc:
+            log.error("message store %s: no recovery summary written: %s", self.persistent.directory, exc)

@@ -42,16 +42,19 @@ BACKLOG_LOW = 16 * 1024 * 1024
 class AppendFile:
     """A file only ever appended to, through the writer thread."""
 
-    __slots__ = ("path", "size", "_fd")
+    __slots__ = ("path", "size", "_fd", "sync")
 
-    def __init__(self, path: str, size: int | None = None) -> None:
+    def __init__(self, path: str, size: int | None = None, sync: bool = True) -> None:
         """`size`: the current size when the caller knows it (a new file: 0),
-        so that constructing one on the loop does no file I/O."""
+        so that constructing one on the loop does no file I/O. `sync`: False
+        for a file that never has to survive a restart (a non-durable
+        queue's index, the transient store): never fsynced."""
         self.path = path
         if size is None:
             size = os.path.getsize(path) if os.path.exists(path) else 0
         self.size = size
         self._fd: int | None = None
+        self.sync = sync
 
     def _write(self, data: bytes) -> None:
         if self._fd is None:
@@ -62,7 +65,7 @@ class AppendFile:
             view = view[written:]
 
     def _sync(self) -> None:
-        if self._fd is not None:
+        if self._fd is not None and self.sync:
             os.fsync(self._fd)
 
     def close(self) -> None:

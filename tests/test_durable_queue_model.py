@@ -20,7 +20,8 @@ store files (rolls, compaction), a memory budget the test moves between
 that paging the head out (delta) needs only a handful of messages. A restart
 is what BrokerServer.stop does: `writer.drained()` (storage jobs in flight
 finish: a purge of delta acks what it reads back), `writer.stop()` (every
-queued write reaches the files), then new writer, memory monitor and
+queued write reaches the files), the recovery summaries (or not: then the
+start scans), then new writer, memory monitor and
 VhostStorage on the same directory, `recover_queue` and `finish_recovery`. Crashes are tested at level B only: in-process there is no
 faithful way to lose exactly what a killed process loses.
 
@@ -254,11 +255,15 @@ class InProcessQueueMachine(RuleBasedStateMachine):
         self.confirmed.clear()
         self.durable_pending.clear()
 
-    @rule()
-    def restart(self):
-        # BrokerServer.stop: storage jobs in flight finish, then the writer stops.
+    @rule(summaries=st.booleans())
+    def restart(self, summaries):
+        # BrokerServer.stop: storage jobs in flight finish, then the writer
+        # stops, then the recovery summaries are written (without them, as
+        # when writing them failed, the start scans).
         self.run(self.writer.drained())
         self.writer.stop()
+        if summaries:
+            self.storage.write_summaries()
         self.close_files()
         survivors = [n for n in self.ready + list(self.unacked) if self.msgs[n].persistent]
         for n in self.unacked:

@@ -714,3 +714,74 @@ class StoreMachine(RuleBasedStateMachine):
 
 StoreMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=50, deadline=None)
 TestStoreMachine = StoreMachine.TestCase
+
+
+# -- recovery summaries (clean stop and start) --------------------------------------
+
+REFERRER = "0123456789abcdef0123456789abcdef"
+
+
+async def test_a_summary_gives_what_the_scan_gives(tmp_path, writer):
+    size = REC + 100
+    store = new_store(tmp_path, writer, limit=4 * size)
+    _fill(store, 14)
+    store.write(mid(3), body(3))  # two references
+    for i in (1, 2, 9):
+        store.remove(mid(i))
+    await settle(store, writer)
+    refs = {mid(i): store.refcount(mid(i)) for i in range(14) if store.contains(mid(i))}
+    writer.stop()
+    store.write_summary([REFERRER])
+    shutil.copytree(tmp_path / "store", tmp_path / "copy")
+    os.unlink(tmp_path / "copy" / "recovery.summary")
+
+    loop = asyncio.get_running_loop()
+    fast_writer, scan_writer = GroupCommitWriter(loop), GroupCommitWriter(loop)
+    try:
+        fast = MessageStore(str(tmp_path / "store"), fast_writer, file_size_limit=4 * size)
+        assert fast.recover_summary({REFERRER}) is not None
+        assert not os.path.exists(tmp_path / "store" / "recovery.summary")  # used once
+        scanned = MessageStore(str(tmp_path / "copy"), scan_writer, file_size_limit=4 * size)
+        scanned.recover(refs)
+        await settle(fast, fast_writer)
+        await settle(scanned, scan_writer)
+        assert fast.stats() == scanned.stats()
+        for i in range(14):
+            assert fast.refcount(mid(i)) == scanned.refcount(mid(i)) == refs.get(mid(i), 0)
+            if mid(i) in refs:
+                assert await read(fast, mid(i)) == body(i)
+        fast.write(mid(20), body(20))  # appends continue where the scan would continue them
+        scanned.write(mid(20), body(20))
+        assert fast._index[mid(20)].file.num == scanned._index[mid(20)].file.num
+        await settle(fast, fast_writer)
+        check_accounting(fast)
+    finally:
+        fast_writer.stop()
+        scan_writer.stop()
+
+
+@pytest.mark.parametrize("change", ["referrers", "touch", "extra file"])
+async def test_a_summary_that_does_not_match_is_refused(tmp_path, writer, change, caplog):
+    store = new_store(tmp_path, writer, limit=4 * (REC + 100))
+    _fill(store, 6)
+    await settle(store, writer)
+    writer.stop()
+    store.write_summary([REFERRER])
+    referrers = {REFERRER}
+    if change == "referrers":
+        referrers = {REFERRER, "f" * 32}
+    elif change == "touch":
+        path = tmp_path / "store" / "0.rdq"
+        os.utime(path, ns=(os.stat(path).st_atime_ns, os.stat(path).st_mtime_ns + 1))
+    else:
+        (tmp_path / "store" / "7.rdq").write_bytes(b"")
+    again_writer = GroupCommitWriter(asyncio.get_running_loop())
+    try:
+        again = MessageStore(str(tmp_path / "store"), again_writer, file_size_limit=4 * (REC + 100))
+        with caplog.at_level(logging.INFO, "hutch.storage"):
+            assert again.recover_summary(referrers) is None
+        assert "recovery summary not used" in caplog.text
+        assert not os.path.exists(tmp_path / "store" / "recovery.summary")
+        assert again.stats()["messages"] == 0  # nothing half loaded
+    finally:
+        again_writer.stop()

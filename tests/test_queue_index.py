@@ -455,3 +455,96 @@ IndexMachine.TestCase.settings = settings(
     max_examples=100, stateful_step_count=40, deadline=None,
     suppress_health_check=[HealthCheck.too_slow])
 test_index_state_machine = IndexMachine.TestCase
+
+
+# -- recovery summaries (clean stop and start) --------------------------------------
+
+
+async def _index_with_history(directory, writer) -> QueueIndex:
+    """Four segments of 8: persistent and transient entries, embedded and
+    not, some delivered, some acked (segment 1 entirely)."""
+    index, _, _ = reopen(directory, writer, embed_below=64, segment_entries=8)
+    for seq in range(30):
+        index.publish(seq, mid(seq), size=seq, payload=bytes(10 if seq % 3 else 100),
+                      persistent=seq % 4 != 1)
+    index.deliver([2, 3, 20, 21])
+    index.ack([0, 5, 29] + list(range(8, 16)))
+    await settle(writer)
+    return index
+
+
+async def test_a_summary_gives_what_the_scan_gives(tmp_path, writers):
+    writer = writers()
+    index = await _index_with_history(tmp_path / "q", writer)
+    writer.stop()
+    index.write_summary(entry_bytes=1234)
+    shutil.copytree(tmp_path / "q", tmp_path / "copy")
+    os.unlink(tmp_path / "copy" / "recovery.summary")
+
+    fast = QueueIndex(str(tmp_path / "q"), writers(), embed_below=64, segment_entries=8)
+    report = fast.recover_summary()
+    assert report is not None and report.from_summary and report.records == 0
+    assert not os.path.exists(tmp_path / "q" / "recovery.summary")  # used once
+    scanned = QueueIndex(str(tmp_path / "copy"), writers(), embed_below=64, segment_entries=8)
+    _, scan_report = scanned.recover(max_entries=0)
+    for field_name in ("entries", "next_seq", "first_seq", "dropped_transient", "deleted_segments"):
+        assert getattr(report, field_name) == getattr(scan_report, field_name), field_name
+    assert report.entry_bytes == 1234  # the caller's count, kept
+    assert fast.segments() == scanned.segments() == [0, 2, 3]
+    for segment in fast.segments():
+        assert await read(fast, segment) == await read(scanned, segment)
+    assert fast.store_refs() == scan_report.store_refs != {}
+    # both dropped the transient entries on disk: the next scans agree too
+    fast._writer.stop()
+    scanned._writer.stop()
+    _, _, again = reopen(tmp_path / "q", writers(), embed_below=64, segment_entries=8)
+    assert again.entries == report.entries and again.dropped_transient == 0
+
+
+@pytest.mark.parametrize("change", ["append", "remove", "summary"])
+async def test_a_summary_that_does_not_match_is_refused(tmp_path, writers, change, caplog):
+    writer = writers()
+    index = await _index_with_history(tmp_path / "q", writer)
+    writer.stop()
+    index.write_summary(entry_bytes=0)
+    if change == "append":
+        with open(tmp_path / "q" / "2.idx", "ab") as f:
+            f.write(b"\x00")
+    elif change == "remove":
+        os.unlink(tmp_path / "q" / "3.idx")
+    else:
+        with open(tmp_path / "q" / "recovery.summary", "r+b") as f:
+            f.seek(20)
+            f.write(b"\xff")
+    fast = QueueIndex(str(tmp_path / "q"), writers(), embed_below=64, segment_entries=8)
+    with caplog.at_level(logging.INFO, "hutch.storage"):
+        assert fast.recover_summary() is None
+    assert "recovery summary not used" in caplog.text
+    assert not os.path.exists(tmp_path / "q" / "recovery.summary")
+    _, report = fast.recover(max_entries=0)  # the fallback
+    assert report.entries > 0
+
+
+async def test_a_non_durable_index_is_never_fsynced(tmp_path, writers, monkeypatch):
+    """Its files only hold paged-out messages of a queue no restart
+    recovers: the group commit skips their fsync (files and directory)."""
+    synced = []
+    real_fsync = os.fsync
+
+    def spy(fd):
+        synced.append(os.readlink("/proc/self/fd/%d" % fd))
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", spy)
+    writer = writers("fsync")
+    durable = QueueIndex(str(tmp_path / "durable"), writer, segment_entries=4)
+    transient = QueueIndex(str(tmp_path / "transient"), writer, segment_entries=4, durable=False)
+    confirmed = []
+    for index in (durable, transient):
+        for seq in range(10):
+            index.publish(seq, mid(seq), 1, b"p", done=lambda: confirmed.append(1))
+        index.ack(range(6))
+    await settle(writer)
+    assert len(confirmed) == 20
+    assert any(path.startswith(str(tmp_path / "durable")) for path in synced)
+    assert not any(path.startswith(str(tmp_path / "transient")) for path in synced), synced

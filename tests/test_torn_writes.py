@@ -89,6 +89,8 @@ class Layout:
         assert sorted(self.index) == list(range(COUNT))
         self.store: dict[int, tuple[str, int, int]] = {}
         for name in os.listdir(self.store_dir):
+            if not name.endswith(".rdq"):  # the recovery summary of the clean stop
+                continue
             path = os.path.join(self.store_dir, name)
             data = read(path)
             for start, end in record_spans(data):
