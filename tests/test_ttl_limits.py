@@ -196,22 +196,28 @@ async def test_a_delivered_message_does_not_expire_and_keeps_its_expiry_when_req
 # -- queue expiry ----------------------------------------------------------------
 
 
+async def ignore(message) -> None:
+    pass
+
+
+async def gone(connection, name: str) -> bool:
+    """Whether the queue no longer exists (a passive declare on a channel of its own)."""
+    probe = await connection.channel()
+    try:
+        await probe.declare_queue(name, passive=True)
+    except aiormq.exceptions.ChannelNotFoundEntity:
+        return True
+    await probe.close()
+    return False
+
+
+
 async def test_an_unused_queue_expires_but_one_with_a_consumer_stays(aconn):
     channel = await aconn.channel()
     idle = await channel.declare_queue(unique("idle"), arguments={"x-expires": 200})
     busy = await channel.declare_queue(unique("busy"), arguments={"x-expires": 200})
-    await busy.consume(lambda m: None)
-
-    async def gone() -> bool:
-        probe = await aconn.channel()
-        try:
-            await probe.declare_queue(idle.name, passive=True)
-        except aiormq.exceptions.ChannelNotFoundEntity:
-            return True
-        await probe.close()
-        return False
-
-    await until(gone)
+    await busy.consume(ignore)
+    await until(lambda: gone(aconn, idle.name))
     probe = await aconn.channel()
     assert (await probe.declare_queue(busy.name, passive=True)).declaration_result.consumer_count == 1
     await busy.delete(if_unused=False)
@@ -220,19 +226,9 @@ async def test_an_unused_queue_expires_but_one_with_a_consumer_stays(aconn):
 async def test_a_queue_expires_once_its_last_consumer_leaves(aconn):
     channel = await aconn.channel()
     queue = await channel.declare_queue(unique("leave"), arguments={"x-expires": 100})
-    tag = await queue.consume(lambda m: None)
+    tag = await queue.consume(ignore)
     await queue.cancel(tag)
-
-    async def gone() -> bool:
-        probe = await aconn.channel()
-        try:
-            await probe.declare_queue(queue.name, passive=True)
-        except aiormq.exceptions.ChannelNotFoundEntity:
-            return True
-        await probe.close()
-        return False
-
-    await until(gone)
+    await until(lambda: gone(aconn, queue.name))
 
 
 # -- length limits -----------------------------------------------------------------

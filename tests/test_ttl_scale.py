@@ -6,7 +6,6 @@ is shown in-process (test_queue_semantics_unit.py).
 """
 from __future__ import annotations
 
-import asyncio
 import random
 
 import aio_pika
@@ -36,7 +35,7 @@ async def test_100k_messages_with_random_ttls_expire_and_memory_comes_back(fresh
     pid = fresh_broker.process.pid
     connection = await aio_pika.connect(fresh_broker.url)
     channel = await connection.channel(publisher_confirms=False)
-    queue = await channel.declare_queue("ttls")
+    await channel.declare_queue("ttls")
     rng = random.Random(5)
     ttls = [2000 + rng.randrange(8000) for _ in range(N)]  # 8,000 distinct TTLs, unordered
     baseline = rss(pid)
