@@ -23,6 +23,8 @@ _CONTENT_ENCODING = 0x4000
 _HEADERS = 0x2000
 _DELIVERY_MODE = 0x1000
 _EXPIRATION = 0x0100
+# Where the expiration flag is in a content header (for hot paths that test it inline).
+EXPIRATION_BYTE, EXPIRATION_BIT = 12, 0x01
 # Offset of the first property-flags word: class-id(2) weight(2) body-size(8).
 _FLAGS_AT = 12
 
@@ -131,7 +133,7 @@ class Message:
     @property
     def has_expiration(self) -> bool:
         """Whether the expiration property is set (one bit of the flags)."""
-        return bool(self.header[_FLAGS_AT] & (_EXPIRATION >> 8))
+        return bool(self.header[EXPIRATION_BYTE] & EXPIRATION_BIT)
 
     @property
     def expiration(self) -> int | None:

@@ -2,7 +2,7 @@
 
 Theory of operation:
 - Every ready message with an expiry (per-queue TTL, per-message
-  expiration, the smaller of the two) is pushed on `_heap` as (expiry, seq,
+  expiration, the smaller of the two) is pushed on `items` (a heap) as (expiry, seq,
   entry). One timer per queue is armed for the earliest expiry; when it
   fires, `due(now)` pops every item whose time has come and the queue takes
   those entries out wherever they are (storage's `remove`), so counts are
@@ -32,10 +32,11 @@ REBUILD_FLOOR = 1024
 
 
 class MessageExpiry:
-    __slots__ = ("_heap", "_clock", "_on_due", "_elsewhere", "_timer", "_timer_at", "_rebuild_at")
+    __slots__ = ("items", "_clock", "_on_due", "_elsewhere", "_timer", "_timer_at", "_rebuild_at")
 
     def __init__(self, clock: Clock, on_due: Callable[[], None], elsewhere: Callable[[], int]) -> None:
-        self._heap: list[tuple[int, int, QueueEntry]] = []
+        # The heap (public so the queue's hot path tests it without a call).
+        self.items: list[tuple[int, int, QueueEntry]] = []
         self._clock = clock
         self._on_due = on_due
         self._elsewhere = elsewhere
@@ -43,12 +44,9 @@ class MessageExpiry:
         self._timer_at = 0
         self._rebuild_at = REBUILD_FLOOR
 
-    def __len__(self) -> int:
-        return len(self._heap)
-
     def track(self, entry: QueueEntry) -> None:
         """Watch a ready entry whose `expiry` is set."""
-        heap = self._heap
+        heap = self.items
         heapq.heappush(heap, (entry.expiry, entry.seq, entry))
         if len(heap) > self._rebuild_at:
             self._rebuild()
@@ -57,14 +55,14 @@ class MessageExpiry:
 
     def next_expiry(self) -> int:
         """The earliest expiry of a READY entry (0: none)."""
-        heap = self._heap
+        heap = self.items
         while heap and heap[0][2].state != READY:
             heapq.heappop(heap)
         return heap[0][0] if heap else 0
 
     def due(self, now: int) -> list[QueueEntry]:
         """Pop the READY entries expired at `now`, earliest first."""
-        heap = self._heap
+        heap = self.items
         out = []
         while heap and heap[0][0] <= now:
             entry = heapq.heappop(heap)[2]
@@ -91,7 +89,7 @@ class MessageExpiry:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        self._heap = []
+        self.items = []
         self._rebuild_at = REBUILD_FLOOR
 
     def _fire(self) -> None:
@@ -99,7 +97,7 @@ class MessageExpiry:
         self._on_due()
 
     def _rebuild(self) -> None:
-        heap = [item for item in self._heap if item[2].state == READY]
+        heap = [item for item in self.items if item[2].state == READY]
         heapq.heapify(heap)
-        self._heap = heap
+        self.items = heap
         self._rebuild_at = max(REBUILD_FLOOR, 2 * len(heap))

@@ -41,6 +41,7 @@ from typing import Callable, Iterable
 
 from storage import BackingQueue, Message, QueueEntry
 from storage.backing_queue import READY
+from storage.message import EXPIRATION_BIT, EXPIRATION_BYTE
 from vhosts.clock import Clock, LoopClock
 from vhosts.consumer import Consumer
 from vhosts.message_expiry import MessageExpiry
@@ -76,6 +77,7 @@ class Queue:
         "clock",
         "expiry",
         "_unused_timer",
+        "_plain",
     )
 
     def __init__(
@@ -117,6 +119,8 @@ class Queue:
         self._unused_timer = None
         self.policy = policy
         self.settings: QueueSettings = effective(self.arguments, policy)
+        # No TTL and no length limit: publish takes the fast path.
+        self._plain = self.settings.message_ttl is None and not self.settings.length_limited
         self._arm_unused()
         if backing.delta_expiry:  # recovered messages with an expiry wait on disk
             self.expiry.arm()
@@ -133,6 +137,13 @@ class Queue:
         """Enqueue and dispatch. DURABLE_PENDING when `on_durable` was taken:
         it will be called once the message is on disk (persistent message,
         durable queue); REJECTED when a length limit refused it."""
+        if self._plain and not message.header[EXPIRATION_BYTE] & EXPIRATION_BIT:
+            # The fast path: no TTL, no length limit.
+            waits = on_durable is not None and self.backing.persists(message)
+            self.backing.publish(message, on_durable if waits else None)
+            if self.consumers:
+                self.dispatch()
+            return DURABLE_PENDING if waits else ACCEPTED
         settings = self.settings
         expiry = 0
         if settings.message_ttl is not None or message.has_expiration:
@@ -237,7 +248,7 @@ class Queue:
     def dispatch(self) -> None:
         consumers = self.consumers
         backing = self.backing
-        if len(self.expiry):
+        if self.expiry.items:
             self._expire_due()
         while backing.ready and consumers:
             for _ in range(len(consumers)):
@@ -271,8 +282,9 @@ class Queue:
         """The head message, or None: the queue is empty, or (when
         `message_count` is still positive) its head is being read back from
         disk, and `when_available` calls back once it is in RAM."""
-        self.touch()
-        if len(self.expiry):
+        if self._unused_timer is not None:
+            self._arm_unused()  # used: x-expires starts again
+        if self.expiry.items:
             self._expire_due()
         return self.backing.fetch()
 
@@ -322,7 +334,7 @@ class Queue:
             self._drop_head()
         if self.consumers:
             self.dispatch()
-        elif len(self.expiry):
+        elif self.expiry.items:
             self._expire_due()
 
     def add_consumer(self, consumer: Consumer) -> None:
@@ -378,6 +390,7 @@ class Queue:
         self.policy = definition
         old = self.settings
         self.settings = effective(self.arguments, definition)
+        self._plain = self.settings.message_ttl is None and not self.settings.length_limited
         if self.settings.expires != old.expires:
             self._arm_unused()
         if self.settings.length_limited:
