@@ -34,11 +34,9 @@ from vhosts.errors import (
 ACK, REQUEUE, DISCARD = "ack", "requeue", "discard"
 
 
-def _header(entry) -> bytes:
-    """The content header to deliver: as published, plus x-delivery-count
-    once the message was given back at least once."""
-    if not entry.deliveries:
-        return entry.message.header
+def _counted(entry) -> bytes:
+    """The content header of a message given back at least once: as
+    published, plus x-delivery-count (how many times)."""
     return entry.message.header_with({"x-delivery-count": encode_value(entry.deliveries)})
 
 
@@ -103,7 +101,8 @@ class Deliveries:
             self.global_unacked += 1
         message = entry.message
         connection = self.connection
-        frames = content_frames(self.number, _header(entry), message.body, connection.frame_max)
+        header = message.header if not entry.deliveries else _counted(entry)
+        frames = content_frames(self.number, header, message.body, connection.frame_max)
         frames.insert(0, fastpath.deliver_frame(
             self.number,
             consumer.tag.encode("utf-8"),
@@ -190,7 +189,7 @@ class Deliveries:
                 message_count=queue.message_count,
             ),
             message,
-            _header(entry),
+            message.header if not entry.deliveries else _counted(entry),
         )
 
     def _get_again(self, method) -> None:
