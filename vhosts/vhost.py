@@ -390,9 +390,11 @@ class VirtualHost:
         elif name.startswith("amq."):
             raise AMQPError(ACCESS_REFUSED, "queue name '%s' contains reserved prefix 'amq.*'" % name)
         arguments = arguments or {}
-        validate_queue_arguments(name, self.name, arguments)
         q = self.queues.get(name)
         if q is None:
+            # As RabbitMQ: arguments are validated for a new queue; an existing
+            # one only checks them for equivalence.
+            validate_queue_arguments(name, self.name, arguments)
             q = self._new_queue(name, durable, owner if exclusive else None, auto_delete, arguments)
             if self.definitions is not None and self._stored(q):
                 self.definitions.upsert_queue(self.name, name, durable, auto_delete, arguments)

@@ -49,6 +49,14 @@ def test_argument_validation(differ, arguments):
     assert rabbit[0][:2] == ("channel-error", 406)
 
 
+def test_redeclaring_with_an_invalid_argument_reports_inequivalence(differ):
+    _same(differ, [
+        _declare("{q}", **{"x-max-length": 1}),
+        _declare("{q}", **{"x-max-length": -1}),
+        _declare("{q}", **{"x-max-length": 1, "x-message-ttl": -1}),
+    ])
+
+
 def test_ttl_zero_and_expiration_zero_expire_without_a_consumer(differ):
     _same(differ, [
         _declare("{dead}"),
