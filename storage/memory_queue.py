@@ -90,6 +90,9 @@ class MemoryQueue:
     def expire_delta(self, now: int, done) -> None:
         """Never called: `delta_expiry` is always 0."""
 
+    def disk_due(self, now: int) -> int:
+        return -1
+
     def state_counts(self) -> dict[str, int]:
         """Every ready message is alpha: in RAM only."""
         return {"alpha": self.ready, "gamma": 0, "delta": 0}

@@ -320,6 +320,13 @@ class VariableQueue:
             return 0
         return max(min(self._segment_expiry.values()), self._next_scan)
 
+    def disk_due(self, now: int) -> int:
+        """The first seq of delta when a message there may have expired by
+        `now` (a segment's bound has passed, or a scan is under way), else -1."""
+        if self._delta_count and (self._scanning or any(bound <= now for bound in self._segment_expiry.values())):
+            return self._delta_start
+        return -1
+
     def _paged_expiry(self, entry: QueueEntry) -> None:
         expiry = entry.expiry
         if expiry:

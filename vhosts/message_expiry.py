@@ -18,7 +18,9 @@ Theory of operation:
   timer.
 - Messages paged out to disk are not in the heap: `elsewhere()` gives the
   earliest expiry among them (the backing queue's `delta_expiry`), and the
-  same timer covers it.
+  same timer covers it. While expired messages wait on disk for a scan, the
+  queue `defer`s newer due ones (older messages die first) and arms the
+  timer `not_before` the scan.
 """
 from __future__ import annotations
 
@@ -70,12 +72,19 @@ class MessageExpiry:
                 out.append(entry)
         return out
 
-    def arm(self) -> None:
-        """Set the timer for the earliest expiry (or none)."""
+    def defer(self, entries: list[QueueEntry]) -> None:
+        """Put back due entries the queue holds back for now (without arming)."""
+        for entry in entries:
+            heapq.heappush(self.items, (entry.expiry, entry.seq, entry))
+
+    def arm(self, not_before: int = 0) -> None:
+        """Set the timer for the earliest expiry (or none), not before `not_before`."""
         at = self.next_expiry()
         other = self._elsewhere()
         if other and (not at or other < at):
             at = other
+        if at and at < not_before:
+            at = not_before
         if self._timer is not None:
             if at and at == self._timer_at:
                 return

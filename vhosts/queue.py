@@ -49,6 +49,9 @@ from vhosts.queue_arguments import QueueSettings, effective
 
 FLOW_HIGH = 2000
 FLOW_LOW = 1000
+# ms: how soon to look again at expired messages held back for a scan of the disk
+# (the scan's end looks at once; this only covers a scan that takes longer).
+HOLD_RETRY = 50
 
 # What `Queue.publish` did with a message.
 ACCEPTED, DURABLE_PENDING, REJECTED = 0, 1, 2
@@ -204,14 +207,26 @@ class Queue:
         if self.deleted:
             return
         expiry = self.expiry
+        backing = self.backing
         now = self.clock.now()
         due = expiry.due(now)
+        later = 0
         if due:
-            self._die(self.backing.remove(due), EXPIRED)
-        at = self.backing.delta_expiry
+            on_disk = backing.disk_due(now)
+            if on_disk >= 0:
+                # Expired messages wait on disk: older ones die first, so the
+                # newer ones in RAM wait for the scan that finds them.
+                held = [e for e in due if e.seq >= on_disk]
+                if held:
+                    due = [e for e in due if e.seq < on_disk]
+                    expiry.defer(held)
+                    later = max(backing.delta_expiry, now + HOLD_RETRY)
+            if due:
+                self._die(backing.remove(due), EXPIRED)
+        at = backing.delta_expiry
         if at and at <= now:
-            self.backing.expire_delta(now, self._expired_on_disk)
-        expiry.arm()
+            backing.expire_delta(now, self._expired_on_disk)
+        expiry.arm(later)
 
     def _expired_on_disk(self, entries: list[QueueEntry]) -> None:
         """`expire_delta` found these expired among the paged-out messages."""
