@@ -151,7 +151,7 @@ class Queue:
         expiry = 0
         if settings.message_ttl is not None or message.has_expiration:
             expiry = self._expiry_of(message)
-        if settings.length_limited and settings.overflow != "drop-head" and self._would_overflow(message):
+        if settings.length_limited and settings.overflow != "drop-head" and self._over_limit(1, len(message.body)):
             if settings.overflow == "reject-publish-dlx":
                 self._die([QueueEntry(-1, message)], MAXLEN)
             return REJECTED
@@ -174,18 +174,14 @@ class Queue:
             ttl = expiration if ttl is None else min(ttl, expiration)
         return self.clock.now() + ttl
 
-    def _would_overflow(self, message: Message) -> bool:
+    def _over_limit(self, count: int = 0, size: int = 0) -> bool:
+        """Whether the ready messages, plus `count` more of `size` bytes,
+        exceed a length limit."""
         settings = self.settings
         backing = self.backing
-        return ((settings.max_length is not None and backing.ready + 1 > settings.max_length)
+        return ((settings.max_length is not None and backing.ready + count > settings.max_length)
                 or (settings.max_length_bytes is not None
-                    and backing.ready_bytes + len(message.body) > settings.max_length_bytes))
-
-    def _over_limit(self) -> bool:
-        settings = self.settings
-        backing = self.backing
-        return ((settings.max_length is not None and backing.ready > settings.max_length)
-                or (settings.max_length_bytes is not None and backing.ready_bytes > settings.max_length_bytes))
+                    and backing.ready_bytes + size > settings.max_length_bytes))
 
     def _drop_head(self) -> None:
         """drop-head: dead-letter from the head while over a limit (a head
