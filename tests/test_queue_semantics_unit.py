@@ -187,6 +187,10 @@ def test_a_policy_expires_deletes_the_unused_queue(world):
     assert "q" in vhost.queues
     vhost.declare_queue("q", owner=None)  # a redeclare renews the lease
     clock.advance(999)
+    vhost.declare_queue("q", owner=None, passive=True)  # so does a passive one
+    clock.advance(999)
+    queue.get()  # and a basic.get
+    clock.advance(999)
     assert "q" in vhost.queues
     clock.advance(1)
     assert "q" not in vhost.queues and queue.deleted

@@ -201,10 +201,12 @@ async def ignore(message) -> None:
 
 
 async def gone(connection, name: str) -> bool:
-    """Whether the queue no longer exists (a passive declare on a channel of its own)."""
+    """Whether the queue no longer exists: a bind on a channel of its own
+    (a passive declare would renew its x-expires lease)."""
     probe = await connection.channel()
+    queue = await probe.get_queue(name, ensure=False)
     try:
-        await probe.declare_queue(name, passive=True)
+        await queue.bind("amq.direct", unique("probe"))
     except aiormq.exceptions.ChannelNotFoundEntity:
         return True
     await probe.close()
@@ -218,9 +220,30 @@ async def test_an_unused_queue_expires_but_one_with_a_consumer_stays(aconn):
     busy = await channel.declare_queue(unique("busy"), arguments={"x-expires": 200})
     await busy.consume(ignore)
     await until(lambda: gone(aconn, idle.name))
+    assert not await gone(aconn, busy.name)
     probe = await aconn.channel()
     assert (await probe.declare_queue(busy.name, passive=True)).declaration_result.consumer_count == 1
     await busy.delete(if_unused=False)
+
+
+async def test_passive_declares_and_gets_renew_the_lease(aconn):
+    """Polled by a passive declare or a basic.get more often than it expires,
+    a queue stays; left alone, it goes."""
+    channel = await aconn.channel()
+    polled = await channel.declare_queue(unique("polled"), arguments={"x-expires": 300})
+    got = await channel.declare_queue(unique("got"), arguments={"x-expires": 300})
+    left = await channel.declare_queue(unique("left"), arguments={"x-expires": 300})
+
+    async def poll_until_left_is_gone() -> bool:
+        await channel.declare_queue(polled.name, passive=True)
+        await got.get(fail=False)
+        return await gone(aconn, left.name)
+
+    await until(poll_until_left_is_gone)
+    # `left` expired, so `polled` and `got` outlived their first 300 ms
+    assert not await gone(aconn, polled.name) and not await gone(aconn, got.name)
+    await polled.delete()
+    await got.delete()
 
 
 async def test_a_queue_expires_once_its_last_consumer_leaves(aconn):

@@ -32,7 +32,7 @@ Theory of operation:
 - Delivery counting: each return (requeue) of a delivered message counts;
   past `delivery_limit` returns it dies instead (reason delivery_limit).
 - Queue expiry (x-expires): while the queue has no consumers, one timer
-  deletes it after `expires` ms without a get or a redeclare.
+  deletes it after `expires` ms without a get or a declare (passive too).
 """
 from __future__ import annotations
 
@@ -374,7 +374,7 @@ class Queue:
     # -- queue expiry (x-expires) ------------------------------------------------
 
     def touch(self) -> None:
-        """A redeclare or a basic.get: the queue was used (x-expires restarts)."""
+        """A declare (passive too) or a basic.get: the queue was used (x-expires restarts)."""
         if self._unused_timer is not None:
             self._arm_unused()
 

@@ -384,7 +384,9 @@ class VirtualHost:
         arguments: dict | None = None,
     ) -> Queue:
         if passive:
-            return self.queue(name, owner)
+            q = self.queue(name, owner)
+            q.touch()  # any declare renews an x-expires lease, as in RabbitMQ
+            return q
         if not name:
             name = new_queue_name()
         elif name.startswith("amq."):
