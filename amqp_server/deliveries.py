@@ -20,8 +20,9 @@ from pamqp import commands
 
 from amqp_server import fastpath
 from amqp_server.framing import content_frames
+from storage.message import encode_value
 from vhosts import Consumer
-from vhosts.argument_checks import consumer_priority
+from vhosts.queue_arguments import consumer_priority
 from vhosts.errors import (
     ACCESS_REFUSED,
     AMQPError,
@@ -32,6 +33,12 @@ from vhosts.errors import (
 )
 
 ACK, REQUEUE, DISCARD = "ack", "requeue", "discard"
+
+
+def _counted(entry) -> bytes:
+    """The content header of a message given back at least once: as
+    published, plus x-delivery-count (how many times)."""
+    return entry.message.header_with({"x-delivery-count": encode_value(entry.deliveries)})
 
 
 def new_consumer_tag() -> str:
@@ -103,7 +110,8 @@ class Deliveries:
             vhost_stats.redeliver += 1
         message = entry.message
         connection = self.connection
-        frames = content_frames(self.number, message.header, message.body, connection.frame_max)
+        header = message.header if not entry.deliveries else _counted(entry)
+        frames = content_frames(self.number, header, message.body, connection.frame_max)
         frames.insert(0, fastpath.deliver_frame(
             self.number,
             consumer.tag.encode("utf-8"),
@@ -206,6 +214,7 @@ class Deliveries:
                 message_count=queue.message_count,
             ),
             message,
+            message.header if not entry.deliveries else _counted(entry),
         )
 
     def _get_again(self, method) -> None:
@@ -261,6 +270,8 @@ class Deliveries:
         for queue, entries in by_queue.items():
             if outcome is REQUEUE:
                 queue.requeue(entries)
+            elif outcome is DISCARD:
+                queue.reject(entries)
             else:
                 if outcome is ACK:
                     queue.stats.ack += len(entries)

@@ -15,7 +15,14 @@ Theory of operation:
   `requeue` send each entry back to the level that issued it.
 - Invariant: `ready` and `ready_bytes` are the sums over the levels (kept
   incrementally; recounted when a level reports read-back messages, since a
-  level may drop a message whose body was lost while reading it).
+  level may drop a message whose body was lost while reading it, and after
+  expiry takes messages out).
+- Expiry: each level tracks the expiries of its own paged-out messages.
+  `disk_due` answers with the lowest first-seq-on-disk of the levels where a
+  message may have expired: seqs of different levels are not comparable, so
+  the queue may hold back an expired message in RAM of another level until
+  the scan is over (it then expires, late by at most one scan), never the
+  other way round.
 """
 from __future__ import annotations
 
@@ -31,15 +38,17 @@ def level_name(queue: str, level: int) -> str:
 
 
 class PriorityQueue:
-    __slots__ = ("levels", "_descending", "_top", "ready", "ready_bytes", "on_available")
+    __slots__ = ("levels", "_descending", "_top", "ready", "ready_bytes", "on_available", "on_loaded")
 
     def __init__(self, levels: list[BackingQueue]) -> None:
         self.levels = levels
         self._top = len(levels) - 1
         self._descending = levels[::-1]
         self.on_available: Callable[[], None] | None = None
+        self.on_loaded: Callable[[list[QueueEntry]], None] | None = None
         for level in levels:
             level.on_available = self._available
+            level.on_loaded = self._loaded
         self._recount()
 
     def _recount(self) -> None:
@@ -50,6 +59,10 @@ class PriorityQueue:
         self._recount()
         if self.on_available is not None:
             self.on_available()
+
+    def _loaded(self, entries: list[QueueEntry]) -> None:
+        if self.on_loaded is not None:
+            self.on_loaded(entries)
 
     def _level(self, message: Message) -> BackingQueue:
         return self.levels[min(priority(message.header), self._top)]
@@ -65,8 +78,9 @@ class PriorityQueue:
     def persists(self, message: Message) -> bool:
         return self.levels[0].persists(message)
 
-    def publish(self, message: Message, on_durable: Callable[[], None] | None = None) -> QueueEntry:
-        entry = self._level(message).publish(message, on_durable)
+    def publish(self, message: Message, on_durable: Callable[[], None] | None = None,
+                expiry: int = 0) -> QueueEntry:
+        entry = self._level(message).publish(message, on_durable, expiry)
         self.ready += 1
         self.ready_bytes += len(message.body)
         return entry
@@ -90,6 +104,31 @@ class PriorityQueue:
             level.requeue(batch)
             self.ready += len(batch)
             self.ready_bytes += sum(len(entry.message.body) for entry in batch)
+
+    def remove(self, entries: Iterable[QueueEntry]) -> list[QueueEntry]:
+        removed = []
+        for level, batch in self._by_level(entries).items():
+            removed += level.remove(batch)
+        self._recount()
+        return removed
+
+    @property
+    def delta_expiry(self) -> int:
+        return min((at for at in (level.delta_expiry for level in self.levels) if at), default=0)
+
+    def disk_due(self, now: int) -> int:
+        return min((seq for seq in (level.disk_due(now) for level in self.levels) if seq >= 0), default=-1)
+
+    def expire_delta(self, now: int, done: Callable[[list[QueueEntry]], None]) -> None:
+        def expired(entries: list[QueueEntry]) -> None:
+            self._recount()
+            done(entries)
+
+        for level in self.levels:
+            at = level.delta_expiry
+            if at and at <= now:
+                level.expire_delta(now, expired)
+        self._recount()  # a scan takes its messages out of the ready counts at once
 
     def purge(self) -> int:
         count = sum(level.purge() for level in self.levels)

@@ -92,6 +92,7 @@ class RecoveryReport:
     next_seq: int = 0  # max seq seen + 1 (0 when nothing is on disk)
     first_seq: int = -1  # lowest unacked seq (-1 when none)
     entry_bytes: int = 0  # body bytes of the unacked entries
+    segment_expiry: dict = field(default_factory=dict)  # segment -> earliest expiry of its unacked entries
     store_refs: Counter = field(default_factory=Counter)  # msg_id -> live non-embedded entries
     from_summary: bool = False  # loaded from the clean stop's summary: no file was read
 
@@ -101,7 +102,7 @@ class RecoveryReport:
 
 
 class _Segment:
-    __slots__ = ("number", "file", "live", "count", "transient")
+    __slots__ = ("number", "file", "live", "count", "transient", "expiry")
 
     def __init__(self, number: int, file: AppendFile, slots: int) -> None:
         self.number = number
@@ -109,14 +110,17 @@ class _Segment:
         self.live = bytearray((slots + 7) >> 3)  # bit set = published, not acked
         self.count = 0  # bits set in `live`
         self.transient: bytearray | None = None  # bit set = live and not persistent
+        # A lower bound of the earliest expiry of its live entries (0: none):
+        # acks never raise it, which only makes an expiry scan come early.
+        self.expiry = 0
 
 
 # Summary (storage/summary.py) body: head, then per segment in ascending order
 # SEG, the file's stamp, the live bitmap and, when flagged, the transient one.
 _SUMMARY_MAGIC = b"HQIS"
-_SUMMARY_VERSION = 1
+_SUMMARY_VERSION = 2
 _SUMMARY_HEAD = struct.Struct(">4sBIQqQI")  # magic, version, segment_entries, next_seq, head, entry bytes, segments
-_SUMMARY_SEG = struct.Struct(">QIB")  # number, live count, has a transient bitmap
+_SUMMARY_SEG = struct.Struct(">QIBQ")  # number, live count, has a transient bitmap, expiry bound
 
 
 def _noop() -> None:
@@ -194,6 +198,8 @@ class QueueIndex:
                 live[i >> 3] |= 1 << (i & 7)
                 seg.count += 1
                 report.entry_bytes += size
+                if expiry and expiry < report.segment_expiry.get(number, expiry + 1):
+                    report.segment_expiry[number] = seg.expiry = expiry
                 if report.first_seq < 0 or seq < report.first_seq:
                     report.first_seq = seq
                 if payload is None:
@@ -248,9 +254,9 @@ class QueueIndex:
                                 entry_bytes=entry_bytes, from_summary=True)
         self._head, self.next_seq = head, next_seq
         n = self.segment_entries
-        for number, size, live, count, transient in segments:
+        for number, size, live, count, transient, expiry in segments:
             seg = _Segment(number, AppendFile(self._path(number), size=size, sync=self._fsync), n)
-            seg.live, seg.count = live, count
+            seg.live, seg.count, seg.expiry = live, count, expiry
             dropped = []
             if transient is not None:
                 for byte_no, byte in enumerate(transient):
@@ -266,6 +272,8 @@ class QueueIndex:
                 continue
             self._segments[number] = seg
             self._entries += seg.count
+            if expiry:
+                report.segment_expiry[number] = expiry
             if report.first_seq < 0 and seg.count:
                 byte_no = next(i for i, byte in enumerate(live) if byte)
                 report.first_seq = number * n + byte_no * 8 + (live[byte_no] & -live[byte_no]).bit_length() - 1
@@ -278,7 +286,8 @@ class QueueIndex:
 
     def _parse_summary(self, body: bytes):
         """(head, next_seq, entry bytes, [(number, size, live, count,
-        transient or None)]) from a summary that matches the files, else why not."""
+        transient or None, expiry bound)]) from a summary that matches the
+        files, else why not."""
         try:
             magic, version, n, next_seq, head, entry_bytes, count = _SUMMARY_HEAD.unpack_from(body)
         except struct.error:
@@ -293,7 +302,7 @@ class QueueIndex:
         stamps = {}
         try:
             for _ in range(count):
-                number, live_count, has_transient = _SUMMARY_SEG.unpack_from(body, pos)
+                number, live_count, has_transient, expiry = _SUMMARY_SEG.unpack_from(body, pos)
                 pos += _SUMMARY_SEG.size
                 if number in stamps:
                     return "segment %d twice in the summary" % number
@@ -311,7 +320,7 @@ class QueueIndex:
                     return "segment %d: the count does not match the bitmap" % number
                 if has_transient and int.from_bytes(bitmaps[1], "big") & ~live:
                     return "segment %d: transient entries that are not live" % number
-                segments.append((number, size, bitmaps[0], live_count, bitmaps[1] if has_transient else None))
+                segments.append((number, size, bitmaps[0], live_count, bitmaps[1] if has_transient else None, expiry))
         except struct.error:
             return "the summary is cut short"
         if pos != len(body):
@@ -336,7 +345,7 @@ class QueueIndex:
                                     entry_bytes, len(self._segments))]
         for number in sorted(self._segments):
             seg = self._segments[number]
-            parts += [_SUMMARY_SEG.pack(number, seg.count, seg.transient is not None),
+            parts += [_SUMMARY_SEG.pack(number, seg.count, seg.transient is not None, seg.expiry),
                       summary.stamp(seg.file.path, seg.file.size), seg.live]
             if seg.transient is not None:
                 parts.append(seg.transient)
@@ -397,6 +406,8 @@ class QueueIndex:
         live[i >> 3] |= bit
         seg.count += 1
         self._entries += 1
+        if expiry and (not seg.expiry or expiry < seg.expiry):
+            seg.expiry = expiry
         if not persistent:
             _set_transient(seg, i)
         if seq >= self.next_seq:
@@ -436,6 +447,15 @@ class QueueIndex:
             return _read_segment_file(path, limit, segment * n, n, snapshot)
 
         writer.run(_noop, lambda _result: writer.read(read, done))
+
+    def is_live(self, seq: int) -> bool:
+        """Whether `seq` is published and not acked."""
+        n = self.segment_entries
+        seg = self._segments.get(seq // n)
+        if seg is None:
+            return False
+        i = seq - seg.number * n
+        return bool(seg.live[i >> 3] & (1 << (i & 7)))
 
     def segments(self) -> list[int]:
         """Segment numbers holding live entries, ascending."""

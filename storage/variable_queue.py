@@ -20,6 +20,23 @@ Invariants:
   record (written after its body) went through a group commit.
 - Paging out takes the messages next to delta, so the range stays contiguous:
   the oldest of `_tail`, then the newest of `_head`.
+- `remove` (expiry) marks RAM entries OUT and leaves them in place; `fetch`
+  and `page_out` skip them, and the containers are rebuilt once they are
+  more than half of what is held (`_removed` counts them). A paged-out
+  entry is marked PAGED (the queue's expiry heap then skips it).
+- Expiry in delta: `_segment_expiry[segment]` is a lower bound of the
+  expiries of the messages of that index segment in delta (no key: none has
+  one), kept from what was paged out (or recovered). `delta_expiry` is the
+  earliest of them, but never before SCAN_INTERVAL after the last scan, so
+  expiries on disk are batched. `expire_delta` reads only the segments whose
+  bound has passed, one at a time (off the loop), takes every expired
+  message out of the ready set (counts drop at once) and hands them over,
+  read back, to be dead-lettered; like fetched entries they wait for `ack`.
+  Their seqs stay in `_taken` until then, and any read of delta (scan, read
+  back, purge) keeps only seqs that are still live in the index and not
+  taken, so nothing is counted or served twice. A scanned segment's bound
+  becomes the earliest expiry it still holds (or what was paged into it
+  meanwhile).
 """
 from __future__ import annotations
 
@@ -28,7 +45,7 @@ from collections import deque
 from itertools import islice
 from typing import Callable, Iterable
 
-from storage.backing_queue import QueueEntry
+from storage.backing_queue import OUT, PAGED, READY, QueueEntry
 from storage.message import Message
 from storage.msg_store import MessageStore
 from storage.queue_index import QueueIndex
@@ -45,6 +62,8 @@ RAM_MESSAGES_LOW = 1024
 # header bytes): the memory monitor is charged body + this.
 ENTRY_OVERHEAD = 400
 _EMBEDDED = "index"  # entry.store for a message embedded in the queue index
+COMPACT_ABOVE = 1024  # removed entries tolerated in RAM before a rebuild is considered
+SCAN_INTERVAL = 100  # ms: at least this long between two scans of delta for expired messages
 
 
 class VariableQueue:
@@ -77,6 +96,11 @@ class VariableQueue:
         self._loading_segment = -1
         self._reload = False
         self._deleted = False
+        self._removed = 0
+        self._segment_expiry: dict[int, int] = {}
+        self._next_scan = 0
+        self._scanning = False
+        self._taken: set[int] = set()
         # Seqs below this were recovered after an unclean shutdown: delivered
         # or not, they go out redelivered (see `recovered`).
         self._delivered_below = 0
@@ -88,6 +112,8 @@ class VariableQueue:
         self.persistent_bytes = 0
         # Called when messages read back from delta become available.
         self.on_available: Callable[[], None] | None = None
+        # Called with the entries read back from delta, before `on_available`.
+        self.on_loaded: Callable[[list[QueueEntry]], None] | None = None
         monitor.register(self)
 
     # -- BackingQueue --------------------------------------------------------
@@ -95,10 +121,11 @@ class VariableQueue:
     def persists(self, message: Message) -> bool:
         return self.durable and message.persistent
 
-    def publish(self, message: Message, on_durable: Callable[[], None] | None = None) -> QueueEntry:
+    def publish(self, message: Message, on_durable: Callable[[], None] | None = None,
+                expiry: int = 0) -> QueueEntry:
         seq = self._next_seq
         self._next_seq = seq + 1
-        entry = QueueEntry(seq, message)
+        entry = QueueEntry(seq, message, expiry)
         size = len(message.body)
         self.ready += 1
         self.ready_bytes += size
@@ -115,14 +142,19 @@ class VariableQueue:
         return entry
 
     def fetch(self) -> QueueEntry | None:
-        if self._requeued:
-            entry = heapq.heappop(self._requeued)
-        elif self._head:
-            entry = self._head.popleft()
-        else:
-            if self._delta_count:
-                self._load_delta()
-            return None
+        while True:
+            if self._requeued:
+                entry = heapq.heappop(self._requeued)
+            elif self._head:
+                entry = self._head.popleft()
+            else:
+                if self._delta_count:
+                    self._load_delta()
+                return None
+            if entry.state == READY:
+                break
+            self._removed -= 1
+        entry.state = OUT
         size = len(entry.message.body)
         self.ready -= 1
         self.ready_bytes -= size
@@ -138,10 +170,13 @@ class VariableQueue:
         seqs = []
         removed = []
         persistent_bytes = 0
+        taken = self._taken
         for entry in entries:
             store = entry.store
             if store is None:
                 continue
+            if taken:
+                taken.discard(entry.seq)
             if store is not _EMBEDDED:
                 removed.append((store, entry.message.msg_id))
             if entry.message.persistent:
@@ -157,9 +192,35 @@ class VariableQueue:
         for store, msg_id in removed:
             store.remove(msg_id)
 
+    def remove(self, entries: Iterable[QueueEntry]) -> list[QueueEntry]:
+        """Take ready entries in RAM out of the ready set; returns those that were."""
+        removed = []
+        freed = 0
+        for entry in entries:
+            if entry.state != READY:
+                continue
+            entry.state = OUT
+            size = len(entry.message.body)
+            self.ready -= 1
+            self.ready_bytes -= size
+            freed += size + ENTRY_OVERHEAD
+            removed.append(entry)
+        self._removed += len(removed)
+        self.ram_bytes -= freed
+        self.monitor.charge(-freed)
+        held = len(self._requeued) + len(self._head) + len(self._tail)
+        if self._removed > COMPACT_ABOVE and self._removed * 2 > held:
+            self._requeued = [e for e in self._requeued if e.state == READY]
+            heapq.heapify(self._requeued)
+            self._head = deque(e for e in self._head if e.state == READY)
+            self._tail = deque(e for e in self._tail if e.state == READY)
+            self._removed = 0
+        return removed
+
     def requeue(self, entries: Iterable[QueueEntry]) -> None:
         for entry in entries:
             entry.redelivered = True
+            entry.state = READY
             heapq.heappush(self._requeued, entry)
             size = len(entry.message.body)
             self.ready += 1
@@ -169,10 +230,13 @@ class VariableQueue:
 
     def purge(self) -> int:
         count = self.ready
-        in_ram = list(self._requeued) + list(self._head) + list(self._tail)
+        in_ram = [e for q in (self._requeued, self._head, self._tail) for e in q if e.state == READY]
+        for entry in in_ram:
+            entry.state = OUT
         self._requeued.clear()
         self._head.clear()
         self._tail.clear()
+        self._removed = 0
         self.ack(in_ram)
         self._drop_delta()
         self.monitor.charge(-self.ram_bytes)
@@ -189,8 +253,9 @@ class VariableQueue:
     def state_counts(self) -> dict[str, int]:
         """Ready messages per state: alpha (message in RAM only), gamma (in
         RAM and on disk), delta (on disk only); for the CLI and metrics."""
-        gamma = sum(1 for q in (self._requeued, self._head, self._tail) for e in q if e.store is not None)
-        in_ram = len(self._requeued) + len(self._head) + len(self._tail)
+        gamma = sum(1 for q in (self._requeued, self._head, self._tail) for e in q
+                    if e.store is not None and e.state == READY)
+        in_ram = len(self._requeued) + len(self._head) + len(self._tail) - self._removed
         return {"alpha": in_ram - gamma, "gamma": gamma, "delta": self._delta_count}
 
     def peek(self, count: int, done: Callable[[list[QueueEntry] | Exception], None]) -> None:
@@ -259,7 +324,7 @@ class VariableQueue:
             store = self.store if persistent else self.transient_store
             store.write(message.msg_id, payload)
             entry.store = store
-        self.index.publish(entry.seq, message.msg_id, len(message.body), payload,
+        self.index.publish(entry.seq, message.msg_id, len(message.body), payload, expiry=entry.expiry,
                            persistent=persistent, done=done)
 
     def _delta_added(self, seq: int) -> None:
@@ -269,6 +334,7 @@ class VariableQueue:
             self._reload = True
 
     def _to_delta_end(self, entry: QueueEntry) -> None:
+        self._paged_expiry(entry)
         if entry.store is None:
             self._write(entry, None)
         self._delta_added(entry.seq)
@@ -283,10 +349,19 @@ class VariableQueue:
         freed = 0
         while freed < goal and self._tail:
             entry = self._tail.popleft()
+            if entry.state != READY:
+                self._removed -= 1
+                continue
+            entry.state = PAGED
             self._to_delta_end(entry)
             freed += len(entry.message.body) + ENTRY_OVERHEAD
         while freed < goal and len(self._head) > HEAD_LOW:
             entry = self._head.pop()
+            if entry.state != READY:
+                self._removed -= 1
+                continue
+            entry.state = PAGED
+            self._paged_expiry(entry)
             if entry.store is None:
                 self._write(entry, None)
             self._delta_added(entry.seq)
@@ -297,6 +372,115 @@ class VariableQueue:
             freed += len(entry.message.body) + ENTRY_OVERHEAD
         self.ram_bytes -= freed
         return freed
+
+    @property
+    def delta_expiry(self) -> int:
+        """When the next message on disk expires (0: none will)."""
+        if not self._segment_expiry:
+            return 0
+        return max(min(self._segment_expiry.values()), self._next_scan)
+
+    def disk_due(self, now: int) -> int:
+        """The first seq of delta when a message there may have expired by
+        `now` (a segment's bound has passed, or a scan is under way), else -1."""
+        if self._delta_count and (self._scanning or any(bound <= now for bound in self._segment_expiry.values())):
+            return self._delta_start
+        return -1
+
+    def _paged_expiry(self, entry: QueueEntry) -> None:
+        expiry = entry.expiry
+        if expiry:
+            segment = entry.seq // self.index.segment_entries
+            known = self._segment_expiry.get(segment)
+            if known is None or expiry < known:
+                self._segment_expiry[segment] = expiry
+
+    def _usable(self, item, start: int, end: int) -> bool:
+        """Whether an entry read from delta still belongs there."""
+        return start <= item.seq < end and item.seq not in self._taken and self.index.is_live(item.seq)
+
+    def expire_delta(self, now: int, done: Callable[[list[QueueEntry]], None]) -> None:
+        """Take the messages of delta expired at `now` out of the ready set
+        (see the module docstring); `done(entries)` runs on the loop with
+        them read back, once the scan is over."""
+        if self._scanning or self._deleted:
+            return
+        due = sorted(segment for segment, expiry in self._segment_expiry.items() if expiry <= now)
+        if not due:
+            return
+        self._scanning = True
+        self._next_scan = now + SCAN_INTERVAL
+        for segment in due:  # what is paged into them during the scan sets a new bound
+            del self._segment_expiry[segment]
+        expired: list = []
+
+        def read_next() -> None:
+            if self._deleted:
+                self._scanning = False
+            elif not due:
+                self._finish_scan(expired, done)
+            else:
+                segment = due.pop(0)
+                self.index.read_segment(segment, lambda result: scanned(segment, result))
+
+        def scanned(segment: int, result) -> None:
+            if isinstance(result, Exception):
+                raise result
+            start, end = self._delta_start, self._delta_end
+            left = 0
+            for item in result:
+                if not item.expiry or not self._usable(item, start, end):
+                    continue
+                if item.expiry <= now:
+                    self._taken.add(item.seq)
+                    self._delta_count -= 1
+                    self.ready -= 1
+                    self.ready_bytes -= item.size
+                    expired.append(item)
+                elif not left or item.expiry < left:
+                    left = item.expiry
+            if left:
+                known = self._segment_expiry.get(segment)
+                self._segment_expiry[segment] = left if known is None else min(known, left)
+            read_next()
+
+        read_next()
+
+    def _finish_scan(self, expired: list, done) -> None:
+        if self._delta_count <= 0 and not self._loading:
+            self._delta_emptied()
+        entries: list[QueueEntry] = []
+        pending = [len(expired)]
+
+        def finish() -> None:
+            self._scanning = False
+            for entry in entries:
+                entry.state = OUT
+            done(entries)
+
+        if not expired:
+            finish()
+            return
+        for item in expired:
+            if item.payload is not None:
+                entries.append(self._entry_from(item, Message.from_bytes(item.payload, item.msg_id), _EMBEDDED))
+                pending[0] -= 1
+                continue
+            store = self.store if item.persistent else self.transient_store
+
+            def got(payload, item=item, store=store) -> None:
+                if isinstance(payload, Exception):  # its body is lost (logged by the store)
+                    self._taken.discard(item.seq)
+                    self.index.ack((item.seq,))
+                else:
+                    entries.append(self._entry_from(item, Message.from_bytes(payload, item.msg_id), store))
+                pending[0] -= 1
+                if not pending[0]:
+                    finish()
+
+            store.read(item.msg_id, got)
+        if not pending[0]:
+            finish()
 
     def _load_delta(self) -> None:
         """Read the next segment of delta back into the head (off the loop)."""
@@ -322,7 +506,7 @@ class VariableQueue:
             self._load_delta()
             return
         start, end = self._delta_start, self._delta_end
-        found = [e for e in result if start <= e.seq < end]
+        found = [e for e in result if self._usable(e, start, end)]
         segment_end = (segment + 1) * self.index.segment_entries
         pending = [e for e in found if e.payload is None]
         loaded: dict[int, QueueEntry] = {}
@@ -332,11 +516,14 @@ class VariableQueue:
             if self._reload:  # delta changed while the bodies were read (paging, a purge)
                 self._load_delta()
                 return
+            # acked or expired (expire_delta) while the bodies were read
+            found[:] = [item for item in found if item.seq not in self._taken and self.index.is_live(item.seq)]
             # Bookkeeping first, memory charge last: the charge may page
             # messages (these very ones) back out, which must see a
             # consistent delta range.
             added = 0
             lost = []
+            read_back = []
             for item in found:
                 entry = loaded.get(item.seq)
                 if entry is None:
@@ -349,18 +536,19 @@ class VariableQueue:
                         self.persistent_bytes -= item.size
                     continue
                 self._head.append(entry)
+                read_back.append(entry)
                 added += len(entry.message.body) + ENTRY_OVERHEAD
             if lost:
                 self.index.ack(lost)
             self.ram_bytes += added
             self._delta_count -= len(found)
             self._delta_start = min(segment_end, end)
+            self._segment_expiry.pop(segment, None)
             if self._delta_count <= 0 or self._delta_start >= end:
-                self._delta_count = 0
-                self._delta_start = self._delta_end = self._next_seq
-                self._head.extend(self._tail)
-                self._tail.clear()
+                self._delta_emptied()
             self.monitor.charge(added)
+            if self.on_loaded is not None:
+                self.on_loaded(read_back)
             if self.on_available is not None:
                 self.on_available()
 
@@ -385,10 +573,18 @@ class VariableQueue:
             store.read(item.msg_id, got)
 
     def _entry_from(self, item, message: Message, store) -> QueueEntry:
-        entry = QueueEntry(item.seq, message)
+        entry = QueueEntry(item.seq, message, item.expiry)
         entry.redelivered = item.delivered or item.seq < self._delivered_below
         entry.store = store
         return entry
+
+    def _delta_emptied(self) -> None:
+        """Nothing is left in delta: new messages join the head again."""
+        self._delta_count = 0
+        self._delta_start = self._delta_end = self._next_seq
+        self._segment_expiry.clear()
+        self._head.extend(self._tail)
+        self._tail.clear()
 
     def _drop_delta(self) -> None:
         """Ack everything in delta (purge/delete), reading segment by segment
@@ -398,6 +594,7 @@ class VariableQueue:
         start, end = self._delta_start, self._delta_end
         self._delta_count = 0
         self._delta_start = self._delta_end = self._next_seq
+        self._segment_expiry.clear()
         self._reload = self._loading  # a read back in flight must not add these to the head
         size = self.index.segment_entries
         for segment in range(start // size, (end - 1) // size + 1):
@@ -406,7 +603,7 @@ class VariableQueue:
     def _drop_read(self, result, start: int, end: int) -> None:
         if isinstance(result, Exception):
             return
-        seqs = [item for item in result if start <= item.seq < end]
+        seqs = [item for item in result if self._usable(item, start, end)]
         # Ack records first, as in `ack`: a crash must never leave an index
         # entry whose body the store already let go.
         if seqs and not self._deleted:
@@ -419,7 +616,8 @@ class VariableQueue:
 
     # -- recovery ------------------------------------------------------------
 
-    def recovered(self, first_seq: int, count: int, ready_bytes: int, unclean: bool = False) -> None:
+    def recovered(self, first_seq: int, count: int, ready_bytes: int, unclean: bool = False,
+                  segment_expiry: dict[int, int] | None = None) -> None:
         """At start: `count` ready messages (their bytes) wait on disk from
         `first_seq` on; they form delta and are read back as consumed.
         `unclean`: the broker was not stopped cleanly, so a delivery may have
@@ -434,3 +632,4 @@ class VariableQueue:
             self._delta_count = count
             self.ready = count
             self.ready_bytes = self.persistent_bytes = ready_bytes
+            self._segment_expiry = dict(segment_expiry or {})

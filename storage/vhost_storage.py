@@ -118,7 +118,8 @@ class VhostStorage:
             self._from_summary[name] = index
         self._recovered.add(name)
         backing = VariableQueue(index, self.persistent, self.transient, self.monitor, next_seq=report.next_seq)
-        backing.recovered(report.first_seq, report.entries, report.entry_bytes, self.settings.unclean_start)
+        backing.recovered(report.first_seq, report.entries, report.entry_bytes, self.settings.unclean_start,
+                          report.segment_expiry)
         self._durable[name] = backing
         return backing
 

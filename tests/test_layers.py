@@ -93,8 +93,9 @@ def check_source(source: str, module: str, filename: str, is_package: bool = Fal
 
 
 def project_packages() -> list[str]:
+    """The top-level packages pyproject.toml ships (each with its subpackages)."""
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    return config["tool"]["setuptools"]["packages"]
+    return [pattern.rstrip("*") for pattern in config["tool"]["setuptools"]["packages"]["find"]["include"]]
 
 
 def python_files(package: str):

@@ -22,7 +22,7 @@ import asyncio
 from typing import Callable
 
 from storage import Message, QueueEntry
-from vhosts.queue import Queue
+from vhosts.queue import DURABLE_PENDING, REJECTED, Queue
 
 BATCH = 256
 
@@ -77,9 +77,10 @@ async def _publish(batch: list[QueueEntry], route) -> int:
         message, targets = route(entry.message)
         if not targets:
             break
-        for queue in targets:
-            if queue.publish(message, one_held):
-                waiting[0] += 1
+        outcomes = [queue.publish(message, one_held) for queue in targets]
+        waiting[0] += outcomes.count(DURABLE_PENDING)
+        if REJECTED in outcomes:
+            break  # a destination's length limit refused it: it stays in the source
         published += 1
     one_held()
     await held

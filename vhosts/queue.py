@@ -29,6 +29,22 @@ Theory of operation:
   `flow_waiters` until the backlog falls under FLOW_LOW or no consumer is
   output-bound any more (then the queue is idle as far as RabbitMQ's rule
   goes: consumers at their prefetch limit never throttle publishers).
+- TTL (docs/queue-semantics.md): a message gets its expiry when it is
+  enqueued (the smaller of the queue's message TTL and its expiration);
+  `expiry` (vhosts.message_expiry) holds one timer for the whole queue and
+  removes an expired message wherever it is. Dispatch and get first expire
+  what is due, so an expired message is never delivered.
+- Length limits: with drop-head the queue is trimmed from the head after a
+  publish; with reject-publish(-dlx) a publish that would exceed a limit is
+  refused (`REJECTED`: the publisher gets a nack).
+- Every message that dies (rejected without requeue, expired, dropped by a
+  length limit, past its delivery limit) leaves the ready set and goes to
+  the vhost's `dead_letter`, which acks it here once every dead-letter
+  target holds it (at-least-once; see vhosts.vhost).
+- Delivery counting: each return (requeue) of a delivered message counts;
+  past `delivery_limit` returns it dies instead (reason delivery_limit).
+- Queue expiry (x-expires): while the queue has no consumers, one timer
+  deletes it after `expires` ms without a get or a declare (passive too).
 """
 from __future__ import annotations
 
@@ -36,11 +52,24 @@ from collections import deque
 from typing import Callable, Iterable
 
 from storage import BackingQueue, Message, QueueEntry
+from storage.backing_queue import READY
+from storage.message import EXPIRATION_BIT, EXPIRATION_BYTE
+from vhosts.clock import Clock, LoopClock
 from vhosts.consumer import Consumer
 from vhosts.stats import MessageStats
+from vhosts.message_expiry import MessageExpiry
+from vhosts.queue_arguments import QueueSettings, effective
 
 FLOW_HIGH = 2000
 FLOW_LOW = 1000
+# ms: how soon to look again at expired messages held back for a scan of the disk
+# (the scan's end looks at once; this only covers a scan that takes longer).
+HOLD_RETRY = 50
+
+# What `Queue.publish` did with a message.
+ACCEPTED, DURABLE_PENDING, REJECTED = 0, 1, 2
+# Why a message died (x-death reasons).
+REJECTED_REASON, EXPIRED, MAXLEN, DELIVERY_LIMIT = "rejected", "expired", "maxlen", "delivery_limit"
 
 
 class Queue:
@@ -63,6 +92,12 @@ class Queue:
         "active",
         "_pick",
         "stats",
+        "settings",
+        "host",
+        "clock",
+        "expiry",
+        "_unused_timer",
+        "_plain",
     )
 
     def __init__(
@@ -74,6 +109,9 @@ class Queue:
         exclusive_owner: object | None = None,
         auto_delete: bool = False,
         arguments: dict | None = None,
+        host=None,
+        clock: Clock | None = None,
+        policy: dict | None = None,
     ) -> None:
         self.name = name
         self.vhost = vhost
@@ -91,12 +129,25 @@ class Queue:
         self.flow_waiters: set = set()
         # basic.get calls waiting for messages the backing queue reads back from disk.
         self.get_waiters: list = []
-        self.policy: dict | None = None
         self.single_active = self.arguments.get("x-single-active-consumer") is True
         self.active: Consumer | None = None
         self._pick = self._single_active if self.single_active else self._round_robin
         self.stats = MessageStats()
         backing.on_available = self._available
+        backing.on_loaded = self._loaded
+        # The vhost: `dead_letter(queue, entries, reason)` and
+        # `queue_expired(queue)`; None (unit tests) drops dead messages.
+        self.host = host
+        self.clock = clock or LoopClock()
+        self.expiry = MessageExpiry(self.clock, self.expire, lambda: self.backing.delta_expiry)
+        self._unused_timer = None
+        self.policy = policy
+        self.settings: QueueSettings = effective(self.arguments, policy)
+        # No TTL and no length limit: publish takes the fast path.
+        self._plain = self.settings.message_ttl is None and not self.settings.length_limited
+        self._arm_unused()
+        if backing.delta_expiry:  # recovered messages with an expiry wait on disk
+            self.expiry.arm()
 
     @property
     def message_count(self) -> int:
@@ -106,15 +157,121 @@ class Queue:
     def consumer_count(self) -> int:
         return len(self.consumers)
 
-    def publish(self, message: Message, on_durable: Callable[[], None] | None = None) -> bool:
-        """Enqueue and dispatch. True when `on_durable` was taken: it will be
-        called once the message is on disk (persistent message, durable queue)."""
+    def publish(self, message: Message, on_durable: Callable[[], None] | None = None) -> int:
+        """Enqueue and dispatch. DURABLE_PENDING when `on_durable` was taken:
+        it will be called once the message is on disk (persistent message,
+        durable queue); REJECTED when a length limit refused it."""
         self.stats.publish += 1
+        if self._plain and not message.header[EXPIRATION_BYTE] & EXPIRATION_BIT:
+            # The fast path: no TTL, no length limit.
+            waits = on_durable is not None and self.backing.persists(message)
+            self.backing.publish(message, on_durable if waits else None)
+            if self.consumers:
+                self.dispatch()
+            return DURABLE_PENDING if waits else ACCEPTED
+        settings = self.settings
+        expiry = now = 0
+        if settings.message_ttl is not None or message.has_expiration:
+            now = self.clock.now()
+            expiry = self._expiry_of(message, now)
+        if settings.length_limited and settings.overflow != "drop-head" and self._over_limit(1, len(message.body)):
+            if settings.overflow == "reject-publish-dlx":
+                self._die([QueueEntry(-1, message)], MAXLEN)
+            return REJECTED
         waits = on_durable is not None and self.backing.persists(message)
-        self.backing.publish(message, on_durable if waits else None)
+        entry = self.backing.publish(message, on_durable if waits else None, expiry)
+        if expiry:
+            self.expiry.track(entry)
         if self.consumers:
-            self.dispatch()
-        return waits
+            # The time the expiry was computed from: a TTL-0 message goes to
+            # a consumer that can take it even when the clock ticked meanwhile.
+            self.dispatch(now)
+        if settings.length_limited:
+            self._drop_head()
+        if expiry and entry.state == READY and expiry <= self.clock.now():
+            self.expire()  # TTL 0: delivered at once or never
+        return DURABLE_PENDING if waits else ACCEPTED
+
+    def _expiry_of(self, message: Message, now: int) -> int:
+        ttl = self.settings.message_ttl
+        if message.has_expiration:
+            expiration = message.expiration
+            ttl = expiration if ttl is None else min(ttl, expiration)
+        return now + ttl
+
+    def _over_limit(self, count: int = 0, size: int = 0) -> bool:
+        """Whether the ready messages, plus `count` more of `size` bytes,
+        exceed a length limit."""
+        settings = self.settings
+        backing = self.backing
+        return ((settings.max_length is not None and backing.ready + count > settings.max_length)
+                or (settings.max_length_bytes is not None
+                    and backing.ready_bytes + size > settings.max_length_bytes))
+
+    def _drop_head(self) -> None:
+        """drop-head: dead-letter from the head while over a limit (a head
+        being read back from disk is dropped once it is in RAM)."""
+        if self.settings.overflow != "drop-head":
+            return
+        dropped = []
+        while self._over_limit():
+            entry = self.backing.fetch()
+            if entry is None:
+                break
+            dropped.append(entry)
+        if dropped:
+            self._die(dropped, MAXLEN)
+
+    def expire(self, now: int = 0) -> None:
+        """Dead-letter every ready message whose expiry has come (the timer's
+        callback, and before any delivery), then re-arm the timer."""
+        if self.deleted:
+            return
+        expiry = self.expiry
+        backing = self.backing
+        now = now or self.clock.now()
+        due = expiry.due(now)
+        later = 0
+        if due:
+            on_disk = backing.disk_due(now)
+            if on_disk >= 0:
+                # Expired messages wait on disk: older ones die first, so the
+                # newer ones in RAM wait for the scan that finds them.
+                held = [e for e in due if e.seq >= on_disk]
+                if held:
+                    due = [e for e in due if e.seq < on_disk]
+                    expiry.defer(held)
+                    later = max(backing.delta_expiry, now + HOLD_RETRY)
+            if due:
+                self._die(backing.remove(due), EXPIRED)
+        at = backing.delta_expiry
+        if at and at <= now:
+            backing.expire_delta(now, self._expired_on_disk)
+        expiry.arm(later)
+
+    def _expired_on_disk(self, entries: list[QueueEntry]) -> None:
+        """`expire_delta` found these expired among the paged-out messages."""
+        if not self.deleted:
+            if entries:
+                self._die(entries, EXPIRED)
+            self.expiry.arm()
+        else:
+            self.backing.ack(entries)
+
+    def _die(self, entries: list[QueueEntry], reason: str) -> None:
+        """Entries out of the ready set die: the vhost dead-letters them and
+        acks them here; without a vhost they are just acked."""
+        if self.host is None:
+            self.backing.ack(entries)
+        else:
+            self.host.dead_letter(self, entries, reason)
+
+    def _loaded(self, entries: list[QueueEntry]) -> None:
+        """Entries read back from disk: their expiries are watched again."""
+        track = self.expiry.track
+        for entry in entries:
+            if entry.expiry:
+                track(entry)
 
     @property
     def backed_up(self) -> bool:
@@ -124,10 +281,14 @@ class Queue:
     def _output_bound(self) -> bool:
         return any(c.channel.output_blocked for c in self.consumers)
 
-    def dispatch(self) -> None:
+    def dispatch(self, now: int = 0) -> None:
+        """Deliver to consumers that can take messages; `now` (ms, 0: read
+        the clock) is the time expiry is judged at."""
         consumers = self.consumers
         backing = self.backing
         pick = self._pick
+        if self.expiry.items:
+            self._expire_due(now)
         while backing.ready and consumers:
             consumer = pick()
             if consumer is None:
@@ -172,16 +333,31 @@ class Queue:
         for waiter in waiters:
             waiter.unblocked(self)
 
+    def _expire_due(self, now: int = 0) -> None:
+        """Before a delivery: expire what is past due at `now` (0: the
+        clock's time). A message whose expiry is this very millisecond (TTL
+        0) may still go to a waiting consumer."""
+        at = self.expiry.next_expiry()
+        now = now or self.clock.now()
+        if at and at < now:
+            self.expire(now)
+
     def get(self) -> QueueEntry | None:
         """The head message, or None: the queue is empty, or (when
         `message_count` is still positive) its head is being read back from
         disk, and `when_available` calls back once it is in RAM."""
+        if self._unused_timer is not None:
+            self._arm_unused()  # used: x-expires starts again
+        if self.expiry.items:
+            self._expire_due()
         return self.backing.fetch()
 
     def when_available(self, callback: Callable[[], None]) -> None:
         self.get_waiters.append(callback)
 
     def _available(self) -> None:
+        if self.settings.length_limited:
+            self._drop_head()
         waiters, self.get_waiters = self.get_waiters, []
         for callback in waiters:
             callback()
@@ -191,17 +367,44 @@ class Queue:
         """Also after deletion: the backing queue releases what it stored."""
         self.backing.ack(entries)
 
-    def requeue(self, entries: Iterable[QueueEntry]) -> None:
-        """Give delivered entries back; they return to their original place
+    def reject(self, entries: list[QueueEntry]) -> None:
+        """Delivered entries rejected or nacked without requeue: they die
         (a deleted queue just lets them go)."""
         if self.deleted:
             self.backing.ack(entries)
+        else:
+            self._die(entries, REJECTED_REASON)
+
+    def requeue(self, entries: Iterable[QueueEntry]) -> None:
+        """Give delivered entries back; they return to their original place
+        (a deleted queue just lets them go). Each return counts; one past the
+        delivery limit dead-letters the entry instead."""
+        if self.deleted:
+            self.backing.ack(entries)
             return
-        self.backing.requeue(entries)
+        limit = self.settings.delivery_limit
+        back = []
+        spent = []
+        for entry in entries:
+            entry.deliveries += 1
+            (spent if limit is not None and entry.deliveries > limit else back).append(entry)
+        self.backing.requeue(back)
+        for entry in back:
+            if entry.expiry:
+                self.expiry.track(entry)
+        if spent:
+            self._die(spent, DELIVERY_LIMIT)
+        if self.settings.length_limited:
+            self._drop_head()
         if self.consumers:
             self.dispatch()
+        elif self.expiry.items:
+            self._expire_due()
 
     def add_consumer(self, consumer: Consumer) -> None:
+        if self._unused_timer is not None:
+            self._unused_timer.cancel()
+            self._unused_timer = None
         consumers = self.consumers
         at = len(consumers)
         while at and consumers[at - 1].priority < consumer.priority:
@@ -234,18 +437,60 @@ class Queue:
             self._pick = self._round_robin
         if self.flow_waiters and not self._output_bound():
             self.release_waiters()
+        if not self.consumers:
+            self._arm_unused()
         return self.auto_delete and not self.consumers and self.had_consumers
 
+    # -- queue expiry (x-expires) ------------------------------------------------
+
+    def touch(self) -> None:
+        """A declare (passive too) or a basic.get: the queue was used (x-expires restarts)."""
+        if self._unused_timer is not None:
+            self._arm_unused()
+
+    def _arm_unused(self) -> None:
+        if self._unused_timer is not None:
+            self._unused_timer.cancel()
+            self._unused_timer = None
+        expires = self.settings.expires
+        if expires is not None and not self.consumers and not self.deleted and self.host is not None:
+            self._unused_timer = self.clock.call_later(expires, self._unused_expired)
+
+    def _unused_expired(self) -> None:
+        self._unused_timer = None
+        if not self.consumers and not self.deleted:
+            self.host.queue_expired(self)
+
+    # -- policies ------------------------------------------------------------------
+
     def apply_policy(self, definition: dict | None) -> None:
-        """The definition of the policy that now applies (None: none does)."""
+        """A policy (a RabbitMQ policy definition) now applies to this queue,
+        or none does (None): recompute the settings and act on them at once
+        (a lower max-length trims, a new x-expires restarts its timer).
+        Messages already queued keep the expiry they were given."""
         self.policy = definition
+        old = self.settings
+        self.settings = effective(self.arguments, definition)
+        self._plain = self.settings.message_ttl is None and not self.settings.length_limited
+        if self.settings.expires != old.expires:
+            self._arm_unused()
+        if self.settings.length_limited:
+            self._drop_head()
+
+    # -- purge and delete --------------------------------------------------------
 
     def purge(self) -> int:
-        return self.backing.purge()
+        count = self.backing.purge()
+        self.expiry.clear()
+        return count
 
     def delete(self) -> list[Consumer]:
         """Drop every ready message; returns the consumers to notify."""
         self.deleted = True
+        self.expiry.clear()
+        if self._unused_timer is not None:
+            self._unused_timer.cancel()
+            self._unused_timer = None
         self.backing.delete()
         self.release_waiters()
         consumers = list(self.consumers)

@@ -20,6 +20,14 @@ Invariants:
 - Policies: every queue and exchange carries the definition of the one
   policy that applies to it (vhosts.policies), set when it is declared or
   restored and by `apply_policies` whenever the vhost's policies change.
+- Dead-lettering (`dead_letter`) is the one way messages die: every message
+  rejected without requeue, expired, dropped by a length limit or past its
+  delivery limit passes there, first through every callback in
+  `on_dead_letter` (called as `callback(queue, reason, message, death)`,
+  whether or not the queue has a dead letter exchange), then to the dead
+  letter exchange. At-least-once: the source queue acks the message only
+  after every target queue holds it (on disk when it is persistent and the
+  target durable), so a crash in between may duplicate it, never lose it.
 """
 from __future__ import annotations
 
@@ -35,7 +43,8 @@ from routing import Destination
 from storage import MemoryQueue, Message, QueueEntry
 from storage.priority_queue import PriorityQueue, level_name
 from vhosts.access import Access
-from vhosts.argument_checks import check_queue_arguments, max_priority
+from vhosts.clock import Clock, LoopClock
+from vhosts.dead_letter import Death, dead_lettered, is_cycle, routing_keys as death_routing_keys
 from vhosts.errors import (
     ACCESS_REFUSED,
     AMQPError,
@@ -51,7 +60,8 @@ from vhosts.delayed import DELAYED, Delayer, check_delayed_type, delay_of
 from vhosts.exchange import PREDECLARED, Exchange
 from vhosts.move import move
 from vhosts.policies import Policy, matching
-from vhosts.queue import Queue
+from vhosts.queue import DURABLE_PENDING, REJECTED, Queue
+from vhosts.queue_arguments import max_priority, validate as validate_queue_arguments
 from vhosts.users import limit_reached
 from vhosts.stats import Churn, MessageStats
 
@@ -104,8 +114,11 @@ log = logging.getLogger("hutch.vhost")
 
 
 class VirtualHost:
-    def __init__(self, name: str, definitions=None, message_storage=None) -> None:
+    def __init__(self, name: str, definitions=None, message_storage=None, clock: Clock | None = None) -> None:
         self.name = name
+        self.clock = clock or LoopClock()
+        # Called for every message that dies (see the module docstring).
+        self.on_dead_letter: list[Callable] = []
         # Where durable definitions are kept (see the module docstring).
         self.definitions = definitions
         # A `storage.vhost_storage.VhostStorage`: durable queues keep their
@@ -452,7 +465,9 @@ class VirtualHost:
         # generated name for a server-named queue); for a new queue the
         # vhost's queue limit, then read on it and write on its DLX.
         if passive:
-            return self.queue(name, owner)
+            q = self.queue(name, owner)
+            q.touch()  # any declare renews an x-expires lease, as in RabbitMQ
+            return q
         if not name:
             name = new_queue_name()
         elif name.startswith("amq."):
@@ -473,7 +488,9 @@ class VirtualHost:
             if isinstance(dlx, str) and access is not None:
                 access.check("queue", name, "read")
                 access.check("exchange", dlx, "write")
-            check_queue_arguments(self.name, name, arguments)
+            # As RabbitMQ: arguments are validated for a new queue; an existing
+            # one only checks them for equivalence.
+            validate_queue_arguments(name, self.name, arguments)
             q = self._new_queue(name, durable, owner if exclusive else None, auto_delete, arguments)
             q.apply_policy(self._definition_for("queue", name))
             if self.definitions is not None and self._stored(q):
@@ -490,6 +507,7 @@ class VirtualHost:
         if (q.exclusive_owner is not None) != exclusive:
             raise self._locked(name)
         self._check_args("queue", name, QUEUE_EQUIVALENT_ARGS, q.arguments, arguments)
+        q.touch()
         return q
 
     def _new_queue(self, name: str, durable: bool, exclusive_owner: object | None, auto_delete: bool,
@@ -521,6 +539,8 @@ class VirtualHost:
             exclusive_owner=exclusive_owner,
             auto_delete=auto_delete,
             arguments=arguments,
+            host=self,
+            clock=self.clock,
         )
 
     def delete_queue(self, name: str, owner: object, if_unused: bool = False, if_empty: bool = False,
@@ -551,6 +571,49 @@ class VirtualHost:
         for consumer in q.delete():
             consumer.channel.consumer_cancelled(consumer)
         return count
+
+    def queue_expired(self, q: Queue) -> None:
+        """x-expires: `q` went unused for its expiry period."""
+        self.remove_queue(q)
+
+    def dead_letter(self, queue: Queue, entries: list[QueueEntry], reason: str) -> None:
+        """Entries that left `queue`'s ready set die (see the module docstring);
+        each is acked in `queue` once its dead-letter targets hold it."""
+        settings = queue.settings
+        dlx = settings.dead_letter_exchange
+        if dlx is not None and dlx != "" and dlx not in self.exchanges:
+            dlx = None  # RabbitMQ drops what would go to a missing exchange
+        now = self.clock.now()
+        for entry in entries:
+            message = entry.message
+            death = Death(reason, queue.name, now, message.exchange, death_routing_keys(message), dlx)
+            for callback in self.on_dead_letter:
+                callback(queue, reason, message, death)
+            if dlx is None:
+                queue.ack((entry,))
+                continue
+            dead, keys, deaths = dead_lettered(message, death, settings.dead_letter_routing_key)
+            targets = self.route(dlx, keys, dead.headers)
+            if reason != "rejected":
+                targets = [q for q in targets if not is_cycle(q.name, deaths)]
+            self._hand_over(queue, entry, dead, targets)
+
+    @staticmethod
+    def _hand_over(source: Queue, entry: QueueEntry, message: Message, targets: list[Queue]) -> None:
+        """Publish a dead-lettered message to its targets, then ack it in the
+        source once every target that writes it has it on disk."""
+        pending = [0]
+
+        def durable() -> None:
+            pending[0] -= 1
+            if not pending[0]:
+                source.ack((entry,))
+
+        for q in targets:
+            if q.publish(message, durable) == DURABLE_PENDING:
+                pending[0] += 1
+        if not pending[0]:
+            source.ack((entry,))
 
     def storage_ready(self) -> None:
         """After restoring (or creating) the vhost: finish the message
@@ -660,13 +723,15 @@ class VirtualHost:
         headers: dict | None,
         publisher,
         on_durable: Callable[[], None] | None = None,
-    ) -> tuple[int, int]:
+    ) -> tuple[int, int, bool]:
         """Route and enqueue. Returns (queues reached, how many of them will
-        call `on_durable` once the message is on disk). `publisher` (with
-        `throttled_by(queue)`) is told which queues ask it to wait (credit
-        flow, see vhosts.queue)."""
+        call `on_durable` once the message is on disk, whether a queue
+        refused it: reject-publish, the publisher gets a nack). `publisher`
+        (with `throttled_by(queue)`) is told which queues ask it to wait
+        (credit flow, see vhosts.queue)."""
         self.stats.publish += 1
         waits = 0
+        rejected = False
         if message.exchange in self.delayed_exchanges and (delay := delay_of(headers)):
             # Held by the exchange (vhosts.delayed): no queue now, but its
             # alternate exchange, if any, gets it at once, as with the plugin.
@@ -677,8 +742,11 @@ class VirtualHost:
         else:
             targets = self.route(message.exchange, routing_keys, headers)
         for q in targets:
-            if q.publish(message, on_durable):
+            outcome = q.publish(message, on_durable)
+            if outcome == DURABLE_PENDING:
                 waits += 1
+            elif outcome == REJECTED:
+                rejected = True
             if q.backed_up:
                 q.flow_waiters.add(publisher)
                 publisher.throttled_by(q)
@@ -686,4 +754,4 @@ class VirtualHost:
         if storage is not None and storage.writer.backlogged:
             storage.writer.flow_waiters.add(publisher)
             publisher.throttled_by(storage.writer)
-        return len(targets), waits
+        return len(targets), waits, rejected
