@@ -43,7 +43,8 @@ def _exchange_list(req, vhosts) -> list[dict]:
     out = []
     for v in vhosts:
         out.append(shapes.default_exchange(v.name, req.user.name))
-        out += [shapes.exchange(v.exchanges[n], v.name, req.user.name) for n in sorted(v.exchanges)]
+        out += [shapes.exchange(v.exchanges[n], v.name, req.user.name, v.policy_for("exchange", n))
+                for n in sorted(v.exchanges)]
     return out
 
 
@@ -59,7 +60,7 @@ def exchange(req) -> dict:
     x = v.exchanges.get(name)
     if x is None:
         raise not_found()
-    out = shapes.exchange(x, v.name, req.user.name)
+    out = shapes.exchange(x, v.name, req.user.name, v.policy_for("exchange", name))
     out["incoming"] = []
     out["outgoing"] = []
     return out
@@ -126,7 +127,8 @@ def _queue_list(req, vhosts) -> list[dict]:
     unacked = shapes.unacked_by_queue(connections)
     unacked_bytes = shapes.unacked_bytes_by_queue(connections)
     consumers = shapes.consumers_by_queue(connections)
-    return [shapes.queue(req.node.sampler, q, unacked[q], unacked_bytes[q], consumers.get(q, []))
+    return [shapes.queue(req.node.sampler, q, unacked[q], unacked_bytes[q], consumers.get(q, []),
+                         v.policy_for("queue", q.name))
             for v in vhosts for q in (v.queues[n] for n in sorted(v.queues))]
 
 
@@ -143,11 +145,11 @@ def find_queue(req):
 
 
 def queue(req) -> dict:
-    _v, q = find_queue(req)
+    v, q = find_queue(req)
     connections = req.node.connections
     consumers = shapes.consumers_by_queue(connections).get(q, [])
     out = shapes.queue(req.node.sampler, q, shapes.unacked_by_queue(connections)[q],
-                       shapes.unacked_bytes_by_queue(connections)[q], consumers)
+                       shapes.unacked_bytes_by_queue(connections)[q], consumers, v.policy_for("queue", q.name))
     out["consumer_details"] = [shapes.consumer(ch, c) for ch, c in consumers]
     out["deliveries"] = []
     out["incoming"] = []
