@@ -16,10 +16,11 @@ import struct
 
 from pamqp import commands, header
 from storage import Message
-from vhosts.errors import NOT_FOUND, PRECONDITION_FAILED, AMQPError
+from vhosts.errors import ACCESS_REFUSED, NOT_FOUND, PRECONDITION_FAILED, AMQPError
 
 from amqp_server.channel import check_properties
-from amqp_server.management.errors import ApiError, amqp_errors_as_http, bad_request, missing_keys
+from amqp_server.management.errors import (ApiError, amqp_errors_as_http, bad_request, missing_keys,
+                                           not_authorised)
 from amqp_server.management.http import NO_CONTENT
 from amqp_server.management.resources import exchange_name, find_queue
 
@@ -51,13 +52,18 @@ _PUBLISHER = _HttpPublisher()
 
 
 def _queue_to_get(req):
-    """The queue of a get, refused as basic.get on a channel would be."""
+    """The queue of a get, refused as basic.get on a channel would be
+    (a denied read is RabbitMQ's 401 with the channel's reply text)."""
     v = req.vhost(req.params["vhost"])
     try:
-        return v, v.queue(req.params["name"], None)
+        queue = v.queue(req.params["name"], None)
+        req.access(v).check("queue", queue.name, "read")
+        return v, queue
     except AMQPError as exc:
         if exc.reply_code == NOT_FOUND:
             raise ApiError(404, "not_found", exc.reply_text) from None
+        if exc.reply_code == ACCESS_REFUSED:
+            raise not_authorised(exc.reply_text) from None
         raise channel_error(exc) from None
 
 
@@ -145,7 +151,7 @@ def properties_json(props):
 def purge(req):
     v, queue = find_queue(req)
     with amqp_errors_as_http():
-        v.purge_queue(queue.name, None)
+        v.purge_queue(queue.name, None, access=req.access(v))
     return NO_CONTENT
 
 
@@ -205,7 +211,10 @@ def publish(req) -> dict:
     props = _properties(body["properties"])
     limit = req.node.config.max_message_size
     try:
-        v.check_publish(exchange)
+        checks = req.access(v)
+        checks.publish(exchange)
+        x = v.check_publish(exchange)
+        checks.topic(x, routing_key, "write")
         if len(payload) > limit:
             raise AMQPError(PRECONDITION_FAILED, "message size %d is larger than configured max size %d"
                             % (len(payload), limit))

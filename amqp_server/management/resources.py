@@ -91,22 +91,23 @@ def _bool(body: dict, key: str, default: bool) -> bool:
 
 
 def _declare(req, kind: str, declare) -> object:
-    """PUT of an exchange or queue: `declare(vhost, name, body)`; 201 when
-    it is new, 204 when it existed (and was equivalent)."""
+    """PUT of an exchange or queue: `declare(vhost, name, body, access)`
+    (configure permission, as the declare method); 201 when it is new, 204
+    when it existed (and was equivalent)."""
     v = _writable_vhost(req)
     body = req.body()
     name = req.params["name"]
     existed = name in (v.exchanges if kind == "exchange" else v.queues)
     with amqp_errors_as_http():
-        declare(v, name, body)
+        declare(v, name, body, req.access(v))
     return NO_CONTENT if existed else CREATED
 
 
 def put_exchange(req):
-    return _declare(req, "exchange", lambda v, name, body: v.declare_exchange(
+    return _declare(req, "exchange", lambda v, name, body, checks: v.declare_exchange(
         name, body.get("type", "direct"), durable=_bool(body, "durable", True),
         auto_delete=_bool(body, "auto_delete", False), internal=_bool(body, "internal", False),
-        arguments=arguments_of(body)))
+        arguments=arguments_of(body), access=checks))
 
 
 def delete_exchange(req):
@@ -115,7 +116,7 @@ def delete_exchange(req):
     if name not in v.exchanges:
         raise not_found()
     with amqp_errors_as_http():
-        v.delete_exchange(name, if_unused=_flag(req.query, "if-unused"))
+        v.delete_exchange(name, if_unused=_flag(req.query, "if-unused"), access=req.access(v))
     return NO_CONTENT
 
 
@@ -160,15 +161,16 @@ def put_queue(req):
     size = len(req.params["name"].encode("utf-8"))
     if size > 255:  # a queue must be nameable in AMQP's short strings
         raise bad_request("queue should be less than 255 bytes, actually was %d\n" % size)
-    return _declare(req, "queue", lambda v, name, body: v.declare_queue(
+    return _declare(req, "queue", lambda v, name, body, checks: v.declare_queue(
         name, None, durable=_bool(body, "durable", True), auto_delete=_bool(body, "auto_delete", False),
-        arguments=arguments_of(body)))
+        arguments=arguments_of(body), access=checks))
 
 
 def delete_queue(req):
     v, q = find_queue(req)
     with amqp_errors_as_http():
-        v.delete_queue(q.name, None, if_unused=_flag(req.query, "if-unused"), if_empty=_flag(req.query, "if-empty"))
+        v.delete_queue(q.name, None, if_unused=_flag(req.query, "if-unused"), if_empty=_flag(req.query, "if-empty"),
+                       access=req.access(v))
     return NO_CONTENT
 
 
@@ -260,9 +262,9 @@ def add_binding(req):
     arguments = arguments_of(body)
     with amqp_errors_as_http():
         if dest.kind == "queue":
-            v.bind_queue(dest.name, source, key, arguments, None)
+            v.bind_queue(dest.name, source, key, arguments, None, access=req.access(v))
         else:
-            v.bind_exchange(dest.name, source, key, arguments)
+            v.bind_exchange(dest.name, source, key, arguments, access=req.access(v))
     return Created(shapes.properties_key(key, arguments))
 
 
@@ -285,6 +287,10 @@ def delete_binding(req):
     found = _binding(req)
     v = req.vhost(req.params["vhost"])
     with amqp_errors_as_http():
-        v.unbind(found["source"], Destination(found["destination_type"], found["destination"]),
-                 found["routing_key"], found["arguments"])
+        if found["destination_type"] == "queue":
+            v.unbind_queue(found["destination"], found["source"], found["routing_key"], found["arguments"], None,
+                           access=req.access(v))
+        else:
+            v.unbind_exchange(found["destination"], found["source"], found["routing_key"], found["arguments"],
+                              access=req.access(v))
     return NO_CONTENT
