@@ -105,7 +105,7 @@ async def get_messages(req) -> list:
         taken.append(entry)
         queue.stats.get += 1
         v.stats.get += 1
-        out.append(_rendered(entry, queue.message_count, body["encoding"], truncate))
+        out.append(rendered(entry, queue.message_count, body["encoding"], truncate))
     if taken:
         if ACK_MODES[body["ackmode"]]:
             queue.requeue(taken)
@@ -114,7 +114,7 @@ async def get_messages(req) -> list:
     return out
 
 
-def _rendered(entry, message_count: int, encoding: str, truncate: int | None) -> dict:
+def rendered(entry, message_count: int, encoding: str, truncate: int | None) -> dict:
     message = entry.message
     payload = message.body if truncate is None else message.body[:truncate]
     text = None

@@ -9,8 +9,8 @@ handlers. Not here: operator policies, parameters and global parameters
 """
 from __future__ import annotations
 
-from amqp_server.management import (accounts, clients, definitions, health, limits, operations, overview, policies,
-                                    resources, topic_permissions, watermark)
+from amqp_server.management import (accounts, clients, definitions, extensions, health, limits, operations, overview,
+                                    policies, resources, topic_permissions, watermark)
 from amqp_server.management.access import ADMINISTRATOR, MANAGEMENT, MONITORING
 
 M, MON, A = MANAGEMENT, MONITORING, ADMINISTRATOR
@@ -100,6 +100,8 @@ _TABLE = [
     ("/api/user-limits/{user}/{name}", {"PUT": (limits.put_user_limit, A), "DELETE": (limits.delete_user_limit, A)}),
     # hutch's extensions
     ("/api/hutch/vm-memory-high-watermark", {"PUT": (watermark.put_watermark, A)}),
+    ("/api/queues/{vhost}/{name}/peek", {"GET": (extensions.peek, M)}),
+    ("/api/queues/{vhost}/{name}/move", {"POST": (extensions.move, M)}),
     # health
     ("/api/aliveness-test/{vhost}", {"GET": (operations.aliveness_test, M)}),
     ("/api/health/checks/alarms", {"GET": (health.ok, M)}),
