@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from pamqp import commands
 
-from amqp_server import declarations, fastpath
+from amqp_server import declarations, fastpath, firehose
 from amqp_server.deliveries import Deliveries
 from amqp_server.framing import FRAME_BODY, FRAME_HEADER, erlang_binary, content_header_prefix, decode_method
 from storage import Message
@@ -263,6 +263,8 @@ class Channel(Deliveries):
     def _route(self, message: Message, keys: list[str], headers: dict | None, mandatory: bool,
                on_durable=None) -> int:
         """Publish into the vhost; returns how many queues will call `on_durable`."""
+        if self.vhost.tracing:
+            firehose.published(self, message, keys, headers)
         reached, waits = self.vhost.publish(message, keys, headers, self.connection, on_durable)
         if not reached and not mandatory:
             self.vhost.stats.drop_unroutable += 1

@@ -18,7 +18,7 @@ import os
 
 from pamqp import commands
 
-from amqp_server import fastpath
+from amqp_server import fastpath, firehose
 from amqp_server.framing import content_frames
 from vhosts import Consumer
 from vhosts.argument_checks import consumer_priority
@@ -101,6 +101,8 @@ class Deliveries:
         if entry.redelivered:
             queue_stats.redeliver += 1
             vhost_stats.redeliver += 1
+        if self.vhost.tracing:
+            firehose.delivered(self, queue, entry)
         message = entry.message
         connection = self.connection
         frames = content_frames(self.number, message.header, message.body, connection.frame_max)
@@ -195,6 +197,8 @@ class Deliveries:
         if entry.redelivered:
             queue.stats.redeliver += 1
             self.vhost.stats.redeliver += 1
+        if self.vhost.tracing:
+            firehose.delivered(self, queue, entry)
         message = entry.message
         self.connection.send_content(
             self.number,

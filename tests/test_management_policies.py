@@ -7,24 +7,10 @@ import pytest
 from pika.exceptions import ChannelClosedByBroker, ConnectionClosedByBroker
 
 from helpers import connect, unique, wait_for
-from http_api import Api, segment
+from http_api import segment
 
-NOT_FOUND = {"error": "Object Not Found", "reason": "Not Found"}
 ALL = {"configure": ".*", "write": ".*", "read": ".*"}
-
-
-@pytest.fixture
-def api(broker) -> Api:
-    return Api(broker.ports["HTTP"])
-
-
-@pytest.fixture
-def vhost(api):
-    name = unique("vh")
-    assert api.put("/api/vhosts/" + segment(name)).status == 201
-    assert api.put("/api/permissions/%s/guest" % segment(name), ALL).status == 201
-    yield name
-    api.delete("/api/vhosts/" + segment(name))
+NOT_FOUND = {"error": "Object Not Found", "reason": "Not Found"}
 
 
 @pytest.fixture

@@ -100,6 +100,7 @@ _TABLE = [
     ("/api/user-limits/{user}/{name}", {"PUT": (limits.put_user_limit, A), "DELETE": (limits.delete_user_limit, A)}),
     # hutch's extensions
     ("/api/hutch/vm-memory-high-watermark", {"PUT": (watermark.put_watermark, A)}),
+    ("/api/hutch/trace/{vhost}", {"PUT": (accounts.put_trace, A)}),
     ("/api/queues/{vhost}/{name}/peek", {"GET": (extensions.peek, M)}),
     ("/api/queues/{vhost}/{name}/move", {"POST": (extensions.move, M)}),
     # health

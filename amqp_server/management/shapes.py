@@ -10,11 +10,11 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import platform
 from collections import Counter
 from urllib.parse import quote
 
-NODE = "hutch@" + platform.node()
+from amqp_server import NODE
+
 
 QUEUE_STATS = ("ack", "deliver", "deliver_get", "deliver_no_ack", "get", "get_empty", "get_no_ack", "publish",
                "redeliver")
@@ -99,7 +99,7 @@ def vhost(sampler, vhost, unacked: Counter, connections) -> dict:
         "metadata": {"description": "", "tags": []},
         "name": vhost.name,
         "tags": [],
-        "tracing": False,
+        "tracing": vhost.tracing,
         **counts(sampler, vhost, ready, held),
     }
     for key in ("recv_oct", "send_oct"):
@@ -231,9 +231,7 @@ def _arguments_hash(arguments: dict) -> str:
 
 def connection_name(connection) -> str:
     """RabbitMQ's "peer_host:peer_port -> host:port"."""
-    peer_host, peer_port = _peer(connection)
-    host, port = _local(connection)
-    return "%s:%d -> %s:%d" % (peer_host, peer_port, host, port)
+    return connection.name
 
 
 def _peer(connection) -> tuple[str, int]:
