@@ -217,3 +217,25 @@ def test_user_limits(api, broker, vhost, user):
     assert api.delete(base + "/max-channels").status == 204
     assert api.get(base).body == [{"user": user, "value": {"max-connections": 3}}]
     assert api.get("/api/user-limits/" + unique("nobody")).status == 404
+
+
+def test_limits_are_listed_to_management_users_and_changed_by_administrators(api, vhost):
+    name = unique("viewer")
+    api.put("/api/users/" + name, {"password": "pw", "tags": "management"})
+    api.put("/api/permissions/%s/%s" % (segment(vhost), name), ALL)
+    other = unique("other")
+    api.put("/api/vhosts/" + other)
+    try:
+        api.put("/api/vhost-limits/%s/max-queues" % segment(vhost), {"value": 3})
+        api.put("/api/vhost-limits/%s/max-queues" % other, {"value": 4})
+        viewer = api.as_user(name, "pw")
+        assert viewer.get("/api/vhost-limits").body == [{"vhost": vhost, "value": {"max-queues": 3}}]
+        assert viewer.get("/api/vhost-limits/" + other).status == 401
+        for reply in (viewer.put("/api/vhost-limits/%s/max-queues" % segment(vhost), {"value": 9}),
+                      viewer.put("/api/user-limits/%s/max-channels" % name, {"value": 9})):
+            assert (reply.status, reply.body["reason"]) == (401, "Not administrator user")
+        api.put("/api/user-limits/%s/max-channels" % name, {"value": 2})
+        assert {"user": name, "value": {"max-channels": 2}} in viewer.get("/api/user-limits").body
+    finally:
+        api.delete("/api/vhosts/" + other)
+        api.delete("/api/users/" + name)
