@@ -264,7 +264,7 @@ class Channel(Deliveries):
                on_durable=None) -> int:
         """Publish into the vhost; returns how many queues will call `on_durable`."""
         if self.vhost.tracing:
-            firehose.published(self, message, keys, headers)
+            firehose.published(self.vhost, firehose.channel_origin(self), message, keys, headers)
         reached, waits = self.vhost.publish(message, keys, headers, self.connection, on_durable)
         if not reached and not mandatory:
             self.vhost.stats.drop_unroutable += 1

@@ -102,7 +102,7 @@ class Deliveries:
             queue_stats.redeliver += 1
             vhost_stats.redeliver += 1
         if self.vhost.tracing:
-            firehose.delivered(self, queue, entry)
+            firehose.delivered(self.vhost, firehose.channel_origin(self), queue, entry)
         message = entry.message
         connection = self.connection
         frames = content_frames(self.number, message.header, message.body, connection.frame_max)
@@ -198,7 +198,7 @@ class Deliveries:
             queue.stats.redeliver += 1
             self.vhost.stats.redeliver += 1
         if self.vhost.tracing:
-            firehose.delivered(self, queue, entry)
+            firehose.delivered(self.vhost, firehose.channel_origin(self), queue, entry)
         message = entry.message
         self.connection.send_content(
             self.number,

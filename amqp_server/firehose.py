@@ -1,11 +1,13 @@
 """The firehose: RabbitMQ's message tracing (rabbitmqctl trace_on).
 
 Theory of operation:
-- While `vhost.tracing` is on, every message a channel publishes in the
-  vhost is copied to the vhost's `amq.rabbitmq.trace` topic exchange with
-  routing key "publish.<exchange>", and every delivery (to a consumer or a
-  basic.get) with "deliver.<queue>". Callers check `vhost.tracing` (one
-  attribute) before calling in here, so tracing costs nothing when off.
+- While `vhost.tracing` is on, every message published in the vhost (by a
+  channel, or through the management API) is copied to the vhost's
+  `amq.rabbitmq.trace` topic exchange with routing key "publish.<exchange>",
+  and every delivery (to a consumer, a basic.get, an API get) with
+  "deliver.<queue>". Callers check `vhost.tracing` (one attribute) before
+  calling in here, so tracing costs nothing when off. Who published or got
+  it is an `Origin`: connection name, channel number, user name.
 - A trace message has the original body and, as its only property, a
   headers table built as RabbitMQ's rabbit_trace builds it, in its order
   and with its field types: exchange_name, routing_keys (the routing key,
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import datetime
 import struct
+from typing import NamedTuple
 
 from storage import Message
 from vhosts.exchange import TRACE_EXCHANGE
@@ -105,24 +108,32 @@ def _trace(vhost, message: Message, routing_keys: list[str], key: str, extra: li
         queue.publish(traced)
 
 
-def _origin(channel) -> list[bytes]:
-    connection = channel.connection
+class Origin(NamedTuple):
+    connection: str
+    channel: int
+    user: str
+
+
+def channel_origin(channel) -> Origin:
+    return Origin(channel.connection.name, channel.number, channel.connection.user.name)
+
+
+def _origin(vhost, origin: Origin) -> list[bytes]:
     return [
-        _field("vhost", _longstr(channel.vhost.name)),
-        _field("connection", _longstr(connection.name)),
-        _field("channel", _signedint(channel.number)),
-        _field("user", _longstr(connection.user.name)),
+        _field("vhost", _longstr(vhost.name)),
+        _field("connection", _longstr(origin.connection)),
+        _field("channel", _signedint(origin.channel)),
+        _field("user", _longstr(origin.user)),
     ]
 
 
-def published(channel, message: Message, routing_keys: list[str], headers: dict | None) -> None:
-    """`message` published on `channel` to the keys `routing_keys` (with CC and BCC)."""
+def published(vhost, origin: Origin, message: Message, routing_keys: list[str], headers: dict | None) -> None:
+    """`message` published to the keys `routing_keys` (with CC and BCC)."""
     if message.exchange == TRACE_EXCHANGE:
         return
-    vhost = channel.vhost
     routed = [queue.name for queue in vhost.route(message.exchange, routing_keys, headers)]
     _trace(vhost, message, routing_keys, "publish." + message.exchange,
-           _origin(channel) + [_field("routed_queues", _array(routed))])
+           _origin(vhost, origin) + [_field("routed_queues", _array(routed))])
 
 
 def _routing_keys(message: Message) -> list[str]:
@@ -133,10 +144,10 @@ def _routing_keys(message: Message) -> list[str]:
     return [message.routing_key] + ([key for key in cc if isinstance(key, str)] if isinstance(cc, list) else [])
 
 
-def delivered(channel, queue, entry) -> None:
-    """`entry` of `queue` delivered on `channel` (to a consumer or a get)."""
+def delivered(vhost, origin: Origin, queue, entry) -> None:
+    """`entry` of `queue` delivered (to a consumer or a get)."""
     message = entry.message
     if message.exchange == TRACE_EXCHANGE:
         return
-    _trace(channel.vhost, message, _routing_keys(message), "deliver." + queue.name,
-           [_field("redelivered", _signedint(int(entry.redelivered)))] + _origin(channel))
+    _trace(vhost, message, _routing_keys(message), "deliver." + queue.name,
+           [_field("redelivered", _signedint(int(entry.redelivered)))] + _origin(vhost, origin))

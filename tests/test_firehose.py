@@ -89,3 +89,24 @@ def test_consuming_trace_messages_does_not_feed_the_firehose(api, broker, vhost)
         assert method.routing_key == "publish."
         # getting it was a delivery, of a message of the trace exchange: not traced
         assert channel.queue_declare(traces, passive=True).method.message_count == 0
+
+
+def test_api_publishes_and_gets_are_traced_as_rabbitmq_traces_them(api, broker, vhost):
+    """RabbitMQ runs them on an internal connection named by its pid, channel 1."""
+    api.put("/api/hutch/trace/" + segment(vhost), {"enabled": True})
+    with connect(broker.port, virtual_host=vhost) as connection:
+        channel = connection.channel()
+        traces = trace_queue(channel)
+        channel.queue_declare("q")
+        assert api.post("/api/exchanges/%s/amq.default/publish" % segment(vhost),
+                        {"routing_key": "q", "properties": {}, "payload": "x", "payload_encoding": "string"}
+                        ).body == {"routed": True}
+        assert len(api.post("/api/queues/%s/q/get" % segment(vhost),
+                            {"count": 1, "ackmode": "ack_requeue_false", "encoding": "auto"}).body) == 1
+        wait_for(lambda: channel.queue_declare(traces, passive=True).method.message_count == 2)
+        seen = [channel.basic_get(traces, auto_ack=True) for _ in range(2)]
+    assert [method.routing_key for method, _props, _body in seen] == ["publish.", "deliver.q"]
+    published, delivered = (props.headers for _method, props, _body in seen)
+    assert re.fullmatch(r"<hutch@.+\.1\.\d+\.0>", published["connection"])
+    assert (published["channel"], published["user"], published["routed_queues"]) == (1, "guest", ["q"])
+    assert (delivered["redelivered"], delivered["routing_keys"], delivered["user"]) == (0, ["q"], "guest")

@@ -12,12 +12,14 @@ import asyncio
 import base64
 import binascii
 import datetime
+import itertools
 import struct
 
 from pamqp import commands, header
 from storage import Message
 from vhosts.errors import ACCESS_REFUSED, NOT_FOUND, PRECONDITION_FAILED, AMQPError
 
+from amqp_server import NODE, firehose
 from amqp_server.channel import check_properties
 from amqp_server.management.errors import (ApiError, amqp_errors_as_http, bad_request, missing_keys,
                                            not_authorised)
@@ -49,6 +51,13 @@ class _HttpPublisher:
 
 
 _PUBLISHER = _HttpPublisher()
+_requests = itertools.count(1)
+
+
+def _origin(req) -> firehose.Origin:
+    """Who publishes or gets through the API, for the firehose: RabbitMQ
+    names the internal connection of each request by its Erlang pid."""
+    return firehose.Origin("<%s.1.%d.0>" % (NODE, next(_requests)), 1, req.user.name)
 
 
 def _queue_to_get(req):
@@ -97,11 +106,14 @@ async def get_messages(req) -> list:
     count = _positive_int(body, "count")
     truncate = _positive_int(body, "truncate") if body.get("truncate") is not None else None
     v, queue = _queue_to_get(req)
+    origin = _origin(req)
     taken, out = [], []
     for _ in range(count):
         entry = await _fetch(queue)
         if entry is None:
             break
+        if v.tracing:
+            firehose.delivered(v, origin, queue, entry)
         taken.append(entry)
         queue.stats.get += 1
         v.stats.get += 1
@@ -226,6 +238,8 @@ def publish(req) -> dict:
     except (TypeError, ValueError, OverflowError, struct.error) as exc:
         raise bad_request("invalid properties: %s" % exc) from None
     message = Message(exchange, routing_key, content, payload)
+    if v.tracing:
+        firehose.published(v, _origin(req), message, [routing_key], props.headers)
     reached, _waits = v.publish(message, [routing_key], props.headers, _PUBLISHER)
     if not reached:
         v.stats.drop_unroutable += 1
