@@ -193,3 +193,12 @@ def test_topic_permissions_apply_to_http_publish_and_bind(limited, api):
     assert user.post("/api/exchanges/%s/wx/publish" % vhost, dict(PUBLISH, routing_key="ok.1")).status == 200
     assert refused(user.post("/api/bindings/%s/e/rx/q/wq" % vhost, {"routing_key": "no"}), ACCESS_REFUSED)
     assert user.post("/api/bindings/%s/e/rx/q/wq" % vhost, {"routing_key": "ok.1"}).status == 201
+
+
+def test_the_aliveness_test_runs_with_the_users_permissions(limited):
+    vhost, user, name = limited
+    reply = user.get("/api/aliveness-test/" + vhost)
+    assert (reply.status, reply.body) == (401, {
+        "error": "not_authorised",
+        "reason": "ACCESS_REFUSED - access to queue 'aliveness-test' in vhost '%s' refused for user '%s'"
+                  % (unquote(vhost), name)})

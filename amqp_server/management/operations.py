@@ -247,9 +247,18 @@ def publish(req) -> dict:
 
 
 async def aliveness_test(req) -> dict:
-    """RabbitMQ's: declare aliveness-test, publish to it, get it back."""
+    """RabbitMQ's: declare aliveness-test, publish to it, get it back, with
+    the user's permissions (a refusal is 401 with the channel's text)."""
     v = req.vhost(req.params["vhost"])
-    queue = v.declare_queue("aliveness-test", None)
+    checks = req.access(v)
+    try:
+        queue = v.declare_queue("aliveness-test", None, access=checks)
+        checks.publish("")
+        checks.check("queue", queue.name, "read")
+    except AMQPError as exc:
+        if exc.reply_code == ACCESS_REFUSED:
+            raise not_authorised(exc.reply_text) from None
+        raise channel_error(exc) from None
     props = commands.Basic.Properties()
     content = header.ContentHeader(0, len(b"test_message"), props).marshal()
     v.publish(Message("", "aliveness-test", content, b"test_message"), ["aliveness-test"], None, _PUBLISHER)
