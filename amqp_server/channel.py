@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from pamqp import commands
 
-from amqp_server import declarations, fastpath
+from amqp_server import declarations, fastpath, firehose
 from amqp_server.deliveries import Deliveries
 from amqp_server.framing import FRAME_BODY, FRAME_HEADER, erlang_binary, content_header_prefix, decode_method
 from storage import Message
@@ -266,6 +266,8 @@ class Channel(Deliveries):
                on_durable=None) -> int:
         """Publish into the vhost; returns how many queues will call
         `on_durable`, or NACK when a queue refused the message (confirm mode)."""
+        if self.vhost.tracing:
+            firehose.published(self.vhost, firehose.channel_origin(self), message, keys, headers)
         reached, waits, rejected = self.vhost.publish(message, keys, headers, self.connection, on_durable)
         if rejected and on_durable is not None:
             return NACK

@@ -137,6 +137,14 @@ class Connection:
     # -- output --------------------------------------------------------------
 
     @property
+    def name(self) -> str:
+        """RabbitMQ's connection name, "peer_host:peer_port -> host:port"."""
+        peer = self.peer or ("", 0)
+        transport = self.io.transport
+        local = (transport.get_extra_info("sockname") if transport is not None else None) or ("", 0)
+        return "%s:%d -> %s:%d" % (peer[0], peer[1], local[0], local[1])
+
+    @property
     def output_paused(self) -> bool:
         return self.socket_paused or len(self._out) > OUTPUT_HIGH
 

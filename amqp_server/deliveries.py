@@ -18,7 +18,7 @@ import os
 
 from pamqp import commands
 
-from amqp_server import fastpath
+from amqp_server import fastpath, firehose
 from amqp_server.framing import content_frames
 from storage.message import encode_value
 from vhosts import Consumer
@@ -108,6 +108,8 @@ class Deliveries:
         if entry.redelivered:
             queue_stats.redeliver += 1
             vhost_stats.redeliver += 1
+        if self.vhost.tracing:
+            firehose.delivered(self.vhost, firehose.channel_origin(self), queue, entry)
         message = entry.message
         connection = self.connection
         header = message.header if not entry.deliveries else _counted(entry)
@@ -203,6 +205,8 @@ class Deliveries:
         if entry.redelivered:
             queue.stats.redeliver += 1
             self.vhost.stats.redeliver += 1
+        if self.vhost.tracing:
+            firehose.delivered(self.vhost, firehose.channel_origin(self), queue, entry)
         message = entry.message
         self.connection.send_content(
             self.number,

@@ -105,6 +105,14 @@ class Message:
             return None
         return self.properties.headers
 
+    def headers_table(self) -> bytes | None:
+        """The headers table as encoded by the publisher (length prefix
+        included, wire types kept); None without headers."""
+        if not self.has_headers:
+            return None
+        start, end = _headers_span(self.header)
+        return self.header[start:end]
+
     def remove_header(self, name: str) -> None:
         """Drop one header (BCC must not reach consumers): the only case where
         the content header is not passed through as is. Only that table entry

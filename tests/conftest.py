@@ -28,10 +28,12 @@ import pytest
 
 from amqp_raw import RawClient
 from helpers import assert_serves, unique, wait_for  # noqa: F401 - unique, wait_for re-exported
+from http_api import Api, segment
 from live_broker import LiveBroker
 
 ROOT = Path(__file__).resolve().parent.parent
 LISTENING = re.compile(r"listening for (AMQPS?|HTTP|PROMETHEUS) on [^ ]+:(\d+)")
+ALL_PERMISSIONS = {"configure": ".*", "write": ".*", "read": ".*"}
 # Every listener on 127.0.0.1 and a free port (the management ports included).
 PORT_ARGS = ("--bind", "127.0.0.1", "--port", "0", "--management-bind", "127.0.0.1", "--management-port", "0",
              "--prometheus-bind", "127.0.0.1", "--prometheus-port", "0")
@@ -159,3 +161,19 @@ def still_serving(broker):
     """After the test: a new client can still connect, publish and get."""
     yield
     assert_serves(broker.port)
+
+
+@pytest.fixture
+def api(broker):
+    """The session broker's management API, as guest (`http_api.Api`)."""
+    return Api(broker.ports["HTTP"])
+
+
+@pytest.fixture
+def vhost(api):
+    """A fresh vhost where guest has every permission, deleted afterwards."""
+    name = unique("vh")
+    assert api.put("/api/vhosts/" + segment(name)).status == 201
+    assert api.put("/api/permissions/%s/guest" % segment(name), ALL_PERMISSIONS).status == 201
+    yield name
+    api.delete("/api/vhosts/" + segment(name))

@@ -41,6 +41,11 @@ def populate(api: Api) -> str:
     api.put("/api/exchanges/%s/fan" % v, {"type": "fanout", "durable": True})
     api.post("/api/bindings/%s/e/events/q/orders" % v, {"routing_key": "order.*", "arguments": {"k": "v"}})
     api.post("/api/bindings/%s/e/events/e/fan" % v, {"routing_key": "#"})
+    api.put("/api/topic-permissions/%s/alice" % v, {"exchange": "events", "write": "^alice\\.", "read": ".*"})
+    api.put("/api/vhost-limits/%s/max-queues" % v, {"value": 50})
+    api.put("/api/user-limits/alice/max-channels", {"value": 7})
+    api.put("/api/policies/%s/cap" % v, {"pattern": "^ord", "definition": {"max-length": 9}, "priority": 2,
+                                         "apply-to": "queues"})
     return vhost
 
 
@@ -53,10 +58,18 @@ def test_export_imports_into_a_fresh_broker(start_broker):
     assert {"name": "orders", "vhost": vhost, "durable": True, "auto_delete": False,
             "arguments": {"x-max-length": 5}} in exported["queues"]
     assert not [x for x in exported["exchanges"] if x["name"].startswith("amq.")]
+    assert {"user": "alice", "vhost": vhost, "exchange": "events", "write": "^alice\\.", "read": ".*"} in \
+        exported["topic_permissions"]
+    assert {"value": {"max-queues": 50}, "vhost": vhost, "component": "vhost-limits", "name": "limits"} in \
+        exported["parameters"]
+    assert {"vhost": vhost, "name": "cap", "pattern": "^ord", "apply-to": "queues", "definition": {"max-length": 9},
+            "priority": 2} in exported["policies"]
+    assert {u["name"]: u["limits"] for u in exported["users"]}["alice"] == {"max-channels": 7}
     second = start_broker(expect=("AMQP", "HTTP"))
     assert http(second).post("/api/definitions", exported).status == 204
     again = http(second).get("/api/definitions").body
-    for section in ("vhosts", "permissions", "queues", "exchanges", "bindings"):
+    for section in ("vhosts", "permissions", "topic_permissions", "parameters", "policies", "queues", "exchanges",
+                    "bindings"):
         assert sorted(map(json.dumps, again[section])) == sorted(map(json.dumps, exported[section])), section
     assert {u["name"]: u["password_hash"] for u in again["users"]}["alice"] == \
         {u["name"]: u["password_hash"] for u in exported["users"]}["alice"]
@@ -65,6 +78,8 @@ def test_export_imports_into_a_fresh_broker(start_broker):
     second.stop()
     third = start_broker("--data-dir", str(second.data_dir), expect=("AMQP", "HTTP"))
     assert http(third).get("/api/queues/%s/orders" % segment(vhost)).body["arguments"] == {"x-max-length": 5}
+    assert http(third).get("/api/queues/%s/orders" % segment(vhost)).body["policy"] == "cap"
+    assert http(third).get("/api/user-limits/alice").body == [{"user": "alice", "value": {"max-channels": 7}}]
     login(third, "alice", "alice-pw", vhost)
 
 
@@ -79,8 +94,11 @@ def test_vhost_export_and_import(start_broker):
     http(second).put("/api/vhosts/" + target)
     http(second).put("/api/permissions/%s/guest" % target, {"configure": ".*", "write": ".*", "read": ".*"})
     assert http(second).post("/api/definitions/" + target, exported).status == 204
+    assert exported["policies"][0]["name"] == "cap" and exported["parameters"][0]["value"] == {"max-queues": 50}
     names = sorted(q["name"] for q in http(second).get("/api/queues/" + target).body)
     assert names == ["orders", "scratch"]
+    assert [(p["vhost"], p["name"]) for p in http(second).get("/api/policies/" + target).body] == [(target, "cap")]
+    assert http(second).get("/api/vhost-limits/" + target).body == [{"vhost": target, "value": {"max-queues": 50}}]
     bindings = http(second).get("/api/bindings/" + target).body
     assert {"events"} == {b["source"] for b in bindings if b["source"]}
 
@@ -102,6 +120,10 @@ def test_rabbitmq_export_imports_and_its_users_log_in(start_broker):
     bindings = api.get("/api/exchanges/mgmtprobe/imp.x/bindings/source").body
     assert {(b["destination_type"], b["destination"], b["routing_key"], json.dumps(b["arguments"]))
             for b in bindings} == {("queue", "imp.q", "k", '{"a": "b"}'), ("exchange", "amq.topic", "k2", "{}")}
+    policy = api.get("/api/policies/probe-hc/pol1").body
+    assert (policy["pattern"], policy["apply-to"], policy["priority"], policy["definition"]) == (
+        "^q", "queues", 3, {"dead-letter-exchange": "x", "max-length": 5})
+    assert api.get("/api/policies/mgmtprobe/p1").body["definition"] == {"max-length": 100}
     # a queue name with a space and a tab survives the trip
     assert api.get("/api/queues/probe-hc/" + segment("q 2\ttab")).status == 200
 
@@ -119,4 +141,25 @@ def test_bad_documents_change_nothing(start_broker):
     reply = api.post("/api/definitions", {"users": [{"name": "eve", "password_hash": "x", "tags": "",
                                                      "hashing_algorithm": "rabbit_password_hashing_md5"}]})
     assert reply.status == 400
+    for bad in ({"policies": [{"vhost": "/", "name": "p", "pattern": "x", "definition": {"bogus": 1}}]},
+                {"parameters": [{"vhost": "/", "component": "vhost-limits", "name": "limits",
+                                 "value": {"max-bogus": 1}}]},
+                {"topic_permissions": [{"user": "guest", "vhost": "/", "exchange": "x", "write": "(", "read": ""}]},
+                {"users": [{"name": "eve", "password": "x", "tags": "", "limits": {"max-channels": "x"}}]}):
+        reply = api.post("/api/definitions", dict(bad, vhosts=[{"name": "new"}]))
+        assert reply.status == 400, bad
     assert api.get("/api/definitions").body == before
+
+
+def test_cleared_limits_and_other_plugins_parameters_import(start_broker):
+    """RabbitMQ exports limits all cleared as [], and parameters of plugins
+    hutch lacks (federation, shovels): accepted, the plugins' ones not kept."""
+    broker = start_broker(expect=("AMQP", "HTTP"))
+    api = http(broker)
+    api.put("/api/vhost-limits/%2F/max-queues", {"value": 10})
+    document = {"parameters": [
+        {"value": [], "vhost": "/", "component": "vhost-limits", "name": "limits"},
+        {"value": {"uri": "amqp://elsewhere"}, "vhost": "/", "component": "federation-upstream", "name": "up"}]}
+    assert api.post("/api/definitions", document).status == 204
+    assert api.get("/api/vhost-limits/%2F").body == []
+    assert api.get("/api/definitions").body["parameters"] == []

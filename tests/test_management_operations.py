@@ -206,9 +206,13 @@ def test_memory_watermark_extension_changes_the_paging_budget(start_broker):
     connection.close()
 
 
-def test_tracing_is_refused_not_faked(api):
+def test_vhost_put_turns_tracing_on_and_off_and_absent_leaves_it(api):
     vhost = unique("trace")
-    assert api.put("/api/vhosts/" + vhost, {"tracing": True}).status == 400
-    assert api.put("/api/vhosts/" + vhost, {"tracing": False, "description": "d"}).status == 201
+    assert api.put("/api/vhosts/" + vhost, {"tracing": True}).status == 201
+    assert api.get("/api/vhosts/" + vhost).body["tracing"] is True
+    assert api.put("/api/vhosts/" + vhost, {"description": "d"}).status == 204
+    assert api.get("/api/vhosts/" + vhost).body["tracing"] is True
+    assert api.put("/api/vhosts/" + vhost, {"tracing": False}).status == 204
     assert api.get("/api/vhosts/" + vhost).body["tracing"] is False
+    assert api.put("/api/vhosts/" + vhost, {"tracing": "maybe"}).status == 400
     api.delete("/api/vhosts/" + vhost)

@@ -1,6 +1,7 @@
 """Permissions enforced on every AMQP operation, as RabbitMQ 3.10 maps them
 (texts probed on a real RabbitMQ): each rule allowed and denied, with pika
-clients of users the test creates on the `live` broker.
+clients of users the test creates through the management API of the
+session broker process.
 """
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 from pika.exceptions import ChannelClosedByBroker, ProbableAccessDeniedError
 
 from helpers import channel_error, publish_sync, unique
-from vhosts.users import Permission
+from http_api import segment
 
 NOTHING = "^$"
 
@@ -26,18 +27,31 @@ def topic_refused(key: str, exchange: str, user: str, vhost: str = "/") -> str:
 class Users:
     """Users made for one test, and admin-made resources they act on."""
 
-    def __init__(self, live) -> None:
-        self.live = live
+    def __init__(self, api, port: int) -> None:
+        self.api = api
+        self.port = port
         self.opened = []
+        self.made = []
 
     def make(self, configure=".*", write=".*", read=".*", vhost="/") -> str:
         name = unique("user")
-        self.live.admin(lambda b: b.add_user(name, "pw"))
-        self.live.admin(lambda b: b.set_permissions(name, vhost, Permission(configure, write, read)))
+        assert self.api.put("/api/users/" + name, {"password": "pw", "tags": ""}).status == 201
+        self.made.append(name)
+        self.permit(name, configure, write, read, vhost)
         return name
 
+    def permit(self, user: str, configure: str, write: str, read: str, vhost: str = "/") -> None:
+        reply = self.api.put("/api/permissions/%s/%s" % (segment(vhost), user),
+                             {"configure": configure, "write": write, "read": read})
+        assert reply.status in (201, 204)
+
+    def topic(self, user: str, exchange: str, write: str, read: str, vhost: str = "/") -> None:
+        reply = self.api.put("/api/topic-permissions/%s/%s" % (segment(vhost), user),
+                             {"exchange": exchange, "write": write, "read": read})
+        assert reply.status in (201, 204)
+
     def connect(self, user: str, vhost: str = "/") -> pika.BlockingConnection:
-        params = pika.ConnectionParameters("127.0.0.1", self.live.port, vhost, pika.PlainCredentials(user, "pw"))
+        params = pika.ConnectionParameters("127.0.0.1", self.port, vhost, pika.PlainCredentials(user, "pw"))
         connection = pika.BlockingConnection(params)
         self.opened.append(connection)
         return connection
@@ -50,12 +64,14 @@ class Users:
 
 
 @pytest.fixture
-def users(live):
-    made = Users(live)
+def users(api, broker):
+    made = Users(api, broker.port)
     yield made
     for connection in made.opened:
         if connection.is_open:
             connection.close()
+    for name in made.made:
+        api.delete("/api/users/" + name)
 
 
 @pytest.fixture
@@ -250,9 +266,9 @@ def test_an_empty_pattern_allows_nothing(users):
 # -- topic permissions ---------------------------------------------------------------------
 
 
-def test_topic_permissions_check_routing_keys_with_variables(live, users, setup):
+def test_topic_permissions_check_routing_keys_with_variables(api, users, setup):
     user = users.make()
-    live.admin(lambda b: b.set_topic_permissions(user, "/", "amq.topic", r"^a\.{username}\.", r"^r\.{vhost}\."))
+    users.topic(user, "amq.topic", r"^a\.{username}\.", r"^r\.{vhost}\.")
     q = unique("q")
     setup.queue_declare(q)
     ch = users.channel(user)
@@ -266,40 +282,40 @@ def test_topic_permissions_check_routing_keys_with_variables(live, users, setup)
     # Other exchanges, and other users, are not restricted.
     publish_sync(users.channel(user), "amq.direct", "b.x")
     publish_sync(users.channel(users.make()), "amq.topic", "b.x")
-    live.admin(lambda b: b.clear_topic_permissions(user, "/", "amq.topic"))
+    assert api.delete("/api/topic-permissions/%2F/" + user).status == 204
     publish_sync(users.channel(user), "amq.topic", "b.x")
 
 
 # -- when permissions change -----------------------------------------------------------------
 
 
-def test_a_channel_keeps_the_grants_it_used_and_new_channels_see_changes(live, users, setup):
+def test_a_channel_keeps_the_grants_it_used_and_new_channels_see_changes(users, setup):
     user = users.make()
     connection = users.connect(user)
     ch = connection.channel()
     publish_sync(ch, "amq.direct", "k")
-    live.admin(lambda b: b.set_permissions(user, "/", Permission(".*", NOTHING, ".*")))
+    users.permit(user, ".*", NOTHING, ".*")
     publish_sync(ch, "amq.direct", "k")  # RabbitMQ's per-channel cache of granted checks
     assert channel_error(publish_sync, ch, "amq.fanout", "k") == (403, refused("exchange", "amq.fanout", user))
     assert channel_error(publish_sync, connection.channel(), "amq.direct", "k") == (
         403, refused("exchange", "amq.direct", user))
 
 
-def test_without_permissions_on_a_vhost_a_user_cannot_open_it(live, users):
+def test_without_permissions_on_a_vhost_a_user_cannot_open_it(api, users):
     user = users.make()
-    live.admin(lambda b: b.clear_permissions(user, "/"))
+    assert api.delete("/api/permissions/%2F/" + user).status == 204
     with pytest.raises(ProbableAccessDeniedError) as info:
         users.connect(user)
     assert "NOT_ALLOWED - access to vhost '/' refused for user '%s'" % user in str(info.value)
 
 
-def test_topic_grants_are_cached_per_channel_too(live, users):
+def test_topic_grants_are_cached_per_channel_too(users):
     user = users.make()
-    live.admin(lambda b: b.set_topic_permissions(user, "/", "amq.topic", "^a", ".*"))
+    users.topic(user, "amq.topic", "^a", ".*")
     connection = users.connect(user)
     ch = connection.channel()
     publish_sync(ch, "amq.topic", "a.1")
-    live.admin(lambda b: b.set_topic_permissions(user, "/", "amq.topic", "^b", ".*"))
+    users.topic(user, "amq.topic", "^b", ".*")
     publish_sync(ch, "amq.topic", "a.1")
     assert channel_error(publish_sync, ch, "amq.topic", "a.2") == (403, topic_refused("a.2", "amq.topic", user))
     assert channel_error(publish_sync, connection.channel(), "amq.topic", "a.1") == (

@@ -2,37 +2,55 @@
 to which queue or exchange (priority, pattern, apply-to), re-evaluation when
 policies change and when queues and exchanges are declared, alternate-exchange
 by policy end to end (the argument wins), and durability across a restart of
-a broker process. (How a queue honours its policy's TTL, limits and DLX is
-tested with that queue feature.)
+a broker process, all through the management API of a broker process. (How
+a queue honours its policy's TTL, limits and DLX is tested with that queue
+feature.)
 """
 from __future__ import annotations
 
-import re
+import html
 
 import pytest
 
 from helpers import connect, publish_sync, unique
-from live_broker import LiveBroker
+from http_api import Api
 from storage.definitions import DefinitionStore
 from vhosts import Broker
 
 
+def set_policy(api, name: str, pattern: str, definition, priority: int = 0, apply_to: str = "all"):
+    return api.put("/api/policies/%2F/" + name, {"pattern": pattern, "definition": definition,
+                                                 "priority": priority, "apply-to": apply_to})
+
+
+def put_policy(api, *args, **kwargs) -> None:
+    assert set_policy(api, *args, **kwargs).status in (201, 204)
+
+
 @pytest.fixture
-def prefix(live):
+def prefix(api):
     """A fresh name prefix; the policies set under it are cleared afterwards."""
     name = unique("p")
     yield name
-    for policy in live.admin(lambda b: b.list_policies("/")):
-        if policy.name.startswith(name):
-            live.admin(lambda b: b.clear_policy("/", policy.name))
+    for policy in api.get("/api/policies/%2F").body:
+        if policy["name"].startswith(name):
+            api.delete("/api/policies/%2F/" + policy["name"])
 
 
-def queue_policy(live, name: str):
-    return live.admin(lambda b: b.vhosts["/"].queues[name].policy)
+def queue_policy(api, name: str):
+    """The definition of the policy that applies to queue `name` (None: none)."""
+    return api.get("/api/queues/%2F/" + name).body["effective_policy_definition"] or None
 
 
-def exchange_policy(live, name: str):
-    return live.admin(lambda b: b.vhosts["/"].exchanges[name].policy)
+def exchange_policy(api, name: str):
+    policy = api.get("/api/exchanges/%2F/" + name).body.get("policy")
+    return api.get("/api/policies/%2F/" + policy).body["definition"] if policy else None
+
+
+def validation_failed(reply, reason: str) -> bool:
+    """RabbitMQ's answer to an invalid policy (its reason escaped for HTML)."""
+    return (reply.status, reply.body) == (
+        400, {"error": "bad_request", "reason": "Validation failed\n\n%s\n" % html.escape(reason, quote=False)})
 
 
 @pytest.mark.parametrize("definition, reason", [
@@ -49,63 +67,59 @@ def exchange_policy(live, name: str):
     ({"delivery-limit": "x"}, '<<"x">> is not a valid delivery limit'),
     ({"delivery-limit": True}, "true is not a valid delivery limit"),
 ])
-def test_definitions_are_validated_with_rabbitmqctls_reasons(live, prefix, definition, reason):
-    with pytest.raises(ValueError, match="^%s$" % re.escape(reason)):
-        live.admin(lambda b: b.set_policy("/", prefix, "^x", definition))
-    assert not [p for p in live.admin(lambda b: b.list_policies("/")) if p.name == prefix]
+def test_definitions_are_validated_with_rabbitmqctls_reasons(api, prefix, definition, reason):
+    assert validation_failed(set_policy(api, prefix, "^x", definition), reason)
+    assert api.get("/api/policies/%2F/" + prefix).status == 404
 
 
-def test_rabbitmq_keys_without_effect_in_hutch_are_accepted(live, prefix):
+def test_rabbitmq_keys_without_effect_in_hutch_are_accepted(api, prefix):
     """So that RabbitMQ definitions with mirroring or lazy-queue policies import."""
-    live.admin(lambda b: b.set_policy("/", prefix, "^" + prefix, {"ha-mode": "all", "queue-mode": "lazy"}))
-    assert [p.definition for p in live.admin(lambda b: b.list_policies("/")) if p.name == prefix] == [
-        {"ha-mode": "all", "queue-mode": "lazy"}]
+    put_policy(api, prefix, "^" + prefix, {"ha-mode": "all", "queue-mode": "lazy"})
+    assert api.get("/api/policies/%2F/" + prefix).body["definition"] == {"ha-mode": "all", "queue-mode": "lazy"}
 
 
-def test_apply_to_and_pattern_are_validated(live, prefix):
-    with pytest.raises(ValueError, match="apply-to 'bogus' unrecognised; should be 'queues', 'exchanges' or 'all'"):
-        live.admin(lambda b: b.set_policy("/", prefix, "^x", {"max-length": 1}, apply_to="bogus"))
-    with pytest.raises(ValueError, match="pattern should be regular expression but is invalid"):
-        live.admin(lambda b: b.set_policy("/", prefix, "(", {"max-length": 1}))
-    with pytest.raises(LookupError, match="Parameter does not exist"):
-        live.admin(lambda b: b.clear_policy("/", prefix + "-missing"))
+def test_apply_to_and_pattern_are_validated(api, prefix):
+    assert validation_failed(set_policy(api, prefix, "^x", {"max-length": 1}, apply_to="bogus"),
+                             "apply-to 'bogus' unrecognised; should be 'queues', 'exchanges' or 'all'")
+    reply = set_policy(api, prefix, "(", {"max-length": 1})
+    assert reply.status == 400 and "pattern should be regular expression but is invalid" in reply.body["reason"]
+    assert api.delete("/api/policies/%2F/" + prefix + "-missing").status == 404
 
 
-def test_the_highest_priority_matching_policy_applies_and_follows_changes(live, prefix):
-    channel = connect(live.port).channel()
+def test_the_highest_priority_matching_policy_applies_and_follows_changes(api, broker, prefix):
+    channel = connect(broker.port).channel()
     q = prefix + "-q"
     channel.queue_declare(q, exclusive=True)
-    assert queue_policy(live, q) is None
-    live.admin(lambda b: b.set_policy("/", prefix + "-low", "^" + prefix, {"max-length": 1}, priority=1))
-    assert queue_policy(live, q) == {"max-length": 1}  # an existing queue gets it at once
-    live.admin(lambda b: b.set_policy("/", prefix + "-high", "q$", {"message-ttl": 5}, priority=2))
-    assert queue_policy(live, q) == {"message-ttl": 5}  # one policy, not a merge
+    assert queue_policy(api, q) is None
+    put_policy(api, prefix + "-low", "^" + prefix, {"max-length": 1}, priority=1)
+    assert queue_policy(api, q) == {"max-length": 1}  # an existing queue gets it at once
+    put_policy(api, prefix + "-high", "q$", {"message-ttl": 5}, priority=2)
+    assert queue_policy(api, q) == {"message-ttl": 5}  # one policy, not a merge
     other = prefix + "-other"
     channel.queue_declare(other, exclusive=True)
-    assert queue_policy(live, other) == {"max-length": 1}  # a new queue gets its policy when declared
-    live.admin(lambda b: b.set_policy("/", prefix + "-high", "q$", {"message-ttl": 5}, priority=0))
-    assert queue_policy(live, q) == {"max-length": 1}
-    live.admin(lambda b: b.clear_policy("/", prefix + "-low"))
-    assert queue_policy(live, q) == {"message-ttl": 5}
-    live.admin(lambda b: b.clear_policy("/", prefix + "-high"))
-    assert queue_policy(live, q) is None
+    assert queue_policy(api, other) == {"max-length": 1}  # a new queue gets its policy when declared
+    put_policy(api, prefix + "-high", "q$", {"message-ttl": 5}, priority=0)
+    assert queue_policy(api, q) == {"max-length": 1}
+    api.delete("/api/policies/%2F/" + prefix + "-low")
+    assert queue_policy(api, q) == {"message-ttl": 5}
+    api.delete("/api/policies/%2F/" + prefix + "-high")
+    assert queue_policy(api, q) is None
 
 
-def test_apply_to_chooses_queues_or_exchanges(live, prefix):
-    channel = connect(live.port).channel()
+def test_apply_to_chooses_queues_or_exchanges(api, broker, prefix):
+    channel = connect(broker.port).channel()
     channel.queue_declare(prefix, exclusive=True)
     channel.exchange_declare(prefix, "direct", auto_delete=True)
-    live.admin(lambda b: b.set_policy("/", prefix + "-x", "^" + prefix, {"alternate-exchange": "ae"},
-                                      priority=5, apply_to="exchanges"))
-    live.admin(lambda b: b.set_policy("/", prefix + "-q", "^" + prefix, {"max-length": 3}, apply_to="queues"))
-    assert exchange_policy(live, prefix) == {"alternate-exchange": "ae"}
-    assert queue_policy(live, prefix) == {"max-length": 3}
-    live.admin(lambda b: b.set_policy("/", prefix + "-all", "^" + prefix, {"message-ttl": 1}, priority=9))
-    assert exchange_policy(live, prefix) == queue_policy(live, prefix) == {"message-ttl": 1}
+    put_policy(api, prefix + "-x", "^" + prefix, {"alternate-exchange": "ae"}, priority=5, apply_to="exchanges")
+    put_policy(api, prefix + "-q", "^" + prefix, {"max-length": 3}, apply_to="queues")
+    assert exchange_policy(api, prefix) == {"alternate-exchange": "ae"}
+    assert queue_policy(api, prefix) == {"max-length": 3}
+    put_policy(api, prefix + "-all", "^" + prefix, {"message-ttl": 1}, priority=9)
+    assert exchange_policy(api, prefix) == queue_policy(api, prefix) == {"message-ttl": 1}
 
 
-def test_alternate_exchange_by_policy_and_the_argument_wins(live, prefix):
-    channel = connect(live.port).channel()
+def test_alternate_exchange_by_policy_and_the_argument_wins(api, broker, prefix):
+    channel = connect(broker.port).channel()
     by_policy, by_argument = prefix + "-q1", prefix + "-q2"
     for q in (by_policy, by_argument):
         channel.queue_declare(q, exclusive=True)
@@ -115,30 +129,27 @@ def test_alternate_exchange_by_policy_and_the_argument_wins(live, prefix):
     channel.exchange_declare(plain, "direct")
     with_argument = prefix + "-xa"
     channel.exchange_declare(with_argument, "direct", arguments={"alternate-exchange": by_argument + "-ae"})
-    live.admin(lambda b: b.set_policy("/", prefix, "^" + prefix + "-x", {"alternate-exchange": by_policy + "-ae"},
-                                      apply_to="exchanges"))
+    put_policy(api, prefix, "^" + prefix + "-x", {"alternate-exchange": by_policy + "-ae"}, apply_to="exchanges")
     publish_sync(channel, plain, "unroutable")
     publish_sync(channel, with_argument, "unroutable")
     assert channel.queue_declare(by_policy, passive=True).method.message_count == 1
     assert channel.queue_declare(by_argument, passive=True).method.message_count == 1
-    live.admin(lambda b: b.clear_policy("/", prefix))
+    api.delete("/api/policies/%2F/" + prefix)
     publish_sync(channel, plain, "unroutable")
     assert channel.queue_declare(by_policy, passive=True).method.message_count == 1
     channel.exchange_delete(plain)
     channel.exchange_delete(with_argument)
 
 
-def test_policies_survive_a_restart(tmp_path, start_broker):
-    live = LiveBroker(str(tmp_path / "data"))
-    try:
-        channel = connect(live.port).channel()
-        channel.queue_declare("kept", durable=True)
-        channel.exchange_declare("ae", "fanout", durable=True)
-        channel.queue_bind("kept", "ae")
-        live.admin(lambda b: b.set_policy("/", "ae-policy", "^x", {"alternate-exchange": "ae"}, 3, "exchanges"))
-    finally:
-        live.stop()
-    proc = start_broker("--data-dir", str(tmp_path / "data"))
+def test_policies_survive_a_restart(start_broker):
+    first = start_broker(expect=("AMQP", "HTTP"))
+    channel = connect(first.port).channel()
+    channel.queue_declare("kept", durable=True)
+    channel.exchange_declare("ae", "fanout", durable=True)
+    channel.queue_bind("kept", "ae")
+    put_policy(Api(first.ports["HTTP"]), "ae-policy", "^x", {"alternate-exchange": "ae"}, 3, "exchanges")
+    first.stop()
+    proc = start_broker("--data-dir", str(first.data_dir))
     channel = connect(proc.port).channel()
     channel.exchange_declare("x", "direct")  # declared after the restart: the stored policy applies
     publish_sync(channel, "x", "unroutable")

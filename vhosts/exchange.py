@@ -13,6 +13,9 @@ PREDECLARED = (
     ("amq.headers", "headers"),
     ("amq.match", "headers"),
 )
+# The firehose's exchange (RabbitMQ's trace_on): predeclared too, internal,
+# so only the broker publishes to it (amqp_server.firehose).
+TRACE_EXCHANGE = "amq.rabbitmq.trace"
 
 
 class Exchange:

@@ -57,7 +57,7 @@ from vhosts.errors import (
     fmt_value,
 )
 from vhosts.delayed import DELAYED, Delayer, check_delayed_type, delay_of
-from vhosts.exchange import PREDECLARED, Exchange
+from vhosts.exchange import PREDECLARED, TRACE_EXCHANGE, Exchange
 from vhosts.move import move
 from vhosts.policies import Policy, matching
 from vhosts.queue import DURABLE_PENDING, REJECTED, Queue
@@ -140,6 +140,9 @@ class VirtualHost:
         self.churn = Churn()  # the broker's, once it adopts this vhost
         for xname, xtype in PREDECLARED:
             self.exchanges[xname] = Exchange(xname, xtype, durable=True, builtin=True)
+        self.exchanges[TRACE_EXCHANGE] = Exchange(TRACE_EXCHANGE, "topic", durable=True, internal=True, builtin=True)
+        # The firehose is on (amqp_server.firehose); not kept across restarts, as in RabbitMQ.
+        self.tracing = False
 
     # -- lookups -------------------------------------------------------------
 

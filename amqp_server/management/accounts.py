@@ -29,16 +29,38 @@ def vhost(req) -> dict:
     return shapes.vhost(req.node.sampler, found, shapes.unacked_by_queue(connections), connections)
 
 
+def _tracing(value) -> bool | None:
+    """RabbitMQ's "tracing": a boolean (or "true"/"false"); None: unchanged."""
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    if value is not None and not isinstance(value, bool):
+        raise bad_request("tracing must be a boolean")
+    return value
+
+
 def put_vhost(req):
     """Description, tags and default queue type are accepted and not kept;
-    tracing (the firehose) is refused: hutch does not implement it."""
-    if req.body().get("tracing") is True:
-        raise bad_request("tracing is not supported by hutch")
+    "tracing" turns the firehose on or off (amqp_server.firehose), absent
+    leaves it as it is."""
+    tracing = _tracing(req.body().get("tracing"))
     name = req.params["vhost"]
-    if name in req.broker.vhosts:
-        return NO_CONTENT
-    req.broker.add_vhost(name)
-    return CREATED
+    existed = name in req.broker.vhosts
+    found = req.broker.add_vhost(name)
+    if tracing is not None:
+        found.tracing = tracing
+    return NO_CONTENT if existed else CREATED
+
+
+def put_trace(req):
+    """hutch's PUT /api/hutch/trace/{vhost} {"enabled": bool}: trace_on / trace_off."""
+    found = req.broker.vhosts.get(req.params["vhost"])
+    if found is None:
+        raise not_found()
+    enabled = req.body().get("enabled")
+    if not isinstance(enabled, bool):
+        raise bad_request("[{key_missing,enabled}]" if enabled is None else "enabled must be a boolean")
+    found.tracing = enabled
+    return NO_CONTENT
 
 
 def delete_vhost(req):

@@ -1,14 +1,18 @@
 """Definitions export and import in RabbitMQ's format (GET/POST /api/definitions).
 
 Export lists users (with their salted SHA-256 hashes, RabbitMQ's default
-scheme, so they log in wherever the file is imported), vhosts, permissions,
-non-exclusive queues, exchanges other than the predeclared ones, and the
-explicit bindings. Import accepts hutch's own export and RabbitMQ's: every
-entry is checked before anything is changed, then applied in the order
-RabbitMQ uses (users, vhosts, permissions, exchanges, queues, bindings)
-through the same domain calls as AMQP, each durable change in its own store
-transaction. Sections hutch has no store for yet (policies, parameters,
-topic permissions, limits) are accepted and reported in the log, not kept.
+scheme, so they log in wherever the file is imported, and their limits),
+vhosts, permissions, topic permissions, vhost limits (as RabbitMQ exports
+them: a "parameters" entry of component "vhost-limits" named "limits"),
+policies, non-exclusive queues, exchanges other than the predeclared ones,
+and the explicit bindings. Import accepts hutch's own export and
+RabbitMQ's: every entry is checked before anything is changed, then applied
+in the order RabbitMQ uses (users, vhosts, permissions, topic permissions,
+parameters, policies, then exchanges, queues, bindings) through the same
+domain calls as AMQP and the management API, each durable change in its own
+store transaction. Global parameters and parameters of other components
+(federation, shovels: plugins hutch does not have) are accepted and
+reported in the log, not kept.
 """
 from __future__ import annotations
 
@@ -16,16 +20,17 @@ import logging
 
 from routing import Destination
 from vhosts.errors import AMQPError
-from vhosts.users import Permission, hash_password
+from vhosts.policies import Policy
+from vhosts.users import USER_LIMITS, VHOST_LIMITS, Permission, check_limits, check_pattern, hash_password
 
-from amqp_server.management import accounts, resources
+from amqp_server.management import accounts, policies, resources, topic_permissions
 from amqp_server.management.errors import ApiError, bad_request
 from amqp_server.management.http import NO_CONTENT
 from amqp_server.management.node import COMPATIBLE_VERSION
 
 log = logging.getLogger("hutch.management")
 
-IGNORED_SECTIONS = ("policies", "parameters", "global_parameters", "topic_permissions")
+VHOST_LIMITS_COMPONENT = "vhost-limits"
 
 
 def _queues(v, with_vhost: bool) -> list[dict]:
@@ -66,6 +71,17 @@ def _without_vhost(item: dict) -> dict:
     return {key: value for key, value in item.items() if key != "vhost"}
 
 
+def _parameters(v) -> list[dict]:
+    """A vhost's limits, as RabbitMQ exports them."""
+    if not v.limits:
+        return []
+    return [{"value": dict(v.limits), "vhost": v.name, "component": VHOST_LIMITS_COMPONENT, "name": "limits"}]
+
+
+def _policies(v) -> list[dict]:
+    return [policies.shape(v.policies[name]) for name in sorted(v.policies)]
+
+
 def export_all(broker) -> dict:
     users = [broker.users[name] for name in sorted(broker.users)]
     vhosts = [broker.vhosts[name] for name in sorted(broker.vhosts)]
@@ -75,15 +91,17 @@ def export_all(broker) -> dict:
         "product_name": "hutch",
         "product_version": COMPATIBLE_VERSION,
         "users": [{"name": u.name, "password_hash": u.password_hash,
-                   "hashing_algorithm": "rabbit_password_hashing_sha256", "tags": list(u.tags), "limits": {}}
+                   "hashing_algorithm": "rabbit_password_hashing_sha256", "tags": list(u.tags),
+                   "limits": dict(u.limits)}
                   for u in users],
         "vhosts": [{"name": v.name} for v in vhosts],
         "permissions": [{"user": u.name, "vhost": name, "configure": p.configure, "write": p.write, "read": p.read}
                         for u in users for name, p in sorted(u.permissions.items())],
-        "topic_permissions": [],
-        "parameters": [],
+        "topic_permissions": [topic_permissions.shape(u.name, vhost, rule)
+                              for u in users for (vhost, _x), rule in sorted(u.topic_permissions.items())],
+        "parameters": [item for v in vhosts for item in _parameters(v)],
         "global_parameters": [],
-        "policies": [],
+        "policies": [item for v in vhosts for item in _policies(v)],
         "queues": [item for v in vhosts for item in _queues(v, True)],
         "exchanges": [item for v in vhosts for item in _exchanges(v, True)],
         "bindings": [item for v in vhosts for item in _bindings(v, True)],
@@ -93,8 +111,8 @@ def export_all(broker) -> dict:
 def export_vhost(v) -> dict:
     return {
         "rabbit_version": COMPATIBLE_VERSION,
-        "parameters": [],
-        "policies": [],
+        "parameters": _parameters(v),
+        "policies": _policies(v),
         "queues": _queues(v, False),
         "exchanges": _exchanges(v, False),
         "bindings": _bindings(v, False),
@@ -129,11 +147,12 @@ def _text(item: dict, key: str, default: str | None = None) -> str:
 def _check(body: dict, vhost_name: str | None, known_vhosts: set) -> dict:
     """Every section as a list of plain entries, or 400 before any change."""
     checked = {name: _section(body, name) for name in
-               ("users", "vhosts", "permissions", "exchanges", "queues", "bindings")}
+               ("users", "vhosts", "permissions", "topic_permissions", "parameters", "policies", "exchanges",
+                "queues", "bindings")}
     if vhost_name is not None:
-        for name in ("exchanges", "queues", "bindings"):
+        for name in ("parameters", "policies", "exchanges", "queues", "bindings"):
             checked[name] = [dict(item, vhost=vhost_name) for item in checked[name]]
-        checked["users"] = checked["vhosts"] = checked["permissions"] = []
+        checked["users"] = checked["vhosts"] = checked["permissions"] = checked["topic_permissions"] = []
     vhosts = known_vhosts | {_text(item, "name") for item in checked["vhosts"]}
     for user in checked["users"]:
         _text(user, "name")
@@ -142,7 +161,13 @@ def _check(body: dict, vhost_name: str | None, known_vhosts: set) -> dict:
             accounts.imported_hash(user)
         elif "password" in user:
             _text(user, "password")
-    for name in ("permissions", "exchanges", "queues", "bindings"):
+        _valid(check_limits, user.get("limits") or {}, USER_LIMITS)
+    ignored = [item for item in checked["parameters"] if item.get("component") != VHOST_LIMITS_COMPONENT]
+    if ignored:
+        log.warning("definitions import: parameters of %s not imported (hutch has no such plugins)",
+                    ", ".join(sorted({str(item.get("component")) for item in ignored})))
+    checked["parameters"] = [item for item in checked["parameters"] if item not in ignored]
+    for name in ("permissions", "topic_permissions", "parameters", "policies", "exchanges", "queues", "bindings"):
         for item in checked[name]:
             target = item.get("vhost")
             if target not in vhosts:
@@ -150,6 +175,21 @@ def _check(body: dict, vhost_name: str | None, known_vhosts: set) -> dict:
     for item in checked["permissions"]:
         for key in ("user", "configure", "write", "read"):
             _text(item, key)
+    for item in checked["topic_permissions"]:
+        for key in ("user", "exchange", "write", "read"):
+            _text(item, key)
+        for key in ("write", "read"):
+            _valid(check_pattern, item[key])
+    for item in checked["parameters"]:
+        value = item.get("value")
+        if value == []:  # how RabbitMQ exports limits that were all cleared
+            item["value"] = value = {}
+        if not isinstance(value, dict):
+            raise bad_request("vhost-limits value must be an object")
+        _valid(check_limits, value, VHOST_LIMITS)
+    for item in checked["policies"]:
+        _valid(Policy, item["vhost"], _text(item, "name"), _text(item, "pattern"), item.get("definition"),
+               item.get("priority", 0), item.get("apply-to", "all"))
     for item in checked["exchanges"] + checked["queues"]:
         _text(item, "name")
         resources.arguments_of(item)
@@ -163,24 +203,46 @@ def _check(body: dict, vhost_name: str | None, known_vhosts: set) -> dict:
     return checked
 
 
+def _valid(check, *args) -> None:
+    """Run a domain validation; its ValueError is a 400 with its reason."""
+    try:
+        check(*args)
+    except ValueError as exc:
+        raise bad_request(str(exc)) from None
+
+
+def _known_user(broker, name: str) -> str:
+    if name not in broker.users:
+        raise bad_request("[no_such_user,%s]" % name)
+    return name
+
+
 def apply(broker, body: dict, vhost_name: str | None = None) -> None:
     """Import `body` (a definitions document) into `broker`."""
     checked = _check(body, vhost_name, set(broker.vhosts))
-    ignored = [name for name in IGNORED_SECTIONS if body.get(name)]
-    if ignored:
-        log.warning("definitions import: %s not imported (hutch does not store them yet)", ", ".join(ignored))
+    if body.get("global_parameters"):
+        log.warning("definitions import: global_parameters not imported (hutch has none)")
     for user in checked["users"]:
         if "password_hash" in user:
             password_hash = accounts.imported_hash(user)
         else:
             password_hash = hash_password(user["password"]) if "password" in user else ""
         broker.put_user(user["name"], password_hash, accounts.tags_from(user.get("tags", [])))
+        if user.get("limits"):
+            broker.set_user_limits(user["name"], user["limits"])
     for item in checked["vhosts"]:
         broker.add_vhost(item["name"])
     for item in checked["permissions"]:
-        if item["user"] not in broker.users:
-            raise bad_request("[no_such_user,%s]" % item["user"])
-        broker.set_permissions(item["user"], item["vhost"], Permission(item["configure"], item["write"], item["read"]))
+        broker.set_permissions(_known_user(broker, item["user"]), item["vhost"],
+                               Permission(item["configure"], item["write"], item["read"]))
+    for item in checked["topic_permissions"]:
+        broker.set_topic_permissions(_known_user(broker, item["user"]), item["vhost"], item["exchange"],
+                                     item["write"], item["read"])
+    for item in checked["parameters"]:
+        broker.set_vhost_limits(item["vhost"], item["value"])
+    for item in checked["policies"]:
+        broker.set_policy(item["vhost"], item["name"], item["pattern"], item["definition"], item.get("priority", 0),
+                          item.get("apply-to", "all"))
     try:
         for item in checked["exchanges"]:
             broker.vhosts[item["vhost"]].declare_exchange(

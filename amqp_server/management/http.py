@@ -25,6 +25,7 @@ import logging
 from urllib.parse import parse_qsl, unquote
 
 from aiohttp import web
+from vhosts.access import Access
 
 from amqp_server.management import access
 from amqp_server.management.errors import NOT_FOUND_BODY, ApiError
@@ -79,6 +80,12 @@ class ApiRequest:
     def vhost(self, name: str):
         """The named vhost if it exists and the user may use it (`access.vhost`)."""
         return access.vhost(self, name)
+
+    def access(self, vhost) -> Access:
+        """The user's permission checks in `vhost`, for the domain calls that
+        take them: an HTTP operation is checked as its AMQP method is. One
+        per request, so no grant outlives the request."""
+        return Access(self.user, vhost.name)
 
 
 def _json_default(value):

@@ -12,14 +12,17 @@ import asyncio
 import base64
 import binascii
 import datetime
+import itertools
 import struct
 
 from pamqp import commands, header
 from storage import Message
-from vhosts.errors import NOT_FOUND, PRECONDITION_FAILED, AMQPError
+from vhosts.errors import ACCESS_REFUSED, NOT_FOUND, PRECONDITION_FAILED, AMQPError
 
+from amqp_server import NODE, firehose
 from amqp_server.channel import check_properties
-from amqp_server.management.errors import ApiError, amqp_errors_as_http, bad_request, missing_keys
+from amqp_server.management.errors import (ApiError, amqp_errors_as_http, bad_request, missing_keys,
+                                           not_authorised)
 from amqp_server.management.http import NO_CONTENT
 from amqp_server.management.resources import exchange_name, find_queue
 
@@ -48,16 +51,28 @@ class _HttpPublisher:
 
 
 _PUBLISHER = _HttpPublisher()
+_requests = itertools.count(1)
+
+
+def _origin(req) -> firehose.Origin:
+    """Who publishes or gets through the API, for the firehose: RabbitMQ
+    names the internal connection of each request by its Erlang pid."""
+    return firehose.Origin("<%s.1.%d.0>" % (NODE, next(_requests)), 1, req.user.name)
 
 
 def _queue_to_get(req):
-    """The queue of a get, refused as basic.get on a channel would be."""
+    """The queue of a get, refused as basic.get on a channel would be
+    (a denied read is RabbitMQ's 401 with the channel's reply text)."""
     v = req.vhost(req.params["vhost"])
     try:
-        return v, v.queue(req.params["name"], None)
+        queue = v.queue(req.params["name"], None)
+        req.access(v).check("queue", queue.name, "read")
+        return v, queue
     except AMQPError as exc:
         if exc.reply_code == NOT_FOUND:
             raise ApiError(404, "not_found", exc.reply_text) from None
+        if exc.reply_code == ACCESS_REFUSED:
+            raise not_authorised(exc.reply_text) from None
         raise channel_error(exc) from None
 
 
@@ -91,15 +106,18 @@ async def get_messages(req) -> list:
     count = _positive_int(body, "count")
     truncate = _positive_int(body, "truncate") if body.get("truncate") is not None else None
     v, queue = _queue_to_get(req)
+    origin = _origin(req)
     taken, out = [], []
     for _ in range(count):
         entry = await _fetch(queue)
         if entry is None:
             break
+        if v.tracing:
+            firehose.delivered(v, origin, queue, entry)
         taken.append(entry)
         queue.stats.get += 1
         v.stats.get += 1
-        out.append(_rendered(entry, queue.message_count, body["encoding"], truncate))
+        out.append(rendered(entry, queue.message_count, body["encoding"], truncate))
     if taken:
         if ACK_MODES[body["ackmode"]]:
             queue.requeue(taken)
@@ -108,7 +126,7 @@ async def get_messages(req) -> list:
     return out
 
 
-def _rendered(entry, message_count: int, encoding: str, truncate: int | None) -> dict:
+def rendered(entry, message_count: int, encoding: str, truncate: int | None) -> dict:
     message = entry.message
     payload = message.body if truncate is None else message.body[:truncate]
     text = None
@@ -145,7 +163,7 @@ def properties_json(props):
 def purge(req):
     v, queue = find_queue(req)
     with amqp_errors_as_http():
-        v.purge_queue(queue.name, None)
+        v.purge_queue(queue.name, None, access=req.access(v))
     return NO_CONTENT
 
 
@@ -205,7 +223,10 @@ def publish(req) -> dict:
     props = _properties(body["properties"])
     limit = req.node.config.max_message_size
     try:
-        v.check_publish(exchange)
+        checks = req.access(v)
+        checks.publish(exchange)
+        x = v.check_publish(exchange)
+        checks.topic(x, routing_key, "write")
         if len(payload) > limit:
             raise AMQPError(PRECONDITION_FAILED, "message size %d is larger than configured max size %d"
                             % (len(payload), limit))
@@ -217,6 +238,8 @@ def publish(req) -> dict:
     except (TypeError, ValueError, OverflowError, struct.error) as exc:
         raise bad_request("invalid properties: %s" % exc) from None
     message = Message(exchange, routing_key, content, payload)
+    if v.tracing:
+        firehose.published(v, _origin(req), message, [routing_key], props.headers)
     reached, _waits, _rejected = v.publish(message, [routing_key], props.headers, _PUBLISHER)
     if not reached:
         v.stats.drop_unroutable += 1
@@ -224,9 +247,18 @@ def publish(req) -> dict:
 
 
 async def aliveness_test(req) -> dict:
-    """RabbitMQ's: declare aliveness-test, publish to it, get it back."""
+    """RabbitMQ's: declare aliveness-test, publish to it, get it back, with
+    the user's permissions (a refusal is 401 with the channel's text)."""
     v = req.vhost(req.params["vhost"])
-    queue = v.declare_queue("aliveness-test", None)
+    checks = req.access(v)
+    try:
+        queue = v.declare_queue("aliveness-test", None, access=checks)
+        checks.publish("")
+        checks.check("queue", queue.name, "read")
+    except AMQPError as exc:
+        if exc.reply_code == ACCESS_REFUSED:
+            raise not_authorised(exc.reply_text) from None
+        raise channel_error(exc) from None
     props = commands.Basic.Properties()
     content = header.ContentHeader(0, len(b"test_message"), props).marshal()
     v.publish(Message("", "aliveness-test", content, b"test_message"), ["aliveness-test"], None, _PUBLISHER)

@@ -43,7 +43,8 @@ def _exchange_list(req, vhosts) -> list[dict]:
     out = []
     for v in vhosts:
         out.append(shapes.default_exchange(v.name, req.user.name))
-        out += [shapes.exchange(v.exchanges[n], v.name, req.user.name) for n in sorted(v.exchanges)]
+        out += [shapes.exchange(v.exchanges[n], v.name, req.user.name, v.policy_for("exchange", n))
+                for n in sorted(v.exchanges)]
     return out
 
 
@@ -59,7 +60,7 @@ def exchange(req) -> dict:
     x = v.exchanges.get(name)
     if x is None:
         raise not_found()
-    out = shapes.exchange(x, v.name, req.user.name)
+    out = shapes.exchange(x, v.name, req.user.name, v.policy_for("exchange", name))
     out["incoming"] = []
     out["outgoing"] = []
     return out
@@ -90,22 +91,23 @@ def _bool(body: dict, key: str, default: bool) -> bool:
 
 
 def _declare(req, kind: str, declare) -> object:
-    """PUT of an exchange or queue: `declare(vhost, name, body)`; 201 when
-    it is new, 204 when it existed (and was equivalent)."""
+    """PUT of an exchange or queue: `declare(vhost, name, body, access)`
+    (configure permission, as the declare method); 201 when it is new, 204
+    when it existed (and was equivalent)."""
     v = _writable_vhost(req)
     body = req.body()
     name = req.params["name"]
     existed = name in (v.exchanges if kind == "exchange" else v.queues)
     with amqp_errors_as_http():
-        declare(v, name, body)
+        declare(v, name, body, req.access(v))
     return NO_CONTENT if existed else CREATED
 
 
 def put_exchange(req):
-    return _declare(req, "exchange", lambda v, name, body: v.declare_exchange(
+    return _declare(req, "exchange", lambda v, name, body, checks: v.declare_exchange(
         name, body.get("type", "direct"), durable=_bool(body, "durable", True),
         auto_delete=_bool(body, "auto_delete", False), internal=_bool(body, "internal", False),
-        arguments=arguments_of(body)))
+        arguments=arguments_of(body), access=checks))
 
 
 def delete_exchange(req):
@@ -114,7 +116,7 @@ def delete_exchange(req):
     if name not in v.exchanges:
         raise not_found()
     with amqp_errors_as_http():
-        v.delete_exchange(name, if_unused=_flag(req.query, "if-unused"))
+        v.delete_exchange(name, if_unused=_flag(req.query, "if-unused"), access=req.access(v))
     return NO_CONTENT
 
 
@@ -126,7 +128,8 @@ def _queue_list(req, vhosts) -> list[dict]:
     unacked = shapes.unacked_by_queue(connections)
     unacked_bytes = shapes.unacked_bytes_by_queue(connections)
     consumers = shapes.consumers_by_queue(connections)
-    return [shapes.queue(req.node.sampler, q, unacked[q], unacked_bytes[q], consumers.get(q, []))
+    return [shapes.queue(req.node.sampler, q, unacked[q], unacked_bytes[q], consumers.get(q, []),
+                         v.policy_for("queue", q.name))
             for v in vhosts for q in (v.queues[n] for n in sorted(v.queues))]
 
 
@@ -143,11 +146,11 @@ def find_queue(req):
 
 
 def queue(req) -> dict:
-    _v, q = find_queue(req)
+    v, q = find_queue(req)
     connections = req.node.connections
     consumers = shapes.consumers_by_queue(connections).get(q, [])
     out = shapes.queue(req.node.sampler, q, shapes.unacked_by_queue(connections)[q],
-                       shapes.unacked_bytes_by_queue(connections)[q], consumers)
+                       shapes.unacked_bytes_by_queue(connections)[q], consumers, v.policy_for("queue", q.name))
     out["consumer_details"] = [shapes.consumer(ch, c) for ch, c in consumers]
     out["deliveries"] = []
     out["incoming"] = []
@@ -158,15 +161,16 @@ def put_queue(req):
     size = len(req.params["name"].encode("utf-8"))
     if size > 255:  # a queue must be nameable in AMQP's short strings
         raise bad_request("queue should be less than 255 bytes, actually was %d\n" % size)
-    return _declare(req, "queue", lambda v, name, body: v.declare_queue(
+    return _declare(req, "queue", lambda v, name, body, checks: v.declare_queue(
         name, None, durable=_bool(body, "durable", True), auto_delete=_bool(body, "auto_delete", False),
-        arguments=arguments_of(body)))
+        arguments=arguments_of(body), access=checks))
 
 
 def delete_queue(req):
     v, q = find_queue(req)
     with amqp_errors_as_http():
-        v.delete_queue(q.name, None, if_unused=_flag(req.query, "if-unused"), if_empty=_flag(req.query, "if-empty"))
+        v.delete_queue(q.name, None, if_unused=_flag(req.query, "if-unused"), if_empty=_flag(req.query, "if-empty"),
+                       access=req.access(v))
     return NO_CONTENT
 
 
@@ -258,9 +262,9 @@ def add_binding(req):
     arguments = arguments_of(body)
     with amqp_errors_as_http():
         if dest.kind == "queue":
-            v.bind_queue(dest.name, source, key, arguments, None)
+            v.bind_queue(dest.name, source, key, arguments, None, access=req.access(v))
         else:
-            v.bind_exchange(dest.name, source, key, arguments)
+            v.bind_exchange(dest.name, source, key, arguments, access=req.access(v))
     return Created(shapes.properties_key(key, arguments))
 
 
@@ -283,6 +287,10 @@ def delete_binding(req):
     found = _binding(req)
     v = req.vhost(req.params["vhost"])
     with amqp_errors_as_http():
-        v.unbind(found["source"], Destination(found["destination_type"], found["destination"]),
-                 found["routing_key"], found["arguments"])
+        if found["destination_type"] == "queue":
+            v.unbind_queue(found["destination"], found["source"], found["routing_key"], found["arguments"], None,
+                           access=req.access(v))
+        else:
+            v.unbind_exchange(found["destination"], found["source"], found["routing_key"], found["arguments"],
+                              access=req.access(v))
     return NO_CONTENT

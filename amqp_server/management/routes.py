@@ -4,14 +4,13 @@ Patterns are tuples of path segments; "{name}" matches any one segment
 (percent-decoded). The first matching pattern wins, so fixed segments
 (`/api/users/without-permissions`) come before placeholders. The tag is
 the least a user needs (`access`); vhost visibility is checked by the
-handlers. Not here yet, built on other branches: policies, operator
-policies, parameters, global parameters, topic permissions, vhost and user
-limits (branch policyperm); hutch's peek and move operations (branch prio).
+handlers. Not here: operator policies, parameters and global parameters
+(hutch has none; vhost limits are reached through /api/vhost-limits).
 """
 from __future__ import annotations
 
-from amqp_server.management import (accounts, clients, definitions, health, operations, overview, resources,
-                                    watermark)
+from amqp_server.management import (accounts, clients, definitions, extensions, health, limits, operations, overview,
+                                    policies, resources, topic_permissions, watermark)
 from amqp_server.management.access import ADMINISTRATOR, MANAGEMENT, MONITORING
 
 M, MON, A = MANAGEMENT, MONITORING, ADMINISTRATOR
@@ -80,8 +79,30 @@ _TABLE = [
     ("/api/permissions", {"GET": (accounts.permissions, A)}),
     ("/api/permissions/{vhost}/{user}", {"GET": (accounts.permission, A), "PUT": (accounts.put_permission, A),
                                          "DELETE": (accounts.delete_permission, A)}),
+    ("/api/users/{user}/topic-permissions", {"GET": (topic_permissions.user_topic_permissions, A)}),
+    ("/api/topic-permissions", {"GET": (topic_permissions.topic_permissions, A)}),
+    ("/api/topic-permissions/{vhost}/{user}", {"GET": (topic_permissions.topic_permission, A),
+                                               "PUT": (topic_permissions.put_topic_permission, A),
+                                               "DELETE": (topic_permissions.delete_topic_permission, A)}),
+    ("/api/vhosts/{vhost}/topic-permissions", {"GET": (topic_permissions.vhost_topic_permissions, A)}),
+    # policies (the policymaker rule of single policies is in the handlers)
+    ("/api/policies", {"GET": (policies.policies, M)}),
+    ("/api/policies/{vhost}", {"GET": (policies.policies, M)}),
+    ("/api/policies/{vhost}/{name}", {"GET": (policies.policy, M), "PUT": (policies.put_policy, M),
+                                      "DELETE": (policies.delete_policy, M)}),
+    # limits
+    ("/api/vhost-limits", {"GET": (limits.vhost_limits, M)}),
+    ("/api/vhost-limits/{vhost}", {"GET": (limits.vhost_limits, M)}),
+    ("/api/vhost-limits/{vhost}/{name}", {"PUT": (limits.put_vhost_limit, A),
+                                          "DELETE": (limits.delete_vhost_limit, A)}),
+    ("/api/user-limits", {"GET": (limits.user_limits, M)}),
+    ("/api/user-limits/{user}", {"GET": (limits.user_limits, M)}),
+    ("/api/user-limits/{user}/{name}", {"PUT": (limits.put_user_limit, A), "DELETE": (limits.delete_user_limit, A)}),
     # hutch's extensions
     ("/api/hutch/vm-memory-high-watermark", {"PUT": (watermark.put_watermark, A)}),
+    ("/api/hutch/trace/{vhost}", {"PUT": (accounts.put_trace, A)}),
+    ("/api/queues/{vhost}/{name}/peek", {"GET": (extensions.peek, M)}),
+    ("/api/queues/{vhost}/{name}/move", {"POST": (extensions.move, M)}),
     # health
     ("/api/aliveness-test/{vhost}", {"GET": (operations.aliveness_test, M)}),
     ("/api/health/checks/alarms", {"GET": (health.ok, M)}),

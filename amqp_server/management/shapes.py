@@ -10,11 +10,11 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import platform
 from collections import Counter
 from urllib.parse import quote
 
-NODE = "hutch@" + platform.node()
+from amqp_server import NODE
+
 
 QUEUE_STATS = ("ack", "deliver", "deliver_get", "deliver_no_ack", "get", "get_empty", "get_no_ack", "publish",
                "redeliver")
@@ -99,7 +99,7 @@ def vhost(sampler, vhost, unacked: Counter, connections) -> dict:
         "metadata": {"description": "", "tags": []},
         "name": vhost.name,
         "tags": [],
-        "tracing": False,
+        "tracing": vhost.tracing,
         **counts(sampler, vhost, ready, held),
     }
     for key in ("recv_oct", "send_oct"):
@@ -117,7 +117,7 @@ def user(found) -> dict:
         "password_hash": found.password_hash,
         "hashing_algorithm": "rabbit_password_hashing_sha256",
         "tags": list(found.tags),
-        "limits": {},
+        "limits": dict(found.limits),
     }
 
 
@@ -129,8 +129,9 @@ def permission(user_name: str, vhost_name: str, found) -> dict:
 # -- exchanges, queues, bindings ------------------------------------------------
 
 
-def exchange(x, vhost_name: str, user_name: str) -> dict:
-    return {
+def exchange(x, vhost_name: str, user_name: str, policy=None) -> dict:
+    """`policy`: the `vhosts.policies.Policy` that applies, named only when one does."""
+    out = {
         "arguments": x.arguments,
         "auto_delete": x.auto_delete,
         "durable": x.durable,
@@ -140,6 +141,9 @@ def exchange(x, vhost_name: str, user_name: str) -> dict:
         "user_who_performed_action": user_name,
         "vhost": vhost_name,
     }
+    if policy is not None:
+        out["policy"] = policy.name
+    return out
 
 
 def default_exchange(vhost_name: str, user_name: str) -> dict:
@@ -147,7 +151,8 @@ def default_exchange(vhost_name: str, user_name: str) -> dict:
             "type": "direct", "user_who_performed_action": user_name, "vhost": vhost_name}
 
 
-def queue(sampler, q, unacked: int, unacked_bytes: int, consumers: list) -> dict:
+def queue(sampler, q, unacked: int, unacked_bytes: int, consumers: list, policy=None) -> dict:
+    """`policy`: the `vhosts.policies.Policy` that applies, if any."""
     states = q.backing.state_counts()
     ready = q.message_count
     exclusive_tag = next((c.tag for _ch, c in consumers if c.exclusive), None)
@@ -158,7 +163,7 @@ def queue(sampler, q, unacked: int, unacked_bytes: int, consumers: list) -> dict
         "consumer_capacity": 1.0 if q.consumers else 0,
         "consumer_utilisation": 1.0 if q.consumers else None,
         "durable": q.durable,
-        "effective_policy_definition": {},
+        "effective_policy_definition": dict(policy.definition) if policy is not None else {},
         "exclusive": q.exclusive_owner is not None,
         **_owner(q.exclusive_owner),
         "exclusive_consumer_tag": exclusive_tag,
@@ -174,7 +179,7 @@ def queue(sampler, q, unacked: int, unacked_bytes: int, consumers: list) -> dict
         "name": q.name,
         "node": NODE,
         "operator_policy": None,
-        "policy": None,
+        "policy": policy.name if policy is not None else None,
         "single_active_consumer_tag": None,
         "state": "running",
         "type": "classic",
@@ -226,9 +231,7 @@ def _arguments_hash(arguments: dict) -> str:
 
 def connection_name(connection) -> str:
     """RabbitMQ's "peer_host:peer_port -> host:port"."""
-    peer_host, peer_port = _peer(connection)
-    host, port = _local(connection)
-    return "%s:%d -> %s:%d" % (peer_host, peer_port, host, port)
+    return connection.name
 
 
 def _peer(connection) -> tuple[str, int]:

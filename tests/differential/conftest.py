@@ -9,8 +9,12 @@ from __future__ import annotations
 import os
 import socket
 
+from urllib.parse import urlparse
+
 import pika
 import pytest
+
+from http_api import call
 
 from .diffkit import run_scenario
 
@@ -51,6 +55,17 @@ def rabbitmq_url() -> str:
             pytest.fail(reason + " [CI is set, so this is a failure, not a skip]", pytrace=False)
         pytest.skip(reason)
     return url
+
+
+@pytest.fixture
+def rabbitmq_api(rabbitmq_url):
+    """(port, credentials) of the reference RabbitMQ's management API
+    ($DIFFERENTIAL_RABBITMQ_API, else http://127.0.0.1:15672)."""
+    url = urlparse(os.environ.get("DIFFERENTIAL_RABBITMQ_API") or "http://127.0.0.1:15672")
+    credentials = (urlparse(rabbitmq_url).username or "guest", urlparse(rabbitmq_url).password or "guest")
+    if call(url.port, "GET", "/api/overview", auth=credentials).status != 200:
+        pytest.skip("no RabbitMQ management API at %s" % url.geturl())
+    return url.port, credentials
 
 
 @pytest.fixture

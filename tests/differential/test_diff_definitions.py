@@ -3,9 +3,6 @@ into hutch, and the user created on RabbitMQ logs in to hutch with the
 password it was given there (its salted SHA-256 hash carried over)."""
 from __future__ import annotations
 
-import os
-from urllib.parse import urlparse
-
 import pika
 import pytest
 
@@ -13,16 +10,6 @@ from helpers import unique
 from http_api import call, segment
 
 pytestmark = pytest.mark.differential
-
-
-@pytest.fixture
-def rabbitmq_api(rabbitmq_url):
-    """(port, credentials) of the reference RabbitMQ's management API."""
-    url = urlparse(os.environ.get("DIFFERENTIAL_RABBITMQ_API") or "http://127.0.0.1:15672")
-    credentials = (urlparse(rabbitmq_url).username or "guest", urlparse(rabbitmq_url).password or "guest")
-    if call(url.port, "GET", "/api/overview", auth=credentials).status != 200:
-        pytest.skip("no RabbitMQ management API at %s" % url.geturl())
-    return url.port, credentials
 
 
 def test_rabbitmq_export_imports_into_hutch_and_users_log_in(rabbitmq_api, start_broker):

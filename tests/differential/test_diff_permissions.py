@@ -5,8 +5,8 @@ the same scenario, and every reply and error text must be the same.
 Patterns search names (RabbitMQ's semantics): scenario names are
 "diff-<hex run id>-<word>", so "[-]w" finds words starting with w, and so on (no leading dash: rabbitmqctl
 would read it as a flag).
-Users are made with rabbitmqctl on RabbitMQ and through the domain on hutch's
-`live` broker, and deleted from RabbitMQ afterwards.
+Users are made with rabbitmqctl on RabbitMQ and through the management API
+on hutch's session broker, and deleted from both afterwards.
 """
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ import subprocess
 import pytest
 
 from helpers import unique
-from vhosts.users import Permission
 
 from .diffkit import op, run_scenario
 
@@ -27,7 +26,7 @@ def rabbitmqctl(*args: str) -> None:
 
 
 @pytest.fixture
-def as_user(rabbitmq_url, live):
+def as_user(rabbitmq_url, api, broker):
     """as_user(configure, write, read, topic=None)(scenario) -> (hutch, RabbitMQ)
     observations of the scenario run by a new user with those permissions."""
     made = []
@@ -37,15 +36,17 @@ def as_user(rabbitmq_url, live):
         made.append(name)
         rabbitmqctl("add_user", name, "pw")
         rabbitmqctl("set_permissions", "-p", "/", name, configure, write, read)
-        live.admin(lambda b: b.add_user(name, "pw"))
-        live.admin(lambda b: b.set_permissions(name, "/", Permission(configure, write, read)))
+        api.put("/api/users/" + name, {"password": "pw", "tags": ""})
+        api.put("/api/permissions/%2F/" + name, {"configure": configure, "write": write, "read": read})
         if topic is not None:
             rabbitmqctl("set_topic_permissions", "-p", "/", name, *topic)
-            live.admin(lambda b: b.set_topic_permissions(name, "/", *topic))
+            exchange, write_keys, read_keys = topic
+            api.put("/api/topic-permissions/%2F/" + name, {"exchange": exchange, "write": write_keys,
+                                                          "read": read_keys})
         host = rabbitmq_url.split("@", 1)[1]
 
         def run(scenario: list) -> tuple[list, list]:
-            hutch = run_scenario("amqp://%s:pw@127.0.0.1:%d/" % (name, live.port), scenario)
+            hutch = run_scenario("amqp://%s:pw@127.0.0.1:%d/" % (name, broker.port), scenario)
             return hutch, run_scenario("amqp://%s:pw@%s" % (name, host), scenario)
 
         return run
@@ -53,6 +54,7 @@ def as_user(rabbitmq_url, live):
     yield make
     for name in made:
         rabbitmqctl("delete_user", name)
+        api.delete("/api/users/" + name)
 
 
 def test_write_and_read_permissions(as_user):

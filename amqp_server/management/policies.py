@@ -1,0 +1,80 @@
+"""Handlers for policies (RabbitMQ's /api/policies routes).
+
+Listing needs only the management tag and shows the policies of the vhosts
+the user may see; reading, setting or clearing one policy needs the
+policymaker (or administrator) tag and a permission in its vhost, refused
+with RabbitMQ's "User not authorised to access object". Changes go through
+`vhosts.Broker.set_policy` / `clear_policy`, which store them and apply
+them at once to existing queues and exchanges.
+"""
+from __future__ import annotations
+
+import html
+
+from amqp_server.management import access
+from amqp_server.management.errors import ApiError, bad_request, missing_keys, not_authorised, not_found
+from amqp_server.management.http import CREATED, NO_CONTENT
+from amqp_server.management.listing import present
+
+
+def shape(policy) -> dict:
+    return {"vhost": policy.vhost, "name": policy.name, "pattern": policy.pattern, "apply-to": policy.apply_to,
+            "definition": policy.definition, "priority": policy.priority}
+
+
+def policies(req) -> list:
+    name = req.params.get("vhost")
+    vhosts = access.visible_vhosts(req.user, req.broker) if name is None else [req.vhost(name)]
+    return present([shape(v.policies[p]) for v in vhosts for p in sorted(v.policies)], req.query)
+
+
+def _policy_vhost(req):
+    """The vhost of a single-policy route, for a policymaker with a
+    permission in it (a vhost that does not exist is the handler's 404)."""
+    name = req.params["vhost"]
+    if not access.has(req.user, access.POLICYMAKER) or (
+            name in req.broker.vhosts and name not in req.user.permissions):
+        raise not_authorised("User not authorised to access object")
+    return req.broker.vhosts.get(name)
+
+
+def policy(req) -> dict:
+    v = _policy_vhost(req)
+    found = v.policies.get(req.params["name"]) if v is not None else None
+    if found is None:
+        raise not_found()
+    return shape(found)
+
+
+def _priority(body: dict) -> int:
+    """RabbitMQ takes the priority as a number or a numeric string."""
+    value = body.get("priority", 0)
+    if isinstance(value, str) and value.lstrip("-").isdigit():
+        return int(value)
+    return value
+
+
+def put_policy(req):
+    v = _policy_vhost(req)
+    if v is None:
+        raise ApiError(404, "not_found", "vhost_not_found")
+    body = req.body()
+    missing_keys(body, ("pattern", "definition"))
+    name = req.params["name"]
+    existed = name in v.policies
+    if not isinstance(body["pattern"], str):
+        raise bad_request("Validation failed\n\npattern should be a string\n")
+    try:
+        req.broker.set_policy(v.name, name, body["pattern"], body["definition"], _priority(body),
+                              body.get("apply-to", "all"))
+    except ValueError as exc:  # RabbitMQ escapes this reason for HTML
+        raise bad_request("Validation failed\n\n%s\n" % html.escape(str(exc), quote=False)) from None
+    return NO_CONTENT if existed else CREATED
+
+
+def delete_policy(req):
+    v = _policy_vhost(req)
+    if v is None or req.params["name"] not in v.policies:
+        raise not_found()
+    req.broker.clear_policy(v.name, req.params["name"])
+    return NO_CONTENT
