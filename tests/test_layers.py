@@ -92,8 +92,9 @@ def check_source(source: str, module: str, filename: str, is_package: bool = Fal
 
 
 def project_packages() -> list[str]:
+    """Top-level packages (subpackages such as cli.hutchctl follow their parent's rule)."""
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    return config["tool"]["setuptools"]["packages"]
+    return sorted({name.split(".")[0] for name in config["tool"]["setuptools"]["packages"]})
 
 
 def python_files(package: str):
