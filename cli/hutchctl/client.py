@@ -7,6 +7,7 @@ exceptions below; `main` turns them into rabbitmqctl-style messages.
 from __future__ import annotations
 
 import base64
+import html
 import json
 import socket
 import urllib.error
@@ -70,7 +71,6 @@ class ManagementClient:
             url += "?" + urllib.parse.urlencode(query)
         request = urllib.request.Request(url, method=method)
         request.add_header("Authorization", self._authorization)
-        request.add_header("Accept", "application/json")
         for name, value in (headers or {}).items():
             request.add_header(name, value)
         data = None
@@ -106,7 +106,8 @@ def _api_error(exc: urllib.error.HTTPError) -> Exception:
     if not isinstance(payload, dict):
         payload = {}
     error = str(payload.get("error", exc.reason))
-    reason = str(payload.get("reason", error))
+    # RabbitMQ HTML-escapes the reason (`&lt;&lt;"a"&gt;&gt;` for <<"a">>)
+    reason = html.unescape(str(payload.get("reason", error))).strip()
     if exc.code == 401:
         return Refused(reason)
     return ApiError(exc.code, error, reason)

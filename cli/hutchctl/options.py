@@ -99,13 +99,16 @@ def parse(argv: list[str], command: Command | None) -> Invocation:
                 found.args.append(token)
             continue
         name, value = _split(token)
-        name = _SHORT.get(name, name)
-        if name in GENERAL:
+        # after the command name its own options win (delete_queue -u is --if-unused)
+        mine = own if found.command is not None else {}
+        if name not in mine:
+            name = _SHORT.get(name, name)
+        if name in mine:
+            takes_value = mine[name]
+            target, key = found.options, name
+        elif name in GENERAL:
             takes_value = GENERAL[name][1]
             target, key = found.general, name[2:]
-        elif name in own:
-            takes_value = own[name]
-            target, key = found.options, name
         else:
             unknown.append((name, value if value is not None else "true"))
             continue
