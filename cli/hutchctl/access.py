@@ -11,26 +11,12 @@ import sys
 
 from cli.hutchctl import exit_codes
 from cli.hutchctl.client import ApiError, path
-from cli.hutchctl.command import Command, Context, Failure, api_failure, error
+from cli.hutchctl.command import Command, Context, Failure, api_failure, attempt, error
 
 
 def _user(ctx: Context, name: str, missing: str) -> dict:
     """The user's record; `missing` (formatted with the name) if there is none."""
-    try:
-        return ctx.client.get(path("users", name))
-    except ApiError as exc:
-        if exc.status == 404:
-            raise error(missing % name, exit_codes.NOUSER) from None
-        raise api_failure(exc) from None
-
-
-def _vhost(ctx: Context, name: str) -> dict:
-    try:
-        return ctx.client.get(path("vhosts", name))
-    except ApiError as exc:
-        if exc.status == 404:
-            raise error(f"Virtual host {name} does not exist") from None
-        raise api_failure(exc) from None
+    return attempt(ctx.client.get, path("users", name), not_found=error(missing % name, exit_codes.NOUSER))
 
 
 def _tags_text(record: dict) -> str:
@@ -44,21 +30,14 @@ def add_vhost(ctx: Context, args: list[str], opts: dict) -> None:
     body = {"description": opts.get("--description", ""), "tags": opts.get("--tags", "")}
     if "--default-queue-type" in opts:
         body["default_queue_type"] = opts["--default-queue-type"]
-    try:
-        ctx.client.put(path("vhosts", name), body)
-    except ApiError as exc:
-        raise api_failure(exc) from None
+    attempt(ctx.client.put, path("vhosts", name), body)
 
 
 def delete_vhost(ctx: Context, args: list[str], opts: dict) -> None:
     name = args[0]
     ctx.out.banner(f'Deleting vhost "{name}" ...')
-    try:
-        ctx.client.delete(path("vhosts", name))
-    except ApiError as exc:
-        if exc.status == 404:
-            raise Failure(f"Virtual host '{name}' does not exist", exit_codes.DATAERR) from None
-        raise api_failure(exc) from None
+    attempt(ctx.client.delete, path("vhosts", name),
+            not_found=Failure(f"Virtual host '{name}' does not exist", exit_codes.DATAERR))
 
 
 def add_user(ctx: Context, args: list[str], opts: dict) -> None:
@@ -72,10 +51,7 @@ def add_user(ctx: Context, args: list[str], opts: dict) -> None:
             raise api_failure(exc) from None
     else:
         raise error(f'User "{name}" already exists', exit_codes.SOFTWARE)
-    try:
-        ctx.client.put(path("users", name), {"password": password, "tags": ""})
-    except ApiError as exc:
-        raise api_failure(exc) from None
+    attempt(ctx.client.put, path("users", name), {"password": password, "tags": ""})
     ctx.out.message("Done. Don't forget to grant the user permissions to some virtual hosts! "
                     "See 'hutchctl help set_permissions' to learn more.")
 
@@ -83,22 +59,15 @@ def add_user(ctx: Context, args: list[str], opts: dict) -> None:
 def delete_user(ctx: Context, args: list[str], opts: dict) -> None:
     name = args[0]
     ctx.out.banner(f'Deleting user "{name}" ...')
-    try:
-        ctx.client.delete(path("users", name))
-    except ApiError as exc:
-        if exc.status == 404:
-            raise error(f'User "{name}" does not exist', exit_codes.NOUSER) from None
-        raise api_failure(exc) from None
+    attempt(ctx.client.delete, path("users", name),
+            not_found=error(f'User "{name}" does not exist', exit_codes.NOUSER))
 
 
 def change_password(ctx: Context, args: list[str], opts: dict) -> None:
     name, password = args
     ctx.out.banner(f'Changing password for user "{name}" ...')
     record = _user(ctx, name, 'User "%s" does not exist')
-    try:
-        ctx.client.put(path("users", name), {"password": password, "tags": _tags_text(record)})
-    except ApiError as exc:
-        raise api_failure(exc) from None
+    attempt(ctx.client.put, path("users", name), {"password": password, "tags": _tags_text(record)})
 
 
 def set_user_tags(ctx: Context, args: list[str], opts: dict) -> None:
@@ -110,60 +79,53 @@ def set_user_tags(ctx: Context, args: list[str], opts: dict) -> None:
     for key in ("password_hash", "hashing_algorithm"):
         if key in record:
             body[key] = record[key]
+    attempt(ctx.client.put, path("users", name), body)
+
+
+def _set_permission(ctx: Context, collection: str, user: str, body: dict) -> None:
+    """PUT a permission; RabbitMQ answers 400 "vhost_or_user_not_found", so find out which."""
     try:
-        ctx.client.put(path("users", name), body)
+        ctx.client.put(path(collection, ctx.vhost, user), body)
     except ApiError as exc:
+        if exc.status in (400, 404):
+            _user(ctx, user, "User %s does not exist")
+            attempt(ctx.client.get, path("vhosts", ctx.vhost),
+                    not_found=error(f"Virtual host {ctx.vhost} does not exist"))
         raise api_failure(exc) from None
 
 
-def _permission_failure(ctx: Context, user: str, exc: ApiError) -> Failure:
-    """Which of user and vhost is missing, as rabbitmqctl says it."""
-    if exc.status not in (400, 404):
-        return api_failure(exc)
-    _user(ctx, user, "User %s does not exist")
-    _vhost(ctx, ctx.vhost)
-    return api_failure(exc)
+def _clear_permission(ctx: Context, collection: str, user: str) -> None:
+    """DELETE a permission; none to clear is fine, an unknown user is not."""
+    try:
+        ctx.client.delete(path(collection, ctx.vhost, user))
+    except ApiError as exc:
+        if exc.status != 404:
+            raise api_failure(exc) from None
+        _user(ctx, user, "User %s does not exist")
 
 
 def set_permissions(ctx: Context, args: list[str], opts: dict) -> None:
     user, configure, write, read = args
     ctx.out.banner(f'Setting permissions for user "{user}" in vhost "{ctx.vhost}" ...')
-    try:
-        ctx.client.put(path("permissions", ctx.vhost, user), {"configure": configure, "write": write, "read": read})
-    except ApiError as exc:
-        raise _permission_failure(ctx, user, exc) from None
+    _set_permission(ctx, "permissions", user, {"configure": configure, "write": write, "read": read})
 
 
 def clear_permissions(ctx: Context, args: list[str], opts: dict) -> None:
     user = args[0]
     ctx.out.banner(f'Clearing permissions for user "{user}" in vhost "{ctx.vhost}" ...')
-    try:
-        ctx.client.delete(path("permissions", ctx.vhost, user))
-    except ApiError as exc:
-        if exc.status != 404:
-            raise api_failure(exc) from None
-        _user(ctx, user, "User %s does not exist")  # no permissions to clear is not an error
+    _clear_permission(ctx, "permissions", user)
 
 
 def set_topic_permissions(ctx: Context, args: list[str], opts: dict) -> None:
     user, exchange, write, read = args
     ctx.out.banner(f'Setting topic permissions on "{exchange}" for user "{user}" in vhost "{ctx.vhost}" ...')
-    try:
-        ctx.client.put(path("topic-permissions", ctx.vhost, user),
-                       {"exchange": exchange, "write": write, "read": read})
-    except ApiError as exc:
-        raise _permission_failure(ctx, user, exc) from None
+    _set_permission(ctx, "topic-permissions", user, {"exchange": exchange, "write": write, "read": read})
 
 
 def clear_topic_permissions(ctx: Context, args: list[str], opts: dict) -> None:
     user = args[0]
     ctx.out.banner(f'Clearing topic permissions for user "{user}" in vhost "{ctx.vhost}" ...')
-    try:
-        ctx.client.delete(path("topic-permissions", ctx.vhost, user))
-    except ApiError as exc:
-        if exc.status != 404:
-            raise api_failure(exc) from None
-        _user(ctx, user, "User %s does not exist")
+    _clear_permission(ctx, "topic-permissions", user)
 
 
 _VHOST = "[--vhost <vhost>] "

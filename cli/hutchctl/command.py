@@ -44,6 +44,30 @@ def api_failure(exc: ApiError) -> Failure:
     return error(exc.reason)
 
 
+def attempt(request: Callable, *args, not_found: Exception | None = None, **kwargs):
+    """`request(*args, **kwargs)` (a client method); an HTTP 404 raises `not_found`
+    when given, any other API error its reason after "Error:"."""
+    try:
+        return request(*args, **kwargs)
+    except ApiError as exc:
+        if exc.status == 404 and not_found is not None:
+            raise not_found from None
+        raise api_failure(exc) from None
+
+
+def hutch_extension(request: Callable, api_path: str, endpoint: str, *args):
+    """Call one of hutch's API extensions (docs/cli.md); if the endpoint is
+    missing (404/405 once the object it acts on is known to exist), the broker
+    is not hutch."""
+    try:
+        return request(api_path, *args)
+    except ApiError as exc:
+        if exc.status in (404, 405):
+            raise error(f"the broker's management API has no {endpoint} endpoint "
+                        "(a hutch extension that RabbitMQ does not provide)") from None
+        raise api_failure(exc) from None
+
+
 @dataclass(frozen=True)
 class Context:
     client: ManagementClient

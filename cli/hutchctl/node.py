@@ -15,8 +15,8 @@ import re
 import sys
 
 from cli.hutchctl import exit_codes
-from cli.hutchctl.client import ApiError, path
-from cli.hutchctl.command import BadArgument, Command, Context, api_failure, error
+from cli.hutchctl.client import path
+from cli.hutchctl.command import BadArgument, Command, Context, attempt, error, hutch_extension
 
 # RabbitMQ's memory units: k, K, kiB, KiB, M, MiB, G, GiB are powers of 1024; kB, KB, MB, GB of 1000
 ABSOLUTE_MEMORY = re.compile(r"^\d+(k|K|kiB|KiB|M|MiB|G|GiB|kB|KB|MB|GB)?$")
@@ -105,20 +105,13 @@ def status(ctx: Context, args: list[str], opts: dict) -> None:
 def close_connection(ctx: Context, args: list[str], opts: dict) -> None:
     name, explanation = args
     ctx.out.banner(f"Closing connection {name}, reason: {explanation}...")
-    try:
-        ctx.client.delete(path("connections", name), headers={"X-Reason": explanation})
-    except ApiError as exc:
-        if exc.status == 404:
-            raise error(f"Connection {name} not found (list_connections name shows connection names)") from None
-        raise api_failure(exc) from None
+    attempt(ctx.client.delete, path("connections", name), headers={"X-Reason": explanation},
+            not_found=error(f"Connection {name} not found (list_connections name shows connection names)"))
 
 
 def export_definitions(ctx: Context, args: list[str], opts: dict) -> None:
     target = args[0]
-    try:
-        definitions = ctx.client.get(path("definitions"))
-    except ApiError as exc:
-        raise api_failure(exc) from None
+    definitions = attempt(ctx.client.get, path("definitions"))
     text = json.dumps(definitions, separators=(",", ":"), ensure_ascii=False)
     if target == "-":
         ctx.out.raw(text)
@@ -150,10 +143,7 @@ def import_definitions(ctx: Context, args: list[str], opts: dict) -> None:
         definitions = json.loads(text)
     except ValueError as exc:
         raise error(f"Failed to decode JSON from {where}: {exc}", exit_codes.DATAERR) from None
-    try:
-        ctx.client.post(path("definitions"), definitions)
-    except ApiError as exc:
-        raise api_failure(exc) from None
+    attempt(ctx.client.post, path("definitions"), definitions)
     ctx.out.message("Successfully started definition import. This process is asynchronous and can take some time.")
 
 
@@ -176,31 +166,19 @@ def set_vm_memory_high_watermark(ctx: Context, args: list[str], opts: dict) -> N
                               exit_codes.DATAERR)
         shown = args[0]
     ctx.out.banner(f"Setting memory threshold on {_node(ctx)} to {shown} ...")
-    try:
-        ctx.client.put(path("hutch", "vm-memory-high-watermark"), {"value": value})
-    except ApiError as exc:
-        if exc.status in (404, 405):
-            raise error("the broker's management API has no /api/hutch/vm-memory-high-watermark endpoint "
-                        "(a hutch extension that RabbitMQ does not provide)") from None
-        raise api_failure(exc) from None
+    hutch_extension(ctx.client.put, path("hutch", "vm-memory-high-watermark"), "vm-memory-high-watermark",
+                    {"value": value})
 
 
 def _set_tracing(ctx: Context, enabled: bool) -> None:
-    try:
-        vhost = ctx.client.get(path("vhosts", ctx.vhost))
-    except ApiError as exc:
-        if exc.status == 404:
-            raise error(f"Virtual host {ctx.vhost} does not exist") from None
-        raise api_failure(exc) from None
+    vhost = attempt(ctx.client.get, path("vhosts", ctx.vhost),
+                    not_found=error(f"Virtual host {ctx.vhost} does not exist"))
     tags = vhost.get("tags") or []
     body = {"description": vhost.get("description") or "", "tracing": enabled,
             "tags": tags if isinstance(tags, str) else ",".join(tags)}
     if vhost.get("default_queue_type") not in (None, "undefined"):
         body["default_queue_type"] = vhost["default_queue_type"]
-    try:
-        ctx.client.put(path("vhosts", ctx.vhost), body)
-    except ApiError as exc:
-        raise api_failure(exc) from None
+    attempt(ctx.client.put, path("vhosts", ctx.vhost), body)
 
 
 def trace_on(ctx: Context, args: list[str], opts: dict) -> None:

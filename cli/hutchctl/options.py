@@ -123,17 +123,20 @@ def parse(argv: list[str], command: Command | None) -> Invocation:
     return found
 
 
-def timeout(general: dict) -> int:
-    raw = general.get("timeout")
-    if raw is None:
-        return DEFAULT_TIMEOUT
+def integer(option: str, raw: str, minimum: int) -> int:
+    """An option's whole-number value, at least `minimum`, as rabbitmqctl validates it."""
     try:
         value = int(raw)
     except ValueError:
-        value = -1
-    if value <= 0:
-        raise BadArgument("Invalid options for this command:\n--timeout : " + raw)
+        value = minimum - 1
+    if value < minimum:
+        raise BadArgument(f"Invalid options for this command:\n{option} : {raw}")
     return value
+
+
+def timeout(general: dict) -> int:
+    raw = general.get("timeout")
+    return DEFAULT_TIMEOUT if raw is None else integer("--timeout", raw, 1)
 
 
 def formatter(general: dict) -> str:

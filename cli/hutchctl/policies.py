@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import json
 
-from cli.hutchctl.client import ApiError, path
-from cli.hutchctl.command import BadArgument, Command, Context, api_failure, error
+from cli.hutchctl.client import path
+from cli.hutchctl.command import Command, Context, attempt, error
+from cli.hutchctl.options import integer
 
 
 def set_policy(ctx: Context, args: list[str], opts: dict) -> None:
     name, pattern, definition = args
     priority = opts.get("--priority", "0")
-    try:
-        priority_value = int(priority)
-    except ValueError:
-        raise BadArgument(f"Invalid options for this command:\n--priority : {priority}") from None
+    priority_value = integer("--priority", priority, -2**31)
     ctx.out.banner(f'Setting policy "{name}" for pattern "{pattern}" to "{definition}" '
                    f'with priority "{priority}" for vhost "{ctx.vhost}" ...')
     try:
@@ -23,21 +21,13 @@ def set_policy(ctx: Context, args: list[str], opts: dict) -> None:
         raise error("JSON decoding error. Reason: badarg") from None
     body = {"pattern": pattern, "definition": parsed, "priority": priority_value,
             "apply-to": opts.get("--apply-to", "all")}
-    try:
-        ctx.client.put(path("policies", ctx.vhost, name), body)
-    except ApiError as exc:
-        raise api_failure(exc) from None
+    attempt(ctx.client.put, path("policies", ctx.vhost, name), body)
 
 
 def clear_policy(ctx: Context, args: list[str], opts: dict) -> None:
     name = args[0]
     ctx.out.banner(f'Clearing policy "{name}" on vhost "{ctx.vhost}" ...')
-    try:
-        ctx.client.delete(path("policies", ctx.vhost, name))
-    except ApiError as exc:
-        if exc.status == 404:
-            raise error("Parameter does not exist") from None
-        raise api_failure(exc) from None
+    attempt(ctx.client.delete, path("policies", ctx.vhost, name), not_found=error("Parameter does not exist"))
 
 
 COMMANDS = (

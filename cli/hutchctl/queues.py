@@ -5,15 +5,16 @@ hutch's own peek and move, which use hutch extensions of the API (docs/cli.md):
          -> the first N ready messages, left in place, in the shape of
             RabbitMQ's POST /api/queues/{vhost}/{name}/get answer
     POST /api/queues/{vhost}/{name}/move
-         {"destination": {"queue": name} | {"exchange": name, "routing_key": key},
+         {"destination": {"queue": name} | {"exchange": name[, "routing_key": key]},
           "count": N or null}
          -> {"moved": n}
 """
 from __future__ import annotations
 
 from cli.hutchctl import exit_codes
-from cli.hutchctl.client import ApiError, path
-from cli.hutchctl.command import BadArgument, Command, Context, api_failure, error
+from cli.hutchctl.client import path
+from cli.hutchctl.command import BadArgument, Command, Context, attempt, error, hutch_extension
+from cli.hutchctl.options import integer
 from cli.hutchctl.terms import FieldTable
 
 PEEK_COLUMNS = ("exchange", "routing_key", "redelivered", "payload_bytes", "payload_encoding", "payload",
@@ -21,44 +22,19 @@ PEEK_COLUMNS = ("exchange", "routing_key", "redelivered", "payload_bytes", "payl
 
 
 def _queue(ctx: Context, name: str) -> dict:
-    try:
-        return ctx.client.get(path("queues", ctx.vhost, name))
-    except ApiError as exc:
-        if exc.status == 404:
-            raise error("Queue not found", exit_codes.USAGE) from None
-        raise api_failure(exc) from None
-
-
-def _extension_failure(exc: ApiError, endpoint: str) -> Exception:
-    """A missing endpoint means the broker is not hutch (the queue was found)."""
-    if exc.status in (404, 405):
-        return error(f"the broker's management API has no {endpoint} endpoint "
-                     "(a hutch extension that RabbitMQ does not provide)")
-    return api_failure(exc)
+    return attempt(ctx.client.get, path("queues", ctx.vhost, name),
+                   not_found=error("Queue not found", exit_codes.USAGE))
 
 
 def _count(opts: dict) -> int | None:
     raw = opts.get("--count")
-    if raw is None:
-        return None
-    try:
-        count = int(raw)
-    except ValueError:
-        count = -1
-    if count < 0:
-        raise BadArgument(f"Invalid options for this command:\n--count : {raw}")
-    return count
+    return None if raw is None else integer("--count", raw, 0)
 
 
 def purge_queue(ctx: Context, args: list[str], opts: dict) -> None:
     name = args[0]
     ctx.out.banner(f"Purging queue '{name}' in vhost '{ctx.vhost}' ...")
-    try:
-        ctx.client.delete(path("queues", ctx.vhost, name, "contents"))
-    except ApiError as exc:
-        if exc.status == 404:
-            raise error("not_found") from None
-        raise api_failure(exc) from None
+    attempt(ctx.client.delete, path("queues", ctx.vhost, name, "contents"), not_found=error("not_found"))
 
 
 def delete_queue(ctx: Context, args: list[str], opts: dict) -> None:
@@ -75,12 +51,8 @@ def delete_queue(ctx: Context, args: list[str], opts: dict) -> None:
         query["if-empty"] = "true"
     if if_unused:
         query["if-unused"] = "true"
-    try:
-        ctx.client.delete(path("queues", ctx.vhost, name), query)
-    except ApiError as exc:
-        if exc.status == 404:
-            raise error("Queue not found", exit_codes.USAGE) from None
-        raise api_failure(exc) from None
+    attempt(ctx.client.delete, path("queues", ctx.vhost, name), query,
+            not_found=error("Queue not found", exit_codes.USAGE))
     ctx.out.message(f"Queue was successfully deleted with {ready} ready messages")
 
 
@@ -90,10 +62,8 @@ def peek(ctx: Context, args: list[str], opts: dict) -> None:
     count = 1 if count is None else count
     ctx.out.banner(f"Peeking at {count} messages in queue '{name}' in vhost '{ctx.vhost}' ...")
     _queue(ctx, name)
-    try:
-        messages = ctx.client.get(path("queues", ctx.vhost, name, "peek"), {"count": count}) or []
-    except ApiError as exc:
-        raise _extension_failure(exc, "peek") from None
+    messages = hutch_extension(ctx.client.get, path("queues", ctx.vhost, name, "peek"), "peek",
+                               {"count": count}) or []
     rows = [[FieldTable(m.get(c) or {}) if c == "properties" else m.get(c) for c in PEEK_COLUMNS]
             for m in messages]
     ctx.out.info_items(list(PEEK_COLUMNS), rows)
@@ -110,16 +80,15 @@ def move(ctx: Context, args: list[str], opts: dict) -> None:
         destination = {"queue": opts["--to-queue"]}
         where = f"queue '{opts['--to-queue']}'"
     else:
-        destination = {"exchange": opts["--to-exchange"], "routing_key": opts.get("--routing-key", "")}
+        destination = {"exchange": opts["--to-exchange"]}
+        if "--routing-key" in opts:  # without one, each message keeps its own routing key
+            destination["routing_key"] = opts["--routing-key"]
         where = f"exchange '{opts['--to-exchange']}'"
     how_many = "all" if count is None else str(count)
     ctx.out.banner(f"Moving {how_many} messages from queue '{name}' to {where} in vhost '{ctx.vhost}' ...")
     _queue(ctx, name)
-    try:
-        answer = ctx.client.post(path("queues", ctx.vhost, name, "move"),
-                                 {"destination": destination, "count": count}) or {}
-    except ApiError as exc:
-        raise _extension_failure(exc, "move") from None
+    answer = hutch_extension(ctx.client.post, path("queues", ctx.vhost, name, "move"), "move",
+                             {"destination": destination, "count": count}) or {}
     ctx.out.message(f"Moved {answer.get('moved', 0)} messages")
 
 
