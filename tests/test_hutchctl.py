@@ -212,22 +212,35 @@ def test_list_policies_and_permissions_when_empty_print_an_empty_line_or_bracket
     assert target.ok("list_queues", "-p", vhost, "-q") == ""
 
 
-def test_list_vhosts_and_list_users_show_new_ones(target):
-    vhost_name, user = unique("lv"), unique("lu")
-    target.ok("add_vhost", vhost_name, "--description", "for tests", "--tags", "qa,blue")
-    target.ok("add_user", user, "pw")
+def test_list_vhosts_shows_description_tags_and_tracing(target):
+    name = unique("lv")
+    target.ok("add_vhost", name, "--description", "for tests", "--tags", "qa,blue")
     try:
         vhosts = rows_of_json(target.ok("list_vhosts", "name", "description", "tags", "tracing", "--formatter", "json"))
-        assert {"name": vhost_name, "description": "for tests", "tags": ["qa", "blue"], "tracing": False} in vhosts
-        assert "%s\tfor tests\t[qa, blue]\tfalse" % vhost_name in target.ok("list_vhosts", "name", "description",
-                                                                          "tags", "tracing").splitlines()
+        assert {"name": name, "description": "for tests", "tags": ["qa", "blue"], "tracing": False} in vhosts
+        assert "%s\tfor tests\t[qa, blue]\tfalse" % name in target.ok("list_vhosts", "name", "description",
+                                                                      "tags", "tracing").splitlines()
+    finally:
+        target.run("delete_vhost", name)
+
+
+def test_list_users_shows_tags(target):
+    user = unique("lu")
+    target.ok("add_user", user, "pw")
+    try:
+        assert "%s\t[]" % user in target.ok("list_users").splitlines()
         target.ok("set_user_tags", user, "management", "policymaker")
         assert "%s\t[management, policymaker]" % user in target.ok("list_users").splitlines()
         assert {"user": user, "tags": ["management", "policymaker"]} in rows_of_json(
             target.ok("list_users", "--formatter", "json"))
     finally:
-        target.run("delete_vhost", vhost_name)
         target.run("delete_user", user)
+
+
+def test_list_user_permissions_of_an_unknown_user_fails(target):
+    user = unique("ghost")
+    result = target.run("list_user_permissions", user)
+    assert (result.returncode, result.stderr) == (69, 'Error:\nUser "%s" does not exist\n' % user)
 
 
 def test_connections_channels_and_consumers_are_listed_and_a_connection_can_be_closed(target, vhost):
@@ -250,7 +263,8 @@ def test_connections_channels_and_consumers_are_listed_and_a_connection_can_be_c
     assert rows[0]["user"] == "guest"
     assert ["connection_name", "longstr", connection_name] in rows[0]["client_properties"]
     name = rows[0]["name"]
-    consumers = rows_of_json(target.ok("list_consumers", "-p", vhost, "--formatter", "json"))
+    consumers = wait_for(lambda: rows_of_json(target.ok("list_consumers", "-p", vhost, "--formatter", "json")),
+                         timeout=STATS, interval=0.5)
     assert len(consumers) == 1
     assert consumers[0]["queue_name"] == "work"
     assert consumers[0]["consumer_tag"] == "ctag-1"
@@ -523,6 +537,7 @@ def test_export_then_import_definitions(target, vhost, tmp_path):
 def test_trace_on_copies_published_messages_to_amq_rabbitmq_trace(target, vhost):
     assert target.ok("trace_on", "-p", vhost) == \
         'Starting tracing for vhost "%s" ...\nTrace enabled for vhost %s\n' % (vhost, vhost)
+    assert target.ok("trace_on", "-p", vhost, "-q") == "Trace enabled for vhost %s\n" % vhost  # the result stays
     assert "%s\ttrue" % vhost in target.ok("list_vhosts", "name", "tracing").splitlines()
     connection = target.connect(vhost)
     channel = connection.channel()

@@ -32,7 +32,8 @@ class Output:
             self.line(line)
 
     def message(self, line: str) -> None:
-        """A result message of a command that changes something (not shown with -q)."""
+        """An informational message after a change (add_user's "Done. ..."), not shown with -q;
+        a command's result ("Trace enabled ...") goes through `line`."""
         if not self.quiet:
             self.line(line)
 

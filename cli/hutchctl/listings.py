@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from cli.hutchctl.client import ApiError, path
-from cli.hutchctl.command import BadArgument, Command, Context, api_failure
+from cli.hutchctl.command import BadArgument, Command, Context, api_failure, error
 from cli.hutchctl.terms import Atoms, FieldTable
 
 
@@ -53,6 +53,7 @@ class Listing:
     maps: bool = False  # a list of maps (see formatters) rather than an info-item stream
     selectable: bool = True  # takes <column> ... arguments
     positional: tuple[str, ...] = ()
+    missing: str | None = None  # the error when the API answers 404 (formatted like banner)
 
     def run(self, ctx: Context, args: list[str], opts: dict) -> None:
         named, columns = args[:len(self.positional)], args[len(self.positional):]
@@ -66,9 +67,11 @@ class Listing:
         try:
             records = ctx.client.get(self.source(ctx, named)) or []
         except ApiError as exc:
-            if exc.status != 404:  # a vhost that does not exist lists nothing, as in rabbitmqctl
+            if exc.status != 404:
                 raise api_failure(exc) from None
-            records = []
+            if self.missing is not None:
+                raise error(self.missing.format(**fields)) from None
+            records = []  # a vhost that does not exist lists nothing, as in rabbitmqctl
         getters = [self.sources.get(column) or _field(column) for column in columns]
         rows = [[get(record) for get in getters] for record in records]
         if self.maps:
@@ -167,7 +170,7 @@ LISTINGS = (
         "list_user_permissions", 'Listing permissions for user "{arg0}" ...',
         ("vhost", "configure", "write", "read"), ("vhost", "configure", "write", "read"),
         lambda ctx, named: path("users", named[0], "permissions"), maps=True, selectable=False,
-        positional=("username",),
+        positional=("username",), missing='User "{arg0}" does not exist',
     ), "Lists permissions of a user across all virtual hosts"),
     (Listing(
         "list_topic_permissions", 'Listing topic permissions for vhost "{vhost}" ...',

@@ -184,13 +184,13 @@ def _set_tracing(ctx: Context, enabled: bool) -> None:
 def trace_on(ctx: Context, args: list[str], opts: dict) -> None:
     ctx.out.banner(f'Starting tracing for vhost "{ctx.vhost}" ...')
     _set_tracing(ctx, True)
-    ctx.out.message(f"Trace enabled for vhost {ctx.vhost}")
+    ctx.out.line(f"Trace enabled for vhost {ctx.vhost}")
 
 
 def trace_off(ctx: Context, args: list[str], opts: dict) -> None:
     ctx.out.banner(f'Stopping tracing for vhost "{ctx.vhost}" ...')
     _set_tracing(ctx, False)
-    ctx.out.message(f"Trace disabled for vhost {ctx.vhost}")
+    ctx.out.line(f"Trace disabled for vhost {ctx.vhost}")
 
 
 COMMANDS = (

@@ -53,7 +53,7 @@ def delete_queue(ctx: Context, args: list[str], opts: dict) -> None:
         query["if-unused"] = "true"
     attempt(ctx.client.delete, path("queues", ctx.vhost, name), query,
             not_found=error("Queue not found", exit_codes.USAGE))
-    ctx.out.message(f"Queue was successfully deleted with {ready} ready messages")
+    ctx.out.line(f"Queue was successfully deleted with {ready} ready messages")
 
 
 def peek(ctx: Context, args: list[str], opts: dict) -> None:
@@ -89,7 +89,7 @@ def move(ctx: Context, args: list[str], opts: dict) -> None:
     _queue(ctx, name)
     answer = hutch_extension(ctx.client.post, path("queues", ctx.vhost, name, "move"), "move",
                              {"destination": destination, "count": count}) or {}
-    ctx.out.message(f"Moved {answer.get('moved', 0)} messages")
+    ctx.out.line(f"Moved {answer.get('moved', 0)} messages")
 
 
 COMMANDS = (
