@@ -22,6 +22,8 @@ from hutchctl_targets import RABBITMQ_AMQP, hutch_target, rabbitmq_target, rabbi
 
 # the management API publishes statistics (message counts, connections) every few seconds
 STATS = 30.0
+# rabbitmqctl takes a second or two per call, and statistics are waited for
+pytestmark = pytest.mark.timeout(180)
 
 
 @pytest.fixture(params=["rabbitmq", "hutch"])
@@ -32,9 +34,12 @@ def target(request):
     return hutch_target(request.getfixturevalue("broker"))
 
 
+@pytest.fixture
 def hutch_only(target):
+    """Skips (before any vhost is made) unless the target is hutch."""
     if not target.is_hutch:
         pytest.skip("a hutch extension of the management API; RabbitMQ has no such endpoint")
+    return target
 
 
 @pytest.fixture
@@ -467,8 +472,7 @@ def test_delete_queue_short_u_is_if_unused_after_the_command(target, vhost):
     connection.close()
 
 
-def test_peek_shows_messages_without_taking_them(target, vhost):
-    hutch_only(target)
+def test_peek_shows_messages_without_taking_them(hutch_only, target, vhost):
     connection, channel = fill(target, vhost, "pk", 3)
     rows = rows_of_json(target.ok("peek", "-p", vhost, "pk", "--count", "2", "--formatter", "json"))
     assert [row["payload"] for row in rows] == ["body-0", "body-1"]
@@ -480,8 +484,7 @@ def test_peek_shows_messages_without_taking_them(target, vhost):
     connection.close()
 
 
-def test_move_to_a_queue_and_to_an_exchange(target, vhost):
-    hutch_only(target)
+def test_move_to_a_queue_and_to_an_exchange(hutch_only, target, vhost):
     connection, channel = fill(target, vhost, "src", 5)
     channel.queue_declare("dst", durable=True)
     channel.exchange_declare("router", "direct")
@@ -570,8 +573,7 @@ def test_status_describes_the_node(target):
     assert status["totals"]["virtual_host_count"] >= 1
 
 
-def test_set_vm_memory_high_watermark(target):
-    hutch_only(target)
+def test_set_vm_memory_high_watermark(hutch_only, target):
     node = json.loads(target.ok("status", "--formatter", "json"))["node"]
     assert target.ok("set_vm_memory_high_watermark", "0.5") == "Setting memory threshold on %s to 0.5 ...\n" % node
     assert target.ok("set_vm_memory_high_watermark", "absolute", "2GB") == \

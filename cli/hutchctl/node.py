@@ -30,6 +30,10 @@ def _gb(value) -> str:
     return "%s gb" % round((value or 0) / 1e9, 4)
 
 
+def _interface(address: str) -> str:
+    return f"[{address}]" if ":" in address else address  # IPv6 as rabbitmqctl prints it
+
+
 def _node(ctx: Context) -> str:
     return (ctx.client.get(path("overview")) or {}).get("node", "?")
 
@@ -45,7 +49,7 @@ def status(ctx: Context, args: list[str], opts: dict) -> None:
         ctx.out.line(json.dumps({
             "pid": node.get("os_pid"), "node": node_name,
             "product_name": overview.get("product_name"), "product_version": overview.get("product_version"),
-            "rabbitmq_version": overview.get("rabbitmq_version"), "erlang_version": node.get("erlang_full_version"),
+            "rabbitmq_version": overview.get("rabbitmq_version"), "erlang_version": overview.get("erlang_full_version"),
             "uptime": (node.get("uptime") or 0) // 1000, "alarms": alarms,
             "memory": {"total": node.get("mem_used"), "limit": node.get("mem_limit")},
             "vm_memory_calculation_strategy": node.get("mem_calculation_strategy"),
@@ -66,9 +70,9 @@ def status(ctx: Context, args: list[str], opts: dict) -> None:
             f"Uptime (seconds): {(node.get('uptime') or 0) // 1000}",
             f"{product} version: {overview.get('product_version') or overview.get('rabbitmq_version', '')}",
             f"Node name: {node_name}",
-            f"Erlang configuration: {node.get('erlang_full_version', '')}",
+            f"Erlang configuration: {overview.get('erlang_full_version', '')}",
         ]),
-        ("Plugins", ["Enabled plugins:", ""] + [f" * {a.get('name')}" for a in node.get("applications") or []]),
+        ("Plugins", ["Enabled plugins:", ""] + [f" * {name}" for name in node.get("enabled_plugins") or []]),
         ("Alarms", [f"{alarm}" for alarm in alarms] or ["(none)"]),
         ("Memory", [
             f"Total memory used: {_gb(node.get('mem_used'))}",
@@ -89,7 +93,7 @@ def status(ctx: Context, args: list[str], opts: dict) -> None:
             f"Virtual host count: {len(vhosts)}",
         ]),
         ("Listeners", [
-            f"Interface: {listener.get('ip_address', '')}, port: {listener.get('port', '')}, "
+            f"Interface: {_interface(listener.get('ip_address', ''))}, port: {listener.get('port', '')}, "
             f"protocol: {listener.get('protocol', '')}"
             for listener in overview.get("listeners") or []
         ]),
