@@ -139,6 +139,20 @@ def test_list_queues_prints_what_rabbitmqctl_prints(target, reference_vhost, cas
         target.run("delete_vhost", name)
 
 
+def test_list_queues_shows_hutchs_message_states(hutch_only, target, vhost):
+    connection, channel = fill(target, vhost, "states", 4)
+    channel.queue_declare("transient")
+    channel.basic_publish("", "transient", b"in ram")
+    connection.close()
+    rows = rows_of_json(target.ok("list_queues", "-p", vhost, "name", "messages", "messages_alpha",
+                                  "messages_gamma", "messages_delta", "messages_paged_out", "--formatter", "json"))
+    by_name = {row["name"]: row for row in rows}
+    states = by_name["states"]
+    assert states["messages_alpha"] + states["messages_gamma"] + states["messages_delta"] == 4
+    assert states["messages_delta"] == states["messages_paged_out"]
+    assert by_name["transient"]["messages_alpha"] == 1  # a transient message lives in RAM only
+
+
 def test_list_queues_with_many_queues_has_rabbitmqctls_lines(target, reference_vhost):
     # rabbitmqctl's row order is that of its internal table; the rows themselves must match
     name = unique("lqm")

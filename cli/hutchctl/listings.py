@@ -102,6 +102,8 @@ QUEUE_ITEMS = (
     "message_bytes_persistent", "head_message_timestamp", "disk_reads", "disk_writes", "consumers",
     "consumer_utilisation", "consumer_capacity", "memory", "slave_pids", "synchronised_slave_pids", "state",
     "type", "leader", "members", "online",
+    # hutch's: ready messages per storage state (docs/storage.md), from the API's `message_states`
+    "messages_paged_out", "messages_alpha", "messages_gamma", "messages_delta",
 )
 
 LISTINGS = (
@@ -109,7 +111,8 @@ LISTINGS = (
         "list_queues", "Timeout: {timeout} seconds ...\nListing queues for vhost {vhost} ...",
         QUEUE_ITEMS, ("name", "messages"), _in_vhost("queues"),
         {"arguments": _table("arguments"), "owner_pid": _nested("owner_pid_details", "name"),
-         "exclusive_consumer_pid": _nested("exclusive_consumer_details", "name")},
+         "exclusive_consumer_pid": _nested("exclusive_consumer_details", "name"),
+         **{"messages_" + state: _nested("message_states", state) for state in ("alpha", "gamma", "delta")}},
     ), "Lists queues and their properties"),
     (Listing(
         "list_exchanges", "Listing exchanges for vhost {vhost} ...",
