@@ -11,6 +11,8 @@ import base64
 import http.server
 import json
 import socket
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -18,7 +20,7 @@ import pytest
 from cli.hutchctl.formatters import Output
 from cli.hutchctl.options import connection_settings
 from cli.hutchctl.terms import Atoms, FieldTable, json_value, text
-from hutchctl_targets import hutchctl
+from hutchctl_targets import ROOT, clean_environ, hutchctl
 
 
 def free_port() -> int:
@@ -36,10 +38,11 @@ class _Recorder(http.server.BaseHTTPRequestHandler):
     """Answers GET /api/vhosts with one vhost and remembers who asked."""
 
     seen: list = []
+    vhosts = 1
 
     def do_GET(self):  # noqa: N802 - http.server's naming
         self.seen.append((self.path, self.headers.get("Authorization")))
-        body = json.dumps([{"name": "/", "tracing": False}]).encode()
+        body = json.dumps([{"name": "vhost-%d" % i, "tracing": False} for i in range(self.vhosts)]).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
@@ -51,10 +54,11 @@ class _Recorder(http.server.BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def api():
-    """A local HTTP server standing in for the API; yields (url, requests seen)."""
+def api(request):
+    """A local HTTP server standing in for the API; yields (url, requests seen).
+    Parametrise indirectly with a number to have it list that many vhosts."""
     seen = []
-    handler = type("Handler", (_Recorder,), {"seen": seen})
+    handler = type("Handler", (_Recorder,), {"seen": seen, "vhosts": getattr(request, "param", 1)})
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -211,6 +215,27 @@ def test_help_lists_every_required_command_and_shows_one_commands_usage():
     assert one.returncode == 0
     assert "hutchctl [--node <node>] [--longnames] [--quiet] set_policy [--vhost <vhost>] [--priority <priority>]" \
         in one.stdout
+
+
+@pytest.mark.parametrize("flag", ["--help", "-?"])
+def test_help_flags_print_usage_and_succeed(flag):
+    general = hutchctl(flag)
+    assert (general.returncode, general.stderr) == (0, "")
+    assert "Available commands:" in general.stdout
+    one = hutchctl("list_queues", flag)
+    assert one.returncode == 0
+    assert "hutchctl [--node <node>] [--longnames] [--quiet] list_queues [--vhost <vhost>]" in one.stdout
+
+
+@pytest.mark.parametrize("api", [50000], indirect=True)
+def test_a_reader_that_stops_early_ends_hutchctl_quietly(api):
+    process = subprocess.Popen([sys.executable, "-m", "cli.hutchctl", "--url", api[0], "list_vhosts"], cwd=ROOT,
+                               env=clean_environ(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert process.stdout.readline() == b"Listing vhosts ...\n"
+    process.stdout.close()  # like `| head -1`
+    assert process.wait(30) == 0
+    assert process.stderr.read() == b""
+    process.stderr.close()
 
 
 def test_import_definitions_of_a_missing_file_is_a_data_error(dead_url, tmp_path):

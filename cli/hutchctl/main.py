@@ -67,8 +67,20 @@ def _help(args: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    environ = os.environ if environ is None else environ
+    """The exit status of one hutchctl invocation (`sys.argv`, `os.environ` by default)."""
+    try:
+        status = _run(sys.argv[1:] if argv is None else argv, os.environ if environ is None else environ)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # the reader went away (`hutchctl list_queues | head -1`): stop quietly, as a filter should
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        status = exit_codes.OK
+    return status
+
+
+def _run(argv: list[str], environ: Mapping[str, str]) -> int:
+    if any(a in ("--help", "-?") for a in argv):
+        return _help([a for a in argv if a not in ("--help", "-?")])
     name = options.find_command(argv)
     if name is None:
         sys.stderr.write(_general_help())
