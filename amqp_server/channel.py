@@ -17,6 +17,9 @@ Theory of operation:
   order on commit; rollback drops the publishes and gives the settled
   deliveries back to `unacked`.
 - The consumer side (deliveries, acks, qos) lives in `deliveries.Deliveries`.
+- Permissions: `access` (vhosts.access.Access) is checked by every operation
+  where RabbitMQ checks it; on publish that is one dict lookup once the
+  channel has used the exchange.
 """
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ from amqp_server import declarations, fastpath
 from amqp_server.deliveries import Deliveries
 from amqp_server.framing import FRAME_BODY, FRAME_HEADER, erlang_binary, content_header_prefix, decode_method
 from storage import Message
+from vhosts.access import Access
 from vhosts.errors import (
     AMQPError,
     FRAME_ERROR,
@@ -58,6 +62,7 @@ class Channel(Deliveries):
         self.connection = connection
         self.number = number
         self.vhost = connection.vhost
+        self.access = Access(connection.user, connection.vhost.name)
         self.state = OPEN
         # Pending content: [exchange, routing_key, mandatory, header, body_size, parts, received]
         self._publish: list | None = None
@@ -79,6 +84,15 @@ class Channel(Deliveries):
             **{cls: self._bind_handler(fn) for cls, fn in declarations.HANDLERS.items()},
             **self.delivery_handlers(),
         }
+
+    @property
+    def transactional(self) -> bool:
+        return self._tx is not None
+
+    @property
+    def unconfirmed(self) -> int:
+        """Publishes in confirm mode not confirmed yet."""
+        return self._publish_seq - self._confirm_from + 1 if self.confirm else 0
 
     def _bind_handler(self, fn):
         return lambda method: fn(self, method)
@@ -187,10 +201,15 @@ class Channel(Deliveries):
         exchange, routing_key, mandatory, header = self._publish[:4]
         self._publish = None
         try:
-            self.vhost.check_publish(exchange)
+            # RabbitMQ's order: write permission, the exchange (404, internal),
+            # the topic permission of the routing key, then the properties.
+            self.access.publish(exchange)
+            x = self.vhost.check_publish(exchange)
+            if x is not None and x.type == "topic":
+                self.access.topic(x, routing_key, "write")
             message = Message(exchange, routing_key, header, body)
             if int.from_bytes(header[12:14], "big") & _CHECKED_PROPERTIES:
-                self._check_properties(message)
+                check_properties(message.properties, self.connection.user)
             keys, headers = self._routing_keys(message)
         except AMQPError as exc:
             raise exc.at(BASIC_CLASS, 40)
@@ -219,20 +238,6 @@ class Channel(Deliveries):
             del self._awaiting[seq]
             self.connection.confirm_pending(self)
 
-    def _check_properties(self, message: Message) -> None:
-        """RabbitMQ's publish checks of user_id and expiration (in that order)."""
-        props = message.properties
-        user = self.connection.user
-        if props.user_id is not None and props.user_id != user.name and "impersonator" not in user.tags:
-            raise AMQPError(
-                PRECONDITION_FAILED,
-                "user_id property set to '%s' but authenticated user was '%s'" % (props.user_id, user.name),
-            )
-        if props.expiration is not None:
-            problem = _expiration_problem(props.expiration)
-            if problem:
-                raise AMQPError(PRECONDITION_FAILED, "invalid expiration '%s': %s" % (props.expiration, problem))
-
     def _routing_keys(self, message: Message) -> tuple[list[str], dict | None]:
         """[routing_key] + CC + BCC (RabbitMQ's sender-selected distribution);
         BCC is removed from the message before it is stored."""
@@ -259,7 +264,10 @@ class Channel(Deliveries):
                on_durable=None) -> int:
         """Publish into the vhost; returns how many queues will call `on_durable`."""
         reached, waits = self.vhost.publish(message, keys, headers, self.connection, on_durable)
-        if not reached and mandatory:
+        if not reached and not mandatory:
+            self.vhost.stats.drop_unroutable += 1
+        elif not reached:
+            self.vhost.stats.return_unroutable += 1
             self.connection.send_content(
                 self.number,
                 commands.Basic.Return(
@@ -275,6 +283,7 @@ class Channel(Deliveries):
     def flush_confirms(self) -> None:
         upto = next(iter(self._awaiting)) - 1 if self._awaiting else self._publish_seq
         if upto >= self._confirm_from:
+            self.vhost.stats.confirm += upto - self._confirm_from + 1
             self.connection.send_raw(fastpath.ack_frame(self.number, upto, upto > self._confirm_from))
             self._confirm_from = upto + 1
 
@@ -360,6 +369,20 @@ class Channel(Deliveries):
             self.restore_unacked([a for a in self._tx if a[0] == "settle"])
             self._tx = []
         super().release()
+
+
+def check_properties(props, user) -> None:
+    """RabbitMQ's publish checks of user_id and expiration (in that order),
+    for a message published by `user` (over AMQP or the management API)."""
+    if props.user_id is not None and props.user_id != user.name and "impersonator" not in user.tags:
+        raise AMQPError(
+            PRECONDITION_FAILED,
+            "user_id property set to '%s' but authenticated user was '%s'" % (props.user_id, user.name),
+        )
+    if props.expiration is not None:
+        problem = _expiration_problem(props.expiration)
+        if problem:
+            raise AMQPError(PRECONDITION_FAILED, "invalid expiration '%s': %s" % (props.expiration, problem))
 
 
 def _expiration_problem(text: str) -> str | None:

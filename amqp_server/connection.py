@@ -28,6 +28,7 @@ import ipaddress
 import logging
 import platform
 import struct
+import time
 from typing import TYPE_CHECKING
 
 from pamqp import commands, decode
@@ -50,6 +51,7 @@ from vhosts.errors import (
     ACCESS_REFUSED,
     CHANNEL_ERROR,
     COMMAND_INVALID,
+    CONNECTION_FORCED,
     INTERNAL_ERROR,
     NOT_ALLOWED,
     UNEXPECTED_FRAME,
@@ -114,6 +116,10 @@ class Connection:
         self.vhost = None
         self.user = None
         self.client_properties: dict = {}
+        self.auth_mechanism = ""
+        # Bytes and socket reads/writes, for the management API (recv_oct, send_oct, ...).
+        self.recv_oct = self.recv_cnt = self.send_oct = self.send_cnt = 0
+        self.connected_at = int(time.time() * 1000)  # ms since the epoch, as RabbitMQ reports it
         self.channels: dict[int, Channel] = {}
         self.exclusive_queues: list = []
         # Flow sources (queues, the disk writer) that keep us from reading.
@@ -126,6 +132,7 @@ class Connection:
         self._silent_ticks = 0
         self._sent_since_tick = False
         self._timer = io.call_later(HANDSHAKE_TIMEOUT, self._handshake_timeout)
+        broker.churn.connection_created += 1
 
     # -- output --------------------------------------------------------------
 
@@ -167,6 +174,8 @@ class Connection:
         self._out = []
         if out:
             self._sent_since_tick = True
+            self.send_oct += sum(map(len, out))
+            self.send_cnt += 1
         if was_full and not self.socket_paused:
             self.io.call_soon(self.output_resumed)
         return out
@@ -183,6 +192,8 @@ class Connection:
 
     def received(self, data: bytes) -> None:
         self._received_since_tick = True
+        self.recv_oct += len(data)
+        self.recv_cnt += 1
         if self.state is HEADER:
             self._header += data
             if len(self._header) < 8 and PROTOCOL_HEADER.startswith(self._header):
@@ -282,12 +293,15 @@ class Connection:
                 "number of channels opened (%d) has reached the negotiated channel_max (%d)"
                 % (len(self.channels), self.channel_max),
             ).at(0, 0)
+        self.broker.check_channel_limit(self.user)
         self.channels[number] = Channel(self, number)
+        self.broker.churn.channel_created += 1
         self.send_method(number, commands.Channel.OpenOk())
 
     def channel_closed(self, channel: Channel) -> None:
         if self.channels.get(channel.number) is channel:
             del self.channels[channel.number]
+            self.broker.churn.channel_closed += 1
         self._confirming.discard(channel)
 
     def unexpected_method(self, method) -> AMQPError:
@@ -363,6 +377,7 @@ class Connection:
         self.client_properties = method.client_properties or {}
         if method.mechanism not in MECHANISMS.split():
             raise AMQPError(COMMAND_INVALID, "unknown authentication mechanism '%s'" % method.mechanism)
+        self.auth_mechanism = method.mechanism
         username, password = self._credentials(method)
         self.user = self.broker.authenticate(username, password, self._from_loopback())
         if self.user is None:
@@ -410,7 +425,7 @@ class Connection:
         self.state = OPEN_WAIT
 
     def _open(self, method) -> None:
-        self.vhost = self.broker.open_vhost(self.user, method.virtual_host)
+        self.vhost = self.broker.open_vhost(self.user, method.virtual_host, self)
         self.state = RUNNING
         self._timer.cancel()
         if self.heartbeat:
@@ -447,6 +462,10 @@ class Connection:
         if queue not in self.exclusive_queues:
             self.exclusive_queues.append(queue)
 
+    def force_close(self, reason: str) -> None:
+        """An administrator closed us (vhost or user deleted): 320, RabbitMQ's text."""
+        self.close_with(AMQPError(CONNECTION_FORCED, reason))
+
     def close_with(self, error: AMQPError) -> None:
         """Send Connection.Close and wait (briefly) for Close-Ok."""
         if self.state in (CLOSING, CLOSED):
@@ -468,11 +487,13 @@ class Connection:
         self._timer = self.io.call_later(CLOSE_OK_TIMEOUT, self._shutdown)
 
     def _release(self) -> None:
+        self.broker.connection_closed(self)
         for source in self.blocked_by:
             source.flow_waiters.discard(self)
         self.blocked_by.clear()
         channels = list(self.channels.values())
         self.channels.clear()
+        self.broker.churn.channel_closed += len(channels)
         for channel in channels:
             channel.release()
         for queue in self.exclusive_queues:
@@ -490,6 +511,7 @@ class Connection:
 
     def lost(self) -> None:
         """The socket is gone (either side)."""
+        self.broker.churn.connection_closed += 1
         self._release()
         self.state = CLOSED
         self._timer.cancel()

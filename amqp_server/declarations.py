@@ -11,33 +11,35 @@ from pamqp import commands
 
 def exchange_declare(channel, m) -> None:
     channel.vhost.declare_exchange(
-        m.exchange, m.exchange_type, m.passive, m.durable, m.auto_delete, m.internal, m.arguments
+        m.exchange, m.exchange_type, m.passive, m.durable, m.auto_delete, m.internal, m.arguments,
+        channel.access,
     )
     if not m.nowait:
         channel.send_method(commands.Exchange.DeclareOk())
 
 
 def exchange_delete(channel, m) -> None:
-    channel.vhost.delete_exchange(m.exchange, m.if_unused)
+    channel.vhost.delete_exchange(m.exchange, m.if_unused, channel.access)
     if not m.nowait:
         channel.send_method(commands.Exchange.DeleteOk())
 
 
 def exchange_bind(channel, m) -> None:
-    channel.vhost.bind_exchange(m.destination, m.source, m.routing_key, m.arguments)
+    channel.vhost.bind_exchange(m.destination, m.source, m.routing_key, m.arguments, channel.access)
     if not m.nowait:
         channel.send_method(commands.Exchange.BindOk())
 
 
 def exchange_unbind(channel, m) -> None:
-    channel.vhost.unbind_exchange(m.destination, m.source, m.routing_key, m.arguments)
+    channel.vhost.unbind_exchange(m.destination, m.source, m.routing_key, m.arguments, channel.access)
     if not m.nowait:
         channel.send_method(commands.Exchange.UnbindOk())
 
 
 def queue_declare(channel, m) -> None:
     queue = channel.vhost.declare_queue(
-        m.queue, channel.connection, m.passive, m.durable, m.exclusive, m.auto_delete, m.arguments
+        m.queue, channel.connection, m.passive, m.durable, m.exclusive, m.auto_delete, m.arguments,
+        channel.access,
     )
     if m.exclusive and not m.passive:
         channel.connection.own_exclusive(queue)
@@ -58,25 +60,26 @@ def _binding_target(channel, m) -> tuple[str, str]:
 
 def queue_bind(channel, m) -> None:
     queue, key = _binding_target(channel, m)
-    channel.vhost.bind_queue(queue, m.exchange, key, m.arguments, channel.connection)
+    channel.vhost.bind_queue(queue, m.exchange, key, m.arguments, channel.connection, channel.access)
     if not m.nowait:
         channel.send_method(commands.Queue.BindOk())
 
 
 def queue_unbind(channel, m) -> None:
     queue, key = _binding_target(channel, m)
-    channel.vhost.unbind_queue(queue, m.exchange, key, m.arguments, channel.connection)
+    channel.vhost.unbind_queue(queue, m.exchange, key, m.arguments, channel.connection, channel.access)
     channel.send_method(commands.Queue.UnbindOk())
 
 
 def queue_purge(channel, m) -> None:
-    count = channel.vhost.purge_queue(channel.queue_name(m.queue), channel.connection)
+    count = channel.vhost.purge_queue(channel.queue_name(m.queue), channel.connection, channel.access)
     if not m.nowait:
         channel.send_method(commands.Queue.PurgeOk(message_count=count))
 
 
 def queue_delete(channel, m) -> None:
-    count = channel.vhost.delete_queue(channel.queue_name(m.queue), channel.connection, m.if_unused, m.if_empty)
+    count = channel.vhost.delete_queue(
+        channel.queue_name(m.queue), channel.connection, m.if_unused, m.if_empty, channel.access)
     if not m.nowait:
         channel.send_method(commands.Queue.DeleteOk(message_count=count))
 

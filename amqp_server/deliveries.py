@@ -21,6 +21,7 @@ from pamqp import commands
 from amqp_server import fastpath
 from amqp_server.framing import content_frames
 from vhosts import Consumer
+from vhosts.argument_checks import consumer_priority
 from vhosts.errors import (
     ACCESS_REFUSED,
     AMQPError,
@@ -86,12 +87,20 @@ class Deliveries:
     def deliver(self, consumer: Consumer, queue, entry) -> None:
         tag = self._next_tag
         self._next_tag = tag + 1
+        queue_stats, vhost_stats = queue.stats, self.vhost.stats
         if consumer.no_ack:
             queue.ack((entry,))
+            queue_stats.deliver_no_ack += 1
+            vhost_stats.deliver_no_ack += 1
         else:
             self.unacked[tag] = (queue, entry, consumer)
             consumer.unacked += 1
             self.global_unacked += 1
+            queue_stats.deliver += 1
+            vhost_stats.deliver += 1
+        if entry.redelivered:
+            queue_stats.redeliver += 1
+            vhost_stats.redeliver += 1
         message = entry.message
         connection = self.connection
         frames = content_frames(self.number, message.header, message.body, connection.frame_max)
@@ -129,14 +138,19 @@ class Deliveries:
         self.dispatch_consumers()
 
     def _consume(self, method) -> None:
-        queue = self.vhost.queue(self.queue_name(method.queue), self.connection)
+        # RabbitMQ's order: a reused tag, read permission, then the queue.
+        if method.consumer_tag in self.consumers:
+            raise AMQPError(NOT_ALLOWED, "attempt to reuse consumer tag '%s'" % method.consumer_tag)
+        name = self.queue_name(method.queue)
+        self.access.check("queue", name, "read")
+        queue = self.vhost.queue(name, self.connection)
         tag = method.consumer_tag or new_consumer_tag()
-        if tag in self.consumers:
-            raise AMQPError(NOT_ALLOWED, "attempt to reuse consumer tag '%s'" % tag)
-        if queue.exclusive_consumer or (method.exclusive and queue.consumers):
+        arguments = method.arguments or {}
+        priority = consumer_priority(queue.vhost, queue.name, arguments)
+        if queue.exclusive_consumer or (method.exclusive and (queue.consumers or queue.single_active)):
             raise AMQPError(ACCESS_REFUSED, "queue '%s' in vhost '%s' in exclusive use" % (queue.name, queue.vhost))
         consumer = Consumer(
-            tag, queue, self, method.no_ack, method.exclusive, self.prefetch_count, method.arguments or {}
+            tag, queue, self, method.no_ack, method.exclusive, self.prefetch_count, arguments, priority
         )
         self.consumers[tag] = consumer
         if not method.nowait:
@@ -156,20 +170,31 @@ class Deliveries:
             self.vhost.remove_queue(queue)
 
     def _get(self, method) -> None:
-        queue = self.vhost.queue(self.queue_name(method.queue), self.connection)
+        name = self.queue_name(method.queue)
+        self.access.check("queue", name, "read")
+        queue = self.vhost.queue(name, self.connection)
         entry = queue.get()
         if entry is None:
             if queue.message_count and not queue.deleted:
                 queue.when_available(lambda: self._get_again(method))
                 return
+            queue.stats.get_empty += 1
+            self.vhost.stats.get_empty += 1
             self.send_method(commands.Basic.GetEmpty())
             return
         tag = self._next_tag
         self._next_tag = tag + 1
         if method.no_ack:
             queue.ack((entry,))
+            queue.stats.get_no_ack += 1
+            self.vhost.stats.get_no_ack += 1
         else:
             self.unacked[tag] = (queue, entry, None)
+            queue.stats.get += 1
+            self.vhost.stats.get += 1
+        if entry.redelivered:
+            queue.stats.redeliver += 1
+            self.vhost.stats.redeliver += 1
         message = entry.message
         self.connection.send_content(
             self.number,
@@ -237,6 +262,9 @@ class Deliveries:
             if outcome is REQUEUE:
                 queue.requeue(entries)
             else:
+                if outcome is ACK:
+                    queue.stats.ack += len(entries)
+                    self.vhost.stats.ack += len(entries)
                 queue.ack(entries)
         if freed:
             self.dispatch_consumers()
@@ -259,7 +287,9 @@ class Deliveries:
             self.send_method(commands.Basic.RecoverOk())
 
     def release(self) -> None:
-        """Channel closing: requeue everything unacked, cancel every consumer."""
+        """Channel closing: cancel every consumer, requeue everything unacked,
+        then dispatch (as RabbitMQ: a single active consumer's successor gets
+        the requeued messages first, in their order)."""
         self.flow_active = False
         consumers = list(self.consumers.values())
         self.consumers.clear()
@@ -267,3 +297,5 @@ class Deliveries:
             self._remove_consumer(consumer)
         if self.unacked:
             self.settle(self._take(0, True), REQUEUE)
+        for queue in {c.queue for c in consumers}:
+            queue.dispatch()

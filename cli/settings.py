@@ -48,6 +48,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
 # Float settings (by field name) and their inclusive limits.
 _FLOAT_RANGES: dict[str, tuple[float, float]] = {
     "paging_ratio": (0.0, 1.0),
+    "sample_interval": (0.1, 3600.0),
     "vm_memory_high_watermark": (0.0, 1.0),
 }
 # HUTCH_* variables that are not broker settings: the config file's name, and

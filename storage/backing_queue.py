@@ -7,7 +7,8 @@ A queue owns ordering decisions only through this interface:
 - `fetch` removes the head *ready* entry (it becomes "unacked" until `ack` or
   `requeue`);
 - `requeue` returns fetched entries to the ready set at their original place:
-  ready entries are always served in ascending `seq` order.
+  ready entries are always served in ascending `seq` order;
+- `peek` reads the first ready entries without changing anything.
 Counts (`ready`, `ready_bytes`) cover ready entries only, as RabbitMQ's
 `messages_ready`.
 """
@@ -56,5 +57,11 @@ class BackingQueue(Protocol):
     def purge(self) -> int: ...
 
     def state_counts(self) -> dict[str, int]: ...
+
+    def peek(self, count: int, done: Callable[[list[QueueEntry] | Exception], None]) -> None:
+        """The first `count` ready entries in delivery order, without taking
+        them: `done(list)` (on the loop; entries read back from disk are
+        copies, the others the queue's own, to be treated as read-only), or
+        `done(exception)` when a read failed."""
 
     def delete(self) -> None: ...

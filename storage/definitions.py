@@ -1,4 +1,5 @@
-"""Durable definitions: vhosts, users, permissions, exchanges, queues, bindings.
+"""Durable definitions: vhosts, users, permissions, topic permissions, limits,
+policies, exchanges, queues, bindings.
 
 `DefinitionStore(path)` keeps them in one SQLite database (stdlib `sqlite3`) in
 WAL mode with `synchronous=FULL`: a committed change has reached the disk
@@ -16,8 +17,9 @@ Theory of operation:
   AMQP rule (which things are durable, name prefixes, existence). Its only
   logic is cascades: deleting an exchange deletes its bindings as source and
   as destination, deleting a queue deletes the bindings to it, deleting a
-  vhost everything in it and the permissions on it, deleting a user that
-  user's permissions. There are no foreign keys: a binding's source may be a
+  vhost everything in it and the permissions, topic permissions, limits and
+  policies on it, deleting a user that user's permissions, topic permissions
+  and limits. There are no foreign keys: a binding's source may be a
   predeclared `amq.*` exchange, which comes from code and is never stored.
 - `load()` returns a plain snapshot (`Definitions`: lists of named tuples)
   for the domain to rebuild itself from at start.
@@ -36,7 +38,9 @@ writes floats as 32-bit and cannot encode `bytes`. A binding's arguments are
 stored with their top-level keys sorted (their order is not part of the
 binding's identity, as in RabbitMQ), which makes the encoded text a key.
 
-Schema (version 1, in `PRAGMA user_version`):
+Schema (version 2, in `PRAGMA user_version`; a version-1 file, from before
+topic permissions, limits and policies, is migrated in place by creating the
+tables version 2 added: `_MIGRATIONS`):
 
     vhosts      (name PK)
     users       (name PK, password_hash, tags: JSON list of str)
@@ -45,6 +49,11 @@ Schema (version 1, in `PRAGMA user_version`):
     queues      (vhost, name, durable, auto_delete, arguments; PK vhost, name)
     bindings    (vhost, source, destination_kind 'queue'|'exchange', destination,
                  routing_key, arguments; PK all six)
+    topic_permissions (user, vhost, exchange, write, read; PK user, vhost, exchange)
+    vhost_limits (vhost PK, limits: JSON object)
+    user_limits  (user PK, limits: JSON object)
+    policies     (vhost, name, pattern, apply_to, definition: JSON object, priority;
+                  PK vhost, name)
 """
 from __future__ import annotations
 
@@ -57,7 +66,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Iterator, NamedTuple
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _SCHEMA = """
 CREATE TABLE vhosts (
@@ -107,6 +116,38 @@ CREATE TABLE bindings (
 CREATE INDEX bindings_by_destination ON bindings (vhost, destination_kind, destination);
 """
 
+# Statements that take a file of version N-1 to version N (the tables of
+# version N's features); a fresh file runs _SCHEMA and then all of them.
+_MIGRATIONS = {
+    2: """
+CREATE TABLE topic_permissions (
+    user TEXT NOT NULL,
+    vhost TEXT NOT NULL,
+    exchange TEXT NOT NULL,
+    write TEXT NOT NULL,
+    read TEXT NOT NULL,
+    PRIMARY KEY (user, vhost, exchange)
+);
+CREATE TABLE vhost_limits (
+    vhost TEXT PRIMARY KEY,
+    limits TEXT NOT NULL
+);
+CREATE TABLE user_limits (
+    user TEXT PRIMARY KEY,
+    limits TEXT NOT NULL
+);
+CREATE TABLE policies (
+    vhost TEXT NOT NULL,
+    name TEXT NOT NULL,
+    pattern TEXT NOT NULL,
+    apply_to TEXT NOT NULL,
+    definition TEXT NOT NULL,
+    priority INTEGER NOT NULL,
+    PRIMARY KEY (vhost, name)
+);
+""",
+}
+
 
 # -- the snapshot ----------------------------------------------------------
 
@@ -123,6 +164,23 @@ class PermissionRow(NamedTuple):
     configure: str
     write: str
     read: str
+
+
+class TopicPermissionRow(NamedTuple):
+    user: str
+    vhost: str
+    exchange: str
+    write: str
+    read: str
+
+
+class PolicyRow(NamedTuple):
+    vhost: str
+    name: str
+    pattern: str
+    apply_to: str
+    definition: dict
+    priority: int
 
 
 class ExchangeRow(NamedTuple):
@@ -162,6 +220,10 @@ class Definitions:
     exchanges: list = field(default_factory=list)  # of ExchangeRow
     queues: list = field(default_factory=list)  # of QueueRow
     bindings: list = field(default_factory=list)  # of BindingRow
+    topic_permissions: list = field(default_factory=list)  # of TopicPermissionRow
+    vhost_limits: dict = field(default_factory=dict)  # vhost -> {limit: value}
+    user_limits: dict = field(default_factory=dict)  # user -> {limit: value}
+    policies: list = field(default_factory=list)  # of PolicyRow
 
     @property
     def blank(self) -> bool:
@@ -253,14 +315,17 @@ class DefinitionStore:
             self._db.execute("PRAGMA synchronous=FULL")
             with self.transaction():
                 version = self._db.execute("PRAGMA user_version").fetchone()[0]
-                if version == 0:
-                    for statement in _SCHEMA.split(";"):
-                        if statement.strip():
-                            self._db.execute(statement)
-                    self._db.execute("PRAGMA user_version=%d" % SCHEMA_VERSION)
-                elif version != SCHEMA_VERSION:
+                if version > SCHEMA_VERSION:
                     raise sqlite3.DatabaseError(
                         "%s has definitions schema version %d; this broker knows %d" % (path, version, SCHEMA_VERSION))
+                if version < SCHEMA_VERSION:
+                    scripts = [_SCHEMA] if version == 0 else []
+                    scripts += [_MIGRATIONS[n] for n in range(max(version, 1) + 1, SCHEMA_VERSION + 1)]
+                    for script in scripts:
+                        for statement in script.split(";"):
+                            if statement.strip():
+                                self._db.execute(statement)
+                    self._db.execute("PRAGMA user_version=%d" % SCHEMA_VERSION)
         except BaseException:
             self._db.close()
             raise
@@ -308,6 +373,9 @@ class DefinitionStore:
     def delete_vhost(self, name: str) -> None:
         """The vhost, everything in it and every permission on it."""
         self._run(
+            ("DELETE FROM topic_permissions WHERE vhost = ?", (name,)),
+            ("DELETE FROM vhost_limits WHERE vhost = ?", (name,)),
+            ("DELETE FROM policies WHERE vhost = ?", (name,)),
             ("DELETE FROM bindings WHERE vhost = ?", (name,)),
             ("DELETE FROM queues WHERE vhost = ?", (name,)),
             ("DELETE FROM exchanges WHERE vhost = ?", (name,)),
@@ -324,8 +392,10 @@ class DefinitionStore:
         ))
 
     def delete_user(self, name: str) -> None:
-        """The user and its permissions."""
+        """The user, its permissions and limits."""
         self._run(
+            ("DELETE FROM topic_permissions WHERE user = ?", (name,)),
+            ("DELETE FROM user_limits WHERE user = ?", (name,)),
             ("DELETE FROM permissions WHERE user = ?", (name,)),
             ("DELETE FROM users WHERE name = ?", (name,)),
         )
@@ -340,6 +410,53 @@ class DefinitionStore:
 
     def clear_permission(self, user: str, vhost: str) -> None:
         self._run(("DELETE FROM permissions WHERE user = ? AND vhost = ?", (user, vhost)))
+
+    def set_topic_permission(self, user: str, vhost: str, exchange: str, write: str, read: str) -> None:
+        self._run((
+            "INSERT INTO topic_permissions (user, vhost, exchange, write, read) VALUES (?, ?, ?, ?, ?) "
+            "ON CONFLICT (user, vhost, exchange) DO UPDATE SET write = excluded.write, read = excluded.read",
+            (user, vhost, exchange, write, read),
+        ))
+
+    def clear_topic_permission(self, user: str, vhost: str, exchange: str | None = None) -> None:
+        """One exchange's topic permission, or (exchange None) all of them in the vhost."""
+        if exchange is None:
+            self._run(("DELETE FROM topic_permissions WHERE user = ? AND vhost = ?", (user, vhost)))
+        else:
+            self._run(("DELETE FROM topic_permissions WHERE user = ? AND vhost = ? AND exchange = ?",
+                       (user, vhost, exchange)))
+
+    def set_vhost_limits(self, vhost: str, limits: dict) -> None:
+        """Replace the vhost's limits (empty: none)."""
+        self._set_limits("vhost_limits", "vhost", vhost, limits)
+
+    def set_user_limits(self, user: str, limits: dict) -> None:
+        """Replace the user's limits (empty: none)."""
+        self._set_limits("user_limits", "user", user, limits)
+
+    def _set_limits(self, table: str, column: str, name: str, limits: dict) -> None:
+        if not limits:
+            self._run(("DELETE FROM %s WHERE %s = ?" % (table, column), (name,)))
+            return
+        self._run((
+            "INSERT INTO %s (%s, limits) VALUES (?, ?) ON CONFLICT (%s) DO UPDATE SET limits = excluded.limits"
+            % (table, column, column),
+            (name, json.dumps(limits)),
+        ))
+
+    # -- policies ------------------------------------------------------------
+
+    def set_policy(self, vhost: str, name: str, pattern: str, apply_to: str, definition: dict,
+                   priority: int) -> None:
+        self._run((
+            "INSERT INTO policies (vhost, name, pattern, apply_to, definition, priority) VALUES (?, ?, ?, ?, ?, ?) "
+            "ON CONFLICT (vhost, name) DO UPDATE SET pattern = excluded.pattern, apply_to = excluded.apply_to, "
+            "definition = excluded.definition, priority = excluded.priority",
+            (vhost, name, pattern, apply_to, json.dumps(definition), priority),
+        ))
+
+    def clear_policy(self, vhost: str, name: str) -> None:
+        self._run(("DELETE FROM policies WHERE vhost = ? AND name = ?", (vhost, name)))
 
     # -- exchanges, queues, bindings ------------------------------------------
 
@@ -420,4 +537,12 @@ class DefinitionStore:
                           for v, s, kind, dest, key, args in db.execute(
                               "SELECT vhost, source, destination_kind, destination, routing_key, arguments "
                               "FROM bindings ORDER BY rowid")],
+                topic_permissions=[TopicPermissionRow(*row) for row in db.execute(
+                    "SELECT user, vhost, exchange, write, read FROM topic_permissions ORDER BY rowid")],
+                vhost_limits={v: json.loads(limits) for v, limits in db.execute(
+                    "SELECT vhost, limits FROM vhost_limits ORDER BY rowid")},
+                user_limits={u: json.loads(limits) for u, limits in db.execute(
+                    "SELECT user, limits FROM user_limits ORDER BY rowid")},
+                policies=[PolicyRow(v, n, p, a, json.loads(d), prio) for v, n, p, a, d, prio in db.execute(
+                    "SELECT vhost, name, pattern, apply_to, definition, priority FROM policies ORDER BY rowid")],
             )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from itertools import islice
 from typing import Iterable
 
 from storage.backing_queue import QueueEntry
@@ -54,6 +55,11 @@ class MemoryQueue:
     def state_counts(self) -> dict[str, int]:
         """Every ready message is alpha: in RAM only."""
         return {"alpha": self.ready, "gamma": 0, "delta": 0}
+
+    def peek(self, count: int, done) -> None:
+        found = heapq.nsmallest(count, self._requeued)
+        found.extend(islice(self._tail, count - len(found)))
+        done(found)
 
     def ack(self, entries: Iterable[QueueEntry]) -> None:
         """Nothing to release: the entry was dropped from the ready set on fetch."""

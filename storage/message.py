@@ -21,6 +21,7 @@ _CONTENT_TYPE = 0x8000
 _CONTENT_ENCODING = 0x4000
 _HEADERS = 0x2000
 _DELIVERY_MODE = 0x1000
+_PRIORITY = 0x0800
 # Offset of the first property-flags word: class-id(2) weight(2) body-size(8).
 _FLAGS_AT = 12
 
@@ -28,6 +29,7 @@ _FLAGS_AT = 12
 _ID_PREFIX = os.urandom(8)
 _id_counter = itertools.count()
 _SHORT = struct.Struct(">B")
+_SIGNED = struct.Struct(">i")
 
 
 class Message:
@@ -107,6 +109,18 @@ class Message:
             start, end = _headers_span(self.header)
             self.header = self.header[:start] + _table_without(self.header[start:end], name) + self.header[end:]
 
+    def set_signed_header(self, name: str, value: int) -> None:
+        """Give one header a signedint value (the delayed exchange's x-delay
+        swap), every other entry of the table kept byte for byte. The
+        message must have headers."""
+        props = self.properties
+        props.headers[name] = value
+        start, end = _headers_span(self.header)
+        key = name.encode("utf-8")
+        entries = _table_without(self.header[start:end], name)[4:] + (
+            _SHORT.pack(len(key)) + key + b"I" + _SIGNED.pack(value))
+        self.header = self.header[:start] + _LONG.pack(len(entries)) + entries + self.header[end:]
+
     @property
     def persistent(self) -> bool:
         """delivery_mode == 2, read straight from the wire bytes."""
@@ -165,11 +179,24 @@ def _table_without(table: bytes, name: str) -> bytes:
     return _LONG.pack(len(entries)) + entries
 
 
+def _past_headers(header: bytes) -> tuple[int, int]:
+    """(property flags, offset of the first property after the headers table)."""
+    flags, offset = _headers_offset(header)
+    if flags & _HEADERS:
+        offset += 4 + _LONG.unpack_from(header, offset)[0]
+    return flags, offset
+
+
 def delivery_mode(header: bytes) -> int:
     """The delivery_mode property without decoding the others (0 when absent)."""
     if not _FLAGS.unpack_from(header, _FLAGS_AT)[0] & _DELIVERY_MODE:
         return 0
-    flags, offset = _headers_offset(header)
-    if flags & _HEADERS:
-        offset += 4 + _LONG.unpack_from(header, offset)[0]
-    return header[offset]
+    return header[_past_headers(header)[1]]
+
+
+def priority(header: bytes) -> int:
+    """The priority property without decoding the others (0 when absent)."""
+    if not _FLAGS.unpack_from(header, _FLAGS_AT)[0] & _PRIORITY:
+        return 0
+    flags, offset = _past_headers(header)
+    return header[offset + 1 if flags & _DELIVERY_MODE else offset]

@@ -368,6 +368,13 @@ class MessageStore:
             self._release(old)
         return file
 
+    def close(self) -> None:
+        """Close the current file (writer thread, after what is queued); the
+        store is not used afterwards (its vhost is being deleted)."""
+        if self._cur is not None:
+            self._writer.run(self._cur.af.close)
+            self._cur = None
+
     def _retire(self) -> None:
         """The current file is all dead and big: the next write starts a new one."""
         old = self._cur

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from itertools import islice
 from typing import Callable, Iterable
 
 from storage.backing_queue import QueueEntry
@@ -183,6 +184,55 @@ class VariableQueue:
         gamma = sum(1 for q in (self._requeued, self._head, self._tail) for e in q if e.store is not None)
         in_ram = len(self._requeued) + len(self._head) + len(self._tail)
         return {"alpha": in_ram - gamma, "gamma": gamma, "delta": self._delta_count}
+
+    def peek(self, count: int, done: Callable[[list[QueueEntry] | Exception], None]) -> None:
+        """RAM entries as they are; delta read back segment by segment as
+        copies (reads queued behind pending writes, off the loop), nothing
+        changed. Delta's range and the tail are taken at the call: what
+        consumers take meanwhile is left out, as a later read finds it acked."""
+        found = heapq.nsmallest(count, self._requeued)
+        found.extend(islice(self._head, count - len(found)))
+        tail = list(islice(self._tail, count - len(found)))
+        if len(found) >= count or not self._delta_count:
+            done(found + tail[:count - len(found)])
+            return
+        start, end = self._delta_start, self._delta_end
+        size = self.index.segment_entries
+        segments = iter(range(start // size, (end - 1) // size + 1))
+
+        def next_segment() -> None:
+            segment = next(segments, None)
+            if segment is None or len(found) >= count:
+                done(found + tail[:count - len(found)])
+            else:
+                self.index.read_segment(segment, read)
+
+        def read(result) -> None:
+            if isinstance(result, Exception):
+                done(result)
+                return
+            items = [item for item in result if start <= item.seq < end][:count - len(found)]
+            copies: dict[int, QueueEntry] = {}
+            waiting = [sum(1 for item in items if item.payload is None) + 1]
+
+            def copied() -> None:
+                waiting[0] -= 1
+                if not waiting[0]:
+                    found.extend(copies[item.seq] for item in items if item.seq in copies)
+                    next_segment()
+
+            for item in items:
+                if item.payload is not None:
+                    copies[item.seq] = self._entry_from(item, Message.from_bytes(item.payload, item.msg_id), None)
+                else:
+                    def got(payload, item=item) -> None:
+                        if not isinstance(payload, Exception):  # consumed and acked meanwhile
+                            copies[item.seq] = self._entry_from(item, Message.from_bytes(payload, item.msg_id), None)
+                        copied()
+                    (self.store if item.persistent else self.transient_store).read(item.msg_id, got)
+            copied()
+
+        next_segment()
 
     # -- disk ----------------------------------------------------------------
 

@@ -6,6 +6,11 @@ every durable queue restored from the definitions (each index tells which
 message-store entries it still references), then `finish_recovery`, which
 rebuilds the persistent store's reference counts from those, wipes the
 transient store and removes the directories of queues that no longer exist.
+
+Deleting the vhost (`destroy`) renames its directory aside at once (one
+metadata operation on the loop, like creating it), so a vhost of the same
+name added right afterwards starts empty, and removes the renamed tree on
+the writer thread after every job already queued for its files.
 """
 from __future__ import annotations
 
@@ -13,9 +18,11 @@ import hashlib
 import logging
 import os
 import shutil
+import uuid
 from collections import Counter
 from dataclasses import dataclass
 
+from storage.delayed_store import DelayedStore
 from storage.msg_store import MessageStore
 from storage.queue_index import QueueIndex
 from storage.variable_queue import VariableQueue
@@ -77,6 +84,11 @@ class VhostStorage:
         backing.recovered(report.first_seq, report.entries, report.entry_bytes, self.settings.unclean_start)
         return backing
 
+    def delayed_store(self) -> DelayedStore:
+        """Where the delayed messages of this vhost's durable delayed-message
+        exchanges are kept (`recover` it at start)."""
+        return DelayedStore(os.path.join(self.directory, "delayed"), self.writer, self.settings.segment_entries)
+
     def finish_recovery(self) -> None:
         self.transient.wipe()
         report = self.persistent.recover(dict(self._refcounts))
@@ -89,3 +101,14 @@ class VhostStorage:
             if entry not in self._recovered:
                 shutil.rmtree(os.path.join(queues_dir, entry), ignore_errors=True)
         self._recovered.clear()
+
+    def destroy(self) -> None:
+        """The vhost is deleted: remove its directory (its queues were deleted first)."""
+        doomed = "%s.deleted-%s" % (self.directory, uuid.uuid4().hex[:8])
+        try:
+            os.rename(self.directory, doomed)
+        except FileNotFoundError:
+            return
+        self.persistent.close()
+        self.transient.close()
+        self.writer.run(lambda: shutil.rmtree(doomed, ignore_errors=True))

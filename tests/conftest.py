@@ -5,7 +5,8 @@
 extra flags or environment. Each fixture reads the port the broker logged.
 Clients of the session broker: `conn` (pika), `aconn` (aio-pika) and `raw`
 (amqp_raw.RawClient, before the protocol header); `still_serving` checks after
-a test that the broker still serves a new client.
+a test that the broker still serves a new client. `live` is an in-process
+broker whose domain tests administer while clients are connected.
 
 Plain helper functions are in helpers.py (`unique` and `wait_for` are
 importable from here too).
@@ -27,9 +28,13 @@ import pytest
 
 from amqp_raw import RawClient
 from helpers import assert_serves, unique, wait_for  # noqa: F401 - unique, wait_for re-exported
+from live_broker import LiveBroker
 
 ROOT = Path(__file__).resolve().parent.parent
-LISTENING = re.compile(r"listening for (AMQPS?) on [^ ]+:(\d+)")
+LISTENING = re.compile(r"listening for (AMQPS?|HTTP|PROMETHEUS) on [^ ]+:(\d+)")
+# Every listener on 127.0.0.1 and a free port (the management ports included).
+PORT_ARGS = ("--bind", "127.0.0.1", "--port", "0", "--management-bind", "127.0.0.1", "--management-port", "0",
+             "--prometheus-bind", "127.0.0.1", "--prometheus-port", "0")
 
 
 @dataclass
@@ -66,7 +71,7 @@ def launch(tmp: Path, *args: str, env: dict | None = None, expect: tuple = ("AMQ
     environ = {k: v for k, v in os.environ.items() if not k.startswith("HUTCH_")}
     environ.update(env or {})
     process = subprocess.Popen(
-        [sys.executable, "-m", "cli.server", "--bind", "127.0.0.1", "--port", "0", "--data-dir", str(data_dir), *args],
+        [sys.executable, "-m", "cli.server", *PORT_ARGS, "--data-dir", str(data_dir), *args],
         cwd=ROOT,
         env=environ,
         stderr=subprocess.PIPE,
@@ -95,7 +100,7 @@ def launch(tmp: Path, *args: str, env: dict | None = None, expect: tuple = ("AMQ
 
 @pytest.fixture(scope="session")
 def broker(tmp_path_factory) -> BrokerProcess:
-    proc = launch(tmp_path_factory.mktemp("broker"))
+    proc = launch(tmp_path_factory.mktemp("broker"), expect=("AMQP", "HTTP", "PROMETHEUS"))
     yield proc
     proc.stop()
 
@@ -117,6 +122,14 @@ def start_broker(tmp_path):
 @pytest.fixture
 def fresh_broker(start_broker) -> BrokerProcess:
     return start_broker()
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory) -> LiveBroker:
+    """An in-process broker for tests that administer it (see live_broker.py)."""
+    server = LiveBroker(str(tmp_path_factory.mktemp("live")))
+    yield server
+    server.stop()
 
 
 @pytest.fixture

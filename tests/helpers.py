@@ -138,3 +138,15 @@ def exists(connection, kind: str, name: str) -> bool:
 def inequivalent(what: str, name: str, arg: str, detail: str) -> str:
     """RabbitMQ's text for a redeclare whose `arg` differs."""
     return "PRECONDITION_FAILED - inequivalent arg '%s' for %s '%s' in vhost '/': %s" % (arg, what, name, detail)
+
+
+def restarted(start_broker, old, kill: bool = False):
+    """Stop `old` (SIGTERM, checked clean; or SIGKILL) and start a broker on
+    its data directory with the `start_broker` fixture."""
+    if kill:
+        old.process.kill()
+        old.process.wait()
+    else:
+        old.stop()
+        assert old.process.returncode == 0, old.log
+    return start_broker("--data-dir", str(old.data_dir))

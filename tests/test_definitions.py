@@ -129,8 +129,26 @@ def test_fresh_store_is_blank_and_in_wal_mode(store, path):
     assert store._db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
     other = sqlite3.connect(path)
     assert other.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert other.execute("PRAGMA user_version").fetchone()[0] == 1
+    assert other.execute("PRAGMA user_version").fetchone()[0] == 2
     other.close()
+
+
+def test_a_version_1_file_is_migrated_and_keeps_its_definitions(path):
+    import storage.definitions as definitions
+
+    old = sqlite3.connect(path, isolation_level=None)
+    old.executescript(definitions._SCHEMA)
+    old.execute("INSERT INTO vhosts (name) VALUES ('/')")
+    old.execute("INSERT INTO queues VALUES ('/', 'q', 1, 0, ?)", (encode_table({}),))
+    old.execute("PRAGMA user_version=1")
+    old.close()
+    store = DefinitionStore(path)
+    store.set_topic_permission("u", "/", "amq.topic", "^a", "^b")
+    d = store.load()
+    assert d.vhosts == ["/"] and d.queues == [QueueRow("/", "q", True, False, {})]
+    assert d.topic_permissions == [definitions.TopicPermissionRow("u", "/", "amq.topic", "^a", "^b")]
+    assert store._db.execute("PRAGMA user_version").fetchone()[0] == 2
+    store.close()
 
 
 def test_round_trip_of_every_kind_of_definition(store):

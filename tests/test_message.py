@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from pamqp import commands, encode
 from pamqp import header as pamqp_header
 
-from storage.message import Message, delivery_mode
+from storage.message import Message, delivery_mode, priority
 
 PROPS = commands.Basic.Properties
 NAMES = list(PROPS.__slots__)
@@ -193,3 +193,11 @@ def test_remove_absent_header_changes_nothing(props):
     message = Message("", "", header, b"")
     message.remove_header("BCC")
     assert message.header == header
+
+
+@given(property_sets(), st.booleans())
+@example({"priority": 7}, False)
+@example({"content_type": "", "headers": {"a": 1}, "delivery_mode": 2, "priority": 255}, True)
+def test_priority_read_from_raw_bytes_matches_pamqp(props, continuation):
+    header = build_header(props, 0, continuation)
+    assert priority(header) == (pamqp_decode(header).properties.priority or 0) == (props.get("priority") or 0)

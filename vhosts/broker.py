@@ -7,14 +7,38 @@ and writes every change to vhosts, users and permissions (and, through each
 memory. The default vhost and user are created only on a blank store, as
 RabbitMQ seeds only a fresh node's database: deleting the default user stays
 deleted across restarts. Without a store (None) nothing is kept.
+
+Administration (vhosts, users, permissions, topic permissions, limits) is a
+set of plain methods here, for the management API and tests; unknown names
+raise LookupError and invalid values ValueError, with rabbitmqctl's words.
+
+Open connections register here (`open_vhost` / `connection_closed`) so that
+limits can count them and deleting a vhost or a user closes theirs (320, as
+RabbitMQ). A connection is any object with `user`, `vhost`, `channels` and
+`force_close(reason)` (amqp_server.connection.Connection).
 """
 from __future__ import annotations
 
 import contextlib
+import logging
 
 from vhosts.errors import NOT_ALLOWED, AMQPError
-from vhosts.users import Permission, User, hash_password
+from vhosts.stats import Churn
+from vhosts.policies import Policy
+from vhosts.users import (
+    USER_LIMITS,
+    VHOST_LIMITS,
+    Permission,
+    TopicPermission,
+    User,
+    check_limits,
+    check_pattern,
+    hash_password,
+    limit_reached,
+)
 from vhosts.vhost import VirtualHost
+
+log = logging.getLogger("hutch.broker")
 
 
 class Broker:
@@ -30,7 +54,9 @@ class Broker:
         self.vhosts: dict[str, VirtualHost] = {}
         self.users: dict[str, User] = {}
         self.loopback_users = frozenset(loopback_users)
+        self.churn = Churn()
         self.definitions = definitions
+        self.connections: set = set()  # open ones (see the module docstring)
         # vhost name -> `storage.vhost_storage.VhostStorage` (None: all in memory)
         self.message_storage = message_storage
         self._started = False  # vhosts added later get their storage ready at once
@@ -49,7 +75,9 @@ class Broker:
 
     def _new_vhost(self, name: str) -> VirtualHost:
         storage = self.message_storage(name) if self.message_storage is not None else None
-        return VirtualHost(name, self.definitions, storage)
+        vhost = VirtualHost(name, self.definitions, storage)
+        vhost.churn = self.churn
+        return vhost
 
     # -- durable definitions ---------------------------------------------------
 
@@ -68,6 +96,24 @@ class Broker:
             user = self.users.get(row.user)
             if user is not None and row.vhost in self.vhosts:
                 user.permissions[row.vhost] = Permission(row.configure, row.write, row.read)
+        for row in stored.topic_permissions:
+            user = self.users.get(row.user)
+            if user is not None and row.vhost in self.vhosts:
+                user.topic_permissions[(row.vhost, row.exchange)] = TopicPermission(row.exchange, row.write, row.read)
+        for name, limits in stored.user_limits.items():
+            if name in self.users:
+                self.users[name].limits = limits
+        for name, limits in stored.vhost_limits.items():
+            if name in self.vhosts:
+                self.vhosts[name].limits = limits
+        for row in stored.policies:
+            if row.vhost in self.vhosts:
+                try:
+                    policy = Policy(row.vhost, row.name, row.pattern, row.definition, row.priority, row.apply_to)
+                except ValueError as exc:
+                    log.warning("not restoring policy '%s' in vhost '%s': %s", row.name, row.vhost, exc)
+                    continue
+                self.vhosts[row.vhost].policies[row.name] = policy
         for name, vhost in self.vhosts.items():
             vhost.restore(
                 [row for row in stored.exchanges if row.vhost == name],
@@ -96,19 +142,49 @@ class Broker:
         return vhost
 
     def delete_vhost(self, name: str) -> None:
-        """The vhost, its exchanges, queues (consumers are cancelled) and
-        every permission on it."""
-        vhost = self.vhosts.get(name)
-        if vhost is None:
-            return
-        if self.definitions is not None:
-            self.definitions.delete_vhost(name)  # everything in it, in one transaction
+        """The vhost, its connections (closed with 320), exchanges, queues,
+        their messages on disk, its limits and policies, and every permission
+        and topic permission on it."""
+        vhost = self._vhost(name)
+        with self._transaction():  # with what closing its connections auto-deletes
+            self._force_close(lambda c: c.vhost is vhost, "vhost '%s' is deleted" % name)
+            if self.definitions is not None:
+                self.definitions.delete_vhost(name)
         vhost.definitions = None
         del self.vhosts[name]
         for user in self.users.values():
             user.permissions.pop(name, None)
+            for key in [key for key in user.topic_permissions if key[0] == name]:
+                del user.topic_permissions[key]
         for queue in list(vhost.queues.values()):
             vhost.remove_queue(queue)
+        if vhost.message_storage is not None:
+            vhost.message_storage.destroy()
+
+    def set_vhost_limits(self, name: str, limits: dict) -> None:
+        """Replace the vhost's limits (max-connections, max-queues; negative:
+        no limit), as rabbitmqctl set_vhost_limits does. Open connections
+        and existing queues stay."""
+        vhost = self._vhost(name)
+        limits = check_limits(limits, VHOST_LIMITS)
+        if self.definitions is not None:
+            self.definitions.set_vhost_limits(name, limits)
+        vhost.limits = limits
+
+    def clear_vhost_limits(self, name: str) -> None:
+        self.set_vhost_limits(name, {})
+
+    def _vhost(self, name: str) -> VirtualHost:
+        vhost = self.vhosts.get(name)
+        if vhost is None:
+            raise LookupError("no vhost '%s'" % name)
+        return vhost
+
+    def _user(self, name: str) -> User:
+        user = self.users.get(name)
+        if user is None:
+            raise LookupError("no user '%s'" % name)
+        return user
 
     def put_user(self, name: str, password_hash: str, tags: list[str]) -> User:
         """Add a user, or change an existing one's password hash and tags."""
@@ -122,17 +198,52 @@ class Broker:
             user.tags = list(tags)
         return user
 
-    def delete_user(self, name: str) -> None:
+    def add_user(self, name: str, password: str, tags=()) -> User:
+        """A new user with a password (stored hashed); ValueError if it exists."""
         if name in self.users:
-            if self.definitions is not None:
-                self.definitions.delete_user(name)
-            del self.users[name]
+            raise ValueError("user '%s' already exists" % name)
+        return self.put_user(name, hash_password(password), list(tags))
+
+    def change_password(self, name: str, password: str) -> None:
+        user = self._user(name)
+        self.put_user(name, hash_password(password), user.tags)
+
+    def set_user_tags(self, name: str, tags: list[str]) -> None:
+        user = self._user(name)
+        self.put_user(name, user.password_hash, list(tags))
+
+    def delete_user(self, name: str) -> None:
+        """The user, its permissions and limits; its connections are closed (320)."""
+        self._user(name)
+        if self.definitions is not None:
+            self.definitions.delete_user(name)
+        del self.users[name]
+        self._force_close(lambda c: c.user is not None and c.user.name == name, "user '%s' is deleted" % name)
+
+    def set_user_limits(self, name: str, limits: dict) -> None:
+        """Add to the user's limits (max-connections, max-channels; negative:
+        no limit), as rabbitmqctl set_user_limits does."""
+        user = self._user(name)
+        merged = {**user.limits, **check_limits(limits, USER_LIMITS)}
+        if self.definitions is not None:
+            self.definitions.set_user_limits(name, merged)
+        user.limits = merged
+
+    def clear_user_limits(self, name: str, limit: str = "all") -> None:
+        """One limit by name, or "all"."""
+        user = self._user(name)
+        remaining = {} if limit == "all" else {k: v for k, v in user.limits.items() if k != limit}
+        if self.definitions is not None:
+            self.definitions.set_user_limits(name, remaining)
+        user.limits = remaining
 
     def set_permissions(self, user: str, vhost: str, permission: Permission) -> None:
-        if user not in self.users:
-            raise LookupError("no user '%s'" % user)
-        if vhost not in self.vhosts:
-            raise LookupError("no vhost '%s'" % vhost)
+        """Open channels keep the grants they already used (RabbitMQ's
+        per-channel cache, see vhosts.access); everything else sees the change."""
+        self._user(user)
+        self._vhost(vhost)
+        for pattern in (permission.configure, permission.write, permission.read):
+            check_pattern(pattern)
         if self.definitions is not None:
             self.definitions.set_permission(user, vhost, permission.configure, permission.write, permission.read)
         self.users[user].permissions[vhost] = permission
@@ -143,6 +254,51 @@ class Broker:
             if self.definitions is not None:
                 self.definitions.clear_permission(user, vhost)
             del found.permissions[vhost]
+
+    def set_topic_permissions(self, user: str, vhost: str, exchange: str, write: str, read: str) -> None:
+        found = self._user(user)
+        self._vhost(vhost)
+        for pattern in (write, read):
+            check_pattern(pattern)
+        if self.definitions is not None:
+            self.definitions.set_topic_permission(user, vhost, exchange, write, read)
+        found.topic_permissions[(vhost, exchange)] = TopicPermission(exchange, write, read)
+
+    def clear_topic_permissions(self, user: str, vhost: str, exchange: str | None = None) -> None:
+        """One exchange's topic permission, or (None) all of the user's in the vhost."""
+        found = self._user(user)
+        if self.definitions is not None:
+            self.definitions.clear_topic_permission(user, vhost, exchange)
+        for key in [k for k in found.topic_permissions if k[0] == vhost and exchange in (None, k[1])]:
+            del found.topic_permissions[key]
+
+    # -- policies --------------------------------------------------------------
+
+    def set_policy(self, vhost: str, name: str, pattern: str, definition: dict, priority: int = 0,
+                   apply_to: str = "all") -> Policy:
+        """Add or replace a policy (ValueError with rabbitmqctl's reason when
+        invalid) and apply it at once to existing queues and exchanges."""
+        target = self._vhost(vhost)
+        policy = Policy(vhost, name, pattern, definition, priority, apply_to)
+        if self.definitions is not None:
+            self.definitions.set_policy(vhost, name, pattern, apply_to, policy.definition, priority)
+        target.policies[name] = policy
+        target.apply_policies()
+        return policy
+
+    def clear_policy(self, vhost: str, name: str) -> None:
+        target = self._vhost(vhost)
+        if name not in target.policies:
+            raise LookupError("Parameter does not exist")
+        if self.definitions is not None:
+            self.definitions.clear_policy(vhost, name)
+        del target.policies[name]
+        target.apply_policies()
+
+    def list_policies(self, vhost: str | None = None) -> list[Policy]:
+        """Every policy, or those of one vhost."""
+        vhosts = [self._vhost(vhost)] if vhost is not None else self.vhosts.values()
+        return [policy for v in vhosts for policy in v.policies.values()]
 
     # -- connections ---------------------------------------------------------
 
@@ -156,10 +312,40 @@ class Broker:
             return None
         return user
 
-    def open_vhost(self, user: User, name: str) -> VirtualHost:
+    def open_vhost(self, user: User, name: str, connection=None) -> VirtualHost:
+        """connection.open: RabbitMQ's checks in its order (the vhost's
+        connection limit, the user's, access to the vhost); the connection
+        is registered when it passes."""
         vhost = self.vhosts.get(name)
+        if vhost is not None:
+            limit = limit_reached(vhost.limits, "max-connections",
+                                  sum(1 for c in self.connections if c.vhost is vhost))
+            if limit is not None:
+                raise AMQPError(NOT_ALLOWED, "access to vhost '%s' refused for user '%s': connection limit (%d) is reached"
+                                % (name, user.name, limit))
+        limit = limit_reached(user.limits, "max-connections", sum(1 for c in self.connections if c.user is user))
+        if limit is not None:
+            raise AMQPError(NOT_ALLOWED, "connection refused for user '%s': user connection limit (%d) is reached"
+                            % (user.name, limit))
         if vhost is None:
             raise AMQPError(NOT_ALLOWED, "vhost %s not found" % name)
         if name not in user.permissions:
             raise AMQPError(NOT_ALLOWED, "access to vhost '%s' refused for user '%s'" % (name, user.name))
+        if connection is not None:
+            self.connections.add(connection)
         return vhost
+
+    def check_channel_limit(self, user: User) -> None:
+        """channel.open: the user's max-channels over all its connections (530)."""
+        limit = limit_reached(user.limits, "max-channels",
+                              sum(len(c.channels) for c in self.connections if c.user is user))
+        if limit is not None:
+            raise AMQPError(NOT_ALLOWED, "number of channels opened for user '%s' has reached "
+                            "the maximum allowed user limit of (%d)" % (user.name, limit))
+
+    def connection_closed(self, connection) -> None:
+        self.connections.discard(connection)
+
+    def _force_close(self, which, reason: str) -> None:
+        for connection in [c for c in self.connections if which(c)]:
+            connection.force_close(reason)

@@ -24,7 +24,8 @@ class ConsumerChannel(Protocol):
 
 
 class Consumer:
-    __slots__ = ("tag", "queue", "channel", "no_ack", "exclusive", "prefetch_count", "unacked", "arguments")
+    __slots__ = ("tag", "queue", "channel", "no_ack", "exclusive", "prefetch_count", "unacked", "arguments",
+                 "priority")
 
     def __init__(
         self,
@@ -35,6 +36,7 @@ class Consumer:
         exclusive: bool,
         prefetch_count: int,
         arguments: dict,
+        priority: int = 0,
     ) -> None:
         self.tag = tag
         self.queue = queue
@@ -46,3 +48,5 @@ class Consumer:
         self.prefetch_count = prefetch_count
         self.unacked = 0
         self.arguments = arguments
+        # x-priority: higher-priority consumers are served first (see vhosts.queue).
+        self.priority = priority

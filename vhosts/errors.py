@@ -96,3 +96,27 @@ def field_type(value: object) -> str:
     if isinstance(value, list):
         return "array"
     return "longstr"
+
+
+def erl_binary(value: str) -> str:
+    """How Erlang's ~p prints a binary: <<"text">> when printable, else its bytes."""
+    raw = value.encode("utf-8")
+    if raw and all(32 <= b < 127 for b in raw):
+        return '<<"%s">>' % value.replace("\\", "\\\\").replace('"', '\\"')
+    return "<<%s>>" % ",".join(str(b) for b in raw)
+
+
+def erl_term(value: object) -> str:
+    """A JSON-decoded value as Erlang's ~p prints the term RabbitMQ decodes
+    it to (strings are binaries, true/false/null atoms, objects maps)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, str):
+        return erl_binary(value)
+    if isinstance(value, list):
+        return "[%s]" % ",".join(erl_term(v) for v in value)
+    if isinstance(value, dict):
+        return "#{%s}" % ",".join("%s => %s" % (erl_term(k), erl_term(v)) for k, v in value.items())
+    return repr(value)

@@ -1,7 +1,9 @@
-"""An exchange: its declaration and its binding table (from `routing`)."""
+"""An exchange: its declaration, its binding table (from `routing`) and the
+definition of the policy that applies to it (vhosts.policies)."""
 from __future__ import annotations
 
 import routing
+from vhosts.delayed import DELAYED
 
 # The exchanges every virtual host starts with, as RabbitMQ predeclares them.
 PREDECLARED = (
@@ -14,7 +16,7 @@ PREDECLARED = (
 
 
 class Exchange:
-    __slots__ = ("name", "type", "durable", "auto_delete", "internal", "arguments", "table", "builtin")
+    __slots__ = ("name", "type", "durable", "auto_delete", "internal", "arguments", "table", "builtin", "policy")
 
     def __init__(
         self,
@@ -32,10 +34,15 @@ class Exchange:
         self.auto_delete = auto_delete
         self.internal = internal
         self.arguments = arguments or {}
-        self.table = routing.table_for(type)
+        # A delayed-message exchange routes as its x-delayed-type (vhosts.delayed).
+        self.table = routing.table_for(self.arguments["x-delayed-type"] if type == DELAYED else type)
         self.builtin = builtin
+        self.policy: dict | None = None
 
     @property
     def alternate_exchange(self) -> str | None:
+        """The argument, else the policy's (RabbitMQ: the argument wins)."""
         value = self.arguments.get("alternate-exchange")
-        return value if isinstance(value, str) else None
+        if isinstance(value, str):
+            return value
+        return self.policy.get("alternate-exchange") if self.policy is not None else None

@@ -4,12 +4,24 @@ Theory of operation:
 - Ready messages live in `backing` (a `storage.BackingQueue`); a delivered
   message leaves the ready set and is owned by the channel that received it
   until that channel acks (`ack`) or gives it back (`requeue`).
-- `dispatch` hands ready messages to consumers round-robin: the consumer list
-  is a deque rotated one step per delivery, and a consumer whose channel says
-  it cannot take more (prefetch, flow, a paused socket) is skipped. Dispatch
-  stops when no consumer can take a message; whoever frees capacity (an ack,
-  a resumed socket, a new consumer) calls `dispatch` again.
-- Invariant: at most one consumer when `exclusive_consumer` is set.
+- `dispatch` hands ready messages to consumers; `_pick` chooses the next
+  consumer that can take one (a consumer whose channel says it cannot take
+  more -- prefetch, flow, a paused socket -- is skipped), and dispatch stops
+  when there is none; whoever frees capacity (an ack, a resumed socket, a new
+  consumer) calls `dispatch` again. `_pick` is one of:
+  - `_round_robin` (all consumers of equal priority, the common case): the
+    deque is rotated one step per consumer looked at;
+  - `_by_priority` (consumer priorities, `x-priority`): the first consumer in
+    order that can take a message gets it and moves to the back of its
+    priority group, so equals share round-robin and a lower-priority consumer
+    gets a message only when every higher one is blocked;
+  - `_single_active` (`x-single-active-consumer`): only `active` receives;
+    when it goes, the highest-priority, longest-registered one takes over
+    from the next dispatch on.
+- Invariants: `consumers` is ordered by descending priority (registration
+  order within a priority, up to rotation); at most one consumer when
+  `exclusive_consumer` is set; `active` is set iff the queue is
+  single-active-consumer and has consumers.
 - Credit flow (RabbitMQ's idea, simplified): when more than FLOW_HIGH messages
   are ready and a consumer is held back only by its connection's output (a
   full socket, a long write list), the queue cannot keep up, so `publish`
@@ -25,6 +37,7 @@ from typing import Callable, Iterable
 
 from storage import BackingQueue, Message, QueueEntry
 from vhosts.consumer import Consumer
+from vhosts.stats import MessageStats
 
 FLOW_HIGH = 2000
 FLOW_LOW = 1000
@@ -45,6 +58,11 @@ class Queue:
         "deleted",
         "flow_waiters",
         "get_waiters",
+        "policy",
+        "single_active",
+        "active",
+        "_pick",
+        "stats",
     )
 
     def __init__(
@@ -73,6 +91,11 @@ class Queue:
         self.flow_waiters: set = set()
         # basic.get calls waiting for messages the backing queue reads back from disk.
         self.get_waiters: list = []
+        self.policy: dict | None = None
+        self.single_active = self.arguments.get("x-single-active-consumer") is True
+        self.active: Consumer | None = None
+        self._pick = self._single_active if self.single_active else self._round_robin
+        self.stats = MessageStats()
         backing.on_available = self._available
 
     @property
@@ -86,6 +109,7 @@ class Queue:
     def publish(self, message: Message, on_durable: Callable[[], None] | None = None) -> bool:
         """Enqueue and dispatch. True when `on_durable` was taken: it will be
         called once the message is on disk (persistent message, durable queue)."""
+        self.stats.publish += 1
         waits = on_durable is not None and self.backing.persists(message)
         self.backing.publish(message, on_durable if waits else None)
         if self.consumers:
@@ -103,13 +127,10 @@ class Queue:
     def dispatch(self) -> None:
         consumers = self.consumers
         backing = self.backing
+        pick = self._pick
         while backing.ready and consumers:
-            for _ in range(len(consumers)):
-                consumer = consumers[0]
-                consumers.rotate(-1)
-                if consumer.channel.can_deliver(consumer):
-                    break
-            else:
+            consumer = pick()
+            if consumer is None:
                 break
             entry = backing.fetch()
             if entry is None:
@@ -117,6 +138,33 @@ class Queue:
             consumer.channel.deliver(consumer, self, entry)
         if self.flow_waiters and (backing.ready < FLOW_LOW or not self._output_bound()):
             self.release_waiters()
+
+    def _round_robin(self) -> Consumer | None:
+        consumers = self.consumers
+        for _ in range(len(consumers)):
+            consumer = consumers[0]
+            consumers.rotate(-1)
+            if consumer.channel.can_deliver(consumer):
+                return consumer
+        return None
+
+    def _by_priority(self) -> Consumer | None:
+        consumers = self.consumers
+        for i, consumer in enumerate(consumers):
+            if consumer.channel.can_deliver(consumer):
+                del consumers[i]
+                end = i
+                while end < len(consumers) and consumers[end].priority == consumer.priority:
+                    end += 1
+                consumers.insert(end, consumer)
+                return consumer
+        return None
+
+    def _single_active(self) -> Consumer | None:
+        consumer = self.active
+        if consumer is not None and consumer.channel.can_deliver(consumer):
+            return consumer
+        return None
 
     def release_waiters(self) -> None:
         waiters = self.flow_waiters
@@ -154,7 +202,16 @@ class Queue:
             self.dispatch()
 
     def add_consumer(self, consumer: Consumer) -> None:
-        self.consumers.append(consumer)
+        consumers = self.consumers
+        at = len(consumers)
+        while at and consumers[at - 1].priority < consumer.priority:
+            at -= 1
+        consumers.insert(at, consumer)
+        if self.single_active:
+            if self.active is None:
+                self.active = consumer
+        elif consumers[0].priority != consumers[-1].priority:
+            self._pick = self._by_priority
         self.exclusive_consumer = consumer.exclusive
         self.had_consumers = True
         self.dispatch()
@@ -167,9 +224,21 @@ class Queue:
             return False
         if consumer.exclusive:
             self.exclusive_consumer = False
+        if consumer is self.active:
+            # The first of the highest priority: `consumers` is in that order.
+            # It receives at the queue's next dispatch (a publish, an ack, a
+            # requeue), not now: RabbitMQ 3.10 hands over the same way.
+            self.active = self.consumers[0] if self.consumers else None
+        elif not self.single_active and (not self.consumers
+                                         or self.consumers[0].priority == self.consumers[-1].priority):
+            self._pick = self._round_robin
         if self.flow_waiters and not self._output_bound():
             self.release_waiters()
         return self.auto_delete and not self.consumers and self.had_consumers
+
+    def apply_policy(self, definition: dict | None) -> None:
+        """The definition of the policy that now applies (None: none does)."""
+        self.policy = definition
 
     def purge(self) -> int:
         return self.backing.purge()
@@ -181,4 +250,6 @@ class Queue:
         self.release_waiters()
         consumers = list(self.consumers)
         self.consumers.clear()
+        self.active = None
+        self._available()  # whoever waits for a read back from disk sees the queue gone
         return consumers

@@ -14,9 +14,16 @@ Invariants:
   memory, and one operation with the auto-deletes it triggers is one
   transaction. Exclusive queues are never stored (RabbitMQ does not recover
   them); durable auto-delete queues and exchanges are.
+- Permissions: methods taking `access` (a vhosts.access.Access) check it at
+  the point where RabbitMQ's channel does, so a client sees the same error
+  first; `access` None is an administrator's call and checks nothing.
+- Policies: every queue and exchange carries the definition of the one
+  policy that applies to it (vhosts.policies), set when it is declared or
+  restored and by `apply_policies` whenever the vhost's policies change.
 """
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import logging
@@ -25,7 +32,10 @@ from typing import Callable
 
 import routing
 from routing import Destination
-from storage import MemoryQueue, Message
+from storage import MemoryQueue, Message, QueueEntry
+from storage.priority_queue import PriorityQueue, level_name
+from vhosts.access import Access
+from vhosts.argument_checks import check_queue_arguments, max_priority
 from vhosts.errors import (
     ACCESS_REFUSED,
     AMQPError,
@@ -33,11 +43,17 @@ from vhosts.errors import (
     NOT_FOUND,
     PRECONDITION_FAILED,
     RESOURCE_LOCKED,
+    erl_binary,
     field_type,
     fmt_value,
 )
+from vhosts.delayed import DELAYED, Delayer, check_delayed_type, delay_of
 from vhosts.exchange import PREDECLARED, Exchange
+from vhosts.move import move
+from vhosts.policies import Policy, matching
 from vhosts.queue import Queue
+from vhosts.users import limit_reached
+from vhosts.stats import Churn, MessageStats
 
 # Arguments whose values must match on re-declaration (rabbit_amqqueue's list);
 # other arguments are ignored by the equivalence check, as in RabbitMQ.
@@ -60,6 +76,8 @@ QUEUE_EQUIVALENT_ARGS = (
     "x-quorum-initial-group-size",
 )
 EXCHANGE_EQUIVALENT_ARGS = ("alternate-exchange",)
+# Every exchange type that can be declared: routing's, and the delayed-message one.
+EXCHANGE_TYPES = routing.EXCHANGE_TYPES | {DELAYED}
 
 
 def _check_x_match(value: object) -> None:
@@ -69,20 +87,12 @@ def _check_x_match(value: object) -> None:
             return
         raise AMQPError(
             PRECONDITION_FAILED,
-            "Invalid x-match field value %s; expected all, any, all-with-x, or any-with-x" % _erl_binary(value),
+            "Invalid x-match field value %s; expected all, any, all-with-x, or any-with-x" % erl_binary(value),
         )
     raise AMQPError(
         PRECONDITION_FAILED,
         "Invalid x-match field type %s (value %s); expected longstr" % (field_type(value), fmt_value(value)),
     )
-
-
-def _erl_binary(value: str) -> str:
-    """How Erlang's ~p prints a binary: <<"text">> when printable, else its bytes."""
-    raw = value.encode("utf-8")
-    if raw and all(32 <= b < 127 for b in raw):
-        return '<<"%s">>' % value.replace("\\", "\\\\").replace('"', '\\"')
-    return "<<%s>>" % ",".join(str(b) for b in raw)
 
 
 def new_queue_name() -> str:
@@ -103,7 +113,18 @@ class VirtualHost:
         self.message_storage = message_storage
         self.exchanges: dict[str, Exchange] = {}
         self.queues: dict[str, Queue] = {}
+        # max-connections, max-queues (vhosts.users.VHOST_LIMITS); kept by the Broker.
+        self.limits: dict = {}
+        # name -> Policy; set by the Broker, which calls apply_policies after a change.
+        self.policies: dict[str, Policy] = {}
         self._bound_from: dict[Destination, set[str]] = {}
+        # The names of the x-delayed-message exchanges, which publish looks
+        # up first, and what holds their delayed messages.
+        self.delayed_exchanges: set[str] = set()
+        self.delayer = Delayer(self._deliver_delayed,
+                               message_storage.delayed_store() if message_storage is not None else None)
+        self.stats = MessageStats()
+        self.churn = Churn()  # the broker's, once it adopts this vhost
         for xname, xtype in PREDECLARED:
             self.exchanges[xname] = Exchange(xname, xtype, durable=True, builtin=True)
 
@@ -146,6 +167,23 @@ class VirtualHost:
             % (key, what, name, self._where(), fmt_value(received), fmt_value(current)),
         )
 
+    # -- policies ----------------------------------------------------------------
+
+    def policy_for(self, kind: str, name: str) -> Policy | None:
+        """The policy that applies to the queue or exchange (`kind`) `name`."""
+        return matching(self.policies.values(), kind, name) if self.policies else None
+
+    def _definition_for(self, kind: str, name: str) -> dict | None:
+        policy = self.policy_for(kind, name)
+        return policy.definition if policy is not None else None
+
+    def apply_policies(self) -> None:
+        """Give every queue and exchange the policy that now applies to it."""
+        for x in self.exchanges.values():
+            x.policy = self._definition_for("exchange", x.name)
+        for q in self.queues.values():
+            q.apply_policy(self._definition_for("queue", q.name))
+
     # -- durable definitions ---------------------------------------------------
 
     def _transaction(self):
@@ -174,12 +212,14 @@ class VirtualHost:
         `storage.definitions`); nothing is written back. Queues come back
         without consumers or owner, as after a RabbitMQ restart."""
         for row in exchanges:
-            if row.name in self.exchanges or row.type not in routing.EXCHANGE_TYPES:
+            if row.name in self.exchanges or row.type not in EXCHANGE_TYPES:
                 log.warning("not restoring exchange '%s' (type %s) %s", row.name, row.type, self._where())
                 continue
             self.exchanges[row.name] = Exchange(
                 row.name, row.type, row.durable, row.auto_delete, row.internal, row.arguments
             )
+            if row.type == DELAYED:
+                self.delayed_exchanges.add(row.name)
         for row in queues:
             self.queues[row.name] = self._new_queue(
                 row.name, row.durable, None, row.auto_delete, row.arguments, restoring=True)
@@ -193,6 +233,7 @@ class VirtualHost:
                 continue
             if x.table.bind(dest, row.routing_key, row.arguments):
                 self._bound_from.setdefault(dest, set()).add(row.source)
+        self.apply_policies()
 
     def _check_args(self, what: str, name: str, keys, current: dict, received: dict) -> None:
         for key in keys:
@@ -223,14 +264,19 @@ class VirtualHost:
         auto_delete: bool = False,
         internal: bool = False,
         arguments: dict | None = None,
+        access: Access | None = None,
     ) -> Exchange:
-        # RabbitMQ's order: the type, then the default exchange, then (only for
-        # a new exchange) the reserved prefix; existing amq.* may be redeclared.
-        if not passive and type not in routing.EXCHANGE_TYPES:
+        # RabbitMQ's order: the type, then the default exchange, then the
+        # configure permission, then (only for a new exchange) the reserved
+        # prefix; existing amq.* may be redeclared. `access` None: no
+        # permission checks (an administrator's operation).
+        if not passive and type not in EXCHANGE_TYPES:
             raise AMQPError(COMMAND_INVALID, "unknown exchange type '%s'" % type)
         self._not_default(name)
         if passive:
             return self.exchange(name)
+        if access is not None:
+            access.check("exchange", name, "configure")
         arguments = arguments or {}
         x = self.exchanges.get(name)
         if x is None:
@@ -243,10 +289,18 @@ class VirtualHost:
                     "invalid type '%s' for arg 'alternate-exchange' in exchange '%s' %s"
                     % (field_type(ae), name, self._where()),
                 )
+            if ae is not None and access is not None:
+                access.check("exchange", name, "read")
+                access.check("exchange", ae, "write")
+            if type == DELAYED:
+                check_delayed_type(arguments, routing.EXCHANGE_TYPES)
             x = Exchange(name, type, durable, auto_delete, internal, arguments)
+            x.policy = self._definition_for("exchange", name)
             if durable and self.definitions is not None:
                 self.definitions.upsert_exchange(self.name, name, type, durable, auto_delete, internal, arguments)
             self.exchanges[name] = x
+            if type == DELAYED:
+                self.delayed_exchanges.add(name)
             return x
         for key, received, current in (
             ("type", type, x.type),
@@ -259,10 +313,12 @@ class VirtualHost:
         self._check_args("exchange", name, EXCHANGE_EQUIVALENT_ARGS, x.arguments, arguments)
         return x
 
-    def delete_exchange(self, name: str, if_unused: bool = False) -> None:
+    def delete_exchange(self, name: str, if_unused: bool = False, access: Access | None = None) -> None:
         self._not_default(name)
         if name.startswith("amq."):  # RabbitMQ refuses any amq.* name, existing or not
             raise AMQPError(ACCESS_REFUSED, "deletion of system exchange '%s' %s not allowed" % (name, self._where()))
+        if access is not None:
+            access.check("exchange", name, "configure")
         x = self.exchanges.get(name)
         if x is None:
             return
@@ -275,6 +331,7 @@ class VirtualHost:
         if x.durable and self.definitions is not None:
             self.definitions.delete_exchange(self.name, x.name)  # and its bindings, both ways
         del self.exchanges[x.name]
+        self.delayed_exchanges.discard(x.name)
         for dest, _key, _args in list(x.table.bindings()):
             self._forget_binding(x.name, dest)
         self._remove_destination(Destination("exchange", x.name))
@@ -304,7 +361,7 @@ class VirtualHost:
     def bind(self, source: str, dest: Destination, key: str, arguments: dict | None) -> None:
         self._not_default(source)
         x = self.exchange(source)
-        if x.type == "headers" and arguments and "x-match" in arguments:
+        if isinstance(x.table, routing.HeadersTable) and arguments and "x-match" in arguments:
             _check_x_match(arguments["x-match"])
         if (self.definitions is not None and self._durable_binding(x, dest)
                 and not x.table.has_binding(dest, key, arguments)):
@@ -326,27 +383,48 @@ class VirtualHost:
                 self._forget_binding(source, dest)
             self._maybe_auto_delete(x)
 
-    def bind_queue(self, queue: str, exchange: str, key: str, arguments: dict | None, owner: object) -> None:
+    def _check_binding(self, access: Access | None, source: str, dest: Destination, key: str) -> None:
+        """RabbitMQ's checks of a binding or unbinding, in its order: write on
+        the destination, neither end the default exchange, read on the
+        source, then the topic permission of the binding key."""
+        if access is None:
+            return
+        access.check(dest.kind, dest.name, "write")
+        if dest.kind == "exchange":
+            self._not_default(dest.name)
+        self._not_default(source)
+        access.check("exchange", source, "read")
+        access.topic(self.exchanges.get(source), key, "read")
+
+    def bind_queue(self, queue: str, exchange: str, key: str, arguments: dict | None, owner: object,
+                   access: Access | None = None) -> None:
+        self._check_binding(access, exchange, Destination("queue", queue), key)
         self._not_default(exchange)
         self.exchange(exchange)  # as RabbitMQ: a missing source is reported before a missing queue
         self.queue(queue, owner)
         self.bind(exchange, Destination("queue", queue), key, arguments)
 
-    def unbind_queue(self, queue: str, exchange: str, key: str, arguments: dict | None, owner: object) -> None:
+    def unbind_queue(self, queue: str, exchange: str, key: str, arguments: dict | None, owner: object,
+                     access: Access | None = None) -> None:
+        self._check_binding(access, exchange, Destination("queue", queue), key)
         # As RabbitMQ: exclusivity is checked only when the binding exists.
         x = self.exchanges.get(exchange)
         if queue in self.queues and x is not None and x.table.has_binding(Destination("queue", queue), key, arguments):
             self.queue(queue, owner)
         self.unbind(exchange, Destination("queue", queue), key, arguments)
 
-    def bind_exchange(self, destination: str, source: str, key: str, arguments: dict | None) -> None:
+    def bind_exchange(self, destination: str, source: str, key: str, arguments: dict | None,
+                      access: Access | None = None) -> None:
+        self._check_binding(access, source, Destination("exchange", destination), key)
         self._not_default(destination)
         self._not_default(source)
         self.exchange(source)  # as RabbitMQ: a missing source is reported first
         self.exchange(destination)
         self.bind(source, Destination("exchange", destination), key, arguments)
 
-    def unbind_exchange(self, destination: str, source: str, key: str, arguments: dict | None) -> None:
+    def unbind_exchange(self, destination: str, source: str, key: str, arguments: dict | None,
+                        access: Access | None = None) -> None:
+        self._check_binding(access, source, Destination("exchange", destination), key)
         self._not_default(destination)
         self._not_default(source)
         self.unbind(source, Destination("exchange", destination), key, arguments)
@@ -368,20 +446,40 @@ class VirtualHost:
         exclusive: bool = False,
         auto_delete: bool = False,
         arguments: dict | None = None,
+        access: Access | None = None,
     ) -> Queue:
+        # RabbitMQ's order: the name, the configure permission (on the
+        # generated name for a server-named queue); for a new queue the
+        # vhost's queue limit, then read on it and write on its DLX.
         if passive:
             return self.queue(name, owner)
         if not name:
             name = new_queue_name()
         elif name.startswith("amq."):
             raise AMQPError(ACCESS_REFUSED, "queue name '%s' contains reserved prefix 'amq.*'" % name)
+        if access is not None:
+            access.check("queue", name, "configure")
         arguments = arguments or {}
+        self.churn.queue_declared += 1
         q = self.queues.get(name)
         if q is None:
+            limit = limit_reached(self.limits, "max-queues", len(self.queues))
+            if limit is not None:
+                raise AMQPError(
+                    PRECONDITION_FAILED,
+                    "cannot declare queue '%s': queue limit in vhost '%s' (%d) is reached" % (name, self.name, limit),
+                )
+            dlx = arguments.get("x-dead-letter-exchange")
+            if isinstance(dlx, str) and access is not None:
+                access.check("queue", name, "read")
+                access.check("exchange", dlx, "write")
+            check_queue_arguments(self.name, name, arguments)
             q = self._new_queue(name, durable, owner if exclusive else None, auto_delete, arguments)
+            q.apply_policy(self._definition_for("queue", name))
             if self.definitions is not None and self._stored(q):
                 self.definitions.upsert_queue(self.name, name, durable, auto_delete, arguments)
             self.queues[name] = q
+            self.churn.queue_created += 1
             return q
         if q.exclusive_owner is not None and q.exclusive_owner is not owner:
             raise self._locked(name)
@@ -399,14 +497,22 @@ class VirtualHost:
         """A new queue object (declared, or restored at start). Its messages
         live in the message storage, which pages them to disk under memory
         pressure; only a durable, non-exclusive queue keeps persistent
-        messages across restarts (exclusive queues are never recovered)."""
+        messages across restarts (exclusive queues are never recovered).
+        A priority queue has one backing queue per priority level."""
         storage = self.message_storage
-        if storage is None:
-            backing = MemoryQueue()
-        elif restoring:
-            backing = storage.recover_queue(name)
+
+        def backing_for(stored_as: str):
+            if storage is None:
+                return MemoryQueue()
+            if restoring:
+                return storage.recover_queue(stored_as)
+            return storage.new_queue(stored_as, durable and exclusive_owner is None)
+
+        top = max_priority(arguments)
+        if top:
+            backing = PriorityQueue([backing_for(level_name(name, level)) for level in range(top + 1)])
         else:
-            backing = storage.new_queue(name, durable and exclusive_owner is None)
+            backing = backing_for(name)
         return Queue(
             name,
             self.name,
@@ -417,7 +523,10 @@ class VirtualHost:
             arguments=arguments,
         )
 
-    def delete_queue(self, name: str, owner: object, if_unused: bool = False, if_empty: bool = False) -> int:
+    def delete_queue(self, name: str, owner: object, if_unused: bool = False, if_empty: bool = False,
+                     access: Access | None = None) -> int:
+        if access is not None:
+            access.check("queue", name, "configure")
         q = self.queues.get(name)
         if q is None:
             return 0
@@ -438,6 +547,7 @@ class VirtualHost:
                 self.definitions.delete_queue(self.name, q.name)  # and the bindings to it
             del self.queues[q.name]
             self._remove_destination(Destination("queue", q.name))
+        self.churn.queue_deleted += 1
         for consumer in q.delete():
             consumer.channel.consumer_cancelled(consumer)
         return count
@@ -446,10 +556,68 @@ class VirtualHost:
         """After restoring (or creating) the vhost: finish the message
         storage's recovery before serving (blocking, at start)."""
         if self.message_storage is not None:
+            self.delayer.recover()
             self.message_storage.finish_recovery()
 
-    def purge_queue(self, name: str, owner: object) -> int:
+    def purge_queue(self, name: str, owner: object, access: Access | None = None) -> int:
+        if access is not None:
+            access.check("queue", name, "read")
         return self.queue(name, owner).purge()
+
+    # -- peek and move (admin operations) ------------------------------------
+
+    def _existing_queue(self, name: str) -> Queue:
+        """For admin operations: any queue, exclusive ones included."""
+        q = self.queues.get(name)
+        if q is None:
+            raise AMQPError(NOT_FOUND, "no queue '%s' %s" % (name, self._where()))
+        return q
+
+    async def peek_queue(self, name: str, count: int) -> list[QueueEntry]:
+        """The first `count` ready messages of queue `name`, in delivery
+        order, left where they are: entries with `redelivered` and `message`
+        (`exchange`, `routing_key`, `properties`, `headers`, `body`); to be
+        treated as read-only. Paged-out messages are read back off the loop."""
+        q = self._existing_queue(name)
+        if count <= 0:
+            return []
+        peeked = asyncio.get_running_loop().create_future()
+        q.backing.peek(count, lambda result: peeked.done() or peeked.set_result(result))
+        result = await peeked
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    async def move_messages(self, source: str, destination: str, kind: str = "queue",
+                            count: int | None = None, routing_key: str | None = None) -> int:
+        """Move up to `count` messages (None: all ready now) from the head of
+        queue `source` to queue `destination` (kind "queue": the messages are
+        unchanged) or through exchange `destination` (kind "exchange", "" the
+        default one: published with their routing key, or `routing_key`).
+        Each leaves the source only once the destination holds it (durably
+        when persistent); a message routed nowhere stays in the source and
+        ends the move. Returns how many moved (see vhosts.move)."""
+        q = self._existing_queue(source)
+        if kind == "queue":
+            target = self._existing_queue(destination)
+            if target is q:
+                raise AMQPError(PRECONDITION_FAILED, "cannot move messages of queue '%s' %s to itself"
+                                % (source, self._where()))
+
+            def route(message: Message):
+                return message, ([] if target.deleted else [target])
+        elif kind == "exchange":
+            if destination:
+                self.exchange(destination)
+
+            def route(message: Message):
+                key = message.routing_key if routing_key is None else routing_key
+                moved = Message(destination, key, message.header, message.body)
+                return moved, self.route(destination, [key], message.headers)
+        else:
+            raise ValueError("kind must be 'queue' or 'exchange', not %r" % (kind,))
+        limit = q.message_count if count is None else max(count, 0)
+        return await move(q, route, limit)
 
     # -- publish -------------------------------------------------------------
 
@@ -466,14 +634,24 @@ class VirtualHost:
         names = routing.resolve(exchange, routing_keys, headers, self.exchanges.get)
         return [queues[n] for n in names if n in queues]
 
-    def check_publish(self, exchange: str) -> None:
-        if exchange == "":
+    def _deliver_delayed(self, message: Message, routing_keys: list[str]) -> None:
+        """A delayed message is due: route it as its exchange now does (none
+        when the exchange is gone) and enqueue it."""
+        if message.exchange not in self.delayed_exchanges:
             return
+        for q in self.route(message.exchange, routing_keys, message.headers):
+            q.publish(message)
+
+    def check_publish(self, exchange: str) -> Exchange | None:
+        """The exchange a publish goes to (None: the default exchange)."""
+        if exchange == "":
+            return None
         x = self.exchanges.get(exchange)
         if x is None:
             raise AMQPError(NOT_FOUND, "no exchange '%s' %s" % (exchange, self._where()))
         if x.internal:
             raise AMQPError(ACCESS_REFUSED, "cannot publish to internal exchange '%s' %s" % (exchange, self._where()))
+        return x
 
     def publish(
         self,
@@ -487,8 +665,17 @@ class VirtualHost:
         call `on_durable` once the message is on disk). `publisher` (with
         `throttled_by(queue)`) is told which queues ask it to wait (credit
         flow, see vhosts.queue)."""
-        targets = self.route(message.exchange, routing_keys, headers)
+        self.stats.publish += 1
         waits = 0
+        if message.exchange in self.delayed_exchanges and (delay := delay_of(headers)):
+            # Held by the exchange (vhosts.delayed): no queue now, but its
+            # alternate exchange, if any, gets it at once, as with the plugin.
+            x = self.exchanges[message.exchange]
+            waits = int(self.delayer.delay(message, delay, routing_keys, x.durable, on_durable))
+            ae = x.alternate_exchange
+            targets = self.route(ae, routing_keys, headers) if ae is not None else []
+        else:
+            targets = self.route(message.exchange, routing_keys, headers)
         for q in targets:
             if q.publish(message, on_durable):
                 waits += 1
