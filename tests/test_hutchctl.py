@@ -26,11 +26,41 @@ STATS = 30.0
 pytestmark = pytest.mark.timeout(180)
 
 
+# What hutch's broker or management API does not do yet, by test (and list_queues case). These
+# tests are expected to fail against hutch, strictly: once the feature lands they report XPASS,
+# and the entry goes.
+_NO_POLICY_API = "hutch's management API has no /api/policies/{vhost}/{name} yet"
+_DECLARE_OK_NAMES = ("hutch answers queue.declare of a name with a space or tab with 541: pamqp's "
+                     "Queue.DeclareOk validation rejects names RabbitMQ accepts (amqp_server/declarations.py)")
+HUTCH_GAPS = {
+    ("test_list_queues_prints_what_rabbitmqctl_prints", "tab and space in the name"): _DECLARE_OK_NAMES,
+    ("test_list_queues_prints_what_rabbitmqctl_prints", "json"): _DECLARE_OK_NAMES,
+    ("test_list_queues_prints_what_rabbitmqctl_prints", "csv"): _DECLARE_OK_NAMES,
+    ("test_vhost_listings_match_rabbitmqctl", None): _NO_POLICY_API,
+    ("test_policies_are_set_listed_applied_and_cleared", None): _NO_POLICY_API,
+    ("test_set_policy_reports_bad_json_and_invalid_definitions", None): _NO_POLICY_API,
+    ("test_topic_permissions_are_set_listed_and_cleared", None):
+        "hutch's management API has no /api/topic-permissions/{vhost}/{user} yet",
+    ("test_list_vhosts_shows_description_tags_and_tracing", None):
+        "hutch's PUT /api/vhosts/{vhost} does not keep description and tags yet",
+    ("test_trace_on_copies_published_messages_to_amq_rabbitmq_trace", None):
+        "hutch has no firehose yet (PUT /api/vhosts/{vhost} refuses tracing)",
+    ("test_peek_shows_messages_without_taking_them", None):
+        "hutch's management API has no GET /api/queues/{vhost}/{name}/peek yet",
+    ("test_move_to_a_queue_and_to_an_exchange", None):
+        "hutch's management API has no POST /api/queues/{vhost}/{name}/move yet",
+}
+
+
 @pytest.fixture(params=["rabbitmq", "hutch"])
 def target(request):
     if request.param == "rabbitmq":
         request.applymarker(pytest.mark.differential)
         return rabbitmq_target()
+    case = getattr(request.node, "callspec", None) and request.node.callspec.params.get("case")
+    gap = HUTCH_GAPS.get((request.node.originalname, case))
+    if gap is not None:
+        request.applymarker(pytest.mark.xfail(reason=gap, strict=True))
     return hutch_target(request.getfixturevalue("broker"))
 
 
@@ -282,15 +312,16 @@ def test_connections_channels_and_consumers_are_listed_and_a_connection_can_be_c
     assert rows[0]["user"] == "guest"
     assert ["connection_name", "longstr", connection_name] in rows[0]["client_properties"]
     name = rows[0]["name"]
-    consumers = wait_for(lambda: rows_of_json(target.ok("list_consumers", "-p", vhost, "--formatter", "json")),
-                         timeout=STATS, interval=0.5)
+    # RabbitMQ fills in a consumer's channel details with the channel's next statistics
+    consumers = wait_for(lambda: [row for row in rows_of_json(target.ok("list_consumers", "-p", vhost,
+                                                                        "--formatter", "json"))
+                                  if row["channel_pid"]], timeout=STATS, interval=0.5)
     assert len(consumers) == 1
     assert consumers[0]["queue_name"] == "work"
     assert consumers[0]["consumer_tag"] == "ctag-1"
     assert consumers[0]["ack_required"] is True
     assert consumers[0]["prefetch_count"] == 7
     assert consumers[0]["arguments"] == [["x-priority", "signedint", 5]]
-    assert consumers[0]["channel_pid"]
     assert wait_for(lambda: [row for row in rows_of_json(target.ok("list_channels", "connection", "prefetch_count",
                                                                    "consumer_count", "--formatter", "json"))
                              if row["connection"] == name and row["consumer_count"] == 1],
