@@ -31,7 +31,7 @@ from pamqp import commands
 
 from amqp_server import declarations, fastpath, firehose
 from amqp_server.deliveries import Deliveries
-from amqp_server.framing import FRAME_BODY, FRAME_HEADER, erlang_binary, content_header_prefix, decode_method
+from amqp_server.framing import FRAME_BODY, FRAME_HEADER, content_header_prefix, decode_method, erlang_binary, named_method
 from storage import Message
 from vhosts.access import Access
 from vhosts.errors import (
@@ -277,7 +277,7 @@ class Channel(Deliveries):
             self.vhost.stats.return_unroutable += 1
             self.connection.send_content(
                 self.number,
-                commands.Basic.Return(
+                named_method(commands.Basic.Return,
                     reply_code=312,
                     reply_text="NO_ROUTE",
                     exchange=message.exchange,

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pamqp import commands
 
+from amqp_server.framing import named_method
+
 
 def exchange_declare(channel, m) -> None:
     channel.vhost.declare_exchange(
@@ -46,7 +48,7 @@ def queue_declare(channel, m) -> None:
     channel.most_recent_queue = queue.name
     if not m.nowait:
         channel.send_method(
-            commands.Queue.DeclareOk(
+            named_method(commands.Queue.DeclareOk,
                 queue=queue.name, message_count=queue.message_count, consumer_count=queue.consumer_count
             )
         )

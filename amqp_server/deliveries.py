@@ -19,7 +19,7 @@ import os
 from pamqp import commands
 
 from amqp_server import fastpath, firehose
-from amqp_server.framing import content_frames
+from amqp_server.framing import content_frames, named_method
 from storage.message import encode_value
 from vhosts import Consumer
 from vhosts.queue_arguments import consumer_priority
@@ -210,7 +210,7 @@ class Deliveries:
         message = entry.message
         self.connection.send_content(
             self.number,
-            commands.Basic.GetOk(
+            named_method(commands.Basic.GetOk,
                 delivery_tag=tag,
                 redelivered=entry.redelivered,
                 exchange=message.exchange,

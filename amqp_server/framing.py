@@ -168,6 +168,25 @@ def content_header_prefix(payload: bytes) -> tuple[int, int]:
     return class_id, body_size
 
 
+def named_method(cls, **fields):
+    """A pamqp method carrying exchange or queue names, without pamqp's name
+    validation: its pattern is ASCII-only, while RabbitMQ (and so hutch)
+    accepts any UTF-8 name of up to 255 bytes, which the codec encodes fine.
+    (A subclass whose `validate` accepts everything; pamqp calls it when
+    building and when marshalling.)"""
+    unchecked = _UNCHECKED.get(cls)
+    if unchecked is None:
+        unchecked = _UNCHECKED[cls] = type(cls.__name__, (cls,), {"validate": _accept})
+    return unchecked(**fields)
+
+
+_UNCHECKED: dict = {}
+
+
+def _accept(_method) -> None:
+    return None
+
+
 def method_frame(channel: int, method) -> bytes:
     return pamqp_marshal(method, channel)
 

@@ -51,6 +51,9 @@ _FLOAT_RANGES: dict[str, tuple[float, float]] = {
     "sample_interval": (0.1, 3600.0),
     "vm_memory_high_watermark": (0.0, 1.0),
 }
+# HUTCH_* variables that are not broker settings: the config file's name, and
+# hutchctl's connection settings (so one shell can export both).
+_NOT_BROKER_SETTINGS = frozenset({"HUTCH_CONFIG", "HUTCH_URL", "HUTCH_USERNAME", "HUTCH_PASSWORD"})
 _BOOL_WORDS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
 
 
@@ -210,7 +213,7 @@ def _from_file(path: str) -> dict[tuple[str, ...], typing.Any]:
 def _from_environ(environ: Mapping[str, str]) -> dict[tuple[str, ...], typing.Any]:
     values = {}
     for name in sorted(environ):
-        if not name.startswith("HUTCH_") or name == "HUTCH_CONFIG":
+        if not name.startswith("HUTCH_") or name in _NOT_BROKER_SETTINGS:
             continue
         if name not in _BY_ENV:
             raise SettingsError(f"unknown environment variable '{name}'{_suggest(name, _BY_ENV)}")

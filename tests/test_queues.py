@@ -85,6 +85,25 @@ async def test_server_named_queue_with_aio_pika(aconn):
     assert (message.body, message.routing_key) == (b"hello", queue.name)
 
 
+@pytest.mark.parametrize("suffix", ["é ü", "tab\there", "quote'\"", "漢字"])
+def test_any_utf8_name_works_for_queues_and_exchanges(conn, ch, suffix):
+    """RabbitMQ accepts any UTF-8 name: declare, publish, get and return all
+    carry it back unchanged."""
+    queue, exchange = unique("q") + suffix, unique("x") + suffix
+    returned = []
+    assert ch.queue_declare(queue, exclusive=True).method.queue == queue
+    ch.exchange_declare(exchange, "direct", auto_delete=True)
+    ch.queue_bind(queue, exchange, routing_key=suffix)
+    ch.basic_publish(exchange, suffix, b"body")
+    method, _props, body = ch.basic_get(queue, auto_ack=True)
+    assert (method.exchange, method.routing_key, body) == (exchange, suffix, b"body")
+    plain = conn.channel()  # `ch` confirms: pika would raise on the return
+    plain.add_on_return_callback(lambda _ch, method, _props, _body: returned.append(method))
+    plain.basic_publish(exchange, "nowhere " + suffix, b"x", mandatory=True)
+    wait_for(lambda: conn.process_data_events(0.05) or returned)
+    assert (returned[0].exchange, returned[0].routing_key) == (exchange, "nowhere " + suffix)
+
+
 def test_passive_declare(conn, ch):
     name = unique("q")
     ch.queue_declare(name, exclusive=True)

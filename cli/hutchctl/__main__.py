@@ -1,0 +1,5 @@
+import sys
+
+from cli.hutchctl.main import main
+
+sys.exit(main())

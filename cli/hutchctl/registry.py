@@ -1,0 +1,7 @@
+"""The command table: every command hutchctl knows, by name."""
+from __future__ import annotations
+
+from cli.hutchctl import access, listings, node, policies, queues
+
+COMMANDS = {command.name: command
+            for module in (listings, access, policies, queues, node) for command in module.COMMANDS}
