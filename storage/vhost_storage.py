@@ -16,6 +16,7 @@ import shutil
 from collections import Counter
 from dataclasses import dataclass
 
+from storage.dead_letter_log import DeadLetterLog, DeadLetterLogSettings
 from storage.msg_store import MessageStore
 from storage.queue_index import QueueIndex
 from storage.variable_queue import VariableQueue
@@ -30,6 +31,7 @@ class StorageSettings:
     embed_below: int = 4096
     segment_entries: int = 4096
     unclean_start: bool = False  # no clean-shutdown marker: recovered messages count as delivered
+    dead_letter_log: DeadLetterLogSettings | None = None  # None: no dead-letter log
 
 
 def dir_name(name: str) -> str:
@@ -49,6 +51,10 @@ class VhostStorage:
             os.path.join(directory, "msg_store_persistent"), writer, settings.msg_store_file_size)
         self.transient = MessageStore(
             os.path.join(directory, "msg_store_transient"), writer, settings.msg_store_file_size)
+        self.dead_letters: DeadLetterLog | None = None
+        if settings.dead_letter_log is not None:
+            self.dead_letters = DeadLetterLog(os.path.join(directory, "dead_letters"), writer, settings.dead_letter_log)
+            self.dead_letters.recover()
         self._refcounts: Counter = Counter()
         self._recovered: set[str] = set()
 
