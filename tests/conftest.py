@@ -146,3 +146,14 @@ def still_serving(broker):
     """After the test: a new client can still connect, publish and get."""
     yield
     assert_serves(broker.port)
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """The one SparkSession of the suite (local[2], two shuffle partitions),
+    with the hutch-dead-letters data source registered."""
+    from spark_sink.session import build_session
+
+    session = build_session("local[2]", "hutch-tests", shuffle_partitions=2)
+    yield session
+    session.stop()
