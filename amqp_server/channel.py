@@ -80,6 +80,15 @@ class Channel(Deliveries):
             **self.delivery_handlers(),
         }
 
+    @property
+    def transactional(self) -> bool:
+        return self._tx is not None
+
+    @property
+    def unconfirmed(self) -> int:
+        """Publishes in confirm mode not confirmed yet."""
+        return self._publish_seq - self._confirm_from + 1 if self.confirm else 0
+
     def _bind_handler(self, fn):
         return lambda method: fn(self, method)
 
@@ -259,7 +268,10 @@ class Channel(Deliveries):
                on_durable=None) -> int:
         """Publish into the vhost; returns how many queues will call `on_durable`."""
         reached, waits = self.vhost.publish(message, keys, headers, self.connection, on_durable)
-        if not reached and mandatory:
+        if not reached and not mandatory:
+            self.vhost.stats.drop_unroutable += 1
+        elif not reached:
+            self.vhost.stats.return_unroutable += 1
             self.connection.send_content(
                 self.number,
                 commands.Basic.Return(
@@ -275,6 +287,7 @@ class Channel(Deliveries):
     def flush_confirms(self) -> None:
         upto = next(iter(self._awaiting)) - 1 if self._awaiting else self._publish_seq
         if upto >= self._confirm_from:
+            self.vhost.stats.confirm += upto - self._confirm_from + 1
             self.connection.send_raw(fastpath.ack_frame(self.number, upto, upto > self._confirm_from))
             self._confirm_from = upto + 1
 

@@ -50,6 +50,27 @@ class StorageConfig:
 
 
 @dataclass
+class ManagementConfig:
+    """The management HTTP API (RabbitMQ's rabbitmq_management plugin)."""
+
+    enabled: bool = True
+    bind: str = "0.0.0.0"
+    port: int = 15672
+    # Seconds between the samples message rates are computed from.
+    # [collect_statistics_interval, in ms there]
+    sample_interval: float = 5.0
+
+
+@dataclass
+class PrometheusConfig:
+    """Prometheus metrics at /metrics (RabbitMQ's rabbitmq_prometheus plugin)."""
+
+    enabled: bool = True
+    bind: str = "0.0.0.0"
+    port: int = 15692
+
+
+@dataclass
 class DeadLetterLogConfig:
     """The per-vhost log of every message that dies, read by offset over the
     management API (docs/analytics.md)."""
@@ -85,4 +106,6 @@ class BrokerConfig:
     log_level: str = "info"
     tls: TLSConfig = field(default_factory=TLSConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
+    management: ManagementConfig = field(default_factory=ManagementConfig)
+    prometheus: PrometheusConfig = field(default_factory=PrometheusConfig)
     dead_letter_log: DeadLetterLogConfig = field(default_factory=DeadLetterLogConfig)

@@ -28,6 +28,7 @@ import ipaddress
 import logging
 import platform
 import struct
+import time
 from typing import TYPE_CHECKING
 
 from pamqp import commands, decode
@@ -114,6 +115,8 @@ class Connection:
         self.vhost = None
         self.user = None
         self.client_properties: dict = {}
+        self.auth_mechanism = ""
+        self.connected_at = int(time.time() * 1000)  # ms since the epoch, as RabbitMQ reports it
         self.channels: dict[int, Channel] = {}
         self.exclusive_queues: list = []
         # Flow sources (queues, the disk writer) that keep us from reading.
@@ -363,6 +366,7 @@ class Connection:
         self.client_properties = method.client_properties or {}
         if method.mechanism not in MECHANISMS.split():
             raise AMQPError(COMMAND_INVALID, "unknown authentication mechanism '%s'" % method.mechanism)
+        self.auth_mechanism = method.mechanism
         username, password = self._credentials(method)
         self.user = self.broker.authenticate(username, password, self._from_loopback())
         if self.user is None:

@@ -86,12 +86,20 @@ class Deliveries:
     def deliver(self, consumer: Consumer, queue, entry) -> None:
         tag = self._next_tag
         self._next_tag = tag + 1
+        queue_stats, vhost_stats = queue.stats, self.vhost.stats
         if consumer.no_ack:
             queue.ack((entry,))
+            queue_stats.deliver_no_ack += 1
+            vhost_stats.deliver_no_ack += 1
         else:
             self.unacked[tag] = (queue, entry, consumer)
             consumer.unacked += 1
             self.global_unacked += 1
+            queue_stats.deliver += 1
+            vhost_stats.deliver += 1
+        if entry.redelivered:
+            queue_stats.redeliver += 1
+            vhost_stats.redeliver += 1
         message = entry.message
         connection = self.connection
         frames = content_frames(self.number, message.header, message.body, connection.frame_max)
@@ -162,14 +170,23 @@ class Deliveries:
             if queue.message_count and not queue.deleted:
                 queue.when_available(lambda: self._get_again(method))
                 return
+            queue.stats.get_empty += 1
+            self.vhost.stats.get_empty += 1
             self.send_method(commands.Basic.GetEmpty())
             return
         tag = self._next_tag
         self._next_tag = tag + 1
         if method.no_ack:
             queue.ack((entry,))
+            queue.stats.get_no_ack += 1
+            self.vhost.stats.get_no_ack += 1
         else:
             self.unacked[tag] = (queue, entry, None)
+            queue.stats.get += 1
+            self.vhost.stats.get += 1
+        if entry.redelivered:
+            queue.stats.redeliver += 1
+            self.vhost.stats.redeliver += 1
         message = entry.message
         self.connection.send_content(
             self.number,
@@ -237,6 +254,9 @@ class Deliveries:
             if outcome is REQUEUE:
                 queue.requeue(entries)
             else:
+                if outcome is ACK:
+                    queue.stats.ack += len(entries)
+                    self.vhost.stats.ack += len(entries)
                 queue.ack(entries)
         if freed:
             self.dispatch_consumers()

@@ -9,6 +9,8 @@ import sqlite3
 import ssl
 
 from amqp_server.config import BrokerConfig
+from amqp_server.management import ManagementListeners
+from amqp_server.management.listeners import ListenerError
 from amqp_server.protocol import AMQPProtocol
 from storage.dead_letter_log import DeadLetterLogSettings
 from storage.definitions import DefinitionStore
@@ -96,6 +98,10 @@ class BrokerServer:
         )
         self.connections: set = set()
         self.servers: list[asyncio.Server] = []
+        # (protocol, address, port) of every open listener, as RabbitMQ lists them
+        self.listeners: list[tuple[str, str, int]] = []
+        self.management = ManagementListeners(self.broker, self.connections, config, self.writer, self.monitor,
+                                              self.listeners)
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -105,6 +111,7 @@ class BrokerServer:
             return AMQPProtocol(self.broker, config, self.connections)
 
         listeners = [("AMQP", config.port, None)]
+        protocols = {"AMQP": "amqp", "AMQPS": "amqp/ssl"}
         if config.tls.enabled:
             try:
                 context = tls_context(config)
@@ -119,12 +126,18 @@ class BrokerServer:
             self.servers.append(server)
             for sock in server.sockets:
                 host, bound = sock.getsockname()[:2]
+                self.listeners.append((protocols[name], host, bound))
                 log.info("listening for %s on %s:%d", name, host, bound)
+        try:
+            await self.management.start()
+        except ListenerError as exc:
+            raise ListenError(str(exc)) from None
 
     async def stop(self) -> None:
         # Definitions are final from here on: what closing the connections
         # auto-deletes stays stored, exactly as after a crash.
         self.broker.detach_definitions()
+        await self.management.stop()
         for server in self.servers:
             server.close()
         for connection in list(self.connections):

@@ -49,6 +49,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
 # Float settings (by field name) and their inclusive limits.
 _FLOAT_RANGES: dict[str, tuple[float, float]] = {
     "paging_ratio": (0.0, 1.0),
+    "sample_interval": (0.1, 3600.0),
     "vm_memory_high_watermark": (0.0, 1.0),
 }
 _BOOL_WORDS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}

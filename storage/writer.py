@@ -26,6 +26,7 @@ import logging
 import os
 import queue
 import threading
+import time
 from typing import Callable
 
 log = logging.getLogger("hutch.storage")
@@ -84,6 +85,10 @@ class GroupCommitWriter:
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._reads: queue.SimpleQueue = queue.SimpleQueue()
         self.batches = 0  # how many group commits ran (metrics, tests)
+        # Syncs of a batch's files and the seconds they took (metrics; written
+        # by the writer thread only).
+        self.fsync_count = 0
+        self.fsync_seconds = 0.0
         # `run`/`read` jobs whose `done` has not run on the loop yet: their
         # callbacks may queue more writes (a purge acks what it read back),
         # so a clean stop waits for 0 (BrokerServer.stop). Loop thread only.
@@ -205,14 +210,17 @@ class GroupCommitWriter:
     def _sync(self, touched: dict[int, AppendFile]) -> set[int]:
         """Sync the files (fsync mode); returns the ids of those that failed."""
         failed: set[int] = set()
-        if self.durability != "fsync":
+        if self.durability != "fsync" or not touched:
             return failed
+        started = time.perf_counter()
         for key, file in touched.items():
             try:
                 file._sync()
             except OSError as exc:
                 log.error("fsync of %s failed: %s", file.path, exc)
                 failed.add(key)
+        self.fsync_seconds += time.perf_counter() - started
+        self.fsync_count += 1
         return failed
 
     def _read_loop(self) -> None:

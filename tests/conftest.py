@@ -29,7 +29,10 @@ from amqp_raw import RawClient
 from helpers import assert_serves, unique, wait_for  # noqa: F401 - unique, wait_for re-exported
 
 ROOT = Path(__file__).resolve().parent.parent
-LISTENING = re.compile(r"listening for (AMQPS?) on [^ ]+:(\d+)")
+LISTENING = re.compile(r"listening for (AMQPS?|HTTP|PROMETHEUS) on [^ ]+:(\d+)")
+# Every listener on 127.0.0.1 and a free port (the management ports included).
+PORT_ARGS = ("--bind", "127.0.0.1", "--port", "0", "--management-bind", "127.0.0.1", "--management-port", "0",
+             "--prometheus-bind", "127.0.0.1", "--prometheus-port", "0")
 
 
 @dataclass
@@ -66,7 +69,7 @@ def launch(tmp: Path, *args: str, env: dict | None = None, expect: tuple = ("AMQ
     environ = {k: v for k, v in os.environ.items() if not k.startswith("HUTCH_")}
     environ.update(env or {})
     process = subprocess.Popen(
-        [sys.executable, "-m", "cli.server", "--bind", "127.0.0.1", "--port", "0", "--data-dir", str(data_dir), *args],
+        [sys.executable, "-m", "cli.server", *PORT_ARGS, "--data-dir", str(data_dir), *args],
         cwd=ROOT,
         env=environ,
         stderr=subprocess.PIPE,
@@ -95,7 +98,7 @@ def launch(tmp: Path, *args: str, env: dict | None = None, expect: tuple = ("AMQ
 
 @pytest.fixture(scope="session")
 def broker(tmp_path_factory) -> BrokerProcess:
-    proc = launch(tmp_path_factory.mktemp("broker"))
+    proc = launch(tmp_path_factory.mktemp("broker"), expect=("AMQP", "HTTP", "PROMETHEUS"))
     yield proc
     proc.stop()
 

@@ -4,7 +4,8 @@ every .py file in the project's packages.
 - routing: the stdlib only;
 - storage: stdlib, pamqp;
 - vhosts: stdlib, routing, storage;
-- amqp_server: stdlib (asyncio included), uvloop, pamqp, vhosts, routing, storage;
+- amqp_server: stdlib (asyncio included), uvloop, pamqp, aiohttp (the management API), vhosts,
+  routing, storage;
 - cli: anything (it is the composition root), but nothing imports cli;
 - spark_sink: separate processes; no broker package imports it, and nothing
   in the broker imports pyspark.
@@ -31,7 +32,7 @@ ALLOWED: dict[str, frozenset | None] = {
     "routing": frozenset(),
     "storage": frozenset({"pamqp"}),
     "vhosts": frozenset({"routing", "storage"}),
-    "amqp_server": frozenset({"vhosts", "routing", "storage", "pamqp", "uvloop"}),
+    "amqp_server": frozenset({"vhosts", "routing", "storage", "pamqp", "uvloop", "aiohttp"}),
     "cli": ANYTHING,
     "spark_sink": ANYTHING,
 }

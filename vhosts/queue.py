@@ -25,6 +25,7 @@ from typing import Callable, Iterable
 
 from storage import BackingQueue, Message, QueueEntry
 from vhosts.consumer import Consumer
+from vhosts.stats import MessageStats
 
 FLOW_HIGH = 2000
 FLOW_LOW = 1000
@@ -45,6 +46,7 @@ class Queue:
         "deleted",
         "flow_waiters",
         "get_waiters",
+        "stats",
     )
 
     def __init__(
@@ -73,6 +75,7 @@ class Queue:
         self.flow_waiters: set = set()
         # basic.get calls waiting for messages the backing queue reads back from disk.
         self.get_waiters: list = []
+        self.stats = MessageStats()
         backing.on_available = self._available
 
     @property
@@ -86,6 +89,7 @@ class Queue:
     def publish(self, message: Message, on_durable: Callable[[], None] | None = None) -> bool:
         """Enqueue and dispatch. True when `on_durable` was taken: it will be
         called once the message is on disk (persistent message, durable queue)."""
+        self.stats.publish += 1
         waits = on_durable is not None and self.backing.persists(message)
         self.backing.publish(message, on_durable if waits else None)
         if self.consumers:

@@ -38,6 +38,7 @@ from vhosts.errors import (
 )
 from vhosts.exchange import PREDECLARED, Exchange
 from vhosts.queue import Queue
+from vhosts.stats import MessageStats
 
 # Arguments whose values must match on re-declaration (rabbit_amqqueue's list);
 # other arguments are ignored by the equivalence check, as in RabbitMQ.
@@ -104,6 +105,7 @@ class VirtualHost:
         self.exchanges: dict[str, Exchange] = {}
         self.queues: dict[str, Queue] = {}
         self._bound_from: dict[Destination, set[str]] = {}
+        self.stats = MessageStats()
         for xname, xtype in PREDECLARED:
             self.exchanges[xname] = Exchange(xname, xtype, durable=True, builtin=True)
 
@@ -488,6 +490,7 @@ class VirtualHost:
         `throttled_by(queue)`) is told which queues ask it to wait (credit
         flow, see vhosts.queue)."""
         targets = self.route(message.exchange, routing_keys, headers)
+        self.stats.publish += 1
         waits = 0
         for q in targets:
             if q.publish(message, on_durable):

@@ -1,0 +1,92 @@
+"""Handlers for what clients hold open: connections (listing and closing),
+channels and consumers. Management users see their own connections only;
+monitoring and administrator users see all."""
+from __future__ import annotations
+
+from vhosts.errors import CONNECTION_FORCED, AMQPError
+
+from amqp_server.management import access, shapes
+from amqp_server.management.errors import not_authorised, not_found
+from amqp_server.management.http import NO_CONTENT
+from amqp_server.management.listing import present
+
+DEFAULT_CLOSE_REASON = "Closed via management plugin"
+
+
+def _open(req, vhost_name: str | None = None) -> list:
+    """Connections past connection.open that the user may see, oldest first."""
+    found = [c for c in list(req.node.connections)
+             if c.vhost is not None and access.owns(req.user, c)
+             and (vhost_name is None or c.vhost.name == vhost_name)]
+    return sorted(found, key=lambda c: c.connected_at)
+
+
+def _channels(connections) -> list:
+    return [ch for c in connections for _n, ch in sorted(c.channels.items())]
+
+
+def _connection(req):
+    name = req.params["name"]
+    for connection in _open(req):
+        if shapes.connection_name(connection) == name:
+            return connection
+    raise not_found()
+
+
+def connections(req) -> list:
+    return present([shapes.connection(c) for c in _open(req)], req.query)
+
+
+def vhost_connections(req) -> list:
+    name = req.params["vhost"]
+    req.vhost(name)
+    return present([shapes.connection(c) for c in _open(req, name)], req.query)
+
+
+def connection(req) -> dict:
+    return shapes.connection(_connection(req))
+
+
+def close_connection(req):
+    """connection.close 320 CONNECTION_FORCED with the X-Reason header's text
+    or RabbitMQ's default; only the owner or an administrator may."""
+    found = _connection(req)
+    if not (access.has(req.user, access.ADMINISTRATOR) or found.user.name == req.user.name):
+        raise not_authorised("Not administrator user")
+    found.close_with(AMQPError(CONNECTION_FORCED, req.headers.get("X-Reason") or DEFAULT_CLOSE_REASON))
+    return NO_CONTENT
+
+
+def connection_channels(req) -> list:
+    return present([shapes.channel(ch) for ch in _channels([_connection(req)])], req.query)
+
+
+def channels(req) -> list:
+    return present([shapes.channel(ch) for ch in _channels(_open(req))], req.query)
+
+
+def vhost_channels(req) -> list:
+    name = req.params["vhost"]
+    req.vhost(name)
+    return present([shapes.channel(ch) for ch in _channels(_open(req, name))], req.query)
+
+
+def channel(req) -> dict:
+    for ch in _channels(_open(req)):
+        if shapes.channel_name(ch) == req.params["name"]:
+            out = shapes.channel(ch)
+            out["consumer_details"] = [shapes.consumer(ch, c) for c in ch.consumers.values()]
+            return out
+    raise not_found()
+
+
+def consumers(req) -> list:
+    """Every consumer on the vhosts the user may see (RabbitMQ lists them per
+    vhost, not per connection owner)."""
+    name = req.params.get("vhost")
+    names = {name} if name is not None else {v.name for v in access.visible_vhosts(req.user, req.broker)}
+    if name is not None:
+        req.vhost(name)
+    out = [shapes.consumer(ch, c) for ch in _channels(list(req.node.connections))
+           if ch.vhost.name in names for c in ch.consumers.values()]
+    return present(out, req.query)

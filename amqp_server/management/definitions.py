@@ -1,0 +1,222 @@
+"""Definitions export and import in RabbitMQ's format (GET/POST /api/definitions).
+
+Export lists users (with their salted SHA-256 hashes, RabbitMQ's default
+scheme, so they log in wherever the file is imported), vhosts, permissions,
+non-exclusive queues, exchanges other than the predeclared ones, and the
+explicit bindings. Import accepts hutch's own export and RabbitMQ's: every
+entry is checked before anything is changed, then applied in the order
+RabbitMQ uses (users, vhosts, permissions, exchanges, queues, bindings)
+through the same domain calls as AMQP, each durable change in its own store
+transaction. Sections hutch has no store for yet (policies, parameters,
+topic permissions, limits) are accepted and reported in the log, not kept.
+"""
+from __future__ import annotations
+
+import logging
+
+from routing import Destination
+from vhosts.errors import AMQPError
+from vhosts.users import Permission, hash_password
+
+from amqp_server.management import resources
+from amqp_server.management.errors import ApiError, bad_request
+from amqp_server.management.http import NO_CONTENT
+from amqp_server.management.node import COMPATIBLE_VERSION
+
+log = logging.getLogger("hutch.management")
+
+IGNORED_SECTIONS = ("policies", "parameters", "global_parameters", "topic_permissions")
+
+
+def _queues(v, with_vhost: bool) -> list[dict]:
+    out = []
+    for name in sorted(v.queues):
+        q = v.queues[name]
+        if q.exclusive_owner is not None:
+            continue
+        item = {"name": name, "vhost": v.name, "durable": q.durable, "auto_delete": q.auto_delete,
+                "arguments": q.arguments}
+        out.append(item if with_vhost else _without_vhost(item))
+    return out
+
+
+def _exchanges(v, with_vhost: bool) -> list[dict]:
+    out = []
+    for name in sorted(v.exchanges):
+        x = v.exchanges[name]
+        if x.builtin:
+            continue
+        item = {"name": name, "vhost": v.name, "type": x.type, "durable": x.durable, "auto_delete": x.auto_delete,
+                "internal": x.internal, "arguments": x.arguments}
+        out.append(item if with_vhost else _without_vhost(item))
+    return out
+
+
+def _bindings(v, with_vhost: bool) -> list[dict]:
+    out = []
+    for source, dest, key, args in v.bindings():
+        item = {"source": source, "vhost": v.name, "destination": dest.name, "destination_type": dest.kind,
+                "routing_key": key, "arguments": args or {}}
+        out.append(item if with_vhost else _without_vhost(item))
+    out.sort(key=lambda b: (b["source"], b["destination_type"], b["destination"], b["routing_key"]))
+    return out
+
+
+def _without_vhost(item: dict) -> dict:
+    return {key: value for key, value in item.items() if key != "vhost"}
+
+
+def export_all(broker) -> dict:
+    users = [broker.users[name] for name in sorted(broker.users)]
+    vhosts = [broker.vhosts[name] for name in sorted(broker.vhosts)]
+    return {
+        "rabbit_version": COMPATIBLE_VERSION,
+        "rabbitmq_version": COMPATIBLE_VERSION,
+        "product_name": "hutch",
+        "product_version": COMPATIBLE_VERSION,
+        "users": [{"name": u.name, "password_hash": u.password_hash,
+                   "hashing_algorithm": "rabbit_password_hashing_sha256", "tags": list(u.tags), "limits": {}}
+                  for u in users],
+        "vhosts": [{"name": v.name} for v in vhosts],
+        "permissions": [{"user": u.name, "vhost": name, "configure": p.configure, "write": p.write, "read": p.read}
+                        for u in users for name, p in sorted(u.permissions.items())],
+        "topic_permissions": [],
+        "parameters": [],
+        "global_parameters": [],
+        "policies": [],
+        "queues": [item for v in vhosts for item in _queues(v, True)],
+        "exchanges": [item for v in vhosts for item in _exchanges(v, True)],
+        "bindings": [item for v in vhosts for item in _bindings(v, True)],
+    }
+
+
+def export_vhost(v) -> dict:
+    return {
+        "rabbit_version": COMPATIBLE_VERSION,
+        "parameters": [],
+        "policies": [],
+        "queues": _queues(v, False),
+        "exchanges": _exchanges(v, False),
+        "bindings": _bindings(v, False),
+    }
+
+
+def get_definitions(req) -> dict:
+    return export_all(req.broker)
+
+
+def get_vhost_definitions(req) -> dict:
+    return export_vhost(req.vhost(req.params["vhost"]))
+
+
+# -- import -------------------------------------------------------------------
+
+
+def _section(body: dict, name: str) -> list[dict]:
+    items = body.get(name) or []
+    if not isinstance(items, list) or not all(isinstance(item, dict) for item in items):
+        raise bad_request("%s must be a list of objects" % name)
+    return items
+
+
+def _text(item: dict, key: str, default: str | None = None) -> str:
+    value = item.get(key, default)
+    if not isinstance(value, str):
+        raise bad_request("[{key_missing,%s}]" % key if value is None else "%s must be a string" % key)
+    return value
+
+
+def _check(body: dict, vhost_name: str | None, known_vhosts: set) -> dict:
+    """Every section as a list of plain entries, or 400 before any change."""
+    checked = {name: _section(body, name) for name in
+               ("users", "vhosts", "permissions", "exchanges", "queues", "bindings")}
+    if vhost_name is not None:
+        for name in ("exchanges", "queues", "bindings"):
+            checked[name] = [dict(item, vhost=vhost_name) for item in checked[name]]
+        checked["users"] = checked["vhosts"] = checked["permissions"] = []
+    vhosts = known_vhosts | {_text(item, "name") for item in checked["vhosts"]}
+    for user in checked["users"]:
+        _text(user, "name")
+        resources.tags_from(user.get("tags", []))
+        if "password_hash" in user:
+            resources.imported_hash(user)
+        elif "password" in user:
+            _text(user, "password")
+    for name in ("permissions", "exchanges", "queues", "bindings"):
+        for item in checked[name]:
+            target = item.get("vhost")
+            if target not in vhosts:
+                raise bad_request("[no_such_vhost,%s]" % (target if isinstance(target, str) else "undefined"))
+    for item in checked["permissions"]:
+        for key in ("user", "configure", "write", "read"):
+            _text(item, key)
+    for item in checked["exchanges"] + checked["queues"]:
+        _text(item, "name")
+        resources.arguments_of(item)
+    for item in checked["bindings"]:
+        for key in ("source", "destination", "destination_type"):
+            _text(item, key)
+        if item["destination_type"] not in ("queue", "exchange"):
+            raise bad_request("destination_type must be queue or exchange")
+        _text(item, "routing_key", "")
+        resources.arguments_of(item)
+    return checked
+
+
+def apply(broker, body: dict, vhost_name: str | None = None) -> None:
+    """Import `body` (a definitions document) into `broker`."""
+    checked = _check(body, vhost_name, set(broker.vhosts))
+    ignored = [name for name in IGNORED_SECTIONS if body.get(name)]
+    if ignored:
+        log.warning("definitions import: %s not imported (hutch does not store them yet)", ", ".join(ignored))
+    for user in checked["users"]:
+        if "password_hash" in user:
+            password_hash = resources.imported_hash(user)
+        else:
+            password_hash = hash_password(user["password"]) if "password" in user else ""
+        broker.put_user(user["name"], password_hash, resources.tags_from(user.get("tags", [])))
+    for item in checked["vhosts"]:
+        broker.add_vhost(item["name"])
+    for item in checked["permissions"]:
+        if item["user"] not in broker.users:
+            raise bad_request("[no_such_user,%s]" % item["user"])
+        broker.set_permissions(item["user"], item["vhost"], Permission(item["configure"], item["write"], item["read"]))
+    try:
+        for item in checked["exchanges"]:
+            broker.vhosts[item["vhost"]].declare_exchange(
+                item["name"], item.get("type", "direct"), durable=bool(item.get("durable", True)),
+                auto_delete=bool(item.get("auto_delete", False)), internal=bool(item.get("internal", False)),
+                arguments=resources.arguments_of(item))
+        for item in checked["queues"]:
+            broker.vhosts[item["vhost"]].declare_queue(
+                item["name"], None, durable=bool(item.get("durable", True)),
+                auto_delete=bool(item.get("auto_delete", False)), arguments=resources.arguments_of(item))
+        for item in checked["bindings"]:
+            v = broker.vhosts[item["vhost"]]
+            dest = Destination(item["destination_type"], item["destination"])
+            source, key, arguments = item["source"], item.get("routing_key", ""), resources.arguments_of(item)
+            if dest.kind == "queue":
+                v.bind_queue(dest.name, source, key, arguments, None)
+            else:
+                v.bind_exchange(dest.name, source, key, arguments)
+    except AMQPError as exc:
+        raise bad_request(exc.reply_text) from None
+
+
+def post_definitions(req):
+    apply(req.broker, _document(req))
+    return NO_CONTENT
+
+
+def post_vhost_definitions(req):
+    name = req.params["vhost"]
+    req.vhost(name)
+    apply(req.broker, _document(req), name)
+    return NO_CONTENT
+
+
+def _document(req) -> dict:
+    try:
+        return req.body()
+    except ApiError:
+        raise bad_request("failed_to_parse_json") from None

@@ -1,0 +1,185 @@
+"""HTTP glue for the management API: one aiohttp handler for every path.
+
+Theory of operation:
+- Routing is ours, not aiohttp's: the raw path is split on "/" and each
+  segment percent-decoded, so a vhost named "/" (sent as %2F) is one segment,
+  as in RabbitMQ. `routes.ROUTES` maps a pattern to {method: (handler, tag)}.
+- Authentication is HTTP basic against the broker's users (loopback-only
+  users only from loopback); then the route's tag requirement
+  (`access.require`). Every refusal is RabbitMQ's status and JSON body.
+- A handler gets an `ApiRequest` and returns the JSON body (status 200),
+  `CREATED`/`NO_CONTENT`, or raises `ApiError`; it may be a coroutine.
+  Nothing a client sends may take the broker down: unexpected exceptions
+  become 500 with a JSON body and a log line.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import datetime
+import decimal
+import inspect
+import ipaddress
+import json
+import logging
+from urllib.parse import parse_qsl, unquote
+
+from aiohttp import web
+
+from amqp_server.management import access
+from amqp_server.management.errors import NOT_FOUND_BODY, ApiError
+
+log = logging.getLogger("hutch.management")
+
+REALM = 'Basic realm="RabbitMQ Management"'
+_NO_BODY = object()
+
+
+class Created:
+    """201, with a Location header when the new object has an address
+    (RabbitMQ's for a binding: its properties key)."""
+
+    def __init__(self, location: str | None = None) -> None:
+        self.location = location
+
+
+CREATED = Created()
+NO_CONTENT = object()
+
+
+class ApiRequest:
+    """What a handler needs to know about one request."""
+
+    def __init__(self, node, user, method: str, params: dict, query: dict, headers, raw_body: bytes) -> None:
+        self.node = node
+        self.broker = node.broker
+        self.user = user
+        self.method = method
+        self.params = params
+        self.query = query
+        self.headers = headers
+        self._raw_body = raw_body
+        self._body = _NO_BODY
+
+    def body(self) -> dict:
+        """The JSON object sent; RabbitMQ's 400 not_json otherwise (an empty
+        body is an empty object, as RabbitMQ reads it)."""
+        if self._body is _NO_BODY:
+            if not self._raw_body.strip():
+                self._body = {}
+            else:
+                try:
+                    self._body = json.loads(self._raw_body)
+                except (ValueError, UnicodeDecodeError):
+                    raise ApiError(400, "bad_request", "not_json") from None
+            if not isinstance(self._body, dict):
+                raise ApiError(400, "bad_request", "not_json")
+        return self._body
+
+    def vhost(self, name: str):
+        """The named vhost if it exists and the user may use it (`access.vhost`)."""
+        return access.vhost(self, name)
+
+
+def _json_default(value):
+    """AMQP table values JSON cannot hold natively."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value).decode("utf-8", "replace")
+    if isinstance(value, decimal.Decimal):
+        return float(value)
+    if isinstance(value, datetime.datetime):
+        return int(value.timestamp())
+    raise TypeError("cannot encode %r" % type(value))
+
+
+def json_response(status: int, body, headers: dict | None = None) -> web.Response:
+    return web.Response(status=status, text=json.dumps(body, default=_json_default, separators=(",", ":")),
+                        content_type="application/json", headers=headers)
+
+
+def split_path(raw_path: str) -> list[str]:
+    """Percent-decoded segments of the path (without the query)."""
+    path = raw_path.split("?", 1)[0]
+    return [unquote(part) for part in path.strip("/").split("/")] if path.strip("/") else []
+
+
+def match(routes, segments: list[str]):
+    """(methods table, params) of the first pattern matching, or (None, None)."""
+    for pattern, methods in routes:
+        if len(pattern) != len(segments):
+            continue
+        params = {}
+        for want, got in zip(pattern, segments):
+            if want.startswith("{"):
+                params[want[1:-1]] = got
+            elif want != got:
+                break
+        else:
+            return methods, params
+    return None, None
+
+
+def _credentials(request: web.Request) -> tuple[str, str] | None:
+    header = request.headers.get("Authorization", "")
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() != "basic":
+        return None
+    try:
+        username, sep, password = base64.b64decode(value.strip(), validate=True).decode("utf-8").partition(":")
+    except (binascii.Error, ValueError):
+        return None
+    return (username, password) if sep else None
+
+
+def _from_loopback(request: web.Request) -> bool:
+    try:
+        return ipaddress.ip_address(request.remote or "").is_loopback
+    except ValueError:
+        return False
+
+
+def make_handler(node, routes):
+    async def handle(request: web.Request) -> web.StreamResponse:
+        methods, params = match(routes, split_path(request.raw_path))
+        if methods is None:
+            return json_response(404, NOT_FOUND_BODY)
+        method = "GET" if request.method == "HEAD" else request.method
+        if method == "OPTIONS" or method not in methods:
+            allowed = sorted(set(methods) | {"OPTIONS"} | ({"HEAD"} if "GET" in methods else set()))
+            return web.Response(status=405 if method != "OPTIONS" else 200, headers={"Allow": ", ".join(allowed)})
+        credentials = _credentials(request)
+        if credentials is None:
+            return web.Response(status=401, headers={"WWW-Authenticate": REALM})
+        user = node.broker.authenticate(credentials[0], credentials[1], _from_loopback(request))
+        if user is None:
+            return json_response(401, {"error": "not_authorized", "reason": "Login failed"},
+                                 {"WWW-Authenticate": REALM})
+        handler, tag = methods[method]
+        try:
+            access.require(user, tag)
+            api_request = ApiRequest(node, user, method, params, dict(parse_qsl(request.query_string)),
+                                     request.headers, await request.read())
+            result = handler(api_request)
+            if inspect.isawaitable(result):
+                result = await result
+        except ApiError as exc:
+            return json_response(exc.status, exc.body())
+        except Exception:
+            log.exception("management API: %s %s failed", request.method, request.raw_path)
+            return json_response(500, {"error": "internal_server_error", "reason": "internal error"})
+        if isinstance(result, Created):
+            headers = {"Location": result.location} if result.location else None
+            return web.Response(status=201, headers=headers)
+        if result is NO_CONTENT:
+            return web.Response(status=204)
+        if isinstance(result, web.StreamResponse):
+            return result
+        return json_response(200, result)
+
+    return handle
+
+
+def make_app(node, routes) -> web.Application:
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app.router.add_route("*", "/{tail:.*}", make_handler(node, routes))
+    return app

@@ -1,0 +1,57 @@
+"""Open and close the HTTP and metrics listeners."""
+from __future__ import annotations
+
+import logging
+
+from aiohttp import web
+
+from amqp_server.management import http, prometheus
+from amqp_server.management.node import Node
+from amqp_server.management.rates import RateSampler
+from amqp_server.management.routes import ROUTES
+
+log = logging.getLogger("hutch.server")
+
+
+class ListenerError(Exception):
+    """An HTTP listener could not be opened (the message says which and why)."""
+
+
+class ManagementListeners:
+    def __init__(self, broker, connections: set, config, writer, monitor, listeners: list) -> None:
+        """`listeners` is the broker's list of (protocol, address, port); the
+        HTTP listeners opened here are added to it."""
+        self.config = config
+        self.node = Node(broker, connections, config, writer, monitor,
+                         RateSampler(broker, config.management.sample_interval), listeners)
+        self._runners: list[web.AppRunner] = []
+
+    async def start(self) -> None:
+        management, metrics = self.config.management, self.config.prometheus
+        if management.enabled:
+            self.node.sampler.start()
+            await self._open("HTTP", "http", http.make_app(self.node, ROUTES), management.bind, management.port)
+        if metrics.enabled:
+            await self._open("PROMETHEUS", "http/prometheus", prometheus.make_app(self.node), metrics.bind,
+                             metrics.port)
+
+    async def _open(self, name: str, protocol: str, app: web.Application, bind: str, port: int) -> None:
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await runner.setup()
+        site = web.TCPSite(runner, bind, port, reuse_address=True)
+        try:
+            await site.start()
+        except OSError as exc:
+            await runner.cleanup()
+            raise ListenerError("cannot listen for %s on %s:%d: %s" % (name, bind, port, exc.strerror or exc)) from None
+        self._runners.append(runner)
+        for address in runner.addresses:
+            host, bound = address[:2]
+            self.node.listeners.append((protocol, host, bound))
+            log.info("listening for %s on %s:%d", name, host, bound)
+
+    async def stop(self) -> None:
+        await self.node.sampler.stop()
+        for runner in self._runners:
+            await runner.cleanup()
+        self._runners.clear()

@@ -1,0 +1,210 @@
+"""Handlers that move messages: queue get, queue purge, exchange publish,
+and the aliveness test (RabbitMQ's debugging operations).
+
+They use the same domain calls as basic.get / queue.purge / basic.publish,
+so counts, routing and durability are those of AMQP. Messages fetched by a
+get are given back (requeue, redelivered=true) or dropped after all of
+them are taken, as RabbitMQ does, so one get never returns a message twice.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import datetime
+
+from pamqp import commands, header
+from storage import Message
+from vhosts.errors import AMQPError
+
+from amqp_server.management.errors import bad_request, from_amqp, missing_keys
+from amqp_server.management.http import NO_CONTENT
+
+ACK_MODES = {
+    "ack_requeue_true": True,
+    "reject_requeue_true": True,
+    "ack_requeue_false": False,
+    "reject_requeue_false": False,
+}
+# RabbitMQ's JSON name -> pamqp's attribute, where they differ
+PROPERTY_NAMES = {"type": "message_type"}
+PROPERTY_FIELDS = ("content_type", "content_encoding", "headers", "delivery_mode", "priority", "correlation_id",
+                   "reply_to", "expiration", "message_id", "timestamp", "type", "user_id", "app_id", "cluster_id")
+
+
+class _HttpPublisher:
+    """The publisher a vhost tells to wait under credit flow: an HTTP
+    publish is one message, so there is nothing to pause."""
+
+    def throttled_by(self, source) -> None:
+        source.flow_waiters.discard(self)
+
+    def unblocked(self, source) -> None:
+        """Nothing waits."""
+
+
+_PUBLISHER = _HttpPublisher()
+
+
+def _queue(req):
+    v = req.vhost(req.params["vhost"])
+    try:
+        return v, v.queue(req.params["name"], None)
+    except AMQPError as exc:
+        raise from_amqp(exc) from None
+
+
+async def _fetch(queue):
+    """The head entry, waiting while it is read back from disk; None when empty."""
+    while True:
+        entry = queue.get()
+        if entry is not None or not queue.message_count or queue.deleted:
+            return entry
+        ready = asyncio.get_running_loop().create_future()
+        queue.when_available(lambda: ready.done() or ready.set_result(None))
+        await ready
+
+
+def _positive_int(body: dict, key: str) -> int:
+    value = body[key]
+    if isinstance(value, str) and value.isdigit():
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise bad_request("%s must be a non-negative integer" % key)
+    return value
+
+
+async def get_messages(req) -> list:
+    body = req.body()
+    missing_keys(body, ("ackmode", "count", "encoding"))
+    if body["ackmode"] not in ACK_MODES:
+        raise bad_request("Unsupported ackmode: %s" % body["ackmode"])
+    if body["encoding"] not in ("auto", "base64"):
+        raise bad_request("Unsupported encoding: %s" % body["encoding"])
+    count = _positive_int(body, "count")
+    truncate = _positive_int(body, "truncate") if body.get("truncate") is not None else None
+    v, queue = _queue(req)
+    taken, out = [], []
+    for _ in range(count):
+        entry = await _fetch(queue)
+        if entry is None:
+            break
+        taken.append(entry)
+        queue.stats.get += 1
+        v.stats.get += 1
+        out.append(_rendered(entry, queue.message_count, body["encoding"], truncate))
+    if taken:
+        if ACK_MODES[body["ackmode"]]:
+            queue.requeue(taken)
+        else:
+            queue.ack(taken)
+    return out
+
+
+def _rendered(entry, message_count: int, encoding: str, truncate: int | None) -> dict:
+    message = entry.message
+    payload = message.body if truncate is None else message.body[:truncate]
+    text = None
+    if encoding == "auto":
+        try:
+            text = payload.decode("utf-8")
+        except UnicodeDecodeError:
+            text = None
+    return {
+        "payload_bytes": len(message.body),
+        "redelivered": entry.redelivered,
+        "exchange": message.exchange,
+        "routing_key": message.routing_key,
+        "message_count": message_count,
+        "properties": properties_json(message.properties),
+        "payload": text if text is not None else base64.b64encode(payload).decode("ascii"),
+        "payload_encoding": "string" if text is not None else "base64",
+    }
+
+
+def properties_json(props):
+    """Set properties by RabbitMQ's names; [] when none (RabbitMQ's empty list)."""
+    out = {}
+    for name in PROPERTY_FIELDS:
+        value = getattr(props, PROPERTY_NAMES.get(name, name), None)
+        if value is None or (name == "cluster_id" and value == ""):
+            continue
+        if isinstance(value, datetime.datetime):
+            value = int(value.replace(tzinfo=value.tzinfo or datetime.timezone.utc).timestamp())
+        out[name] = value
+    return out or []
+
+
+def purge(req):
+    v, queue = _queue(req)
+    try:
+        v.purge_queue(queue.name, None)
+    except AMQPError as exc:
+        raise from_amqp(exc) from None
+    return NO_CONTENT
+
+
+def _properties(value) -> commands.Basic.Properties:
+    if not isinstance(value, dict):
+        raise bad_request("properties must be an object")
+    unknown = [key for key in value if key not in PROPERTY_FIELDS]
+    if unknown:
+        raise bad_request("unknown properties: %s" % ", ".join(sorted(unknown)))
+    kwargs = {PROPERTY_NAMES.get(key, key): item for key, item in value.items()}
+    if isinstance(kwargs.get("timestamp"), int):
+        kwargs["timestamp"] = datetime.datetime.fromtimestamp(kwargs["timestamp"], datetime.timezone.utc)
+    try:
+        return commands.Basic.Properties(**kwargs)
+    except (TypeError, ValueError) as exc:
+        raise bad_request("invalid properties: %s" % exc) from None
+
+
+def _payload(body: dict) -> bytes:
+    payload, encoding = body["payload"], body["payload_encoding"]
+    if not isinstance(payload, str):
+        raise bad_request("payload must be a string")
+    if encoding == "string":
+        return payload.encode("utf-8")
+    if encoding == "base64":
+        try:
+            return base64.b64decode(payload, validate=True)
+        except binascii.Error:
+            raise bad_request("payload is not valid base64") from None
+    raise bad_request("payload_encoding must be string or base64")
+
+
+def publish(req) -> dict:
+    body = req.body()
+    missing_keys(body, ("routing_key", "properties", "payload", "payload_encoding"))
+    v = req.vhost(req.params["vhost"])
+    exchange = "" if req.params["name"] == "amq.default" else req.params["name"]
+    routing_key = body["routing_key"]
+    if not isinstance(routing_key, str):
+        raise bad_request("routing_key must be a string")
+    payload = _payload(body)
+    props = _properties(body["properties"])
+    try:
+        content = header.ContentHeader(0, len(payload), props).marshal()
+        v.check_publish(exchange)
+    except AMQPError as exc:
+        # RabbitMQ publishes on an AMQP channel: the error comes back as its close
+        raise bad_request("%d %s" % (exc.reply_code, exc.reply_text)) from None
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise bad_request("invalid properties: %s" % exc) from None
+    message = Message(exchange, routing_key, content, payload)
+    reached, _waits = v.publish(message, [routing_key], props.headers, _PUBLISHER)
+    return {"routed": bool(reached)}
+
+
+async def aliveness_test(req) -> dict:
+    """RabbitMQ's: declare aliveness-test, publish to it, get it back."""
+    v = req.vhost(req.params["vhost"])
+    queue = v.declare_queue("aliveness-test", None)
+    props = commands.Basic.Properties()
+    content = header.ContentHeader(0, len(b"test_message"), props).marshal()
+    v.publish(Message("", "aliveness-test", content, b"test_message"), ["aliveness-test"], None, _PUBLISHER)
+    entry = await _fetch(queue)
+    if entry is None:
+        return {"status": "failed", "reason": "the test message did not come back"}
+    queue.ack((entry,))
+    return {"status": "ok"}

@@ -1,0 +1,94 @@
+"""The management API's routes: path pattern -> {method: (handler, tag)}.
+
+Patterns are tuples of path segments; "{name}" matches any one segment
+(percent-decoded). The first matching pattern wins, so fixed segments
+(`/api/users/without-permissions`) come before placeholders. The tag is
+the least a user needs (`access`); vhost visibility is checked by the
+handlers. Not here yet, built on other branches: policies, operator
+policies, parameters, global parameters, topic permissions, vhost and user
+limits (branch policyperm); hutch's peek and move operations (branch prio).
+"""
+from __future__ import annotations
+
+from amqp_server.management import clients, definitions, health, operations, resources
+from amqp_server.management.access import ADMINISTRATOR, MANAGEMENT, MONITORING
+
+M, MON, A = MANAGEMENT, MONITORING, ADMINISTRATOR
+
+
+def _p(path: str) -> tuple[str, ...]:
+    return tuple(path.strip("/").split("/"))
+
+
+_TABLE = [
+    ("/api/overview", {"GET": (resources.overview, M)}),
+    ("/api/cluster-name", {"GET": (resources.cluster_name, M)}),
+    ("/api/extensions", {"GET": (resources.extensions, M)}),
+    ("/api/whoami", {"GET": (resources.whoami, M)}),
+    ("/api/nodes", {"GET": (resources.nodes, MON)}),
+    ("/api/nodes/{node}", {"GET": (resources.node, MON)}),
+    # definitions
+    ("/api/definitions", {"GET": (definitions.get_definitions, A), "POST": (definitions.post_definitions, A)}),
+    ("/api/definitions/{vhost}", {"GET": (definitions.get_vhost_definitions, A),
+                                  "POST": (definitions.post_vhost_definitions, A)}),
+    # connections, channels, consumers
+    ("/api/connections", {"GET": (clients.connections, M)}),
+    ("/api/connections/{name}", {"GET": (clients.connection, M), "DELETE": (clients.close_connection, M)}),
+    ("/api/connections/{name}/channels", {"GET": (clients.connection_channels, M)}),
+    ("/api/channels", {"GET": (clients.channels, M)}),
+    ("/api/channels/{name}", {"GET": (clients.channel, M)}),
+    ("/api/consumers", {"GET": (clients.consumers, M)}),
+    ("/api/consumers/{vhost}", {"GET": (clients.consumers, M)}),
+    # exchanges
+    ("/api/exchanges", {"GET": (resources.exchanges, M)}),
+    ("/api/exchanges/{vhost}", {"GET": (resources.exchanges, M)}),
+    ("/api/exchanges/{vhost}/{name}", {"GET": (resources.exchange, M), "PUT": (resources.put_exchange, M),
+                                       "DELETE": (resources.delete_exchange, M)}),
+    ("/api/exchanges/{vhost}/{name}/bindings/source", {"GET": (resources.exchange_source_bindings, M)}),
+    ("/api/exchanges/{vhost}/{name}/bindings/destination", {"GET": (resources.exchange_destination_bindings, M)}),
+    ("/api/exchanges/{vhost}/{name}/publish", {"POST": (operations.publish, M)}),
+    # queues
+    ("/api/queues", {"GET": (resources.queues, M)}),
+    ("/api/queues/{vhost}", {"GET": (resources.queues, M)}),
+    ("/api/queues/{vhost}/{name}", {"GET": (resources.queue, M), "PUT": (resources.put_queue, M),
+                                    "DELETE": (resources.delete_queue, M)}),
+    ("/api/queues/{vhost}/{name}/bindings", {"GET": (resources.queue_bindings, M)}),
+    ("/api/queues/{vhost}/{name}/contents", {"DELETE": (operations.purge, M)}),
+    ("/api/queues/{vhost}/{name}/get", {"POST": (operations.get_messages, M)}),
+    # bindings
+    ("/api/bindings", {"GET": (resources.bindings, M)}),
+    ("/api/bindings/{vhost}", {"GET": (resources.bindings, M)}),
+    ("/api/bindings/{vhost}/e/{source}/{kind}/{destination}", {"GET": (resources.bindings_between, M),
+                                                               "POST": (resources.add_binding, M)}),
+    ("/api/bindings/{vhost}/e/{source}/{kind}/{destination}/{props}", {"GET": (resources.binding, M),
+                                                                       "DELETE": (resources.delete_binding, M)}),
+    # vhosts
+    ("/api/vhosts", {"GET": (resources.vhosts, M)}),
+    ("/api/vhosts/{vhost}", {"GET": (resources.vhost, M), "PUT": (resources.put_vhost, A),
+                             "DELETE": (resources.delete_vhost, A)}),
+    ("/api/vhosts/{vhost}/permissions", {"GET": (resources.vhost_permissions, A)}),
+    ("/api/vhosts/{vhost}/connections", {"GET": (clients.vhost_connections, M)}),
+    ("/api/vhosts/{vhost}/channels", {"GET": (clients.vhost_channels, M)}),
+    # users and permissions
+    ("/api/users", {"GET": (resources.users, A)}),
+    ("/api/users/without-permissions", {"GET": (resources.users_without_permissions, A)}),
+    ("/api/users/bulk-delete", {"POST": (resources.bulk_delete_users, A)}),
+    ("/api/users/{user}", {"GET": (resources.user, A), "PUT": (resources.put_user, A),
+                           "DELETE": (resources.delete_user, A)}),
+    ("/api/users/{user}/permissions", {"GET": (resources.user_permissions, A)}),
+    ("/api/permissions", {"GET": (resources.permissions, A)}),
+    ("/api/permissions/{vhost}/{user}", {"GET": (resources.permission, A), "PUT": (resources.put_permission, A),
+                                         "DELETE": (resources.delete_permission, A)}),
+    # health
+    ("/api/aliveness-test/{vhost}", {"GET": (operations.aliveness_test, M)}),
+    ("/api/health/checks/alarms", {"GET": (health.ok, M)}),
+    ("/api/health/checks/local-alarms", {"GET": (health.ok, M)}),
+    ("/api/health/checks/virtual-hosts", {"GET": (health.ok, M)}),
+    ("/api/health/checks/certificate-expiration/{within}/{unit}", {"GET": (health.ok, M)}),
+    ("/api/health/checks/node-is-quorum-critical", {"GET": (health.single_node, M)}),
+    ("/api/health/checks/node-is-mirror-sync-critical", {"GET": (health.single_node, M)}),
+    ("/api/health/checks/port-listener/{port}", {"GET": (health.port_listener, M)}),
+    ("/api/health/checks/protocol-listener/{protocol}", {"GET": (health.protocol_listener, M)}),
+]
+
+ROUTES = [(_p(path), methods) for path, methods in _TABLE]

@@ -1,0 +1,309 @@
+"""The JSON objects of the management API, in RabbitMQ's shapes and field names.
+
+Fields RabbitMQ reports about Erlang internals (reductions, garbage
+collection) are left out; fields clients read (counts, rates, states,
+names, flags) are kept with RabbitMQ's names and types. hutch's own
+additions are few and named so they cannot clash (`message_states`).
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import platform
+from collections import Counter
+from urllib.parse import quote
+
+NODE = "hutch@" + platform.node()
+
+QUEUE_STATS = ("ack", "deliver", "deliver_get", "deliver_no_ack", "get", "get_empty", "get_no_ack", "publish",
+               "redeliver")
+VHOST_STATS = QUEUE_STATS + ("confirm", "drop_unroutable", "return_unroutable")
+
+
+def with_rates(sampler, subject, totals: dict, keys) -> dict:
+    """{key: total, key_details: {rate}} for each key."""
+    out = {}
+    for key in keys:
+        out[key] = totals[key]
+        out[key + "_details"] = {"rate": sampler.rate(subject, key)}
+    return out
+
+
+def message_stats(sampler, stats, keys) -> dict | None:
+    """RabbitMQ shows message_stats only for objects that saw messages."""
+    totals = stats.totals()
+    if not any(totals[key] for key in keys):
+        return None
+    return with_rates(sampler, stats, totals, keys)
+
+
+def counts(sampler, subject, ready: int, unacked: int) -> dict:
+    out = {
+        "messages": ready + unacked,
+        "messages_details": {"rate": 0.0},
+        "messages_ready": ready,
+        "messages_ready_details": {"rate": sampler.rate(subject, "messages_ready")},
+        "messages_unacknowledged": unacked,
+        "messages_unacknowledged_details": {"rate": 0.0},
+    }
+    out["messages_details"]["rate"] = out["messages_ready_details"]["rate"]
+    return out
+
+
+# -- who holds what ------------------------------------------------------------
+
+
+def unacked_by_queue(connections) -> Counter:
+    """Queue -> deliveries not acked yet, over every open channel."""
+    found: Counter = Counter()
+    for connection in connections:
+        for channel in list(connection.channels.values()):
+            for queue, _entry, _consumer in channel.unacked.values():
+                found[queue] += 1
+    return found
+
+
+def consumers_by_queue(connections) -> dict:
+    """Queue -> [(channel, consumer)]."""
+    found: dict = {}
+    for connection in connections:
+        for channel in list(connection.channels.values()):
+            for consumer in channel.consumers.values():
+                found.setdefault(consumer.queue, []).append((channel, consumer))
+    return found
+
+
+# -- vhosts, users, permissions -------------------------------------------------
+
+
+def vhost(sampler, vhost, unacked: Counter) -> dict:
+    ready = sum(q.message_count for q in vhost.queues.values())
+    held = sum(unacked[q] for q in vhost.queues.values())
+    out = {
+        "cluster_state": {NODE: "running"},
+        "default_queue_type": "undefined",
+        "description": "",
+        "metadata": {"description": "", "tags": []},
+        "name": vhost.name,
+        "tags": [],
+        "tracing": False,
+        **counts(sampler, vhost, ready, held),
+    }
+    stats = message_stats(sampler, vhost.stats, VHOST_STATS)
+    if stats is not None:
+        out["message_stats"] = stats
+    return out
+
+
+def user(found) -> dict:
+    return {
+        "name": found.name,
+        "password_hash": found.password_hash,
+        "hashing_algorithm": "rabbit_password_hashing_sha256",
+        "tags": list(found.tags),
+        "limits": {},
+    }
+
+
+def permission(user_name: str, vhost_name: str, found) -> dict:
+    return {"user": user_name, "vhost": vhost_name, "configure": found.configure, "write": found.write,
+            "read": found.read}
+
+
+# -- exchanges, queues, bindings ------------------------------------------------
+
+
+def exchange(x, vhost_name: str, user_name: str) -> dict:
+    return {
+        "arguments": x.arguments,
+        "auto_delete": x.auto_delete,
+        "durable": x.durable,
+        "internal": x.internal,
+        "name": x.name,
+        "type": x.type,
+        "user_who_performed_action": user_name,
+        "vhost": vhost_name,
+    }
+
+
+def default_exchange(vhost_name: str, user_name: str) -> dict:
+    return {"arguments": {}, "auto_delete": False, "durable": True, "internal": False, "name": "",
+            "type": "direct", "user_who_performed_action": user_name, "vhost": vhost_name}
+
+
+def queue(sampler, q, unacked: int, consumers: list) -> dict:
+    states = q.backing.state_counts()
+    ready = q.message_count
+    exclusive_tag = next((c.tag for _ch, c in consumers if c.exclusive), None)
+    out = {
+        "arguments": q.arguments,
+        "auto_delete": q.auto_delete,
+        "consumers": len(q.consumers),
+        "consumer_capacity": 1.0 if q.consumers else 0,
+        "consumer_utilisation": 1.0 if q.consumers else None,
+        "durable": q.durable,
+        "effective_policy_definition": {},
+        "exclusive": q.exclusive_owner is not None,
+        "exclusive_consumer_tag": exclusive_tag,
+        "head_message_timestamp": None,
+        "message_bytes": q.backing.ready_bytes,
+        "message_bytes_ready": q.backing.ready_bytes,
+        "message_bytes_unacknowledged": 0,
+        "messages_paged_out": states.get("delta", 0),
+        "messages_ram": ready - states.get("delta", 0),
+        "messages_ready_ram": ready - states.get("delta", 0),
+        "messages_unacknowledged_ram": unacked,
+        "message_states": states,
+        "name": q.name,
+        "node": NODE,
+        "operator_policy": None,
+        "policy": None,
+        "single_active_consumer_tag": None,
+        "state": "running",
+        "type": "classic",
+        "vhost": q.vhost,
+        **counts(sampler, q, ready, unacked),
+    }
+    stats = message_stats(sampler, q.stats, QUEUE_STATS)
+    if stats is not None:
+        out["message_stats"] = stats
+    return out
+
+
+def binding(vhost_name: str, source: str, dest_kind: str, dest_name: str, key: str, arguments: dict | None) -> dict:
+    return {
+        "source": source,
+        "vhost": vhost_name,
+        "destination": dest_name,
+        "destination_type": dest_kind,
+        "routing_key": key,
+        "arguments": arguments or {},
+        "properties_key": properties_key(key, arguments),
+    }
+
+
+def properties_key(key: str, arguments: dict | None) -> str:
+    """How RabbitMQ names one binding in a URL: the quoted routing key, plus
+    a hash of the arguments when there are any."""
+    quoted = quote(key, safe="") if key else "~"
+    if not arguments:
+        return quoted
+    return quoted + "~" + _arguments_hash(arguments)
+
+
+def _arguments_hash(arguments: dict) -> str:
+    digest = hashlib.md5(json.dumps(arguments, sort_keys=True, default=str).encode()).digest()
+    return base64.urlsafe_b64encode(digest).decode("ascii").rstrip("=")
+
+
+# -- connections, channels, consumers --------------------------------------------
+
+
+def connection_name(connection) -> str:
+    """RabbitMQ's "peer_host:peer_port -> host:port"."""
+    peer_host, peer_port = _peer(connection)
+    host, port = _local(connection)
+    return "%s:%d -> %s:%d" % (peer_host, peer_port, host, port)
+
+
+def _peer(connection) -> tuple[str, int]:
+    peer = connection.peer or ("", 0)
+    return peer[0], peer[1]
+
+
+def _local(connection) -> tuple[str, int]:
+    transport = connection.io.transport
+    local = transport.get_extra_info("sockname") if transport is not None else None
+    return (local[0], local[1]) if local else ("", 0)
+
+
+def connection(conn) -> dict:
+    peer_host, peer_port = _peer(conn)
+    host, port = _local(conn)
+    transport = conn.io.transport
+    ssl_object = transport.get_extra_info("ssl_object") if transport is not None else None
+    cipher = ssl_object.cipher() if ssl_object is not None else None
+    user = conn.user.name if conn.user is not None else ""
+    return {
+        "auth_mechanism": conn.auth_mechanism,
+        "channel_max": conn.channel_max,
+        "channels": len(conn.channels),
+        "client_properties": conn.client_properties,
+        "connected_at": conn.connected_at,
+        "frame_max": conn.frame_max,
+        "host": host,
+        "name": connection_name(conn),
+        "node": NODE,
+        "peer_cert_issuer": None,
+        "peer_cert_subject": None,
+        "peer_cert_validity": None,
+        "peer_host": peer_host,
+        "peer_port": peer_port,
+        "port": port,
+        "protocol": "AMQP 0-9-1",
+        "ssl": ssl_object is not None,
+        "ssl_cipher": cipher[0] if cipher else None,
+        "ssl_hash": None,
+        "ssl_key_exchange": None,
+        "ssl_protocol": ssl_object.version() if ssl_object is not None else None,
+        "state": "blocked" if conn.blocked_by else "running",
+        "timeout": conn.heartbeat,
+        "type": "network",
+        "user": user,
+        "user_who_performed_action": user,
+        "vhost": conn.vhost.name if conn.vhost is not None else "",
+    }
+
+
+def channel_name(channel) -> str:
+    return "%s (%d)" % (connection_name(channel.connection), channel.number)
+
+
+def channel(ch) -> dict:
+    conn = ch.connection
+    peer_host, peer_port = _peer(conn)
+    user = conn.user.name if conn.user is not None else ""
+    return {
+        "acks_uncommitted": 0,
+        "confirm": ch.confirm,
+        "connection_details": {"name": connection_name(conn), "peer_host": peer_host, "peer_port": peer_port},
+        "consumer_count": len(ch.consumers),
+        "global_prefetch_count": ch.global_prefetch,
+        "messages_unacknowledged": len(ch.unacked),
+        "messages_uncommitted": 0,
+        "messages_unconfirmed": ch.unconfirmed,
+        "name": channel_name(ch),
+        "node": NODE,
+        "number": ch.number,
+        "prefetch_count": ch.prefetch_count,
+        "state": "running" if ch.flow_active else "flow",
+        "transactional": ch.transactional,
+        "user": user,
+        "user_who_performed_action": user,
+        "vhost": ch.vhost.name,
+    }
+
+
+def consumer(ch, c) -> dict:
+    conn = ch.connection
+    peer_host, peer_port = _peer(conn)
+    return {
+        "arguments": c.arguments,
+        "ack_required": not c.no_ack,
+        "active": True,
+        "activity_status": "up",
+        "channel_details": {
+            "connection_name": connection_name(conn),
+            "name": channel_name(ch),
+            "node": NODE,
+            "number": ch.number,
+            "peer_host": peer_host,
+            "peer_port": peer_port,
+            "user": conn.user.name if conn.user is not None else "",
+        },
+        "consumer_tag": c.tag,
+        "exclusive": c.exclusive,
+        "prefetch_count": c.prefetch_count,
+        "queue": {"name": c.queue.name, "vhost": c.queue.vhost},
+    }
