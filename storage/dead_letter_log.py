@@ -345,12 +345,14 @@ class DeadLetterLog:
         else:
             self.deleted_segments += 1
 
-    def read(self, start: int, max_records: int, done: Callable[[list[DeadLetter] | Exception], None]) -> None:
-        """Records from offset `start` on (at most `max_records`), read on
-        the reader thread; `done` gets them (or an exception) on the loop."""
+    def read(self, start: int, max_records: int, done: Callable[[list[DeadLetter] | Exception], None],
+             max_bytes: int = 0) -> None:
+        """Records from offset `start` on (at most `max_records`, and once
+        past `max_bytes` of bodies no more; 0: no byte limit), read on the
+        reader thread; `done` gets them (or an exception) on the loop."""
         self.retain()
         segments, limit = self._segments, self.next_offset
-        self._writer.read(lambda: read_records(segments, start, max_records, limit), done)
+        self._writer.read(lambda: read_records(segments, start, max_records, limit, max_bytes), done)
 
 
 class _Durable:
@@ -379,19 +381,47 @@ def _deleter(file: AppendFile) -> Callable[[], None]:
     return delete
 
 
-def read_records(segments: list[_Segment], start: int, max_records: int, limit: int) -> list[DeadLetter]:
-    """Blocking: records with offsets in [start, limit), at most `max_records`."""
-    out: list[DeadLetter] = []
+def read_records(segments: list[_Segment], start: int, max_records: int, limit: int,
+                 max_bytes: int = 0) -> list[DeadLetter]:
+    """Blocking: records with offsets in [start, limit), at most `max_records`
+    (fewer once their bodies pass `max_bytes`, when set)."""
+    out = _Batch(max_records, max_bytes)
     firsts = [s.first for s in segments]
     index = max(bisect.bisect_right(firsts, start) - 1, 0)
     for segment in segments[index:]:
-        if len(out) >= max_records or segment.first >= limit:
+        if out.full or segment.first >= limit:
             break
-        _read_segment(segment, start, limit, max_records, out)
-    return out
+        _read_segment(segment, start, limit, out)
+    return out.records
 
 
-def _read_segment(segment: _Segment, start: int, limit: int, max_records: int, out: list[DeadLetter]) -> None:
+class _Batch:
+    """What one read has collected, and whether it is enough."""
+
+    __slots__ = ("records", "max_records", "max_bytes", "bytes")
+
+    def __init__(self, max_records: int, max_bytes: int) -> None:
+        self.records: list[DeadLetter] = []
+        self.max_records = max_records
+        self.max_bytes = max_bytes
+        self.bytes = 0
+
+    @property
+    def full(self) -> bool:
+        return len(self.records) >= self.max_records or bool(self.max_bytes) and self.bytes >= self.max_bytes
+
+    def take(self, body: bytes, start: int, limit: int) -> bool:
+        """Add the record if it is in range; False once past the range or full."""
+        offset = _HEAD.unpack_from(body)[0]
+        if offset >= limit or self.full:
+            return False
+        if offset >= start:
+            self.records.append(_decode(body))
+            self.bytes += len(body)
+        return True
+
+
+def _read_segment(segment: _Segment, start: int, limit: int, out: _Batch) -> None:
     """Read record by record from the sparse-index mark at or before `start`,
     up to the durable size; a record that does not check out (damage found
     at recovery) switches to `record.scan` of the rest, which skips it."""
@@ -402,30 +432,21 @@ def _read_segment(segment: _Segment, start: int, limit: int, max_records: int, o
     try:
         with open(segment.file.path, "rb") as f:
             f.seek(position)
-            while position + record.OVERHEAD <= end and len(out) < max_records:
+            while position + record.OVERHEAD <= end and not out.full:
                 head = f.read(_LENGTH.size)
                 size = _LENGTH.unpack(head)[0] + record.OVERHEAD
                 blob = head + f.read(min(size, end - position) - len(head))
                 records, _report = record.scan(blob)
                 if size <= end - position and len(records) == 1 and records[0][0] == 0:
-                    if not _take(records[0][1], start, limit, max_records, out):
+                    if not out.take(records[0][1], start, limit):
                         return
                     position += size
                     continue
                 f.seek(position)
                 for _pos, body in record.scan(f.read(end - position), segment.file.path)[0]:
-                    if not _take(body, start, limit, max_records, out):
+                    if not out.take(body, start, limit):
                         return
                 return
     except FileNotFoundError:
         return  # deleted by retention meanwhile
 
-
-def _take(body: bytes, start: int, limit: int, max_records: int, out: list[DeadLetter]) -> bool:
-    """Add the record if it is in range; False once past the range."""
-    offset = _HEAD.unpack_from(body)[0]
-    if offset >= limit or len(out) >= max_records:
-        return False
-    if offset >= start:
-        out.append(_decode(body))
-    return True

@@ -245,3 +245,14 @@ def _content_header(props: commands.Basic.Properties, size: int) -> bytes:
 
 def test_json_value_of_nested_tables():
     assert json_value({"a": [b"x", {"b": datetime.datetime(1970, 1, 1, 0, 1)}]}) == {"a": ["x", {"b": 60}]}
+
+
+async def test_a_read_stops_after_max_bytes_but_returns_at_least_one(tmp_path, writer):
+    log = open_log(tmp_path, writer)
+    await append_all(log, [dead(i, body=b"x" * 10_000) for i in range(10)])
+    fut = asyncio.get_running_loop().create_future()
+    log.read(2, 100, fut.set_result, max_bytes=25_000)
+    assert [r.offset for r in await fut] == [2, 3, 4]
+    fut = asyncio.get_running_loop().create_future()
+    log.read(0, 100, fut.set_result, max_bytes=1)
+    assert [r.offset for r in await fut] == [0]

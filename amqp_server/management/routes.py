@@ -10,7 +10,7 @@ limits (branch policyperm); hutch's peek and move operations (branch prio).
 """
 from __future__ import annotations
 
-from amqp_server.management import clients, definitions, health, operations, resources
+from amqp_server.management import clients, dead_letters, definitions, health, operations, resources
 from amqp_server.management.access import ADMINISTRATOR, MANAGEMENT, MONITORING
 
 M, MON, A = MANAGEMENT, MONITORING, ADMINISTRATOR
@@ -89,6 +89,7 @@ _TABLE = [
     ("/api/health/checks/node-is-mirror-sync-critical", {"GET": (health.single_node, M)}),
     ("/api/health/checks/port-listener/{port}", {"GET": (health.port_listener, M)}),
     ("/api/health/checks/protocol-listener/{protocol}", {"GET": (health.protocol_listener, M)}),
+    ("/api/hutch/dead-letters/{vhost}", {"GET": (dead_letters.dead_letters, M)}),
 ]
 
 ROUTES = [(_p(path), methods) for path, methods in _TABLE]
