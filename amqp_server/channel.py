@@ -12,7 +12,8 @@ Theory of operation:
   durable queues persist waits in `_awaiting[seq]` for that many
   `on_durable` calls. Confirms go out in tag order: `flush_confirms` (once
   per write turn) acks, with `multiple`, everything below the oldest seq
-  still waiting (or everything, when none waits).
+  still waiting (or everything, when none waits). A publish a queue refused
+  (reject-publish) waits as `NACK` and is nacked in its turn.
 - Transactions: publishes and settlements are kept in `_tx` and applied in
   order on commit; rollback drops the publishes and gives the settled
   deliveries back to `unacked`.
@@ -50,6 +51,7 @@ BASIC_CLASS = 60
 _CHECKED_PROPERTIES = 0x0010 | 0x0100
 _INTEGER_PREFIX = re.compile(r"[+-]?[0-9]+")
 MAX_EXPIRATION = 315360000000  # ten years in ms, RabbitMQ's limit
+NACK = -1  # in `_awaiting`: a refused publish, nacked when its turn comes
 
 
 class Channel(Deliveries):
@@ -215,12 +217,12 @@ class Channel(Deliveries):
         waits = self._route(message, keys, headers, mandatory, lambda: self._durable(seq))
         if waits:
             self._awaiting[seq] = waits
-        else:
+        if waits <= 0:  # confirmable now (0), or refused (NACK)
             self.connection.confirm_pending(self)
 
     def _durable(self, seq: int) -> None:
         left = self._awaiting.get(seq)
-        if left is None:  # the channel closed meanwhile
+        if left is None or left == NACK:  # the channel closed meanwhile, or nacked anyway
             return
         if left > 1:
             self._awaiting[seq] = left - 1
@@ -266,11 +268,14 @@ class Channel(Deliveries):
 
     def _route(self, message: Message, keys: list[str], headers: dict | None, mandatory: bool,
                on_durable=None) -> int:
-        """Publish into the vhost; returns how many queues will call `on_durable`."""
-        reached, waits = self.vhost.publish(message, keys, headers, self.connection, on_durable)
+        """Publish into the vhost; returns how many queues will call
+        `on_durable`, or NACK when a queue refused the message (confirm mode)."""
+        reached, waits, rejected = self.vhost.publish(message, keys, headers, self.connection, on_durable)
         if not reached and not mandatory:
             self.vhost.stats.drop_unroutable += 1
-        elif not reached:
+        if rejected and on_durable is not None:
+            return NACK
+        if not reached and mandatory:
             self.vhost.stats.return_unroutable += 1
             self.connection.send_content(
                 self.number,
@@ -285,11 +290,19 @@ class Channel(Deliveries):
         return waits
 
     def flush_confirms(self) -> None:
-        upto = next(iter(self._awaiting)) - 1 if self._awaiting else self._publish_seq
-        if upto >= self._confirm_from:
-            self.vhost.stats.confirm += upto - self._confirm_from + 1
-            self.connection.send_raw(fastpath.ack_frame(self.number, upto, upto > self._confirm_from))
-            self._confirm_from = upto + 1
+        awaiting = self._awaiting
+        while True:
+            first = next(iter(awaiting)) if awaiting else 0
+            upto = first - 1 if awaiting else self._publish_seq
+            if upto >= self._confirm_from:
+                self.vhost.stats.confirm += upto - self._confirm_from + 1
+                self.connection.send_raw(fastpath.ack_frame(self.number, upto, upto > self._confirm_from))
+                self._confirm_from = upto + 1
+            if not awaiting or awaiting[first] != NACK:
+                return
+            del awaiting[first]
+            self.send_method(commands.Basic.Nack(delivery_tag=first, multiple=False, requeue=False))
+            self._confirm_from = first + 1
 
     # -- channel class ---------------------------------------------------------
 

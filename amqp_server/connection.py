@@ -149,8 +149,9 @@ class Connection:
     def send_method(self, channel: int, method) -> None:
         self.send_raw(method_frame(channel, method))
 
-    def send_content(self, channel: int, method, message) -> None:
-        frames = content_frames(channel, message.header, message.body, self.frame_max)
+    def send_content(self, channel: int, method, message, header: bytes | None = None) -> None:
+        frames = content_frames(channel, message.header if header is None else header, message.body,
+                                self.frame_max)
         frames.insert(0, method_frame(channel, method))
         self.send_frames(frames)
 

@@ -20,6 +20,7 @@ from pamqp import commands
 
 from amqp_server import fastpath
 from amqp_server.framing import content_frames
+from storage.message import encode_value
 from vhosts import Consumer
 from vhosts.errors import (
     ACCESS_REFUSED,
@@ -31,6 +32,14 @@ from vhosts.errors import (
 )
 
 ACK, REQUEUE, DISCARD = "ack", "requeue", "discard"
+
+
+def _header(entry) -> bytes:
+    """The content header to deliver: as published, plus x-delivery-count
+    once the message was given back at least once."""
+    if not entry.deliveries:
+        return entry.message.header
+    return entry.message.header_with({"x-delivery-count": encode_value(entry.deliveries)})
 
 
 def new_consumer_tag() -> str:
@@ -102,7 +111,7 @@ class Deliveries:
             vhost_stats.redeliver += 1
         message = entry.message
         connection = self.connection
-        frames = content_frames(self.number, message.header, message.body, connection.frame_max)
+        frames = content_frames(self.number, _header(entry), message.body, connection.frame_max)
         frames.insert(0, fastpath.deliver_frame(
             self.number,
             consumer.tag.encode("utf-8"),
@@ -198,6 +207,7 @@ class Deliveries:
                 message_count=queue.message_count,
             ),
             message,
+            _header(entry),
         )
 
     def _get_again(self, method) -> None:
@@ -253,6 +263,8 @@ class Deliveries:
         for queue, entries in by_queue.items():
             if outcome is REQUEUE:
                 queue.requeue(entries)
+            elif outcome is DISCARD:
+                queue.reject(entries)
             else:
                 if outcome is ACK:
                     queue.stats.ack += len(entries)

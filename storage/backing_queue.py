@@ -7,7 +7,12 @@ A queue owns ordering decisions only through this interface:
 - `fetch` removes the head *ready* entry (it becomes "unacked" until `ack` or
   `requeue`);
 - `requeue` returns fetched entries to the ready set at their original place:
-  ready entries are always served in ascending `seq` order.
+  ready entries are always served in ascending `seq` order;
+- `remove` takes given ready entries out of the ready set wherever they are
+  (an expired message in the middle of the queue); like fetched entries they
+  then wait for `ack`. `entry.state` says where an entry is: READY (a ready
+  entry in RAM), OUT (fetched or removed), or PAGED (its message went to
+  disk: this object is no longer the queue's, the seq is served from disk).
 Counts (`ready`, `ready_bytes`) cover ready entries only, as RabbitMQ's
 `messages_ready`.
 """
@@ -18,19 +23,27 @@ from typing import Callable, Iterable, Protocol
 from storage.message import Message
 
 
+READY, OUT, PAGED = 0, 1, 2
+
+
 class QueueEntry:
     """One message's place in one queue (a message routed to three queues has
     three entries sharing one `Message`)."""
 
-    __slots__ = ("seq", "message", "redelivered", "store")
+    __slots__ = ("seq", "message", "redelivered", "store", "expiry", "deliveries", "state")
 
-    def __init__(self, seq: int, message: Message) -> None:
+    def __init__(self, seq: int, message: Message, expiry: int = 0) -> None:
         self.seq = seq
         self.message = message
         self.redelivered = False
         # Where the message is on disk, for backing queues that write it
         # (None: only in RAM).
         self.store = None
+        # When it expires, in ms since the epoch (0: never).
+        self.expiry = expiry
+        # How many times it was given back after a delivery (x-delivery-count).
+        self.deliveries = 0
+        self.state = READY
 
     def __lt__(self, other: "QueueEntry") -> bool:
         return self.seq < other.seq
@@ -42,16 +55,22 @@ class BackingQueue(Protocol):
     # Set by the queue: called when messages read back from disk are ready
     # (`fetch` returns None meanwhile although `ready` is positive).
     on_available: Callable[[], None] | None
+    # Set by the queue: called with the entries read back from disk (their
+    # expiry comes from the index), before `on_available`.
+    on_loaded: Callable[[list[QueueEntry]], None] | None
 
     def persists(self, message: Message) -> bool: ...
 
-    def publish(self, message: Message, on_durable: Callable[[], None] | None = None) -> QueueEntry: ...
+    def publish(self, message: Message, on_durable: Callable[[], None] | None = None,
+                expiry: int = 0) -> QueueEntry: ...
 
     def fetch(self) -> QueueEntry | None: ...
 
     def ack(self, entries: Iterable[QueueEntry]) -> None: ...
 
     def requeue(self, entries: Iterable[QueueEntry]) -> None: ...
+
+    def remove(self, entries: Iterable[QueueEntry]) -> list[QueueEntry]: ...
 
     def purge(self) -> int: ...
 

@@ -7,11 +7,12 @@ send it back verbatim, so properties are decoded only when a feature needs them
 """
 from __future__ import annotations
 
+import datetime
 import itertools
 import os
 import struct
 
-from pamqp import commands, decode
+from pamqp import commands, decode, encode
 
 _FLAGS = struct.Struct(">H")
 _LONG = struct.Struct(">I")
@@ -21,6 +22,7 @@ _CONTENT_TYPE = 0x8000
 _CONTENT_ENCODING = 0x4000
 _HEADERS = 0x2000
 _DELIVERY_MODE = 0x1000
+_EXPIRATION = 0x0100
 # Offset of the first property-flags word: class-id(2) weight(2) body-size(8).
 _FLAGS_AT = 12
 
@@ -28,6 +30,9 @@ _FLAGS_AT = 12
 _ID_PREFIX = os.urandom(8)
 _id_counter = itertools.count()
 _SHORT = struct.Struct(">B")
+_LONGLONG = struct.Struct(">q")
+_ULONGLONG = struct.Struct(">Q")
+_EMPTY_TABLE = b"\x00\x00\x00\x00"
 
 
 class Message:
@@ -105,7 +110,37 @@ class Message:
         if props.headers and name in props.headers:
             del props.headers[name]
             start, end = _headers_span(self.header)
-            self.header = self.header[:start] + _table_without(self.header[start:end], name) + self.header[end:]
+            self.header = self.header[:start] + table_edit(self.header[start:end], {}, (name,)) + self.header[end:]
+
+    def header_with(self, entries: dict[str, bytes], remove: tuple = (), drop_expiration: bool = False) -> bytes:
+        """A content header like this message's, with the headers table
+        entries `entries` (name -> encoded field value, see `encode_value`)
+        set in place or appended, `remove` dropped, and the expiration
+        property dropped when asked. Every other byte is kept as published;
+        the message itself is not changed (it may be shared by queues)."""
+        header = self.header
+        if drop_expiration:
+            flags, start, end = _property_span(header, _EXPIRATION)
+            if flags & _EXPIRATION:
+                header = _with_flags(header[:start] + header[end:], flags & ~_EXPIRATION)
+        flags, start, end = _property_span(header, _HEADERS)
+        table = header[start:end] if flags & _HEADERS else _EMPTY_TABLE
+        table = table_edit(table, entries, remove)
+        return _with_flags(header[:start] + table + header[end:], flags | _HEADERS)
+
+    @property
+    def has_expiration(self) -> bool:
+        """Whether the expiration property is set (one bit of the flags)."""
+        return bool(self.header[_FLAGS_AT] & (_EXPIRATION >> 8))
+
+    @property
+    def expiration(self) -> int | None:
+        """The expiration property in ms (validated at publish), read straight
+        from the wire bytes; None when absent."""
+        flags, start, end = _property_span(self.header, _EXPIRATION)
+        if not flags & _EXPIRATION:
+            return None
+        return int(self.header[start + 1:end])
 
     @property
     def persistent(self) -> bool:
@@ -147,10 +182,13 @@ def _headers_span(header: bytes) -> tuple[int, int]:
     return offset, offset + 4 + _LONG.unpack_from(header, offset)[0]
 
 
-def _table_without(table: bytes, name: str) -> bytes:
-    """An encoded field table minus every entry named `name`, the others kept
+def table_edit(table: bytes, entries: dict[str, bytes], remove: tuple = ()) -> bytes:
+    """An encoded field table (length prefix included) with the entries named
+    in `entries` set to their encoded values (in place when present, else
+    appended) and those named in `remove` dropped; every other entry is kept
     byte for byte."""
-    key = name.encode("utf-8")
+    encoded = {name.encode("utf-8"): value for name, value in entries.items()}
+    dropped = {name.encode("utf-8") for name in remove}
     kept = []
     pos, end = 4, len(table)
     while pos < end:
@@ -159,10 +197,79 @@ def _table_without(table: bytes, name: str) -> bytes:
         entry_key = table[start + 1:pos]
         consumed, _ = decode.embedded_value(table[pos:end])
         pos += consumed
-        if entry_key != key:
-            kept.append(table[start:pos])
-    entries = b"".join(kept)
-    return _LONG.pack(len(entries)) + entries
+        if entry_key in dropped:
+            continue
+        value = encoded.pop(entry_key, None)
+        kept.append(table[start:pos] if value is None else table[start:start + 1 + len(entry_key)] + value)
+    for key, value in encoded.items():
+        kept.append(_SHORT.pack(len(key)) + key + value)
+    body = b"".join(kept)
+    return _LONG.pack(len(body)) + body
+
+
+def encode_value(value) -> bytes:
+    """A field value as RabbitMQ writes the headers it adds: integers as
+    long (l), datetimes as timestamp (T), strings as longstr (S)."""
+    if isinstance(value, bool):
+        return b"t" + bytes((value,))
+    if isinstance(value, int):
+        return b"l" + _LONGLONG.pack(value)
+    if isinstance(value, (str, bytes)):
+        raw = value.encode("utf-8") if isinstance(value, str) else value
+        return b"S" + _LONG.pack(len(raw)) + raw
+    if isinstance(value, datetime.datetime):
+        return b"T" + _ULONGLONG.pack(int(value.timestamp()))
+    if isinstance(value, list):
+        body = b"".join(encode_value(v) for v in value)
+        return b"A" + _LONG.pack(len(body)) + body
+    if isinstance(value, dict):
+        return b"F" + encode_table(value)
+    return encode.encode_table_value(value)
+
+
+def encode_table(entries: dict) -> bytes:
+    body = b"".join(_SHORT.pack(len(k.encode("utf-8"))) + k.encode("utf-8") + encode_value(v)
+                    for k, v in entries.items())
+    return _LONG.pack(len(body)) + body
+
+
+# Basic properties of the first flags word in wire order, with how each is
+# encoded: "s" shortstr, "t" table, "o" octet, "q" 64-bit timestamp.
+_LAYOUT = ((0x8000, "s"), (0x4000, "s"), (0x2000, "t"), (0x1000, "o"), (0x0800, "o"), (0x0400, "s"),
+           (0x0200, "s"), (0x0100, "s"), (0x0080, "s"), (0x0040, "q"), (0x0020, "s"), (0x0010, "s"),
+           (0x0008, "s"), (0x0004, "s"))
+
+
+def _property_span(header: bytes, bit: int) -> tuple[int, int, int]:
+    """(first flags word, start, end) of the property `bit` in a content
+    header; when absent, start == end is where it would be inserted."""
+    (flags,) = _FLAGS.unpack_from(header, _FLAGS_AT)
+    offset = _FLAGS_AT + 2
+    if flags & 1:
+        offset = _FLAGS_AT + _property_flags(header)[1]
+    for flag, kind in _LAYOUT:
+        if flag == bit:
+            if not flags & flag:
+                return flags, offset, offset
+            break
+        if flags & flag:
+            offset += _property_size(header, offset, kind)
+    return flags, offset, offset + _property_size(header, offset, _LAYOUT_KIND[bit])
+
+
+_LAYOUT_KIND = dict(_LAYOUT)
+
+
+def _property_size(header: bytes, offset: int, kind: str) -> int:
+    if kind == "s":
+        return 1 + header[offset]
+    if kind == "t":
+        return 4 + _LONG.unpack_from(header, offset)[0]
+    return 1 if kind == "o" else 8
+
+
+def _with_flags(header: bytes, flags: int) -> bytes:
+    return header[:_FLAGS_AT] + _FLAGS.pack(flags) + header[_FLAGS_AT + 2:]
 
 
 def delivery_mode(header: bytes) -> int:

@@ -20,6 +20,11 @@ Invariants:
   record (written after its body) went through a group commit.
 - Paging out takes the messages next to delta, so the range stays contiguous:
   the oldest of `_tail`, then the newest of `_head`.
+- `remove` (expiry) marks RAM entries OUT and leaves them in place; `fetch`
+  and `page_out` skip them, and the containers are rebuilt once they are
+  more than half of what is held (`_removed` counts them). A paged-out
+  entry is marked PAGED; its message expires when it is read back (the
+  index keeps its expiry), see docs/queue-semantics.md.
 """
 from __future__ import annotations
 
@@ -27,7 +32,7 @@ import heapq
 from collections import deque
 from typing import Callable, Iterable
 
-from storage.backing_queue import QueueEntry
+from storage.backing_queue import OUT, PAGED, READY, QueueEntry
 from storage.message import Message
 from storage.msg_store import MessageStore
 from storage.queue_index import QueueIndex
@@ -44,6 +49,7 @@ RAM_MESSAGES_LOW = 1024
 # header bytes): the memory monitor is charged body + this.
 ENTRY_OVERHEAD = 400
 _EMBEDDED = "index"  # entry.store for a message embedded in the queue index
+COMPACT_ABOVE = 1024  # removed entries tolerated in RAM before a rebuild is considered
 
 
 class VariableQueue:
@@ -76,6 +82,7 @@ class VariableQueue:
         self._loading_segment = -1
         self._reload = False
         self._deleted = False
+        self._removed = 0
         # Seqs below this were recovered after an unclean shutdown: delivered
         # or not, they go out redelivered (see `recovered`).
         self._delivered_below = 0
@@ -84,6 +91,8 @@ class VariableQueue:
         self.ram_bytes = 0
         # Called when messages read back from delta become available.
         self.on_available: Callable[[], None] | None = None
+        # Called with the entries read back from delta, before `on_available`.
+        self.on_loaded: Callable[[list[QueueEntry]], None] | None = None
         monitor.register(self)
 
     # -- BackingQueue --------------------------------------------------------
@@ -91,10 +100,11 @@ class VariableQueue:
     def persists(self, message: Message) -> bool:
         return self.durable and message.persistent
 
-    def publish(self, message: Message, on_durable: Callable[[], None] | None = None) -> QueueEntry:
+    def publish(self, message: Message, on_durable: Callable[[], None] | None = None,
+                expiry: int = 0) -> QueueEntry:
         seq = self._next_seq
         self._next_seq = seq + 1
-        entry = QueueEntry(seq, message)
+        entry = QueueEntry(seq, message, expiry)
         size = len(message.body)
         self.ready += 1
         self.ready_bytes += size
@@ -111,14 +121,19 @@ class VariableQueue:
         return entry
 
     def fetch(self) -> QueueEntry | None:
-        if self._requeued:
-            entry = heapq.heappop(self._requeued)
-        elif self._head:
-            entry = self._head.popleft()
-        else:
-            if self._delta_count:
-                self._load_delta()
-            return None
+        while True:
+            if self._requeued:
+                entry = heapq.heappop(self._requeued)
+            elif self._head:
+                entry = self._head.popleft()
+            else:
+                if self._delta_count:
+                    self._load_delta()
+                return None
+            if entry.state == READY:
+                break
+            self._removed -= 1
+        entry.state = OUT
         size = len(entry.message.body)
         self.ready -= 1
         self.ready_bytes -= size
@@ -148,9 +163,35 @@ class VariableQueue:
         for store, msg_id in removed:
             store.remove(msg_id)
 
+    def remove(self, entries: Iterable[QueueEntry]) -> list[QueueEntry]:
+        """Take ready entries in RAM out of the ready set; returns those that were."""
+        removed = []
+        freed = 0
+        for entry in entries:
+            if entry.state != READY:
+                continue
+            entry.state = OUT
+            size = len(entry.message.body)
+            self.ready -= 1
+            self.ready_bytes -= size
+            freed += size + ENTRY_OVERHEAD
+            removed.append(entry)
+        self._removed += len(removed)
+        self.ram_bytes -= freed
+        self.monitor.charge(-freed)
+        held = len(self._requeued) + len(self._head) + len(self._tail)
+        if self._removed > COMPACT_ABOVE and self._removed * 2 > held:
+            self._requeued = [e for e in self._requeued if e.state == READY]
+            heapq.heapify(self._requeued)
+            self._head = deque(e for e in self._head if e.state == READY)
+            self._tail = deque(e for e in self._tail if e.state == READY)
+            self._removed = 0
+        return removed
+
     def requeue(self, entries: Iterable[QueueEntry]) -> None:
         for entry in entries:
             entry.redelivered = True
+            entry.state = READY
             heapq.heappush(self._requeued, entry)
             size = len(entry.message.body)
             self.ready += 1
@@ -160,10 +201,13 @@ class VariableQueue:
 
     def purge(self) -> int:
         count = self.ready
-        in_ram = list(self._requeued) + list(self._head) + list(self._tail)
+        in_ram = [e for q in (self._requeued, self._head, self._tail) for e in q if e.state == READY]
+        for entry in in_ram:
+            entry.state = OUT
         self._requeued.clear()
         self._head.clear()
         self._tail.clear()
+        self._removed = 0
         self.ack(in_ram)
         self._drop_delta()
         self.monitor.charge(-self.ram_bytes)
@@ -180,8 +224,9 @@ class VariableQueue:
     def state_counts(self) -> dict[str, int]:
         """Ready messages per state: alpha (message in RAM only), gamma (in
         RAM and on disk), delta (on disk only); for the CLI and metrics."""
-        gamma = sum(1 for q in (self._requeued, self._head, self._tail) for e in q if e.store is not None)
-        in_ram = len(self._requeued) + len(self._head) + len(self._tail)
+        gamma = sum(1 for q in (self._requeued, self._head, self._tail) for e in q
+                    if e.store is not None and e.state == READY)
+        in_ram = len(self._requeued) + len(self._head) + len(self._tail) - self._removed
         return {"alpha": in_ram - gamma, "gamma": gamma, "delta": self._delta_count}
 
     # -- disk ----------------------------------------------------------------
@@ -199,7 +244,7 @@ class VariableQueue:
             store = self.store if persistent else self.transient_store
             store.write(message.msg_id, payload)
             entry.store = store
-        self.index.publish(entry.seq, message.msg_id, len(message.body), payload,
+        self.index.publish(entry.seq, message.msg_id, len(message.body), payload, expiry=entry.expiry,
                            persistent=persistent, done=done)
 
     def _delta_added(self, seq: int) -> None:
@@ -223,10 +268,18 @@ class VariableQueue:
         freed = 0
         while freed < goal and self._tail:
             entry = self._tail.popleft()
+            if entry.state != READY:
+                self._removed -= 1
+                continue
+            entry.state = PAGED
             self._to_delta_end(entry)
             freed += len(entry.message.body) + ENTRY_OVERHEAD
         while freed < goal and len(self._head) > HEAD_LOW:
             entry = self._head.pop()
+            if entry.state != READY:
+                self._removed -= 1
+                continue
+            entry.state = PAGED
             if entry.store is None:
                 self._write(entry, None)
             self._delta_added(entry.seq)
@@ -277,6 +330,7 @@ class VariableQueue:
             # consistent delta range.
             added = 0
             lost = []
+            read_back = []
             for item in found:
                 entry = loaded.get(item.seq)
                 if entry is None:
@@ -287,6 +341,7 @@ class VariableQueue:
                     self.ready_bytes -= item.size
                     continue
                 self._head.append(entry)
+                read_back.append(entry)
                 added += len(entry.message.body) + ENTRY_OVERHEAD
             if lost:
                 self.index.ack(lost)
@@ -299,6 +354,8 @@ class VariableQueue:
                 self._head.extend(self._tail)
                 self._tail.clear()
             self.monitor.charge(added)
+            if self.on_loaded is not None:
+                self.on_loaded(read_back)
             if self.on_available is not None:
                 self.on_available()
 
@@ -323,7 +380,7 @@ class VariableQueue:
             store.read(item.msg_id, got)
 
     def _entry_from(self, item, message: Message, store) -> QueueEntry:
-        entry = QueueEntry(item.seq, message)
+        entry = QueueEntry(item.seq, message, item.expiry)
         entry.redelivered = item.delivered or item.seq < self._delivered_below
         entry.store = store
         return entry

@@ -14,6 +14,14 @@ Invariants:
   memory, and one operation with the auto-deletes it triggers is one
   transaction. Exclusive queues are never stored (RabbitMQ does not recover
   them); durable auto-delete queues and exchanges are.
+- Dead-lettering (`dead_letter`) is the one way messages die: every message
+  rejected without requeue, expired, dropped by a length limit or past its
+  delivery limit passes there, first through every callback in
+  `on_dead_letter` (called as `callback(queue, reason, message, death)`,
+  whether or not the queue has a dead letter exchange), then to the dead
+  letter exchange. At-least-once: the source queue acks the message only
+  after every target queue holds it (on disk when it is persistent and the
+  target durable), so a crash in between may duplicate it, never lose it.
 """
 from __future__ import annotations
 
@@ -25,7 +33,9 @@ from typing import Callable
 
 import routing
 from routing import Destination
-from storage import MemoryQueue, Message
+from storage import MemoryQueue, Message, QueueEntry
+from vhosts.clock import Clock, LoopClock
+from vhosts.dead_letter import Death, dead_lettered, is_cycle, routing_keys as death_routing_keys
 from vhosts.errors import (
     ACCESS_REFUSED,
     AMQPError,
@@ -37,7 +47,8 @@ from vhosts.errors import (
     fmt_value,
 )
 from vhosts.exchange import PREDECLARED, Exchange
-from vhosts.queue import Queue
+from vhosts.queue import DURABLE_PENDING, REJECTED, Queue
+from vhosts.queue_arguments import validate as validate_queue_arguments
 from vhosts.stats import MessageStats
 
 # Arguments whose values must match on re-declaration (rabbit_amqqueue's list);
@@ -95,8 +106,11 @@ log = logging.getLogger("hutch.vhost")
 
 
 class VirtualHost:
-    def __init__(self, name: str, definitions=None, message_storage=None) -> None:
+    def __init__(self, name: str, definitions=None, message_storage=None, clock: Clock | None = None) -> None:
         self.name = name
+        self.clock = clock or LoopClock()
+        # Called for every message that dies (see the module docstring).
+        self.on_dead_letter: list[Callable] = []
         # Where durable definitions are kept (see the module docstring).
         self.definitions = definitions
         # A `storage.vhost_storage.VhostStorage`: durable queues keep their
@@ -378,6 +392,7 @@ class VirtualHost:
         elif name.startswith("amq."):
             raise AMQPError(ACCESS_REFUSED, "queue name '%s' contains reserved prefix 'amq.*'" % name)
         arguments = arguments or {}
+        validate_queue_arguments(name, self.name, arguments)
         q = self.queues.get(name)
         if q is None:
             q = self._new_queue(name, durable, owner if exclusive else None, auto_delete, arguments)
@@ -394,6 +409,7 @@ class VirtualHost:
         if (q.exclusive_owner is not None) != exclusive:
             raise self._locked(name)
         self._check_args("queue", name, QUEUE_EQUIVALENT_ARGS, q.arguments, arguments)
+        q.touch()
         return q
 
     def _new_queue(self, name: str, durable: bool, exclusive_owner: object | None, auto_delete: bool,
@@ -417,6 +433,8 @@ class VirtualHost:
             exclusive_owner=exclusive_owner,
             auto_delete=auto_delete,
             arguments=arguments,
+            host=self,
+            clock=self.clock,
         )
 
     def delete_queue(self, name: str, owner: object, if_unused: bool = False, if_empty: bool = False) -> int:
@@ -443,6 +461,49 @@ class VirtualHost:
         for consumer in q.delete():
             consumer.channel.consumer_cancelled(consumer)
         return count
+
+    def queue_expired(self, q: Queue) -> None:
+        """x-expires: `q` went unused for its expiry period."""
+        self.remove_queue(q)
+
+    def dead_letter(self, queue: Queue, entries: list[QueueEntry], reason: str) -> None:
+        """Entries that left `queue`'s ready set die (see the module docstring);
+        each is acked in `queue` once its dead-letter targets hold it."""
+        settings = queue.settings
+        dlx = settings.dead_letter_exchange
+        if dlx is not None and dlx != "" and dlx not in self.exchanges:
+            dlx = None  # RabbitMQ drops what would go to a missing exchange
+        now = self.clock.now()
+        for entry in entries:
+            message = entry.message
+            death = Death(reason, queue.name, now, message.exchange, death_routing_keys(message), dlx)
+            for callback in self.on_dead_letter:
+                callback(queue, reason, message, death)
+            if dlx is None:
+                queue.ack((entry,))
+                continue
+            dead, keys, deaths = dead_lettered(message, death, settings.dead_letter_routing_key)
+            targets = self.route(dlx, keys, dead.headers)
+            if reason != "rejected":
+                targets = [q for q in targets if not is_cycle(q.name, deaths)]
+            self._hand_over(queue, entry, dead, targets)
+
+    @staticmethod
+    def _hand_over(source: Queue, entry: QueueEntry, message: Message, targets: list[Queue]) -> None:
+        """Publish a dead-lettered message to its targets, then ack it in the
+        source once every target that writes it has it on disk."""
+        pending = [0]
+
+        def durable() -> None:
+            pending[0] -= 1
+            if not pending[0]:
+                source.ack((entry,))
+
+        for q in targets:
+            if q.publish(message, durable) == DURABLE_PENDING:
+                pending[0] += 1
+        if not pending[0]:
+            source.ack((entry,))
 
     def storage_ready(self) -> None:
         """After restoring (or creating) the vhost: finish the message
@@ -484,17 +545,22 @@ class VirtualHost:
         headers: dict | None,
         publisher,
         on_durable: Callable[[], None] | None = None,
-    ) -> tuple[int, int]:
+    ) -> tuple[int, int, bool]:
         """Route and enqueue. Returns (queues reached, how many of them will
-        call `on_durable` once the message is on disk). `publisher` (with
-        `throttled_by(queue)`) is told which queues ask it to wait (credit
-        flow, see vhosts.queue)."""
+        call `on_durable` once the message is on disk, whether a queue
+        refused it: reject-publish, the publisher gets a nack). `publisher`
+        (with `throttled_by(queue)`) is told which queues ask it to wait
+        (credit flow, see vhosts.queue)."""
         targets = self.route(message.exchange, routing_keys, headers)
         self.stats.publish += 1
         waits = 0
+        rejected = False
         for q in targets:
-            if q.publish(message, on_durable):
+            outcome = q.publish(message, on_durable)
+            if outcome == DURABLE_PENDING:
                 waits += 1
+            elif outcome == REJECTED:
+                rejected = True
             if q.backed_up:
                 q.flow_waiters.add(publisher)
                 publisher.throttled_by(q)
@@ -502,4 +568,4 @@ class VirtualHost:
         if storage is not None and storage.writer.backlogged:
             storage.writer.flow_waiters.add(publisher)
             publisher.throttled_by(storage.writer)
-        return len(targets), waits
+        return len(targets), waits, rejected

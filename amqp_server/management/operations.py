@@ -192,7 +192,7 @@ def publish(req) -> dict:
     except (TypeError, ValueError, OverflowError) as exc:
         raise bad_request("invalid properties: %s" % exc) from None
     message = Message(exchange, routing_key, content, payload)
-    reached, _waits = v.publish(message, [routing_key], props.headers, _PUBLISHER)
+    reached, _waits, _rejected = v.publish(message, [routing_key], props.headers, _PUBLISHER)
     return {"routed": bool(reached)}
 
 
