@@ -156,23 +156,18 @@ def json_value(value: object) -> object:
     return str(value)
 
 
-def from_message(message: Message, vhost: str, queue: str, reason: str, when: float,
+def from_message(message: Message, vhost: str, queue: str, reason: str, when: float, routing_keys: list[str],
                  dead_letter_exchange: str | None = None, dead_letter_routing_key: str | None = None,
                  death_count: int = 1) -> DeadLetter:
-    """The record of `message` dying in `queue` (decodes its properties).
-    Its routing keys are the routing key and the CC header's, as in x-death."""
+    """The record of `message` dying in `queue` at `when` (decodes its properties)."""
     props = message.properties
-    headers = json_value(props.headers) if props.headers else None
-    keys = [message.routing_key]
-    cc = headers.get("CC") if headers else None
-    if isinstance(cc, list):
-        keys.extend(k for k in cc if isinstance(k, str))
-    timestamp = json_value(props.timestamp) if props.timestamp is not None else None
     return DeadLetter(
-        time=when, vhost=vhost, queue=queue, reason=reason, exchange=message.exchange, routing_keys=keys,
+        time=when, vhost=vhost, queue=queue, reason=reason, exchange=message.exchange, routing_keys=routing_keys,
         dead_letter_exchange=dead_letter_exchange, dead_letter_routing_key=dead_letter_routing_key,
         death_count=death_count, content_type=props.content_type, message_id=props.message_id,
-        correlation_id=props.correlation_id, app_id=props.app_id, timestamp=timestamp, headers=headers,
+        correlation_id=props.correlation_id, app_id=props.app_id,
+        timestamp=json_value(props.timestamp) if props.timestamp is not None else None,
+        headers=json_value(props.headers) if props.headers else None,
         body_size=len(message.body), body=message.body,
     )
 

@@ -221,13 +221,13 @@ async def test_retention_then_restart_keeps_offsets_monotonic(tmp_path, writer):
         writer2.stop()
 
 
-def test_from_message_takes_properties_headers_and_cc_keys():
+def test_from_message_takes_properties_and_headers():
     props = commands.Basic.Properties(
         content_type="application/json", message_id="id-1", correlation_id="c-1", app_id="billing",
         timestamp=datetime.datetime(2024, 1, 2, 3, 4, 5, tzinfo=datetime.timezone.utc),
         headers={"CC": ["other"], "n": 1, "raw": bytearray(b"\xff"), "when": datetime.datetime(2024, 1, 1)})
     message = Message("amq.direct", "key", _content_header(props, 5), b"hello")
-    rec = from_message(message, "/", "orders", "expired", 1.5, "dlx", None, 2)
+    rec = from_message(message, "/", "orders", "expired", 1.5, ["key", "other"], "dlx", None, 2)
     j = rec.to_json()
     assert j["routing_keys"] == ["key", "other"]
     assert j["properties"] == {

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 
+from vhosts.dead_letter_recorder import DeadLetterRecorder
 from vhosts.errors import NOT_ALLOWED, AMQPError
 from vhosts.users import Permission, User, hash_password
 from vhosts.vhost import VirtualHost
@@ -49,7 +50,10 @@ class Broker:
 
     def _new_vhost(self, name: str) -> VirtualHost:
         storage = self.message_storage(name) if self.message_storage is not None else None
-        return VirtualHost(name, self.definitions, storage)
+        vhost = VirtualHost(name, self.definitions, storage)
+        if storage is not None and storage.dead_letters is not None:
+            vhost.on_dead_letter.append(DeadLetterRecorder(name, storage.dead_letters))
+        return vhost
 
     # -- durable definitions ---------------------------------------------------
 
