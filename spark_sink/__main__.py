@@ -31,6 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--password", default=os.environ.get("HUTCH_PASSWORD", "guest"))
     parser.add_argument("--master", default="local[*]",
                         help="Spark master: local[*] (default), spark://host:7077, yarn, k8s://...")
+    parser.add_argument("--shuffle-partitions", type=int, default=8,
+                        help="spark.sql.shuffle.partitions (default %(default)s; raise it for big logs on a cluster)")
     parser.add_argument("--starting-offsets", default="earliest", help="earliest (default), latest or an offset")
     parser.add_argument("--ending-offsets", default="latest", help="batch jobs: latest (default) or an offset")
     parser.add_argument("--window", default="1 hour", help="time window of the by-* jobs (default %(default)s)")
@@ -60,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     from spark_sink.session import JavaMissing, build_session
 
     try:
-        spark = build_session(args.master, "hutch dead letters: %s" % args.job)
+        spark = build_session(args.master, "hutch dead letters: %s" % args.job, args.shuffle_partitions)
     except JavaMissing as exc:
         print("spark_sink: %s" % exc, file=sys.stderr)
         return 3

@@ -66,18 +66,16 @@ def top_queues(df: DataFrame, n: int) -> DataFrame:
 
 
 def delivery_counts(df: DataFrame) -> DataFrame:
-    """Per reason: how often messages had died before (death_count, from
-    x-death) and how often they had been delivered (x-delivery-count)."""
-    delivered = F.get_json_object("headers", "$.x-delivery-count").cast("long")
-    return (df.withColumn("delivery_count", F.coalesce(delivered, F.lit(0)))
-            .groupBy("reason")
+    """Per reason: how often messages had died (death_count, as in x-death)
+    and been given back after a delivery (delivery_count, x-delivery-count)."""
+    return (df.groupBy("reason")
             .agg(F.count("*").alias("count"),
                  F.min("death_count").alias("min_deaths"),
                  F.round(F.avg("death_count"), 2).alias("avg_deaths"),
                  F.max("death_count").alias("max_deaths"),
                  F.percentile_approx("death_count", 0.95).alias("p95_deaths"),
-                 F.round(F.avg("delivery_count"), 2).alias("avg_deliveries"),
-                 F.max("delivery_count").alias("max_deliveries"))
+                 F.round(F.avg("delivery_count"), 2).alias("avg_delivery_count"),
+                 F.max("delivery_count").alias("max_delivery_count"))
             .orderBy(F.desc("count"), "reason"))
 
 

@@ -88,9 +88,9 @@ def render(data: ReportData) -> str:
         _section("Deaths and deliveries per message", charts.horizontal_bars(
             [("died %d\u00d7" % deaths, count) for deaths, count in data.death_histogram], "death counts")
             + _table(["reason", "count", "min deaths", "avg deaths", "max deaths", "p95 deaths",
-                      "avg deliveries", "max deliveries"],
+                      "avg delivery count", "max delivery count"],
                      [[d["reason"], d["count"], d["min_deaths"], d["avg_deaths"], d["max_deaths"], d["p95_deaths"],
-                       d["avg_deliveries"], d["max_deliveries"]] for d in data.delivery_counts])),
+                       d["avg_delivery_count"], d["max_delivery_count"]] for d in data.delivery_counts])),
         _section("Sample messages per reason", _table(
             ["reason", "offset", "time", "queue", "exchange", "routing keys", "message id", "deaths", "size",
              "body"],

@@ -47,6 +47,7 @@ SCHEMA = StructType([
     StructField("dead_letter_exchange", StringType(), True),
     StructField("dead_letter_routing_key", StringType(), True),
     StructField("death_count", IntegerType(), False),
+    StructField("delivery_count", IntegerType(), False),
     StructField("content_type", StringType(), True),
     StructField("message_id", StringType(), True),
     StructField("correlation_id", StringType(), True),
@@ -71,7 +72,8 @@ def to_row(record: dict) -> tuple:
     return (
         record["offset"], _utc(record["time"]), record["vhost"], record["queue"], record["reason"],
         record["exchange"], record["routing_keys"], record.get("dead_letter_exchange"),
-        record.get("dead_letter_routing_key"), record["death_count"], props.get("content_type"),
+        record.get("dead_letter_routing_key"), record["death_count"], record.get("delivery_count", 0),
+        props.get("content_type"),
         props.get("message_id"), props.get("correlation_id"), props.get("app_id"), _utc(props.get("timestamp")),
         None if props.get("headers") is None else json.dumps(props["headers"], sort_keys=True),
         record["body_size"], None if body is None else base64.b64decode(body),

@@ -99,6 +99,7 @@ class DeadLetter:
     dead_letter_exchange: str | None = None
     dead_letter_routing_key: str | None = None
     death_count: int = 1
+    delivery_count: int = 0  # times it was given back after a delivery (x-delivery-count)
     content_type: str | None = None
     message_id: str | None = None
     correlation_id: str | None = None
@@ -122,6 +123,7 @@ class DeadLetter:
             "dead_letter_exchange": self.dead_letter_exchange,
             "dead_letter_routing_key": self.dead_letter_routing_key,
             "death_count": self.death_count,
+            "delivery_count": self.delivery_count,
             "properties": {
                 "content_type": self.content_type,
                 "message_id": self.message_id,
@@ -158,13 +160,13 @@ def json_value(value: object) -> object:
 
 def from_message(message: Message, vhost: str, queue: str, reason: str, when: float, routing_keys: list[str],
                  dead_letter_exchange: str | None = None, dead_letter_routing_key: str | None = None,
-                 death_count: int = 1) -> DeadLetter:
+                 death_count: int = 1, delivery_count: int = 0) -> DeadLetter:
     """The record of `message` dying in `queue` at `when` (decodes its properties)."""
     props = message.properties
     return DeadLetter(
         time=when, vhost=vhost, queue=queue, reason=reason, exchange=message.exchange, routing_keys=routing_keys,
         dead_letter_exchange=dead_letter_exchange, dead_letter_routing_key=dead_letter_routing_key,
-        death_count=death_count, content_type=props.content_type, message_id=props.message_id,
+        death_count=death_count, delivery_count=delivery_count, content_type=props.content_type, message_id=props.message_id,
         correlation_id=props.correlation_id, app_id=props.app_id,
         timestamp=json_value(props.timestamp) if props.timestamp is not None else None,
         headers=json_value(props.headers) if props.headers else None,
@@ -181,6 +183,7 @@ def _encode(dead: DeadLetter, offset: int, include_body: bool) -> bytes:
         "routing_keys": dead.routing_keys,
         "dead_letter_exchange": dead.dead_letter_exchange,
         "dead_letter_routing_key": dead.dead_letter_routing_key,
+        "delivery_count": dead.delivery_count,
         "content_type": dead.content_type,
         "message_id": dead.message_id,
         "correlation_id": dead.correlation_id,

@@ -82,8 +82,9 @@ def test_every_way_to_die_is_one_record(broker, vhost):
     first = got[0]
     assert first["vhost"] == vhost and abs(first["time"] - time.time()) < 60
     assert (first["exchange"], first["routing_keys"], first["dead_letter_exchange"],
-            first["dead_letter_routing_key"], first["death_count"], first["body_size"]) == \
-        ("", ["work"], "dlx", "again", 1, 8)
+            first["dead_letter_routing_key"], first["death_count"], first["delivery_count"], first["body_size"]) == \
+        ("", ["work"], "dlx", "again", 1, 0, 8)
+    assert [r["delivery_count"] for r in got if r["reason"] == "delivery_limit"] == [2]
     assert first["properties"] == {"content_type": "application/json", "message_id": "m-1",
                                    "correlation_id": "c-1", "app_id": "billing", "timestamp": 1700000000,
                                    "headers": {"tenant": "acme"}}

@@ -36,7 +36,7 @@ class DeadLetterRecorder:
         record = from_message(
             message, self.vhost, queue.name, reason, death.time / 1000, death.routing_keys, dlx,
             queue.settings.dead_letter_routing_key if dlx is not None else None,
-            death_count(message, queue.name, reason))
+            death_count(message, queue.name, reason), death.deliveries)
         log = self.log
 
         def hold(done: Callable[[], None]) -> None:

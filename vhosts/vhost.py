@@ -478,7 +478,8 @@ class VirtualHost:
         now = self.clock.now()
         for entry in entries:
             message = entry.message
-            death = Death(reason, queue.name, now, message.exchange, death_routing_keys(message), dlx)
+            death = Death(reason, queue.name, now, message.exchange, death_routing_keys(message), dlx,
+                          entry.deliveries)
             holds = [hold for hold in (callback(queue, reason, message, death) for callback in self.on_dead_letter)
                      if hold is not None]
             if dlx is None:
