@@ -93,7 +93,7 @@ def _run(spark, args: argparse.Namespace, fmt: str) -> int:
             reader = reader.option(key, value)
         df = reader.load()
         if args.job == "report":
-            data = report.gather(df, options, args.title, "%s vhost %s" % (args.url, args.vhost))
+            data = report.gather(df.cache(), options, args.title, "%s vhost %s" % (args.url, args.vhost))
             with open(args.output, "w", encoding="utf-8") as f:
                 f.write(report.render(data))
             print("wrote the report (%d dead letters) to %s" % (data.total, os.path.abspath(args.output)))

@@ -33,7 +33,7 @@ class ReportData:
 
 
 def gather(df: DataFrame, options: jobs.JobOptions, title: str, source: str) -> ReportData:
-    df = df.cache()
+    """Run every analysis on `df` (cache it first when it is read more than once)."""
     summary = df.agg(F.count("*").alias("n"), F.min("offset").alias("o0"), F.max("offset").alias("o1"),
                      F.min("time").alias("t0"), F.max("time").alias("t1")).first()
     data = ReportData(title, source, summary.n, summary.o0, summary.o1, summary.t0, summary.t1, options.window)
@@ -45,7 +45,6 @@ def gather(df: DataFrame, options: jobs.JobOptions, title: str, source: str) -> 
     data.delivery_counts = [r.asDict() for r in jobs.delivery_counts(df).collect()]
     data.death_histogram = [(r.death_count, r["count"]) for r in jobs.death_histogram(df).collect()]
     data.samples = [r.asDict() for r in jobs.samples(df, options.samples).collect()]
-    df.unpersist()
     return data
 
 

@@ -31,13 +31,16 @@ def start(spark: SparkSession, source_options: dict, output_dir: str, checkpoint
 
     def batch(df: DataFrame, batch_id: int) -> None:
         df.write.mode("overwrite").parquet(os.path.join(raw_dir, "batch=%d" % batch_id))
-        everything = spark.read.parquet(raw_dir).drop("batch")
-        for name in SUMMARY_JOBS:
-            _replace_csv(jobs.JOBS[name](everything, options), os.path.join(output_dir, "aggregates", name))
-        _replace_text(os.path.join(output_dir, "report.html"),
-                      report.render(report.gather(everything, options, title, source)))
-        if echo is not None:
-            echo("batch %d\n%s" % (batch_id, output.write(jobs.reasons(everything), "table", None)))
+        everything = spark.read.parquet(raw_dir).drop("batch").cache()
+        try:
+            for name in SUMMARY_JOBS:
+                _replace_csv(jobs.JOBS[name](everything, options), os.path.join(output_dir, "aggregates", name))
+            _replace_text(os.path.join(output_dir, "report.html"),
+                          report.render(report.gather(everything, options, title, source)))
+            if echo is not None:
+                echo("batch %d\n%s" % (batch_id, output.write(jobs.reasons(everything), "table", None)))
+        finally:
+            everything.unpersist()
 
     reader = spark.readStream.format(NAME)
     for key, value in source_options.items():
