@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from dead_letter_clients import delete_vhost, new_vhost
 from helpers import unique
 from http_api import Api, segment
 
@@ -16,12 +17,10 @@ def api(broker) -> Api:
 
 
 @pytest.fixture
-def vhost(api):
-    name = unique("dl")
-    assert api.put("/api/vhosts/" + segment(name)).status == 201
-    api.put("/api/permissions/%s/guest" % segment(name), {"configure": ".*", "write": ".*", "read": ".*"})
+def vhost(broker):
+    name = new_vhost(broker)
     yield name
-    api.delete("/api/vhosts/" + segment(name))
+    delete_vhost(broker, name)
 
 
 @pytest.fixture

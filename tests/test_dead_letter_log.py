@@ -7,6 +7,7 @@ same directory, recovered as the broker does at start.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import logging
 import os
@@ -63,6 +64,16 @@ async def read(log: DeadLetterLog, start: int, max_records: int = 1000) -> list[
     return result
 
 
+@contextlib.contextmanager
+def restarted():
+    """The writer of a broker started again over the same files."""
+    writer = GroupCommitWriter(asyncio.get_running_loop())
+    try:
+        yield writer
+    finally:
+        writer.stop()
+
+
 async def settle(writer: GroupCommitWriter) -> None:
     fut = asyncio.get_running_loop().create_future()
     writer.run(lambda: None, lambda _r: fut.set_result(None))
@@ -116,15 +127,12 @@ async def test_offsets_continue_after_restart(tmp_path, writer):
     await append_all(log, [dead(i) for i in range(100)])
     assert len(segment_files(log)) > 1
     await settle(writer)
-    writer2 = GroupCommitWriter(asyncio.get_running_loop())
-    try:
+    with restarted() as writer2:
         again = open_log(tmp_path, writer2, segment_bytes=4096)
         assert (again.first_offset, again.next_offset) == (0, 100)
         assert await append_all(again, [dead(100), dead(101)]) == [100, 101]
         got = await read(again, 0, 1000)
         assert [r.offset for r in got] == list(range(102))
-    finally:
-        writer2.stop()
 
 
 async def test_segments_roll_and_reads_cross_them(tmp_path, writer):
@@ -145,8 +153,7 @@ async def test_torn_tail_is_truncated_logged_and_offsets_continue(tmp_path, writ
     size = os.path.getsize(path)
     with open(path, "r+b") as f:
         f.truncate(size - 7)  # the last record is cut short
-    writer2 = GroupCommitWriter(asyncio.get_running_loop())
-    try:
+    with restarted() as writer2:
         with caplog.at_level(logging.ERROR, logger="hutch.storage"):
             again = open_log(tmp_path, writer2)
         assert "torn tail" in caplog.text
@@ -156,8 +163,6 @@ async def test_torn_tail_is_truncated_logged_and_offsets_continue(tmp_path, writ
         got = await read(again, 0)
         assert [r.offset for r in got] == list(range(10))
         assert got[-1].message_id == "m42"
-    finally:
-        writer2.stop()
 
 
 async def test_a_corrupt_record_in_the_middle_is_skipped(tmp_path, writer, caplog):
@@ -169,16 +174,13 @@ async def test_a_corrupt_record_in_the_middle_is_skipped(tmp_path, writer, caplo
     records, _ = record.scan(bytes(data))
     data[records[2][0] + 10] ^= 0xFF  # flip a byte inside record 2's body
     open(path, "wb").write(bytes(data))
-    writer2 = GroupCommitWriter(asyncio.get_running_loop())
-    try:
+    with restarted() as writer2:
         with caplog.at_level(logging.ERROR, logger="hutch.storage"):
             again = open_log(tmp_path, writer2)
         assert "corrupt" in caplog.text
         assert again.next_offset == 5
         assert [r.offset for r in await read(again, 0)] == [0, 1, 3, 4]
         assert [r.offset for r in await read(again, 2)] == [3, 4]
-    finally:
-        writer2.stop()
 
 
 async def test_retention_by_size_deletes_whole_old_segments(tmp_path, writer):
@@ -212,13 +214,10 @@ async def test_retention_then_restart_keeps_offsets_monotonic(tmp_path, writer):
     await append_all(log, [dead(i) for i in range(60)])
     await settle(writer)
     assert len(segment_files(log)) == 1
-    writer2 = GroupCommitWriter(asyncio.get_running_loop())
-    try:
+    with restarted() as writer2:
         again = open_log(tmp_path, writer2, segment_bytes=1024, retention_bytes=1)
         assert again.next_offset == 60
         assert await append_all(again, [dead(60)]) == [60]
-    finally:
-        writer2.stop()
 
 
 def test_from_message_takes_properties_and_headers():

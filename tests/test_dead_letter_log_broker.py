@@ -13,7 +13,8 @@ import pika
 import pytest
 
 from conftest import launch
-from helpers import connect, drain, ready, unique, wait_for
+from dead_letter_clients import delete_vhost, new_vhost
+from helpers import connect, drain, ready, wait_for
 from http_api import Api, segment
 
 PATH = "/api/hutch/dead-letters/"
@@ -22,12 +23,9 @@ PATH = "/api/hutch/dead-letters/"
 @pytest.fixture
 def vhost(broker):
     """A vhost of its own, so offsets start at 0 and counts are exact."""
-    api = Api(broker.ports["HTTP"])
-    name = unique("dlv")
-    assert api.put("/api/vhosts/" + segment(name)).status == 201
-    api.put("/api/permissions/%s/guest" % segment(name), {"configure": ".*", "write": ".*", "read": ".*"})
+    name = new_vhost(broker)
     yield name
-    api.delete("/api/vhosts/" + segment(name))
+    delete_vhost(broker, name)
 
 
 def records(port: int, vhost: str, start: int = 0, limit: int = 1000) -> dict:
