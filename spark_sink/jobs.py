@@ -62,7 +62,9 @@ def top_queues(df: DataFrame, n: int) -> DataFrame:
     totals = df.groupBy("vhost", "queue").agg(
         F.count("*").alias("count"), F.min("time").alias("first"), F.max("time").alias("last"),
         F.sum("body_size").alias("bytes"))
-    return totals.join(main, ["vhost", "queue"]).orderBy(F.desc("count"), "vhost", "queue").limit(n)
+    return (totals.join(main, ["vhost", "queue"])
+            .select("vhost", "queue", "count", "main_reason", "first", "last", "bytes")
+            .orderBy(F.desc("count"), "vhost", "queue").limit(n))
 
 
 def delivery_counts(df: DataFrame) -> DataFrame:

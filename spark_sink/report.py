@@ -119,7 +119,11 @@ def _timeline(data: ReportData, reasons: list[str]) -> str:
     series = {name: [0] * len(starts) for name in reasons}
     for start, reason, count in data.timeline:
         series.setdefault(reason, [0] * len(starts))[column[start]] += count
-    return charts.stacked_columns([_time(s) for s in starts], series, "dead letters over time")
+    if len({s.date() for s in starts}) == 1:  # one day: the date is in the header, label the time
+        fmt = "%H:%M:%S" if any(s.second for s in starts) else "%H:%M"
+    else:
+        fmt = "%m-%d %H:%M"
+    return charts.stacked_columns([s.strftime(fmt) for s in starts], series, "dead letters over time")
 
 
 def _queues(data: ReportData, reasons: list[str]) -> str:
