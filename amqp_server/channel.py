@@ -201,7 +201,7 @@ class Channel(Deliveries):
             self.vhost.check_publish(exchange)
             message = Message(exchange, routing_key, header, body)
             if int.from_bytes(header[12:14], "big") & _CHECKED_PROPERTIES:
-                self._check_properties(message)
+                check_properties(message.properties, self.connection.user)
             keys, headers = self._routing_keys(message)
         except AMQPError as exc:
             raise exc.at(BASIC_CLASS, 40)
@@ -229,20 +229,6 @@ class Channel(Deliveries):
         else:
             del self._awaiting[seq]
             self.connection.confirm_pending(self)
-
-    def _check_properties(self, message: Message) -> None:
-        """RabbitMQ's publish checks of user_id and expiration (in that order)."""
-        props = message.properties
-        user = self.connection.user
-        if props.user_id is not None and props.user_id != user.name and "impersonator" not in user.tags:
-            raise AMQPError(
-                PRECONDITION_FAILED,
-                "user_id property set to '%s' but authenticated user was '%s'" % (props.user_id, user.name),
-            )
-        if props.expiration is not None:
-            problem = _expiration_problem(props.expiration)
-            if problem:
-                raise AMQPError(PRECONDITION_FAILED, "invalid expiration '%s': %s" % (props.expiration, problem))
 
     def _routing_keys(self, message: Message) -> tuple[list[str], dict | None]:
         """[routing_key] + CC + BCC (RabbitMQ's sender-selected distribution);
@@ -386,6 +372,20 @@ class Channel(Deliveries):
             self.restore_unacked([a for a in self._tx if a[0] == "settle"])
             self._tx = []
         super().release()
+
+
+def check_properties(props, user) -> None:
+    """RabbitMQ's publish checks of user_id and expiration (in that order),
+    for a message published by `user` (over AMQP or the management API)."""
+    if props.user_id is not None and props.user_id != user.name and "impersonator" not in user.tags:
+        raise AMQPError(
+            PRECONDITION_FAILED,
+            "user_id property set to '%s' but authenticated user was '%s'" % (props.user_id, user.name),
+        )
+    if props.expiration is not None:
+        problem = _expiration_problem(props.expiration)
+        if problem:
+            raise AMQPError(PRECONDITION_FAILED, "invalid expiration '%s': %s" % (props.expiration, problem))
 
 
 def _expiration_problem(text: str) -> str | None:

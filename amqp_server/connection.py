@@ -116,6 +116,8 @@ class Connection:
         self.user = None
         self.client_properties: dict = {}
         self.auth_mechanism = ""
+        # Bytes and socket reads/writes, for the management API (recv_oct, send_oct, ...).
+        self.recv_oct = self.recv_cnt = self.send_oct = self.send_cnt = 0
         self.connected_at = int(time.time() * 1000)  # ms since the epoch, as RabbitMQ reports it
         self.channels: dict[int, Channel] = {}
         self.exclusive_queues: list = []
@@ -129,6 +131,7 @@ class Connection:
         self._silent_ticks = 0
         self._sent_since_tick = False
         self._timer = io.call_later(HANDSHAKE_TIMEOUT, self._handshake_timeout)
+        broker.churn.connection_created += 1
 
     # -- output --------------------------------------------------------------
 
@@ -171,6 +174,8 @@ class Connection:
         self._out = []
         if out:
             self._sent_since_tick = True
+            self.send_oct += sum(map(len, out))
+            self.send_cnt += 1
         if was_full and not self.socket_paused:
             self.io.call_soon(self.output_resumed)
         return out
@@ -187,6 +192,8 @@ class Connection:
 
     def received(self, data: bytes) -> None:
         self._received_since_tick = True
+        self.recv_oct += len(data)
+        self.recv_cnt += 1
         if self.state is HEADER:
             self._header += data
             if len(self._header) < 8 and PROTOCOL_HEADER.startswith(self._header):
@@ -287,11 +294,13 @@ class Connection:
                 % (len(self.channels), self.channel_max),
             ).at(0, 0)
         self.channels[number] = Channel(self, number)
+        self.broker.churn.channel_created += 1
         self.send_method(number, commands.Channel.OpenOk())
 
     def channel_closed(self, channel: Channel) -> None:
         if self.channels.get(channel.number) is channel:
             del self.channels[channel.number]
+            self.broker.churn.channel_closed += 1
         self._confirming.discard(channel)
 
     def unexpected_method(self, method) -> AMQPError:
@@ -478,6 +487,7 @@ class Connection:
         self.blocked_by.clear()
         channels = list(self.channels.values())
         self.channels.clear()
+        self.broker.churn.channel_closed += len(channels)
         for channel in channels:
             channel.release()
         for queue in self.exclusive_queues:
@@ -495,6 +505,7 @@ class Connection:
 
     def lost(self) -> None:
         """The socket is gone (either side)."""
+        self.broker.churn.connection_closed += 1
         self._release()
         self.state = CLOSED
         self._timer.cancel()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pika
 import pytest
 
-from helpers import unique
+from helpers import unique, wait_for
 from http_api import Api, segment
 
 
@@ -99,5 +99,11 @@ def test_connections_are_visible_to_their_owner_and_to_monitors(setup, broker, a
         assert owner.auth[0] in [c["user"] for c in users["monitoring"].get("/api/connections").body]
         name = mine_listed[0]["name"]
         assert refused(users["monitoring"].delete("/api/connections/" + segment(name)), "Not administrator user")
+        assert users["policymaker"].delete("/api/connections/" + segment(name)).status == 404
+        assert owner.delete("/api/connections/" + segment(name)).status == 204
+        with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as info:
+            wait_for(lambda: connection.process_data_events(0.05) or not connection.is_open)
+        assert info.value.reply_code == 320
     finally:
-        connection.close()
+        if connection.is_open:
+            connection.close()

@@ -3,6 +3,12 @@ bodies, and the objects (overview, vhosts, users, permissions, exchanges,
 queues, bindings) in RabbitMQ's shapes, seen from AMQP clients too."""
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
 import pika
 import pytest
 from pika.exceptions import ChannelClosedByBroker, ProbableAccessDeniedError, ProbableAuthenticationError
@@ -11,6 +17,7 @@ from helpers import confirm_channel, connect, publish_n, unique, wait_for
 from http_api import Api, call, segment
 
 NOT_FOUND = {"error": "Object Not Found", "reason": "Not Found"}
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
@@ -81,6 +88,9 @@ def test_overview_and_whoami(api):
 def test_nodes_lists_this_node(api):
     (node,) = api.get("/api/nodes").body
     assert node["running"] is True and node["mem_limit"] > 0 and node["uptime"] >= 0
+    assert node["fd_used"] > 0 and node["fd_total"] >= node["fd_used"] and node["disk_free"] > 0
+    assert node["sockets_used"] >= 0 and node["connection_created"] >= node["connection_closed"]
+    assert "rate" in node["queue_declared_details"] and node["contexts"][0]["port"] == str(api.port)
     assert api.get("/api/nodes/" + segment(node["name"])).body["name"] == node["name"]
 
 
@@ -94,6 +104,7 @@ def test_vhost_lifecycle(api, broker):
     assert api.put(path).status == 204
     shown = api.get(path).body
     assert shown["name"] == name and shown["messages"] == 0 and shown["tracing"] is False
+    assert (shown["recv_oct"], shown["send_oct"]) == (0, 0)
     assert name in [v["name"] for v in api.get("/api/vhosts").body]
     # guest has no permission in it yet: AMQP refuses, as RabbitMQ does
     with pytest.raises(ProbableAccessDeniedError):
@@ -187,6 +198,7 @@ def test_queue_declared_over_http_is_seen_over_amqp(api, broker, vhost):
     wait_for(lambda: connection.process_data_events(0) or api.get(path).body["messages_unacknowledged"] == 1)
     shown = api.get(path).body
     assert (shown["messages"], shown["messages_ready"], shown["consumers"]) == (3, 2, 1)
+    assert (shown["message_bytes"], shown["message_bytes_ready"], shown["message_bytes_unacknowledged"]) == (6, 4, 2)
     (consumer,) = shown["consumer_details"]
     assert consumer["consumer_tag"] == "ctag-api" and consumer["prefetch_count"] == 1
     assert consumer["ack_required"] is True
@@ -209,6 +221,9 @@ def test_queue_delete_conditions_and_reserved_names(api, broker, vhost):
     assert api.delete(path).status == 204
     reply = api.put("/api/queues/%s/amq.reserved" % segment(vhost), {})
     assert (reply.status, reply.body) == (401, {"error": "not_authorised", "reason": "Access refused."})
+    reply = api.put("/api/queues/%s/%s" % (segment(vhost), "q" * 300), {})
+    assert (reply.status, reply.body) == (400, {"error": "bad_request",
+                                                "reason": "queue should be less than 255 bytes, actually was 300\n"})
     reply = api.put("/api/queues/%s/q" % segment(unique("novhost")), {})
     assert (reply.status, reply.body) == (404, {"error": "not_found", "reason": "vhost_not_found"})
 
@@ -242,7 +257,16 @@ def test_exchanges_and_bindings(api, broker, vhost):
     reply = api.post("/api/exchanges/%s/%s/publish" % (v, x),
                      {"properties": {}, "routing_key": "a.b", "payload": "hi", "payload_encoding": "string"})
     assert reply.body == {"routed": False}
+    missing = unique("missing")
+    reply = api.post("/api/bindings/%s/e/%s/q/%s" % (v, x, missing), {})
+    assert (reply.status, reply.body) == (404, {"error": "not_found",
+                                                "reason": "no queue '%s' in vhost '%s'" % (missing, vhost)})
+    reply = api.post("/api/bindings/%s/e/%s/q/%s" % (v, missing, q), {})
+    assert (reply.status, reply.body) == (404, {"error": "not_found",
+                                                "reason": "no exchange '%s' in vhost '%s'" % (missing, vhost)})
     # exchange-to-exchange
+    assert api.post("/api/bindings/%s/e/%s/q/%s" % (v, x, q), {"arguments": {"h": 1}}).headers["location"] \
+        .startswith("~")
     y = unique("y")
     api.put("/api/exchanges/%s/%s" % (v, y), {"type": "fanout"})
     assert api.post("/api/bindings/%s/e/%s/e/%s" % (v, x, y), {"routing_key": "k"}).status == 201
@@ -286,3 +310,49 @@ def test_vhost_delete_closes_its_connections(api, broker, vhost):
         channel.queue_declare(unique("q"))
     assert info.value.reply_code == 320
     assert connect(broker.port).is_open
+
+
+def test_message_rates_come_from_samples(start_broker):
+    """With a short sample interval the publish rate of a queue and of its
+    vhost becomes positive while messages arrive, and falls back to zero."""
+    broker = start_broker("--management-sample-interval", "0.2", expect=("AMQP", "HTTP"))
+    api = Api(broker.ports["HTTP"])
+    connection = connect(broker.port)
+    channel = connection.channel()
+    queue = channel.queue_declare(unique("rates")).method.queue
+
+    def rate(path: str):
+        return api.get(path).body.get("message_stats", {}).get("publish_details", {}).get("rate", 0)
+
+    def publishing_seen():
+        channel.basic_publish("", queue, b"m")
+        connection.process_data_events(0)
+        return rate("/api/queues/%2F/" + queue) > 0 and rate("/api/vhosts/%2F") > 0
+
+    wait_for(publishing_seen)
+    assert api.get("/api/overview").body["message_stats"]["publish_details"]["rate"] >= 0
+    wait_for(lambda: rate("/api/queues/%2F/" + queue) == 0)
+    connection.close()
+
+
+def test_listeners_can_be_switched_off(start_broker):
+    broker = start_broker("--management-enabled", "false", "--prometheus-enabled", "false")
+    assert "HTTP" not in broker.ports and "PROMETHEUS" not in broker.ports
+    assert "listening for HTTP" not in broker.log
+    connect(broker.port).close()
+
+
+def test_a_busy_http_port_stops_the_broker_with_a_message(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "cli.server", "--bind", "127.0.0.1", "--port", "0", "--data-dir",
+             str(tmp_path / "data"), "--management-bind", "127.0.0.1", "--management-port", str(port),
+             "--prometheus-enabled", "false"],
+            cwd=ROOT, env={k: v for k, v in os.environ.items() if not k.startswith("HUTCH_")},
+            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert "cannot listen for HTTP on 127.0.0.1:%d" % port in result.stderr
+    assert "Traceback" not in result.stderr

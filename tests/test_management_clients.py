@@ -42,6 +42,9 @@ def test_connection_channel_and_consumer_are_listed(api, broker):
             "guest", "/", "AMQP 0-9-1", "running")
         assert (shown["peer_host"], shown["peer_port"], shown["port"]) == (local[0], local[1], broker.port)
         assert shown["auth_mechanism"] == "PLAIN" and shown["channels"] == 1
+        assert shown["recv_oct"] > 0 and shown["send_oct"] > 0 and shown["recv_cnt"] > 0
+        owner = api.get("/api/queues/%2F/" + segment(queue)).body["owner_pid_details"]
+        assert owner == {"name": shown["name"], "peer_host": local[0], "peer_port": local[1]}
         assert api.get("/api/connections/" + segment(shown["name"])).body["name"] == shown["name"]
         (ch,) = api.get("/api/connections/%s/channels" % segment(shown["name"])).body
         assert ch["name"] == shown["name"] + " (1)"

@@ -66,7 +66,20 @@ def test_publish_errors(api, queue):
     reply = publish(api, missing, "k")
     assert (reply.status, reply.body) == (400, {
         "error": "bad_request", "reason": "404 NOT_FOUND - no exchange '%s' in vhost '/'" % missing})
-    assert publish(api, "amq.default", name, properties={"nonsense": 1}).status == 400
+    # names RabbitMQ does not know are ignored, wrong types refused in its words
+    assert publish(api, "amq.default", name, properties={"nonsense": 1}).body == {"routed": True}
+    reply = publish(api, "amq.default", name, properties={"delivery_mode": "x"})
+    assert (reply.status, reply.body) == (400, {"error": "bad_request", "reason": ["not_int", "delivery_mode"]})
+    reply = publish(api, "amq.default", name, encoding="zzz")
+    assert (reply.status, reply.body) == (400, {"error": "bad_request", "reason": ["unsupported_encoding", "zzz"]})
+    # the checks basic.publish makes, answered as RabbitMQ's channel close
+    reply = publish(api, "amq.default", name, properties={"user_id": "bob"})
+    assert (reply.status, reply.body) == (400, {"error": "bad_request", "reason": "406 PRECONDITION_FAILED - "
+                                                "user_id property set to 'bob' but authenticated user was 'guest'"})
+    reply = publish(api, "amq.default", name, properties={"expiration": "abc"})
+    assert (reply.status, reply.body) == (400, {"error": "bad_request",
+                                                "reason": "406 PRECONDITION_FAILED - invalid expiration 'abc': "
+                                                          "no_integer"})
 
 
 def test_get_requeue_and_ack_modes(api, queue):
@@ -105,6 +118,19 @@ def test_get_errors(api, queue):
     assert (reply.status, reply.body) == (404, {"error": "not_found",
                                                 "reason": "NOT_FOUND - no queue '%s' in vhost '/'" % missing})
     assert get(api, name, 1, ackmode="sometimes").status == 400
+
+
+def test_exclusive_queues_of_other_connections_are_locked(api, conn):
+    name = conn.channel().queue_declare(unique("excl"), exclusive=True).method.queue
+    locked = ("cannot obtain exclusive access to locked queue '%s' in vhost '/'. It could be originally declared "
+              "on another connection or the exclusive property value does not match that of the original "
+              "declaration." % name)
+    reply = get(api, name, 1)
+    assert (reply.status, reply.body) == (400, {"error": "bad_request", "reason": "405 RESOURCE_LOCKED - " + locked})
+    for reply in (api.delete("/api/queues/%%2F/%s/contents" % name), api.delete("/api/queues/%%2F/%s" % name),
+                  api.put("/api/queues/%%2F/%s" % name, {})):
+        assert (reply.status, reply.body) == (400, {"error": "bad_request", "reason": locked})
+    assert api.get("/api/queues/%%2F/%s" % name).body["exclusive"] is True
 
 
 def test_purge(api, queue):
@@ -157,3 +183,32 @@ def test_aliveness_test(api):
     api.delete("/api/vhosts/" + vhost)
     reply = api.get("/api/aliveness-test/" + vhost)
     assert (reply.status, reply.body) == (404, {"error": "Object Not Found", "reason": "Not Found"})
+
+
+def test_memory_watermark_extension_changes_the_paging_budget(start_broker):
+    broker = start_broker(expect=("AMQP", "HTTP", "PROMETHEUS"))
+    api = Api(broker.ports["HTTP"])
+    path = "/api/hutch/vm-memory-high-watermark"
+    assert api.put(path, {"value": "2MB"}).status == 204
+    (node,) = api.get("/api/nodes").body
+    assert node["mem_limit"] == 2000000
+    connection = pika.BlockingConnection(pika.URLParameters(broker.url))
+    channel = confirm_channel(connection)
+    channel.queue_declare("budget", durable=True)
+    for _ in range(600):  # 1.2 MB: over the 1 MB paging budget (half the watermark)
+        channel.basic_publish("", "budget", b"x" * 2000, pika.BasicProperties(delivery_mode=2))
+    assert api.get("/api/queues/%2F/budget").body["message_states"]["delta"] > 0
+    assert api.put(path, {"value": 0.4}).status == 204
+    assert api.get("/api/nodes").body[0]["mem_limit"] > 2000000
+    for bad in ({"value": "2 parsecs"}, {"value": 1.5}, {}):
+        assert api.put(path, bad).status == 400
+    assert Api(broker.ports["HTTP"], ("nobody", "x")).put(path, {"value": 0.4}).status == 401
+    connection.close()
+
+
+def test_tracing_is_refused_not_faked(api):
+    vhost = unique("trace")
+    assert api.put("/api/vhosts/" + vhost, {"tracing": True}).status == 400
+    assert api.put("/api/vhosts/" + vhost, {"tracing": False, "description": "d"}).status == 201
+    assert api.get("/api/vhosts/" + vhost).body["tracing"] is False
+    api.delete("/api/vhosts/" + vhost)

@@ -14,6 +14,7 @@ import contextlib
 
 from vhosts.dead_letter_recorder import DeadLetterRecorder
 from vhosts.errors import NOT_ALLOWED, AMQPError
+from vhosts.stats import Churn
 from vhosts.users import Permission, User, hash_password
 from vhosts.vhost import VirtualHost
 
@@ -31,6 +32,7 @@ class Broker:
         self.vhosts: dict[str, VirtualHost] = {}
         self.users: dict[str, User] = {}
         self.loopback_users = frozenset(loopback_users)
+        self.churn = Churn()
         self.definitions = definitions
         # vhost name -> `storage.vhost_storage.VhostStorage` (None: all in memory)
         self.message_storage = message_storage
@@ -51,6 +53,7 @@ class Broker:
     def _new_vhost(self, name: str) -> VirtualHost:
         storage = self.message_storage(name) if self.message_storage is not None else None
         vhost = VirtualHost(name, self.definitions, storage)
+        vhost.churn = self.churn
         if storage is not None and storage.dead_letters is not None:
             vhost.on_dead_letter.append(DeadLetterRecorder(name, storage.dead_letters))
         return vhost

@@ -51,7 +51,7 @@ from vhosts.errors import (
 from vhosts.exchange import PREDECLARED, Exchange
 from vhosts.queue import DURABLE_PENDING, REJECTED, Queue
 from vhosts.queue_arguments import validate as validate_queue_arguments
-from vhosts.stats import MessageStats
+from vhosts.stats import Churn, MessageStats
 
 # Arguments whose values must match on re-declaration (rabbit_amqqueue's list);
 # other arguments are ignored by the equivalence check, as in RabbitMQ.
@@ -122,6 +122,7 @@ class VirtualHost:
         self.queues: dict[str, Queue] = {}
         self._bound_from: dict[Destination, set[str]] = {}
         self.stats = MessageStats()
+        self.churn = Churn()  # the broker's, once it adopts this vhost
         for xname, xtype in PREDECLARED:
             self.exchanges[xname] = Exchange(xname, xtype, durable=True, builtin=True)
 
@@ -394,6 +395,7 @@ class VirtualHost:
         elif name.startswith("amq."):
             raise AMQPError(ACCESS_REFUSED, "queue name '%s' contains reserved prefix 'amq.*'" % name)
         arguments = arguments or {}
+        self.churn.queue_declared += 1
         validate_queue_arguments(name, self.name, arguments)
         q = self.queues.get(name)
         if q is None:
@@ -401,6 +403,7 @@ class VirtualHost:
             if self.definitions is not None and self._stored(q):
                 self.definitions.upsert_queue(self.name, name, durable, auto_delete, arguments)
             self.queues[name] = q
+            self.churn.queue_created += 1
             return q
         if q.exclusive_owner is not None and q.exclusive_owner is not owner:
             raise self._locked(name)
@@ -460,6 +463,7 @@ class VirtualHost:
                 self.definitions.delete_queue(self.name, q.name)  # and the bindings to it
             del self.queues[q.name]
             self._remove_destination(Destination("queue", q.name))
+        self.churn.queue_deleted += 1
         for consumer in q.delete():
             consumer.channel.consumer_cancelled(consumer)
         return count

@@ -34,17 +34,17 @@ def _connection(req):
 
 
 def connections(req) -> list:
-    return present([shapes.connection(c) for c in _open(req)], req.query)
+    return present([shapes.connection(req.node.sampler, c) for c in _open(req)], req.query)
 
 
 def vhost_connections(req) -> list:
     name = req.params["vhost"]
     req.vhost(name)
-    return present([shapes.connection(c) for c in _open(req, name)], req.query)
+    return present([shapes.connection(req.node.sampler, c) for c in _open(req, name)], req.query)
 
 
 def connection(req) -> dict:
-    return shapes.connection(_connection(req))
+    return shapes.connection(req.node.sampler, _connection(req))
 
 
 def close_connection(req):

@@ -18,7 +18,7 @@ from routing import Destination
 from vhosts.errors import AMQPError
 from vhosts.users import Permission, hash_password
 
-from amqp_server.management import resources
+from amqp_server.management import accounts, resources
 from amqp_server.management.errors import ApiError, bad_request
 from amqp_server.management.http import NO_CONTENT
 from amqp_server.management.node import COMPATIBLE_VERSION
@@ -137,9 +137,9 @@ def _check(body: dict, vhost_name: str | None, known_vhosts: set) -> dict:
     vhosts = known_vhosts | {_text(item, "name") for item in checked["vhosts"]}
     for user in checked["users"]:
         _text(user, "name")
-        resources.tags_from(user.get("tags", []))
+        accounts.tags_from(user.get("tags", []))
         if "password_hash" in user:
-            resources.imported_hash(user)
+            accounts.imported_hash(user)
         elif "password" in user:
             _text(user, "password")
     for name in ("permissions", "exchanges", "queues", "bindings"):
@@ -171,10 +171,10 @@ def apply(broker, body: dict, vhost_name: str | None = None) -> None:
         log.warning("definitions import: %s not imported (hutch does not store them yet)", ", ".join(ignored))
     for user in checked["users"]:
         if "password_hash" in user:
-            password_hash = resources.imported_hash(user)
+            password_hash = accounts.imported_hash(user)
         else:
             password_hash = hash_password(user["password"]) if "password" in user else ""
-        broker.put_user(user["name"], password_hash, resources.tags_from(user.get("tags", [])))
+        broker.put_user(user["name"], password_hash, accounts.tags_from(user.get("tags", [])))
     for item in checked["vhosts"]:
         broker.add_vhost(item["name"])
     for item in checked["permissions"]:

@@ -1,13 +1,16 @@
 """The management API's errors, in RabbitMQ's JSON shape {"error", "reason"}."""
 from __future__ import annotations
 
+import contextlib
+
 from vhosts.errors import ACCESS_REFUSED, NOT_FOUND, AMQPError
 
 NOT_FOUND_BODY = {"error": "Object Not Found", "reason": "Not Found"}
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, error: str, reason: str) -> None:
+    def __init__(self, status: int, error: str, reason) -> None:
+        """`reason` is text, or a list where RabbitMQ answers with an Erlang tuple."""
         super().__init__(reason)
         self.status = status
         self.error = error
@@ -22,7 +25,7 @@ def not_found() -> ApiError:
     return ApiError(404, NOT_FOUND_BODY["error"], NOT_FOUND_BODY["reason"])
 
 
-def bad_request(reason: str) -> ApiError:
+def bad_request(reason) -> ApiError:
     return ApiError(400, "bad_request", reason)
 
 
@@ -32,13 +35,23 @@ def not_authorised(reason: str) -> ApiError:
 
 def from_amqp(error: AMQPError) -> ApiError:
     """What RabbitMQ's API answers when the operation fails as an AMQP method
-    would: access refused is 401, not found 404 with the reply text, any other
-    refusal 400 with the explanation alone."""
+    would: access refused is 401; not found 404 and any other refusal 400,
+    with the explanation (the reply text without its code name)."""
     if error.reply_code == ACCESS_REFUSED:
         return not_authorised("Access refused.")
+    explanation = error.reply_text.split(" - ", 1)[-1]
     if error.reply_code == NOT_FOUND:
-        return ApiError(404, "not_found", error.reply_text)
-    return bad_request(error.reply_text.split(" - ", 1)[-1])
+        return ApiError(404, "not_found", explanation)
+    return bad_request(explanation)
+
+
+@contextlib.contextmanager
+def amqp_errors_as_http():
+    """Run a domain call, answering an `AMQPError` as RabbitMQ's API does."""
+    try:
+        yield
+    except AMQPError as exc:
+        raise from_amqp(exc) from None
 
 
 def missing_keys(body: dict, keys: tuple[str, ...]) -> None:

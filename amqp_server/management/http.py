@@ -164,6 +164,8 @@ def make_handler(node, routes):
                 result = await result
         except ApiError as exc:
             return json_response(exc.status, exc.body())
+        except web.HTTPException:
+            raise  # aiohttp's own answers (a body over client_max_size: 413)
         except Exception:
             log.exception("management API: %s %s failed", request.method, request.raw_path)
             return json_response(500, {"error": "internal_server_error", "reason": "internal error"})

@@ -23,7 +23,7 @@ class ManagementListeners:
         HTTP listeners opened here are added to it."""
         self.config = config
         self.node = Node(broker, connections, config, writer, monitor,
-                         RateSampler(broker, config.management.sample_interval), listeners)
+                         RateSampler(broker, connections, config.management.sample_interval), listeners)
         self._runners: list[web.AppRunner] = []
 
     async def start(self) -> None:

@@ -12,13 +12,16 @@ import asyncio
 import base64
 import binascii
 import datetime
+import struct
 
 from pamqp import commands, header
 from storage import Message
-from vhosts.errors import AMQPError
+from vhosts.errors import NOT_FOUND, PRECONDITION_FAILED, AMQPError
 
-from amqp_server.management.errors import bad_request, from_amqp, missing_keys
+from amqp_server.channel import check_properties
+from amqp_server.management.errors import ApiError, amqp_errors_as_http, bad_request, missing_keys
 from amqp_server.management.http import NO_CONTENT
+from amqp_server.management.resources import exchange_name, find_queue
 
 ACK_MODES = {
     "ack_requeue_true": True,
@@ -28,6 +31,7 @@ ACK_MODES = {
 }
 # RabbitMQ's JSON name -> pamqp's attribute, where they differ
 PROPERTY_NAMES = {"type": "message_type"}
+INT_PROPERTIES = ("delivery_mode", "priority", "timestamp")
 PROPERTY_FIELDS = ("content_type", "content_encoding", "headers", "delivery_mode", "priority", "correlation_id",
                    "reply_to", "expiration", "message_id", "timestamp", "type", "user_id", "app_id", "cluster_id")
 
@@ -46,12 +50,15 @@ class _HttpPublisher:
 _PUBLISHER = _HttpPublisher()
 
 
-def _queue(req):
+def _queue_to_get(req):
+    """The queue of a get, refused as basic.get on a channel would be."""
     v = req.vhost(req.params["vhost"])
     try:
         return v, v.queue(req.params["name"], None)
     except AMQPError as exc:
-        raise from_amqp(exc) from None
+        if exc.reply_code == NOT_FOUND:
+            raise ApiError(404, "not_found", exc.reply_text) from None
+        raise channel_error(exc) from None
 
 
 async def _fetch(queue):
@@ -83,7 +90,7 @@ async def get_messages(req) -> list:
         raise bad_request("Unsupported encoding: %s" % body["encoding"])
     count = _positive_int(body, "count")
     truncate = _positive_int(body, "truncate") if body.get("truncate") is not None else None
-    v, queue = _queue(req)
+    v, queue = _queue_to_get(req)
     taken, out = [], []
     for _ in range(count):
         entry = await _fetch(queue)
@@ -136,63 +143,83 @@ def properties_json(props):
 
 
 def purge(req):
-    v, queue = _queue(req)
-    try:
+    v, queue = find_queue(req)
+    with amqp_errors_as_http():
         v.purge_queue(queue.name, None)
-    except AMQPError as exc:
-        raise from_amqp(exc) from None
     return NO_CONTENT
 
 
 def _properties(value) -> commands.Basic.Properties:
+    """Properties by RabbitMQ's JSON names; names it does not know are
+    ignored, as RabbitMQ ignores them; a wrong type is its 400."""
     if not isinstance(value, dict):
-        raise bad_request("properties must be an object")
-    unknown = [key for key in value if key not in PROPERTY_FIELDS]
-    if unknown:
-        raise bad_request("unknown properties: %s" % ", ".join(sorted(unknown)))
-    kwargs = {PROPERTY_NAMES.get(key, key): item for key, item in value.items()}
-    if isinstance(kwargs.get("timestamp"), int):
+        raise bad_request(["not_table", "properties"])
+    kwargs = {}
+    for key, item in value.items():
+        if key not in PROPERTY_FIELDS:
+            continue
+        if key in INT_PROPERTIES and (not isinstance(item, int) or isinstance(item, bool)):
+            raise bad_request(["not_int", key])
+        if key == "headers" and not isinstance(item, dict):
+            raise bad_request(["not_table", key])
+        if key not in INT_PROPERTIES and key != "headers" and not isinstance(item, str):
+            raise bad_request(["not_string", key])
+        kwargs[PROPERTY_NAMES.get(key, key)] = item
+    if "timestamp" in kwargs:
         kwargs["timestamp"] = datetime.datetime.fromtimestamp(kwargs["timestamp"], datetime.timezone.utc)
     try:
         return commands.Basic.Properties(**kwargs)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, OverflowError) as exc:
         raise bad_request("invalid properties: %s" % exc) from None
 
 
 def _payload(body: dict) -> bytes:
     payload, encoding = body["payload"], body["payload_encoding"]
     if not isinstance(payload, str):
-        raise bad_request("payload must be a string")
+        raise bad_request(["not_string", "payload"])
     if encoding == "string":
         return payload.encode("utf-8")
     if encoding == "base64":
         try:
             return base64.b64decode(payload, validate=True)
         except binascii.Error:
-            raise bad_request("payload is not valid base64") from None
-    raise bad_request("payload_encoding must be string or base64")
+            raise bad_request(["not_base64", payload]) from None
+    raise bad_request(["unsupported_encoding", encoding])
+
+
+def channel_error(error: AMQPError) -> ApiError:
+    """RabbitMQ runs get and publish on an AMQP channel: a refusal comes back
+    as that channel's close, code and text."""
+    return bad_request("%d %s" % (error.reply_code, error.reply_text))
 
 
 def publish(req) -> dict:
     body = req.body()
     missing_keys(body, ("routing_key", "properties", "payload", "payload_encoding"))
     v = req.vhost(req.params["vhost"])
-    exchange = "" if req.params["name"] == "amq.default" else req.params["name"]
+    exchange = exchange_name(req.params["name"])
     routing_key = body["routing_key"]
     if not isinstance(routing_key, str):
-        raise bad_request("routing_key must be a string")
+        raise bad_request(["not_string", "routing_key"])
     payload = _payload(body)
     props = _properties(body["properties"])
+    limit = req.node.config.max_message_size
+    try:
+        v.check_publish(exchange)
+        if len(payload) > limit:
+            raise AMQPError(PRECONDITION_FAILED, "message size %d is larger than configured max size %d"
+                            % (len(payload), limit))
+        check_properties(props, req.user)
+    except AMQPError as exc:
+        raise channel_error(exc) from None
     try:
         content = header.ContentHeader(0, len(payload), props).marshal()
-        v.check_publish(exchange)
-    except AMQPError as exc:
-        # RabbitMQ publishes on an AMQP channel: the error comes back as its close
-        raise bad_request("%d %s" % (exc.reply_code, exc.reply_text)) from None
-    except (TypeError, ValueError, OverflowError) as exc:
+    except (TypeError, ValueError, OverflowError, struct.error) as exc:
         raise bad_request("invalid properties: %s" % exc) from None
     message = Message(exchange, routing_key, content, payload)
     reached, _waits, _rejected = v.publish(message, [routing_key], props.headers, _PUBLISHER)
+    if not reached:
+        v.stats.drop_unroutable += 1
     return {"routed": bool(reached)}
 
 

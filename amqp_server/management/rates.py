@@ -18,8 +18,9 @@ SAMPLED = FIELDS + ("deliver_get",)
 
 
 class RateSampler:
-    def __init__(self, broker, interval: float) -> None:
+    def __init__(self, broker, connections: set, interval: float) -> None:
         self.broker = broker
+        self.connections = connections
         self.interval = interval
         # id(counter object) -> (object, time, totals)
         self._last: dict[int, tuple] = {}
@@ -28,12 +29,15 @@ class RateSampler:
 
     def _subjects(self):
         """Everything that keeps counters: (object, totals) now."""
+        yield self.broker.churn, self.broker.churn.totals()
         for vhost in self.broker.vhosts.values():
             yield vhost.stats, vhost.stats.totals()
             yield vhost, {"messages_ready": sum(q.message_count for q in vhost.queues.values())}
             for queue in vhost.queues.values():
                 yield queue.stats, queue.stats.totals()
                 yield queue, {"messages_ready": queue.message_count}
+        for connection in list(self.connections):
+            yield connection, {"recv_oct": connection.recv_oct, "send_oct": connection.send_oct}
 
     def sample(self) -> None:
         now = time.monotonic()

@@ -10,7 +10,8 @@ limits (branch policyperm); hutch's peek and move operations (branch prio).
 """
 from __future__ import annotations
 
-from amqp_server.management import clients, dead_letters, definitions, health, operations, resources
+from amqp_server.management import (accounts, clients, dead_letters, definitions, health, operations, overview,
+                                    resources, watermark)
 from amqp_server.management.access import ADMINISTRATOR, MANAGEMENT, MONITORING
 
 M, MON, A = MANAGEMENT, MONITORING, ADMINISTRATOR
@@ -21,12 +22,12 @@ def _p(path: str) -> tuple[str, ...]:
 
 
 _TABLE = [
-    ("/api/overview", {"GET": (resources.overview, M)}),
-    ("/api/cluster-name", {"GET": (resources.cluster_name, M)}),
-    ("/api/extensions", {"GET": (resources.extensions, M)}),
-    ("/api/whoami", {"GET": (resources.whoami, M)}),
-    ("/api/nodes", {"GET": (resources.nodes, MON)}),
-    ("/api/nodes/{node}", {"GET": (resources.node, MON)}),
+    ("/api/overview", {"GET": (overview.overview, M)}),
+    ("/api/cluster-name", {"GET": (overview.cluster_name, M)}),
+    ("/api/extensions", {"GET": (overview.extensions, M)}),
+    ("/api/whoami", {"GET": (overview.whoami, M)}),
+    ("/api/nodes", {"GET": (overview.nodes, MON)}),
+    ("/api/nodes/{node}", {"GET": (overview.node, MON)}),
     # definitions
     ("/api/definitions", {"GET": (definitions.get_definitions, A), "POST": (definitions.post_definitions, A)}),
     ("/api/definitions/{vhost}", {"GET": (definitions.get_vhost_definitions, A),
@@ -63,22 +64,24 @@ _TABLE = [
     ("/api/bindings/{vhost}/e/{source}/{kind}/{destination}/{props}", {"GET": (resources.binding, M),
                                                                        "DELETE": (resources.delete_binding, M)}),
     # vhosts
-    ("/api/vhosts", {"GET": (resources.vhosts, M)}),
-    ("/api/vhosts/{vhost}", {"GET": (resources.vhost, M), "PUT": (resources.put_vhost, A),
-                             "DELETE": (resources.delete_vhost, A)}),
-    ("/api/vhosts/{vhost}/permissions", {"GET": (resources.vhost_permissions, A)}),
+    ("/api/vhosts", {"GET": (accounts.vhosts, M)}),
+    ("/api/vhosts/{vhost}", {"GET": (accounts.vhost, M), "PUT": (accounts.put_vhost, A),
+                             "DELETE": (accounts.delete_vhost, A)}),
+    ("/api/vhosts/{vhost}/permissions", {"GET": (accounts.vhost_permissions, A)}),
     ("/api/vhosts/{vhost}/connections", {"GET": (clients.vhost_connections, M)}),
     ("/api/vhosts/{vhost}/channels", {"GET": (clients.vhost_channels, M)}),
     # users and permissions
-    ("/api/users", {"GET": (resources.users, A)}),
-    ("/api/users/without-permissions", {"GET": (resources.users_without_permissions, A)}),
-    ("/api/users/bulk-delete", {"POST": (resources.bulk_delete_users, A)}),
-    ("/api/users/{user}", {"GET": (resources.user, A), "PUT": (resources.put_user, A),
-                           "DELETE": (resources.delete_user, A)}),
-    ("/api/users/{user}/permissions", {"GET": (resources.user_permissions, A)}),
-    ("/api/permissions", {"GET": (resources.permissions, A)}),
-    ("/api/permissions/{vhost}/{user}", {"GET": (resources.permission, A), "PUT": (resources.put_permission, A),
-                                         "DELETE": (resources.delete_permission, A)}),
+    ("/api/users", {"GET": (accounts.users, A)}),
+    ("/api/users/without-permissions", {"GET": (accounts.users_without_permissions, A)}),
+    ("/api/users/bulk-delete", {"POST": (accounts.bulk_delete_users, A)}),
+    ("/api/users/{user}", {"GET": (accounts.user, A), "PUT": (accounts.put_user, A),
+                           "DELETE": (accounts.delete_user, A)}),
+    ("/api/users/{user}/permissions", {"GET": (accounts.user_permissions, A)}),
+    ("/api/permissions", {"GET": (accounts.permissions, A)}),
+    ("/api/permissions/{vhost}/{user}", {"GET": (accounts.permission, A), "PUT": (accounts.put_permission, A),
+                                         "DELETE": (accounts.delete_permission, A)}),
+    # hutch's extensions
+    ("/api/hutch/vm-memory-high-watermark", {"PUT": (watermark.put_watermark, A)}),
     # health
     ("/api/aliveness-test/{vhost}", {"GET": (operations.aliveness_test, M)}),
     ("/api/health/checks/alarms", {"GET": (health.ok, M)}),

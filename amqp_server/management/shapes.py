@@ -54,13 +54,24 @@ def counts(sampler, subject, ready: int, unacked: int) -> dict:
 # -- who holds what ------------------------------------------------------------
 
 
-def unacked_by_queue(connections) -> Counter:
-    """Queue -> deliveries not acked yet, over every open channel."""
-    found: Counter = Counter()
-    for connection in connections:
+def _unacked(connections):
+    """(queue, entry) of every delivery not acked yet, over every open channel."""
+    for connection in list(connections):
         for channel in list(connection.channels.values()):
-            for queue, _entry, _consumer in channel.unacked.values():
-                found[queue] += 1
+            for queue, entry, _consumer in list(channel.unacked.values()):
+                yield queue, entry
+
+
+def unacked_by_queue(connections) -> Counter:
+    """Queue -> deliveries not acked yet."""
+    return Counter(queue for queue, _entry in _unacked(connections))
+
+
+def unacked_bytes_by_queue(connections) -> Counter:
+    """Queue -> body bytes of the deliveries not acked yet."""
+    found: Counter = Counter()
+    for queue, entry in _unacked(connections):
+        found[queue] += len(entry.message.body)
     return found
 
 
@@ -77,9 +88,10 @@ def consumers_by_queue(connections) -> dict:
 # -- vhosts, users, permissions -------------------------------------------------
 
 
-def vhost(sampler, vhost, unacked: Counter) -> dict:
+def vhost(sampler, vhost, unacked: Counter, connections) -> dict:
     ready = sum(q.message_count for q in vhost.queues.values())
     held = sum(unacked[q] for q in vhost.queues.values())
+    clients = [c for c in list(connections) if c.vhost is vhost]
     out = {
         "cluster_state": {NODE: "running"},
         "default_queue_type": "undefined",
@@ -90,6 +102,9 @@ def vhost(sampler, vhost, unacked: Counter) -> dict:
         "tracing": False,
         **counts(sampler, vhost, ready, held),
     }
+    for key in ("recv_oct", "send_oct"):
+        out[key] = sum(getattr(c, key) for c in clients)
+        out[key + "_details"] = {"rate": round(sum(sampler.rate(c, key) for c in clients), 1)}
     stats = message_stats(sampler, vhost.stats, VHOST_STATS)
     if stats is not None:
         out["message_stats"] = stats
@@ -132,7 +147,7 @@ def default_exchange(vhost_name: str, user_name: str) -> dict:
             "type": "direct", "user_who_performed_action": user_name, "vhost": vhost_name}
 
 
-def queue(sampler, q, unacked: int, consumers: list) -> dict:
+def queue(sampler, q, unacked: int, unacked_bytes: int, consumers: list) -> dict:
     states = q.backing.state_counts()
     ready = q.message_count
     exclusive_tag = next((c.tag for _ch, c in consumers if c.exclusive), None)
@@ -145,11 +160,12 @@ def queue(sampler, q, unacked: int, consumers: list) -> dict:
         "durable": q.durable,
         "effective_policy_definition": {},
         "exclusive": q.exclusive_owner is not None,
+        **_owner(q.exclusive_owner),
         "exclusive_consumer_tag": exclusive_tag,
         "head_message_timestamp": None,
-        "message_bytes": q.backing.ready_bytes,
+        "message_bytes": q.backing.ready_bytes + unacked_bytes,
         "message_bytes_ready": q.backing.ready_bytes,
-        "message_bytes_unacknowledged": 0,
+        "message_bytes_unacknowledged": unacked_bytes,
         "messages_paged_out": states.get("delta", 0),
         "messages_ram": ready - states.get("delta", 0),
         "messages_ready_ram": ready - states.get("delta", 0),
@@ -171,6 +187,15 @@ def queue(sampler, q, unacked: int, consumers: list) -> dict:
     return out
 
 
+def _owner(connection) -> dict:
+    """RabbitMQ's owner_pid_details of an exclusive queue: its connection."""
+    if connection is None:
+        return {}
+    peer_host, peer_port = _peer(connection)
+    return {"owner_pid_details": {"name": connection_name(connection), "peer_host": peer_host,
+                                  "peer_port": peer_port}}
+
+
 def binding(vhost_name: str, source: str, dest_kind: str, dest_name: str, key: str, arguments: dict | None) -> dict:
     return {
         "source": source,
@@ -186,10 +211,9 @@ def binding(vhost_name: str, source: str, dest_kind: str, dest_name: str, key: s
 def properties_key(key: str, arguments: dict | None) -> str:
     """How RabbitMQ names one binding in a URL: the quoted routing key, plus
     a hash of the arguments when there are any."""
-    quoted = quote(key, safe="") if key else "~"
     if not arguments:
-        return quoted
-    return quoted + "~" + _arguments_hash(arguments)
+        return quote(key, safe="") if key else "~"
+    return quote(key, safe="") + "~" + _arguments_hash(arguments)
 
 
 def _arguments_hash(arguments: dict) -> str:
@@ -218,7 +242,7 @@ def _local(connection) -> tuple[str, int]:
     return (local[0], local[1]) if local else ("", 0)
 
 
-def connection(conn) -> dict:
+def connection(sampler, conn) -> dict:
     peer_host, peer_port = _peer(conn)
     host, port = _local(conn)
     transport = conn.io.transport
@@ -242,18 +266,32 @@ def connection(conn) -> dict:
         "peer_port": peer_port,
         "port": port,
         "protocol": "AMQP 0-9-1",
+        "recv_cnt": conn.recv_cnt,
+        "recv_oct": conn.recv_oct,
+        "recv_oct_details": {"rate": sampler.rate(conn, "recv_oct")},
+        "send_cnt": conn.send_cnt,
+        "send_oct": conn.send_oct,
+        "send_oct_details": {"rate": sampler.rate(conn, "send_oct")},
+        "send_pend": 0,
         "ssl": ssl_object is not None,
         "ssl_cipher": cipher[0] if cipher else None,
         "ssl_hash": None,
         "ssl_key_exchange": None,
         "ssl_protocol": ssl_object.version() if ssl_object is not None else None,
-        "state": "blocked" if conn.blocked_by else "running",
+        "state": _connection_state(conn),
         "timeout": conn.heartbeat,
         "type": "network",
         "user": user,
         "user_who_performed_action": user,
         "vhost": conn.vhost.name if conn.vhost is not None else "",
     }
+
+
+def _connection_state(conn) -> str:
+    """RabbitMQ's words: running, blocked (credit flow holds its publishes), closing."""
+    if conn.state in ("closing", "closed"):
+        return "closing"
+    return "blocked" if conn.blocked_by else "running"
 
 
 def channel_name(channel) -> str:

@@ -1,0 +1,188 @@
+"""Handlers for vhosts, users and permissions (administrators change them;
+vhosts are listed to whoever may see them). Changes go through
+`vhosts.Broker`, which stores them durably."""
+from __future__ import annotations
+
+import base64
+import binascii
+
+from vhosts.errors import CONNECTION_FORCED, AMQPError
+from vhosts.users import Permission, hash_password
+
+from amqp_server.management import access, shapes
+from amqp_server.management.errors import bad_request, not_found
+from amqp_server.management.http import CREATED, NO_CONTENT
+from amqp_server.management.listing import present
+
+# -- vhosts -------------------------------------------------------------------
+
+
+def vhosts(req) -> list:
+    unacked = shapes.unacked_by_queue(req.node.connections)
+    return present([shapes.vhost(req.node.sampler, v, unacked, req.node.connections)
+                    for v in access.visible_vhosts(req.user, req.broker)], req.query)
+
+
+def vhost(req) -> dict:
+    found = req.vhost(req.params["vhost"])
+    connections = req.node.connections
+    return shapes.vhost(req.node.sampler, found, shapes.unacked_by_queue(connections), connections)
+
+
+def put_vhost(req):
+    """Description, tags and default queue type are accepted and not kept;
+    tracing (the firehose) is refused: hutch does not implement it."""
+    if req.body().get("tracing") is True:
+        raise bad_request("tracing is not supported by hutch")
+    name = req.params["vhost"]
+    if name in req.broker.vhosts:
+        return NO_CONTENT
+    req.broker.add_vhost(name)
+    return CREATED
+
+
+def delete_vhost(req):
+    name = req.params["vhost"]
+    if name not in req.broker.vhosts:
+        raise not_found()
+    for connection in list(req.node.connections):
+        if connection.vhost is not None and connection.vhost.name == name:
+            connection.close_with(AMQPError(CONNECTION_FORCED, "vhost '%s' is deleted" % name))
+    req.broker.delete_vhost(name)
+    return NO_CONTENT
+
+
+def vhost_permissions(req) -> list:
+    name = req.params["vhost"]
+    req.vhost(name)
+    return present([shapes.permission(u.name, name, u.permissions[name])
+                    for u in _sorted_users(req) if name in u.permissions], req.query)
+
+
+# -- users and permissions ------------------------------------------------------
+
+
+def _sorted_users(req) -> list:
+    return [req.broker.users[name] for name in sorted(req.broker.users)]
+
+
+def _user(req):
+    found = req.broker.users.get(req.params["user"])
+    if found is None:
+        raise not_found()
+    return found
+
+
+def users(req) -> list:
+    return present([shapes.user(u) for u in _sorted_users(req)], req.query)
+
+
+def users_without_permissions(req) -> list:
+    return present([shapes.user(u) for u in _sorted_users(req) if not u.permissions], req.query)
+
+
+def user(req) -> dict:
+    return shapes.user(_user(req))
+
+
+def tags_from(value) -> list[str]:
+    """RabbitMQ accepts tags as "a,b" or ["a", "b"]."""
+    if isinstance(value, str):
+        return [tag.strip() for tag in value.split(",") if tag.strip()]
+    if isinstance(value, list) and all(isinstance(tag, str) for tag in value):
+        return [tag.strip() for tag in value if tag.strip()]
+    raise bad_request("tags must be a string or a list of strings")
+
+
+def put_user(req):
+    body = req.body()
+    if "tags" not in body:
+        raise bad_request("tags_not_present")
+    tags = tags_from(body["tags"])
+    name = req.params["user"]
+    existing = req.broker.users.get(name)
+    if "password" in body:
+        if not isinstance(body["password"], str):
+            raise bad_request("password must be a string")
+        password_hash = hash_password(body["password"])
+    elif "password_hash" in body:
+        password_hash = imported_hash(body)
+    else:
+        password_hash = existing.password_hash if existing is not None else ""
+    req.broker.put_user(name, password_hash, tags)
+    return NO_CONTENT if existing is not None else CREATED
+
+
+def imported_hash(entry: dict) -> str:
+    """A password hash given in a user object: only RabbitMQ's default
+    scheme (salted SHA-256) is understood."""
+    algorithm = entry.get("hashing_algorithm", "rabbit_password_hashing_sha256")
+    if algorithm != "rabbit_password_hashing_sha256":
+        raise bad_request("unsupported hashing_algorithm '%s'" % algorithm)
+    value = entry.get("password_hash")
+    if not isinstance(value, str):
+        raise bad_request(["not_string", "password_hash"])
+    try:
+        base64.b64decode(value, validate=True)
+    except binascii.Error:
+        raise bad_request(["not_base64", value]) from None
+    return value
+
+
+def delete_user(req):
+    _user(req)
+    req.broker.delete_user(req.params["user"])
+    return NO_CONTENT
+
+
+def bulk_delete_users(req):
+    names = req.body().get("users")
+    if not isinstance(names, list):
+        raise bad_request("[{key_missing,users}]")
+    for name in names:
+        if isinstance(name, str):
+            req.broker.delete_user(name)
+    return NO_CONTENT
+
+
+def user_permissions(req) -> list:
+    found = _user(req)
+    return present([shapes.permission(found.name, v, found.permissions[v]) for v in sorted(found.permissions)],
+                   req.query)
+
+
+def permissions(req) -> list:
+    return present([shapes.permission(u.name, v, u.permissions[v])
+                    for u in _sorted_users(req) for v in sorted(u.permissions)], req.query)
+
+
+def permission(req) -> dict:
+    found = req.broker.users.get(req.params["user"])
+    name = req.params["vhost"]
+    if found is None or name not in req.broker.vhosts or name not in found.permissions:
+        raise not_found()
+    return shapes.permission(found.name, name, found.permissions[name])
+
+
+def put_permission(req):
+    body = req.body()
+    missing = [key for key in ("configure", "write", "read") if key not in body]
+    if missing:
+        raise bad_request("[%s]" % ",".join("{key_missing,%s}" % key for key in missing))
+    found = req.broker.users.get(req.params["user"])
+    name = req.params["vhost"]
+    if found is None or name not in req.broker.vhosts:
+        raise bad_request("vhost_or_user_not_found")
+    existed = name in found.permissions
+    req.broker.set_permissions(found.name, name, Permission(str(body["configure"]), str(body["write"]),
+                                                            str(body["read"])))
+    return NO_CONTENT if existed else CREATED
+
+
+def delete_permission(req):
+    found = req.broker.users.get(req.params["user"])
+    name = req.params["vhost"]
+    if found is None or name not in found.permissions:
+        raise not_found()
+    req.broker.clear_permissions(found.name, name)
+    return NO_CONTENT

@@ -1,0 +1,153 @@
+"""Handlers for the node as a whole: overview, nodes, whoami, cluster name.
+Counts and totals cover what the user may see (`access`)."""
+from __future__ import annotations
+
+import os
+
+from routing import EXCHANGE_TYPES
+from vhosts.stats import CHURN_FIELDS
+
+from amqp_server.management import access, shapes
+from amqp_server.management.errors import not_found
+from amqp_server.management.listing import present
+from amqp_server.management.node import COMPATIBLE_VERSION
+
+EXCHANGE_TYPE_DESCRIPTIONS = {
+    "direct": "AMQP direct exchange, as per the AMQP specification",
+    "fanout": "AMQP fanout exchange, as per the AMQP specification",
+    "headers": "AMQP headers exchange, as per the AMQP specification",
+    "topic": "AMQP topic exchange, as per the AMQP specification",
+}
+
+
+def exchange_types() -> list[dict]:
+    return [{"name": name, "description": EXCHANGE_TYPE_DESCRIPTIONS.get(name, ""), "enabled": True}
+            for name in sorted(EXCHANGE_TYPES)]
+
+
+def _visible_connections(req) -> list:
+    return [c for c in list(req.node.connections) if c.vhost is not None and access.owns(req.user, c)]
+
+
+# -- overview, nodes, whoami ------------------------------------------------------
+
+
+def overview(req) -> dict:
+    node, sampler = req.node, req.node.sampler
+    vhosts = access.visible_vhosts(req.user, req.broker)
+    connections = _visible_connections(req)
+    unacked = shapes.unacked_by_queue(req.node.connections)
+    queues = [q for v in vhosts for q in v.queues.values()]
+    ready = sum(q.message_count for q in queues)
+    held = sum(unacked[q] for q in queues)
+    totals = dict.fromkeys(shapes.VHOST_STATS, 0)
+    for v in vhosts:
+        for key, value in v.stats.totals().items():
+            if key in totals:
+                totals[key] += value
+    rates = {key: sum(sampler.rate(v.stats, key) for v in vhosts) for key in shapes.VHOST_STATS}
+    message_stats = {}
+    for key in shapes.VHOST_STATS:
+        message_stats[key] = totals[key]
+        message_stats[key + "_details"] = {"rate": round(rates[key], 1)}
+    ready_rate = round(sum(sampler.rate(v, "messages_ready") for v in vhosts), 1)
+    return {
+        "management_version": COMPATIBLE_VERSION,
+        "rates_mode": "basic",
+        "sample_retention_policies": {"global": [600, 3600, 28800, 86400], "basic": [600, 3600], "detailed": [600]},
+        "exchange_types": exchange_types(),
+        "product_version": COMPATIBLE_VERSION,
+        "product_name": "hutch",
+        "rabbitmq_version": COMPATIBLE_VERSION,
+        "cluster_name": shapes.NODE,
+        "disable_stats": False,
+        "enable_queue_totals": False,
+        "message_stats": message_stats,
+        "churn_rates": shapes.with_rates(sampler, req.broker.churn, req.broker.churn.totals(), CHURN_FIELDS),
+        "queue_totals": {
+            "messages": ready + held, "messages_details": {"rate": ready_rate},
+            "messages_ready": ready, "messages_ready_details": {"rate": ready_rate},
+            "messages_unacknowledged": held, "messages_unacknowledged_details": {"rate": 0.0},
+        },
+        "object_totals": {
+            "channels": sum(len(c.channels) for c in connections),
+            "connections": len(connections),
+            "consumers": sum(len(q.consumers) for q in queues),
+            "exchanges": sum(len(v.exchanges) + 1 for v in vhosts),
+            "queues": len(queues),
+        },
+        "statistics_db_event_queue": 0,
+        "node": shapes.NODE,
+        "listeners": [
+            {"node": shapes.NODE, "protocol": protocol, "ip_address": address, "port": port, "socket_opts": {}}
+            for protocol, address, port in node.listeners
+        ],
+        "contexts": contexts(node),
+    }
+
+
+def contexts(node) -> list[dict]:
+    """The HTTP listeners, as RabbitMQ lists its web contexts."""
+    return [{"node": shapes.NODE, "description": "RabbitMQ Management", "path": "/", "port": str(port)}
+            for protocol, _address, port in node.listeners if protocol == "http"]
+
+
+def node_info(req) -> dict:
+    node = req.node
+    return {
+        "name": shapes.NODE,
+        "type": "disc",
+        "running": True,
+        "os_pid": str(os.getpid()),
+        "mem_used": node.rss_bytes(),
+        "mem_limit": node.memory_limit,
+        "mem_alarm": False,
+        "disk_free_alarm": False,
+        "partitions": [],
+        "processors": os.cpu_count() or 1,
+        "rates_mode": "basic",
+        "uptime": node.uptime_ms,
+        "run_queue": 0,
+        "exchange_types": exchange_types(),
+        "auth_mechanisms": [
+            {"name": "PLAIN", "description": "SASL PLAIN authentication mechanism", "enabled": True},
+            {"name": "AMQPLAIN", "description": "QPid AMQPLAIN mechanism", "enabled": True},
+        ],
+        "db_dir": node.config.data_dir,
+        "net_ticktime": 60,
+        "mem_calculation_strategy": "rss",
+        "sockets_used": len(node.connections),
+        "applications": [],
+        "enabled_plugins": ["rabbitmq_management", "rabbitmq_prometheus"],
+        "contexts": contexts(node),
+        "config_files": [],
+        "log_files": [],
+        # the disk writer's group-commit fsyncs, in RabbitMQ's io_sync fields (ms)
+        "io_sync_count": node.writer.fsync_count,
+        "io_sync_avg_time": round(node.writer.fsync_seconds * 1000 / node.writer.fsync_count, 3)
+        if node.writer.fsync_count else 0.0,
+        **node.resources(),
+        **shapes.with_rates(node.sampler, req.broker.churn, req.broker.churn.totals(), CHURN_FIELDS),
+    }
+
+
+def nodes(req) -> list:
+    return present([node_info(req)], req.query)
+
+
+def node(req) -> dict:
+    if req.params["node"] != shapes.NODE:
+        raise not_found()
+    return node_info(req)
+
+
+def whoami(req) -> dict:
+    return {"name": req.user.name, "tags": list(req.user.tags)}
+
+
+def cluster_name(req) -> dict:
+    return {"name": shapes.NODE}
+
+
+def extensions(req) -> list:
+    return []

@@ -1,0 +1,122 @@
+"""Definitions export and import: hutch's own export imports into a fresh
+broker (and survives its restart), a RabbitMQ 3.10 export imports and its
+users log in with their RabbitMQ passwords, bad documents change nothing."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pika
+import pytest
+from pika.exceptions import ProbableAuthenticationError
+
+from helpers import unique
+from http_api import Api, segment
+
+RABBITMQ_EXPORT = Path(__file__).parent / "data" / "rabbitmq-3.10-definitions.json"
+# Users in that export and their passwords on the RabbitMQ it came from.
+RABBITMQ_USERS = {"hutch-import-user": "s3cret", "mprobe": "pw", "guest": "guest"}
+
+
+def http(broker) -> Api:
+    return Api(broker.ports["HTTP"])
+
+
+def login(broker, user: str, password: str, vhost: str = "/") -> None:
+    params = pika.ConnectionParameters("127.0.0.1", broker.port, vhost, pika.PlainCredentials(user, password))
+    pika.BlockingConnection(params).close()
+
+
+def populate(api: Api) -> str:
+    """A vhost with a user, a queue with arguments, exchanges and bindings."""
+    vhost = unique("defs")
+    v = segment(vhost)
+    api.put("/api/vhosts/" + v)
+    api.put("/api/permissions/%s/guest" % v, {"configure": ".*", "write": ".*", "read": ".*"})
+    api.put("/api/users/alice", {"password": "alice-pw", "tags": "management"})
+    api.put("/api/permissions/%s/alice" % v, {"configure": "^a", "write": ".*", "read": "^r"})
+    api.put("/api/queues/%s/orders" % v, {"durable": True, "arguments": {"x-max-length": 5}})
+    api.put("/api/queues/%s/scratch" % v, {"durable": False})
+    api.put("/api/exchanges/%s/events" % v, {"type": "topic", "durable": True})
+    api.put("/api/exchanges/%s/fan" % v, {"type": "fanout", "durable": True})
+    api.post("/api/bindings/%s/e/events/q/orders" % v, {"routing_key": "order.*", "arguments": {"k": "v"}})
+    api.post("/api/bindings/%s/e/events/e/fan" % v, {"routing_key": "#"})
+    return vhost
+
+
+def test_export_imports_into_a_fresh_broker(start_broker):
+    first = start_broker(expect=("AMQP", "HTTP"))
+    vhost = populate(http(first))
+    exported = http(first).get("/api/definitions").body
+    assert {"name": vhost} in exported["vhosts"]
+    assert {"user": "alice", "vhost": vhost, "configure": "^a", "write": ".*", "read": "^r"} in exported["permissions"]
+    assert {"name": "orders", "vhost": vhost, "durable": True, "auto_delete": False,
+            "arguments": {"x-max-length": 5}} in exported["queues"]
+    assert not [x for x in exported["exchanges"] if x["name"].startswith("amq.")]
+    second = start_broker(expect=("AMQP", "HTTP"))
+    assert http(second).post("/api/definitions", exported).status == 204
+    again = http(second).get("/api/definitions").body
+    for section in ("vhosts", "permissions", "queues", "exchanges", "bindings"):
+        assert sorted(map(json.dumps, again[section])) == sorted(map(json.dumps, exported[section])), section
+    assert {u["name"]: u["password_hash"] for u in again["users"]}["alice"] == \
+        {u["name"]: u["password_hash"] for u in exported["users"]}["alice"]
+    login(second, "alice", "alice-pw", vhost)
+    # the import is durable: a restart keeps it
+    second.stop()
+    third = start_broker("--data-dir", str(second.data_dir), expect=("AMQP", "HTTP"))
+    assert http(third).get("/api/queues/%s/orders" % segment(vhost)).body["arguments"] == {"x-max-length": 5}
+    login(third, "alice", "alice-pw", vhost)
+
+
+def test_vhost_export_and_import(start_broker):
+    first = start_broker(expect=("AMQP", "HTTP"))
+    vhost = populate(http(first))
+    exported = http(first).get("/api/definitions/" + segment(vhost)).body
+    assert set(exported) >= {"queues", "exchanges", "bindings"} and "users" not in exported
+    assert all("vhost" not in item for item in exported["queues"])
+    second = start_broker(expect=("AMQP", "HTTP"))
+    target = unique("target")
+    http(second).put("/api/vhosts/" + target)
+    http(second).put("/api/permissions/%s/guest" % target, {"configure": ".*", "write": ".*", "read": ".*"})
+    assert http(second).post("/api/definitions/" + target, exported).status == 204
+    names = sorted(q["name"] for q in http(second).get("/api/queues/" + target).body)
+    assert names == ["orders", "scratch"]
+    bindings = http(second).get("/api/bindings/" + target).body
+    assert {"events"} == {b["source"] for b in bindings if b["source"]}
+
+
+def test_rabbitmq_export_imports_and_its_users_log_in(start_broker):
+    broker = start_broker(expect=("AMQP", "HTTP"))
+    document = json.loads(RABBITMQ_EXPORT.read_text())
+    api = http(broker)
+    assert api.post("/api/definitions", document).status == 204
+    for user, password in RABBITMQ_USERS.items():
+        vhost = "mgmtprobe"
+        login(broker, user, password, vhost)
+    with pytest.raises(ProbableAuthenticationError):
+        login(broker, "hutch-import-user", "wrong", "mgmtprobe")
+    assert api.get("/api/users/hutch-import-user").body["tags"] == ["management"]
+    assert api.get("/api/permissions/mgmtprobe/hutch-import-user").body["configure"] == "^imp"
+    queue = api.get("/api/queues/mgmtprobe/imp.q").body
+    assert (queue["durable"], queue["arguments"]) == (True, {"x-message-ttl": 60000})
+    bindings = api.get("/api/exchanges/mgmtprobe/imp.x/bindings/source").body
+    assert {(b["destination_type"], b["destination"], b["routing_key"], json.dumps(b["arguments"]))
+            for b in bindings} == {("queue", "imp.q", "k", '{"a": "b"}'), ("exchange", "amq.topic", "k2", "{}")}
+    # a queue name with a space and a tab survives the trip
+    assert api.get("/api/queues/probe-hc/" + segment("q 2\ttab")).status == 200
+
+
+def test_bad_documents_change_nothing(start_broker):
+    broker = start_broker(expect=("AMQP", "HTTP"))
+    api = http(broker)
+    before = api.get("/api/definitions").body
+    reply = api.post("/api/definitions", raw=b"[1]")
+    assert (reply.status, reply.body) == (400, {"error": "bad_request", "reason": "failed_to_parse_json"})
+    reply = api.post("/api/definitions", {"users": [{"name": "eve", "password": "x", "tags": ""}],
+                                          "queues": [{"name": "q", "vhost": "nowhere"}]})
+    assert (reply.status, reply.body["error"]) == (400, "bad_request")
+    assert "no_such_vhost" in reply.body["reason"]
+    reply = api.post("/api/definitions", {"users": [{"name": "eve", "password_hash": "x", "tags": "",
+                                                     "hashing_algorithm": "rabbit_password_hashing_md5"}]})
+    assert reply.status == 400
+    assert api.get("/api/definitions").body == before
