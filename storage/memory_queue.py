@@ -84,6 +84,12 @@ class MemoryQueue:
             self._removed = 0
         return removed
 
+    # Nothing is ever paged out, so no expiry waits on disk.
+    delta_expiry = 0
+
+    def expire_delta(self, now: int, done) -> None:
+        """Never called: `delta_expiry` is always 0."""
+
     def state_counts(self) -> dict[str, int]:
         """Every ready message is alpha: in RAM only."""
         return {"alpha": self.ready, "gamma": 0, "delta": 0}

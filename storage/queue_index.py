@@ -86,6 +86,7 @@ class RecoveryReport:
     next_seq: int = 0  # max seq seen + 1 (0 when nothing is on disk)
     first_seq: int = -1  # lowest unacked seq (-1 when none)
     entry_bytes: int = 0  # body bytes of the unacked entries
+    segment_expiry: dict = field(default_factory=dict)  # segment -> earliest expiry of its unacked entries
     store_refs: Counter = field(default_factory=Counter)  # msg_id -> live non-embedded entries
 
     @property
@@ -184,6 +185,8 @@ class QueueIndex:
                 live[i >> 3] |= 1 << (i & 7)
                 seg.count += 1
                 report.entry_bytes += size
+                if expiry and expiry < report.segment_expiry.get(number, expiry + 1):
+                    report.segment_expiry[number] = expiry
                 if report.first_seq < 0 or seq < report.first_seq:
                     report.first_seq = seq
                 if payload is None:
@@ -287,6 +290,15 @@ class QueueIndex:
             return _read_segment_file(path, limit, segment * n, n, snapshot)
 
         writer.run(_noop, lambda _result: writer.read(read, done))
+
+    def is_live(self, seq: int) -> bool:
+        """Whether `seq` is published and not acked."""
+        n = self.segment_entries
+        seg = self._segments.get(seq // n)
+        if seg is None:
+            return False
+        i = seq - seg.number * n
+        return bool(seg.live[i >> 3] & (1 << (i & 7)))
 
     def segments(self) -> list[int]:
         """Segment numbers holding live entries, ascending."""

@@ -23,8 +23,20 @@ Invariants:
 - `remove` (expiry) marks RAM entries OUT and leaves them in place; `fetch`
   and `page_out` skip them, and the containers are rebuilt once they are
   more than half of what is held (`_removed` counts them). A paged-out
-  entry is marked PAGED; its message expires when it is read back (the
-  index keeps its expiry), see docs/queue-semantics.md.
+  entry is marked PAGED (the queue's expiry heap then skips it).
+- Expiry in delta: `_segment_expiry[segment]` is a lower bound of the
+  expiries of the messages of that index segment in delta (no key: none has
+  one), kept from what was paged out (or recovered). `delta_expiry` is the
+  earliest of them, but never before SCAN_INTERVAL after the last scan, so
+  expiries on disk are batched. `expire_delta` reads only the segments whose
+  bound has passed, one at a time (off the loop), takes every expired
+  message out of the ready set (counts drop at once) and hands them over,
+  read back, to be dead-lettered; like fetched entries they wait for `ack`.
+  Their seqs stay in `_taken` until then, and any read of delta (scan, read
+  back, purge) keeps only seqs that are still live in the index and not
+  taken, so nothing is counted or served twice. A scanned segment's bound
+  becomes the earliest expiry it still holds (or what was paged into it
+  meanwhile).
 """
 from __future__ import annotations
 
@@ -50,6 +62,7 @@ RAM_MESSAGES_LOW = 1024
 ENTRY_OVERHEAD = 400
 _EMBEDDED = "index"  # entry.store for a message embedded in the queue index
 COMPACT_ABOVE = 1024  # removed entries tolerated in RAM before a rebuild is considered
+SCAN_INTERVAL = 100  # ms: at least this long between two scans of delta for expired messages
 
 
 class VariableQueue:
@@ -83,6 +96,10 @@ class VariableQueue:
         self._reload = False
         self._deleted = False
         self._removed = 0
+        self._segment_expiry: dict[int, int] = {}
+        self._next_scan = 0
+        self._scanning = False
+        self._taken: set[int] = set()
         # Seqs below this were recovered after an unclean shutdown: delivered
         # or not, they go out redelivered (see `recovered`).
         self._delivered_below = 0
@@ -148,10 +165,13 @@ class VariableQueue:
     def ack(self, entries: Iterable[QueueEntry]) -> None:
         seqs = []
         removed = []
+        taken = self._taken
         for entry in entries:
             store = entry.store
             if store is None:
                 continue
+            if taken:
+                taken.discard(entry.seq)
             if store is not _EMBEDDED:
                 removed.append((store, entry.message.msg_id))
             seqs.append(entry.seq)
@@ -254,6 +274,7 @@ class VariableQueue:
             self._reload = True
 
     def _to_delta_end(self, entry: QueueEntry) -> None:
+        self._paged_expiry(entry)
         if entry.store is None:
             self._write(entry, None)
         self._delta_added(entry.seq)
@@ -280,6 +301,7 @@ class VariableQueue:
                 self._removed -= 1
                 continue
             entry.state = PAGED
+            self._paged_expiry(entry)
             if entry.store is None:
                 self._write(entry, None)
             self._delta_added(entry.seq)
@@ -290,6 +312,108 @@ class VariableQueue:
             freed += len(entry.message.body) + ENTRY_OVERHEAD
         self.ram_bytes -= freed
         return freed
+
+    @property
+    def delta_expiry(self) -> int:
+        """When the next message on disk expires (0: none will)."""
+        if not self._segment_expiry:
+            return 0
+        return max(min(self._segment_expiry.values()), self._next_scan)
+
+    def _paged_expiry(self, entry: QueueEntry) -> None:
+        expiry = entry.expiry
+        if expiry:
+            segment = entry.seq // self.index.segment_entries
+            known = self._segment_expiry.get(segment)
+            if known is None or expiry < known:
+                self._segment_expiry[segment] = expiry
+
+    def _usable(self, item, start: int, end: int) -> bool:
+        """Whether an entry read from delta still belongs there."""
+        return start <= item.seq < end and item.seq not in self._taken and self.index.is_live(item.seq)
+
+    def expire_delta(self, now: int, done: Callable[[list[QueueEntry]], None]) -> None:
+        """Take the messages of delta expired at `now` out of the ready set
+        (see the module docstring); `done(entries)` runs on the loop with
+        them read back, once the scan is over."""
+        if self._scanning or self._deleted:
+            return
+        due = sorted(segment for segment, expiry in self._segment_expiry.items() if expiry <= now)
+        if not due:
+            return
+        self._scanning = True
+        self._next_scan = now + SCAN_INTERVAL
+        for segment in due:  # what is paged into them during the scan sets a new bound
+            del self._segment_expiry[segment]
+        expired: list = []
+
+        def read_next() -> None:
+            if self._deleted:
+                self._scanning = False
+            elif not due:
+                self._finish_scan(expired, done)
+            else:
+                segment = due.pop(0)
+                self.index.read_segment(segment, lambda result: scanned(segment, result))
+
+        def scanned(segment: int, result) -> None:
+            if isinstance(result, Exception):
+                raise result
+            start, end = self._delta_start, self._delta_end
+            left = 0
+            for item in result:
+                if not item.expiry or not self._usable(item, start, end):
+                    continue
+                if item.expiry <= now:
+                    self._taken.add(item.seq)
+                    self._delta_count -= 1
+                    self.ready -= 1
+                    self.ready_bytes -= item.size
+                    expired.append(item)
+                elif not left or item.expiry < left:
+                    left = item.expiry
+            if left:
+                known = self._segment_expiry.get(segment)
+                self._segment_expiry[segment] = left if known is None else min(known, left)
+            read_next()
+
+        read_next()
+
+    def _finish_scan(self, expired: list, done) -> None:
+        if self._delta_count <= 0 and not self._loading:
+            self._delta_emptied()
+        entries: list[QueueEntry] = []
+        pending = [len(expired)]
+
+        def finish() -> None:
+            self._scanning = False
+            for entry in entries:
+                entry.state = OUT
+            done(entries)
+
+        if not expired:
+            finish()
+            return
+        for item in expired:
+            if item.payload is not None:
+                entries.append(self._entry_from(item, Message.from_bytes(item.payload, item.msg_id), _EMBEDDED))
+                pending[0] -= 1
+                continue
+            store = self.store if item.persistent else self.transient_store
+
+            def got(payload, item=item, store=store) -> None:
+                if isinstance(payload, Exception):  # its body is lost (logged by the store)
+                    self._taken.discard(item.seq)
+                    self.index.ack((item.seq,))
+                else:
+                    entries.append(self._entry_from(item, Message.from_bytes(payload, item.msg_id), store))
+                pending[0] -= 1
+                if not pending[0]:
+                    finish()
+
+            store.read(item.msg_id, got)
+        if not pending[0]:
+            finish()
 
     def _load_delta(self) -> None:
         """Read the next segment of delta back into the head (off the loop)."""
@@ -315,7 +439,7 @@ class VariableQueue:
             self._load_delta()
             return
         start, end = self._delta_start, self._delta_end
-        found = [e for e in result if start <= e.seq < end]
+        found = [e for e in result if self._usable(e, start, end)]
         segment_end = (segment + 1) * self.index.segment_entries
         pending = [e for e in found if e.payload is None]
         loaded: dict[int, QueueEntry] = {}
@@ -325,6 +449,8 @@ class VariableQueue:
             if self._reload:  # delta changed while the bodies were read (paging, a purge)
                 self._load_delta()
                 return
+            # acked or expired (expire_delta) while the bodies were read
+            found[:] = [item for item in found if item.seq not in self._taken and self.index.is_live(item.seq)]
             # Bookkeeping first, memory charge last: the charge may page
             # messages (these very ones) back out, which must see a
             # consistent delta range.
@@ -348,11 +474,9 @@ class VariableQueue:
             self.ram_bytes += added
             self._delta_count -= len(found)
             self._delta_start = min(segment_end, end)
+            self._segment_expiry.pop(segment, None)
             if self._delta_count <= 0 or self._delta_start >= end:
-                self._delta_count = 0
-                self._delta_start = self._delta_end = self._next_seq
-                self._head.extend(self._tail)
-                self._tail.clear()
+                self._delta_emptied()
             self.monitor.charge(added)
             if self.on_loaded is not None:
                 self.on_loaded(read_back)
@@ -385,6 +509,14 @@ class VariableQueue:
         entry.store = store
         return entry
 
+    def _delta_emptied(self) -> None:
+        """Nothing is left in delta: new messages join the head again."""
+        self._delta_count = 0
+        self._delta_start = self._delta_end = self._next_seq
+        self._segment_expiry.clear()
+        self._head.extend(self._tail)
+        self._tail.clear()
+
     def _drop_delta(self) -> None:
         """Ack everything in delta (purge/delete), reading segment by segment
         to learn which bodies to release from the stores."""
@@ -393,6 +525,7 @@ class VariableQueue:
         start, end = self._delta_start, self._delta_end
         self._delta_count = 0
         self._delta_start = self._delta_end = self._next_seq
+        self._segment_expiry.clear()
         self._reload = self._loading  # a read back in flight must not add these to the head
         size = self.index.segment_entries
         for segment in range(start // size, (end - 1) // size + 1):
@@ -401,7 +534,7 @@ class VariableQueue:
     def _drop_read(self, result, start: int, end: int) -> None:
         if isinstance(result, Exception):
             return
-        seqs = [item for item in result if start <= item.seq < end]
+        seqs = [item for item in result if self._usable(item, start, end)]
         # Ack records first, as in `ack`: a crash must never leave an index
         # entry whose body the store already let go.
         if seqs and not self._deleted:
@@ -412,7 +545,8 @@ class VariableQueue:
 
     # -- recovery ------------------------------------------------------------
 
-    def recovered(self, first_seq: int, count: int, ready_bytes: int, unclean: bool = False) -> None:
+    def recovered(self, first_seq: int, count: int, ready_bytes: int, unclean: bool = False,
+                  segment_expiry: dict[int, int] | None = None) -> None:
         """At start: `count` ready messages (their bytes) wait on disk from
         `first_seq` on; they form delta and are read back as consumed.
         `unclean`: the broker was not stopped cleanly, so a delivery may have
@@ -427,3 +561,4 @@ class VariableQueue:
             self._delta_count = count
             self.ready = count
             self.ready_bytes = ready_bytes
+            self._segment_expiry = dict(segment_expiry or {})

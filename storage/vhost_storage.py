@@ -80,7 +80,8 @@ class VhostStorage:
         self._refcounts.update(report.store_refs)
         self._recovered.add(dir_name(queue))
         backing = VariableQueue(index, self.persistent, self.transient, self.monitor, next_seq=report.next_seq)
-        backing.recovered(report.first_seq, report.entries, report.entry_bytes, self.settings.unclean_start)
+        backing.recovered(report.first_seq, report.entries, report.entry_bytes, self.settings.unclean_start,
+                          report.segment_expiry)
         return backing
 
     def finish_recovery(self) -> None:

@@ -69,7 +69,7 @@ async def test_deaths_accumulate_per_queue_and_reason(channel):
     a_name, b_name = unique("a"), unique("b")
     a = await channel.declare_queue(a_name, exclusive=True, arguments={
         "x-dead-letter-exchange": "", "x-dead-letter-routing-key": b_name})
-    b = await channel.declare_queue(b_name, exclusive=True, arguments={
+    await channel.declare_queue(b_name, exclusive=True, arguments={
         "x-dead-letter-exchange": "", "x-dead-letter-routing-key": a_name, "x-message-ttl": 50})
     await publish(channel, a.name, b"m")
     for _ in range(2):

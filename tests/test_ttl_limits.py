@@ -196,22 +196,28 @@ async def test_a_delivered_message_does_not_expire_and_keeps_its_expiry_when_req
 # -- queue expiry ----------------------------------------------------------------
 
 
+async def ignore(message) -> None:
+    pass
+
+
+async def gone(connection, name: str) -> bool:
+    """Whether the queue no longer exists (a passive declare on a channel of its own)."""
+    probe = await connection.channel()
+    try:
+        await probe.declare_queue(name, passive=True)
+    except aiormq.exceptions.ChannelNotFoundEntity:
+        return True
+    await probe.close()
+    return False
+
+
+
 async def test_an_unused_queue_expires_but_one_with_a_consumer_stays(aconn):
     channel = await aconn.channel()
     idle = await channel.declare_queue(unique("idle"), arguments={"x-expires": 200})
     busy = await channel.declare_queue(unique("busy"), arguments={"x-expires": 200})
-    await busy.consume(lambda m: None)
-
-    async def gone() -> bool:
-        probe = await aconn.channel()
-        try:
-            await probe.declare_queue(idle.name, passive=True)
-        except aiormq.exceptions.ChannelNotFoundEntity:
-            return True
-        await probe.close()
-        return False
-
-    await until(gone)
+    await busy.consume(ignore)
+    await until(lambda: gone(aconn, idle.name))
     probe = await aconn.channel()
     assert (await probe.declare_queue(busy.name, passive=True)).declaration_result.consumer_count == 1
     await busy.delete(if_unused=False)
@@ -220,19 +226,9 @@ async def test_an_unused_queue_expires_but_one_with_a_consumer_stays(aconn):
 async def test_a_queue_expires_once_its_last_consumer_leaves(aconn):
     channel = await aconn.channel()
     queue = await channel.declare_queue(unique("leave"), arguments={"x-expires": 100})
-    tag = await queue.consume(lambda m: None)
+    tag = await queue.consume(ignore)
     await queue.cancel(tag)
-
-    async def gone() -> bool:
-        probe = await aconn.channel()
-        try:
-            await probe.declare_queue(queue.name, passive=True)
-        except aiormq.exceptions.ChannelNotFoundEntity:
-            return True
-        await probe.close()
-        return False
-
-    await until(gone)
+    await until(lambda: gone(aconn, queue.name))
 
 
 # -- length limits -----------------------------------------------------------------
@@ -310,3 +306,48 @@ async def test_a_nack_does_not_disturb_the_confirms_around_it(aconn):
     refused = [i for i, outcome in enumerate(outcomes) if isinstance(outcome, Exception)]
     assert refused == [i for i in range(30) if i % 3 == 1]
     assert await count(channel, other.name) == 20
+
+
+# -- expiry of messages on disk ------------------------------------------------------
+
+
+async def test_messages_paged_to_disk_expire_with_truthful_counts(channel):
+    """A queue keeps at most 2,048 messages in RAM: the others expire on disk,
+    counted out as they do, without any consumer reading them back. (Those on
+    disk are found by scans at most every 100 ms, so the dead letters of RAM
+    and disk may interleave within that.)"""
+    source, dead = await dead_letter_pair(channel, **{"x-message-ttl": 300})
+    n = 5000
+    await asyncio.gather(*(publish(channel, source.name, b"%d" % i) for i in range(n)))
+    await until(lambda: _equals(count(channel, dead.name), n), timeout=30)
+    assert await count(channel, source.name) == 0
+    assert sorted(await bodies(dead)) == sorted(b"%d" % i for i in range(n))
+
+
+def test_persistent_messages_expire_after_a_restart_without_a_consumer(start_broker):
+    """The expiry is kept in the queue index: after a restart nothing reads the
+    queue, and its messages still expire into the dead-letter queue."""
+    import pika
+
+    from conftest import launch
+    from helpers import confirm_channel, connect, drain, ready, wait_for
+
+    first = start_broker()
+    channel = confirm_channel(connect(first.port))
+    channel.queue_declare("dead", durable=True)
+    channel.queue_declare("src", durable=True, arguments={
+        "x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dead"})
+    for i in range(10):
+        channel.basic_publish("", "src", b"%d" % i, pika.BasicProperties(delivery_mode=2, expiration="1500"))
+    channel.basic_publish("", "src", b"stays", pika.BasicProperties(delivery_mode=2))
+    first.stop()
+    second = launch(first.data_dir.parent, "--data-dir", str(first.data_dir))
+    try:
+        channel = connect(second.port).channel()
+        wait_for(lambda: ready(channel, "dead") == 10, timeout=20)
+        assert ready(channel, "src") == 1
+        got = drain(channel, "dead")
+        assert [b for _m, _p, b in got] == [b"%d" % i for i in range(10)]
+        assert got[0][1].headers["x-death"][0]["original-expiration"] == "1500"
+    finally:
+        second.stop()

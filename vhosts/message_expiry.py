@@ -16,6 +16,9 @@ Theory of operation:
 - The timer is re-armed only when the earliest expiry changes to an earlier
   time, or after it fired; pushing a later expiry costs O(log n) and no
   timer.
+- Messages paged out to disk are not in the heap: `elsewhere()` gives the
+  earliest expiry among them (the backing queue's `delta_expiry`), and the
+  same timer covers it.
 """
 from __future__ import annotations
 
@@ -29,12 +32,13 @@ REBUILD_FLOOR = 1024
 
 
 class MessageExpiry:
-    __slots__ = ("_heap", "_clock", "_on_due", "_timer", "_timer_at", "_rebuild_at")
+    __slots__ = ("_heap", "_clock", "_on_due", "_elsewhere", "_timer", "_timer_at", "_rebuild_at")
 
-    def __init__(self, clock: Clock, on_due: Callable[[], None]) -> None:
+    def __init__(self, clock: Clock, on_due: Callable[[], None], elsewhere: Callable[[], int]) -> None:
         self._heap: list[tuple[int, int, QueueEntry]] = []
         self._clock = clock
         self._on_due = on_due
+        self._elsewhere = elsewhere
         self._timer: TimerHandle | None = None
         self._timer_at = 0
         self._rebuild_at = REBUILD_FLOOR
@@ -71,6 +75,9 @@ class MessageExpiry:
     def arm(self) -> None:
         """Set the timer for the earliest expiry (or none)."""
         at = self.next_expiry()
+        other = self._elsewhere()
+        if other and (not at or other < at):
+            at = other
         if self._timer is not None:
             if at and at == self._timer_at:
                 return

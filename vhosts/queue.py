@@ -116,11 +116,13 @@ class Queue:
         # `queue_expired(queue)`; None (unit tests) drops dead messages.
         self.host = host
         self.clock = clock or LoopClock()
-        self.expiry = MessageExpiry(self.clock, self.expire)
+        self.expiry = MessageExpiry(self.clock, self.expire, lambda: self.backing.delta_expiry)
         self._unused_timer = None
         self.policy = policy
         self.settings: QueueSettings = effective(self.arguments, policy)
         self._arm_unused()
+        if backing.delta_expiry:  # recovered messages with an expiry wait on disk
+            self.expiry.arm()
 
     @property
     def message_count(self) -> int:
@@ -192,13 +194,26 @@ class Queue:
     def expire(self) -> None:
         """Dead-letter every ready message whose expiry has come (the timer's
         callback, and before any delivery), then re-arm the timer."""
-        expiry = self.expiry
-        if not len(expiry) or self.deleted:
+        if self.deleted:
             return
-        due = expiry.due(self.clock.now())
+        expiry = self.expiry
+        now = self.clock.now()
+        due = expiry.due(now)
         if due:
             self._die(self.backing.remove(due), EXPIRED)
+        at = self.backing.delta_expiry
+        if at and at <= now:
+            self.backing.expire_delta(now, self._expired_on_disk)
         expiry.arm()
+
+    def _expired_on_disk(self, entries: list[QueueEntry]) -> None:
+        """`expire_delta` found these expired among the paged-out messages."""
+        if not self.deleted:
+            if entries:
+                self._die(entries, EXPIRED)
+            self.expiry.arm()
+        else:
+            self.backing.ack(entries)
 
     def _die(self, entries: list[QueueEntry], reason: str) -> None:
         """Entries out of the ready set die: the vhost dead-letters them and
