@@ -72,8 +72,6 @@ _HAS_BODY = 1
 SPARSE = 64
 _NAME = re.compile(r"^(\d{20})\.dlog$")
 
-REASONS = ("rejected", "expired", "maxlen", "delivery_limit")
-
 
 @dataclass
 class DeadLetterLogSettings:
@@ -271,6 +269,7 @@ class DeadLetterLog:
 
     @property
     def size(self) -> int:
+        """Bytes in the log's files (what retention_bytes limits)."""
         return sum(s.file.size for s in self._segments)
 
     def append(self, dead: DeadLetter, on_durable: Callable[[], None] | None = None) -> int:
@@ -320,7 +319,7 @@ class DeadLetterLog:
         active one stays)."""
         settings = self.settings
         segments = self._segments
-        total = sum(s.file.size for s in segments)
+        total = self.size
         cutoff = self._clock() - settings.retention_seconds
         drop = 0
         while drop < len(segments) - 1:
