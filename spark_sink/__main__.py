@@ -52,13 +52,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     fmt = args.format or ("html" if args.job == "report" else "table")
-    if args.job == "report" and fmt != "html" or fmt == "html" and args.job != "report":
-        print("spark_sink: --format html is the report job's (and only format)", file=sys.stderr)
+    if (fmt == "html") != (args.job == "report"):
+        print("spark_sink: the report job writes html, and only it does", file=sys.stderr)
         return 2
     if (fmt != "table" or args.job == "stream") and not args.output:
         print("spark_sink: --output is needed for %s" % ("stream" if args.job == "stream" else fmt), file=sys.stderr)
         return 2
 
+    # PySpark is imported only now: usage errors and a missing Java are reported without it.
     from spark_sink.session import JavaMissing, build_session
 
     try:

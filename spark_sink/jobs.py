@@ -106,9 +106,12 @@ def export(df: DataFrame, fmt: str) -> DataFrame:
             .withColumn("body", F.base64("body")).orderBy("offset"))
 
 
+def _by(column: str) -> Callable[[DataFrame, JobOptions], DataFrame]:
+    return lambda df, o: by_dimension(df, column, o.window)
+
+
 JOBS: dict[str, Callable[[DataFrame, JobOptions], DataFrame]] = {
-    **{"by-" + name: (lambda column: lambda df, o: by_dimension(df, column, o.window))(column)
-       for name, column in DIMENSIONS.items()},
+    **{"by-" + name: _by(column) for name, column in DIMENSIONS.items()},
     "reasons": lambda df, o: reasons(df),
     "breakdown": lambda df, o: breakdown(df),
     "top-queues": lambda df, o: top_queues(df, o.top),
