@@ -71,6 +71,22 @@ class PrometheusConfig:
 
 
 @dataclass
+class DeadLetterLogConfig:
+    """The per-vhost log of every message that dies, read by offset over the
+    management API (docs/analytics.md)."""
+
+    enabled: bool = True
+    # Keep message bodies in the log (off: only their size).
+    include_bodies: bool = True
+    # Delete the oldest whole segments beyond this many bytes per vhost; 0 = no limit.
+    retention_bytes: int = 268435456
+    # Delete segments whose newest record is older than this; 0 = no limit.
+    retention_seconds: int = 604800
+    # Roll to a new segment file at this size.
+    segment_bytes: int = 16777216
+
+
+@dataclass
 class BrokerConfig:
     bind: str = "0.0.0.0"
     port: int = 5672
@@ -92,3 +108,4 @@ class BrokerConfig:
     storage: StorageConfig = field(default_factory=StorageConfig)
     management: ManagementConfig = field(default_factory=ManagementConfig)
     prometheus: PrometheusConfig = field(default_factory=PrometheusConfig)
+    dead_letter_log: DeadLetterLogConfig = field(default_factory=DeadLetterLogConfig)

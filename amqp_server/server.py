@@ -12,6 +12,7 @@ from amqp_server.config import BrokerConfig
 from amqp_server.management import ManagementListeners
 from amqp_server.management.listeners import ListenerError
 from amqp_server.protocol import AMQPProtocol
+from storage.dead_letter_log import DeadLetterLogSettings
 from storage.definitions import DefinitionStore
 from storage.memory_monitor import MemoryMonitor, budget_bytes
 from storage.vhost_storage import StorageSettings, VhostStorage, dir_name
@@ -68,8 +69,12 @@ class BrokerServer:
         if backlog < self.writer.backlog_high:
             self.writer.backlog_high = backlog
             self.writer.backlog_low = backlog // 4
-        storage_settings = StorageSettings(settings.msg_store_file_size, settings.embed_below, settings.segment_entries,
-                                           unclean_start=not clean)
+        dead_letter_log = config.dead_letter_log
+        storage_settings = StorageSettings(
+            settings.msg_store_file_size, settings.embed_below, settings.segment_entries, unclean_start=not clean,
+            dead_letter_log=DeadLetterLogSettings(dead_letter_log.include_bodies, dead_letter_log.retention_bytes,
+                                                  dead_letter_log.retention_seconds, dead_letter_log.segment_bytes)
+            if dead_letter_log.enabled else None)
 
         def message_storage(vhost: str) -> VhostStorage:
             directory = os.path.join(config.data_dir, "vhosts", dir_name(vhost))

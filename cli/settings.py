@@ -40,6 +40,7 @@ _INT_RANGES: dict[str, tuple[int, int | None]] = {
     "heartbeat": (0, 65535),  # a short in Connection.Tune
     "frame_max": (4096, 2**32 - 1),  # AMQP 0-9-1 frame-min-size is 4096
     "max_message_size": (0, 536870912),  # RabbitMQ's upper limit, 512 MiB
+    "segment_bytes": (4096, None),
 }
 _CHOICES: dict[str, tuple[str, ...]] = {
     "log_level": ("debug", "info", "warning", "error"),

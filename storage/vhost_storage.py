@@ -33,6 +33,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from storage.delayed_store import DelayedStore
+from storage.dead_letter_log import DeadLetterLog, DeadLetterLogSettings
 from storage.msg_store import MessageStore
 from storage.queue_index import QueueIndex
 from storage.variable_queue import VariableQueue
@@ -47,6 +48,7 @@ class StorageSettings:
     embed_below: int = 4096
     segment_entries: int = 4096
     unclean_start: bool = False  # no clean-shutdown marker: recovered messages count as delivered
+    dead_letter_log: DeadLetterLogSettings | None = None  # None: no dead-letter log
 
 
 # Threads writing queue index summaries at a clean stop (VhostStorage.write_summaries).
@@ -79,6 +81,10 @@ class VhostStorage:
             os.path.join(directory, "msg_store_persistent"), writer, settings.msg_store_file_size)
         self.transient = MessageStore(
             os.path.join(directory, "msg_store_transient"), writer, settings.msg_store_file_size, durable=False)
+        self.dead_letters: DeadLetterLog | None = None
+        if settings.dead_letter_log is not None:
+            self.dead_letters = DeadLetterLog(os.path.join(directory, "dead_letters"), writer, settings.dead_letter_log)
+            self.dead_letters.recover()
         self._refcounts: Counter = Counter()
         self._recovered: set[str] = set()
         self._from_summary: dict[str, QueueIndex] = {}  # recovered from their summaries, by directory
@@ -160,6 +166,8 @@ class VhostStorage:
             return
         self.persistent.close()
         self.transient.close()
+        if self.dead_letters is not None:
+            self.dead_letters.close()
         self.writer.run(lambda: shutil.rmtree(doomed, ignore_errors=True))
 
     def write_summaries(self) -> None:

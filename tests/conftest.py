@@ -177,3 +177,14 @@ def vhost(api):
     assert api.put("/api/permissions/%s/guest" % segment(name), ALL_PERMISSIONS).status == 201
     yield name
     api.delete("/api/vhosts/" + segment(name))
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """The one SparkSession of the suite (local[2], two shuffle partitions),
+    with the hutch-dead-letters data source registered."""
+    from spark_sink.session import build_session
+
+    session = build_session("local[2]", "hutch-tests", shuffle_partitions=2)
+    yield session
+    session.stop()

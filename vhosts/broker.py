@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import logging
 
+from vhosts.dead_letter_recorder import DeadLetterRecorder
 from vhosts.errors import NOT_ALLOWED, AMQPError
 from vhosts.stats import Churn
 from vhosts.policies import Policy
@@ -77,6 +78,8 @@ class Broker:
         storage = self.message_storage(name) if self.message_storage is not None else None
         vhost = VirtualHost(name, self.definitions, storage)
         vhost.churn = self.churn
+        if storage is not None and storage.dead_letters is not None:
+            vhost.on_dead_letter.append(DeadLetterRecorder(name, storage.dead_letters))
         return vhost
 
     # -- durable definitions ---------------------------------------------------

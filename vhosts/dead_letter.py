@@ -37,6 +37,7 @@ class Death:
     exchange: str  # the exchange it was published to
     routing_keys: list[str]
     dead_letter_exchange: str | None  # where it goes next (None: dropped)
+    deliveries: int = 0  # times it was given back after a delivery (x-delivery-count)
 
 
 def routing_keys(message: Message) -> list[str]:

@@ -56,9 +56,9 @@ from storage.backing_queue import READY
 from storage.message import EXPIRATION_BIT, EXPIRATION_BYTE
 from vhosts.clock import Clock, LoopClock
 from vhosts.consumer import Consumer
-from vhosts.stats import MessageStats
 from vhosts.message_expiry import MessageExpiry
 from vhosts.queue_arguments import QueueSettings, effective
+from vhosts.stats import MessageStats
 
 FLOW_HIGH = 2000
 FLOW_LOW = 1000

@@ -27,7 +27,9 @@ Invariants:
   whether or not the queue has a dead letter exchange), then to the dead
   letter exchange. At-least-once: the source queue acks the message only
   after every target queue holds it (on disk when it is persistent and the
-  target durable), so a crash in between may duplicate it, never lose it.
+  target durable), and after every callback that returned a hold (a
+  function `hold(done)`, e.g. the dead-letter log's append) has called
+  `done`, so a crash in between may duplicate it, never lose it.
 """
 from __future__ import annotations
 
@@ -589,34 +591,42 @@ class VirtualHost:
         now = self.clock.now()
         for entry in entries:
             message = entry.message
-            death = Death(reason, queue.name, now, message.exchange, death_routing_keys(message), dlx)
-            for callback in self.on_dead_letter:
-                callback(queue, reason, message, death)
+            death = Death(reason, queue.name, now, message.exchange, death_routing_keys(message), dlx,
+                          entry.deliveries)
+            holds = [hold for hold in (callback(queue, reason, message, death) for callback in self.on_dead_letter)
+                     if hold is not None]
             if dlx is None:
-                queue.ack((entry,))
+                if holds:
+                    self._hand_over(queue, entry, message, [], holds)
+                else:
+                    queue.ack((entry,))
                 continue
             dead, keys, deaths = dead_lettered(message, death, settings.dead_letter_routing_key)
             targets = self.route(dlx, keys, dead.headers)
             if reason != "rejected":
                 targets = [q for q in targets if not is_cycle(q.name, deaths)]
-            self._hand_over(queue, entry, dead, targets)
+            self._hand_over(queue, entry, dead, targets, holds)
 
     @staticmethod
-    def _hand_over(source: Queue, entry: QueueEntry, message: Message, targets: list[Queue]) -> None:
+    def _hand_over(source: Queue, entry: QueueEntry, message: Message, targets: list[Queue],
+                   holds: list[Callable[[Callable[[], None]], None]]) -> None:
         """Publish a dead-lettered message to its targets, then ack it in the
-        source once every target that writes it has it on disk."""
-        pending = [0]
+        source once every target that writes it has it on disk and every
+        hold has called back."""
+        pending = [1]  # the hand-over itself, released last
 
         def durable() -> None:
             pending[0] -= 1
             if not pending[0]:
                 source.ack((entry,))
 
+        for hold in holds:
+            pending[0] += 1
+            hold(durable)
         for q in targets:
             if q.publish(message, durable) == DURABLE_PENDING:
                 pending[0] += 1
-        if not pending[0]:
-            source.ack((entry,))
+        durable()
 
     def storage_ready(self) -> None:
         """After restoring (or creating) the vhost: finish the message

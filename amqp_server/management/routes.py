@@ -9,8 +9,8 @@ handlers. Not here: operator policies, parameters and global parameters
 """
 from __future__ import annotations
 
-from amqp_server.management import (accounts, clients, definitions, extensions, health, limits, operations, overview,
-                                    policies, resources, topic_permissions, watermark)
+from amqp_server.management import (accounts, clients, dead_letters, definitions, extensions, health, limits, operations,
+                                    overview, policies, resources, topic_permissions, watermark)
 from amqp_server.management.access import ADMINISTRATOR, MANAGEMENT, MONITORING
 
 M, MON, A = MANAGEMENT, MONITORING, ADMINISTRATOR
@@ -113,6 +113,7 @@ _TABLE = [
     ("/api/health/checks/node-is-mirror-sync-critical", {"GET": (health.single_node, M)}),
     ("/api/health/checks/port-listener/{port}", {"GET": (health.port_listener, M)}),
     ("/api/health/checks/protocol-listener/{protocol}", {"GET": (health.protocol_listener, M)}),
+    ("/api/hutch/dead-letters/{vhost}", {"GET": (dead_letters.dead_letters, M)}),
 ]
 
 ROUTES = [(_p(path), methods) for path, methods in _TABLE]

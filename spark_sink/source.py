@@ -1,0 +1,205 @@
+"""The "hutch-dead-letters" PySpark data source (Python Data Source API).
+
+    spark.dataSource.register(DeadLetterSource)
+    spark.read.format("hutch-dead-letters").option("url", ...).load()
+    spark.readStream.format("hutch-dead-letters").option(...).load()
+
+Options (case-insensitive): url (management API, default
+http://127.0.0.1:15672), vhost ("/"), username/password ("guest"),
+startingOffsets (earliest, latest or an offset; default earliest),
+endingOffsets (batch only: latest or an offset), maxRecordsPerTrigger
+(streaming), recordsPerPartition (default 10000), pageSize (records per HTTP
+request, default 1000).
+
+Theory of operation: the driver asks the broker for the log's bounds and
+plans offset ranges [start, end), one InputPartition each; executors read
+their range over HTTP (`client.DeadLetterClient.records`). A streaming
+offset is {"offset": N}, the next offset to read; Spark keeps it in the
+checkpoint, so a restarted query plans the same ranges again and reads the
+same records (the broker only exposes records already on disk, and offsets
+are never reused): replay is deterministic while the broker keeps them.
+"""
+from __future__ import annotations
+
+import base64
+import datetime
+import json
+from collections.abc import Iterator, Sequence
+
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
+from pyspark.sql.types import (ArrayType, BinaryType, IntegerType, LongType, StringType, StructField, StructType,
+                               TimestampType)
+
+from spark_sink.client import DEFAULT_URL, PAGE_SIZE, DeadLetterClient
+
+NAME = "hutch-dead-letters"
+RECORDS_PER_PARTITION = 10000
+
+SCHEMA = StructType([
+    StructField("offset", LongType(), False),
+    StructField("time", TimestampType(), False),
+    StructField("vhost", StringType(), False),
+    StructField("queue", StringType(), False),
+    StructField("reason", StringType(), False),
+    StructField("exchange", StringType(), False),
+    StructField("routing_keys", ArrayType(StringType()), False),
+    StructField("dead_letter_exchange", StringType(), True),
+    StructField("dead_letter_routing_key", StringType(), True),
+    StructField("death_count", IntegerType(), False),
+    StructField("delivery_count", IntegerType(), False),
+    StructField("content_type", StringType(), True),
+    StructField("message_id", StringType(), True),
+    StructField("correlation_id", StringType(), True),
+    StructField("app_id", StringType(), True),
+    StructField("timestamp", TimestampType(), True),
+    StructField("headers", StringType(), True),  # the headers table as JSON text
+    StructField("body_size", LongType(), False),
+    StructField("body", BinaryType(), True),
+])
+
+
+def _utc(seconds: float | None) -> datetime.datetime | None:
+    if seconds is None:
+        return None
+    return datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc)
+
+
+def to_row(record: dict) -> tuple:
+    """One record of the HTTP API as a row of SCHEMA."""
+    props = record["properties"]
+    body = record.get("body")
+    return (
+        record["offset"], _utc(record["time"]), record["vhost"], record["queue"], record["reason"],
+        record["exchange"], record["routing_keys"], record.get("dead_letter_exchange"),
+        record.get("dead_letter_routing_key"), record["death_count"], record.get("delivery_count", 0),
+        props.get("content_type"),
+        props.get("message_id"), props.get("correlation_id"), props.get("app_id"), _utc(props.get("timestamp")),
+        None if props.get("headers") is None else json.dumps(props["headers"], sort_keys=True),
+        record["body_size"], None if body is None else base64.b64decode(body),
+    )
+
+
+class OffsetRange(InputPartition):
+    def __init__(self, start: int, end: int) -> None:
+        super().__init__((start, end))
+        self.start = start
+        self.end = end
+
+
+class _Options:
+    """The options of one read, parsed once on the driver (picklable)."""
+
+    def __init__(self, options: dict) -> None:
+        lower = {k.lower(): v for k, v in options.items()}
+        self.url = lower.get("url", DEFAULT_URL)
+        self.vhost = lower.get("vhost", "/")
+        self.username = lower.get("username", "guest")
+        self.password = lower.get("password", "guest")
+        self.starting = lower.get("startingoffsets", "earliest")
+        self.ending = lower.get("endingoffsets", "latest")
+        self.max_per_trigger = _positive(lower, "maxrecordspertrigger", None)
+        self.per_partition = _positive(lower, "recordsperpartition", RECORDS_PER_PARTITION)
+        self.page_size = _positive(lower, "pagesize", PAGE_SIZE)
+
+    def client(self) -> DeadLetterClient:
+        return DeadLetterClient(self.url, self.vhost, self.username, self.password)
+
+    def resolve(self, spec: str, first: int, next_: int) -> int:
+        """An offset option ("earliest", "latest" or a number) as an offset."""
+        spec = spec.strip().lower()
+        if spec == "earliest":
+            return first
+        if spec == "latest":
+            return next_
+        try:
+            value = int(spec)
+        except ValueError:
+            raise ValueError("offset option must be earliest, latest or a number, got %r" % spec) from None
+        if value < 0:
+            raise ValueError("offset option must not be negative, got %d" % value)
+        return value
+
+    def split(self, start: int, end: int) -> list[OffsetRange]:
+        step = self.per_partition
+        return [OffsetRange(s, min(s + step, end)) for s in range(start, end, step)]
+
+    def read(self, partition: OffsetRange) -> Iterator[tuple]:
+        for record in self.client().records(partition.start, partition.end, self.page_size):
+            yield to_row(record)
+
+
+def _positive(options: dict, key: str, default: int | None) -> int | None:
+    if key not in options:
+        return default
+    value = int(options[key])
+    if value <= 0:
+        raise ValueError("option %s must be positive, got %d" % (key, value))
+    return value
+
+
+class DeadLetterSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return NAME
+
+    def schema(self) -> StructType:
+        return SCHEMA
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return BatchReader(_Options(self.options))
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return StreamReader(_Options(self.options))
+
+
+class BatchReader(DataSourceReader):
+    def __init__(self, options: _Options) -> None:
+        self.options = options
+        first, next_ = options.client().bounds()
+        self.start = max(options.resolve(options.starting, first, next_), first)
+        self.end = min(options.resolve(options.ending, first, next_), next_)
+
+    def partitions(self) -> Sequence[InputPartition]:
+        return self.options.split(self.start, self.end) or [OffsetRange(self.start, self.start)]
+
+    def read(self, partition: InputPartition) -> Iterator[tuple]:
+        return self.options.read(partition)
+
+
+class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Offsets: {"offset": N}, the next offset to read."""
+
+    def __init__(self, options: _Options) -> None:
+        self.options = options
+        self.available_now: int | None = None  # the end of Trigger.AvailableNow
+
+    def initialOffset(self) -> dict:
+        first, next_ = self.options.client().bounds()
+        return {"offset": max(self.options.resolve(self.options.starting, first, next_), first)}
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.options.max_per_trigger:
+            return ReadMaxRows(self.options.max_per_trigger)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self.available_now = self.options.client().bounds()[1]
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        first, end = self.options.client().bounds()
+        if self.available_now is not None:
+            end = min(end, self.available_now)
+        position = max(start["offset"], first)
+        if isinstance(limit, ReadMaxRows):
+            end = min(end, position + limit.max_rows)
+        return {"offset": max(end, start["offset"])}
+
+    def reportLatestOffset(self) -> dict:
+        return {"offset": self.options.client().bounds()[1]}
+
+    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        return self.options.split(start["offset"], end["offset"])
+
+    def read(self, partition: InputPartition) -> Iterator[tuple]:
+        return self.options.read(partition)

@@ -1,0 +1,45 @@
+"""The dead-letter log's hook on a vhost: every message that dies (the
+vhost's `on_dead_letter`) becomes a record in the vhost's
+`storage.dead_letter_log.DeadLetterLog`, whether or not its queue has a dead
+letter exchange. The recorder returns a hold, so the message leaves its
+queue only once its record is on disk (vhosts/vhost.py `dead_letter`)."""
+from __future__ import annotations
+
+from typing import Callable
+
+from storage import Message
+from storage.dead_letter_log import DeadLetterLog, from_message
+from vhosts.dead_letter import Death
+
+
+def death_count(message: Message, queue: str, reason: str) -> int:
+    """The x-death count of (queue, reason) once this death is counted."""
+    headers = message.headers
+    deaths = headers.get("x-death") if headers else None
+    if isinstance(deaths, list):
+        for entry in deaths:
+            if isinstance(entry, dict) and entry.get("queue") == queue and entry.get("reason") == reason:
+                count = entry.get("count")
+                return count + 1 if isinstance(count, int) else 1
+    return 1
+
+
+class DeadLetterRecorder:
+    __slots__ = ("vhost", "log")
+
+    def __init__(self, vhost: str, log: DeadLetterLog) -> None:
+        self.vhost = vhost
+        self.log = log
+
+    def __call__(self, queue, reason: str, message: Message, death: Death) -> Callable[[Callable[[], None]], None]:
+        dlx = death.dead_letter_exchange
+        record = from_message(
+            message, self.vhost, queue.name, reason, death.time / 1000, death.routing_keys, dlx,
+            queue.settings.dead_letter_routing_key if dlx is not None else None,
+            death_count(message, queue.name, reason), death.deliveries)
+        log = self.log
+
+        def hold(done: Callable[[], None]) -> None:
+            log.append(record, done)
+
+        return hold
