@@ -80,6 +80,7 @@ CAPABILITIES = {
     "consumer_cancel_notify": True,
     "authentication_failure_close": True,
     "per_consumer_qos": True,
+    "consumer_priorities": True,
 }
 MECHANISMS = "PLAIN AMQPLAIN"
 

@@ -25,6 +25,7 @@ CAPABILITIES = {
     "consumer_cancel_notify": True,
     "authentication_failure_close": True,
     "per_consumer_qos": True,
+    "consumer_priorities": True,
 }
 LOGIN_REFUSED = (
     "ACCESS_REFUSED - Login was refused using authentication mechanism %s. For details see the broker logfile."
