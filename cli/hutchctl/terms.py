@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 
+from vhosts.errors import field_type
+
 
 class FieldTable(dict):
     """An AMQP field table (queue, binding or consumer arguments)."""
@@ -62,30 +64,14 @@ def json_value(value):
     return value
 
 
-def _amqp_type(value) -> str:
-    if value is None:
-        return "void"
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, int):
-        return "signedint" if -2**31 <= value < 2**31 else "long"
-    if isinstance(value, float):
-        return "double"
-    if isinstance(value, dict):
-        return "table"
-    if isinstance(value, list):
-        return "array"
-    return "longstr"
-
-
 def _typed(value):
     if isinstance(value, dict):
         return _typed_table(value)
     if isinstance(value, list):
         # rabbitmqctl turns an array's [{type, value}] pairs into a map keyed by type
-        return {_amqp_type(item): _typed(item) for item in value}
+        return {field_type(item): _typed(item) for item in value}
     return value
 
 
 def _typed_table(table: dict) -> list:
-    return [[key, _amqp_type(value), _typed(value)] for key, value in table.items()]
+    return [[key, field_type(value), _typed(value)] for key, value in table.items()]
