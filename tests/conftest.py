@@ -29,7 +29,6 @@ import pytest
 from amqp_raw import RawClient
 from helpers import assert_serves, unique, wait_for  # noqa: F401 - unique, wait_for re-exported
 from http_api import Api, segment
-from live_broker import LiveBroker
 
 ROOT = Path(__file__).resolve().parent.parent
 LISTENING = re.compile(r"listening for (AMQPS?|HTTP|PROMETHEUS) on [^ ]+:(\d+)")
@@ -124,14 +123,6 @@ def start_broker(tmp_path):
 @pytest.fixture
 def fresh_broker(start_broker) -> BrokerProcess:
     return start_broker()
-
-
-@pytest.fixture(scope="module")
-def live(tmp_path_factory) -> LiveBroker:
-    """An in-process broker for tests that administer it (see live_broker.py)."""
-    server = LiveBroker(str(tmp_path_factory.mktemp("live")))
-    yield server
-    server.stop()
 
 
 @pytest.fixture
