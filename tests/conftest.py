@@ -5,8 +5,8 @@
 extra flags or environment. Each fixture reads the port the broker logged.
 Clients of the session broker: `conn` (pika), `aconn` (aio-pika) and `raw`
 (amqp_raw.RawClient, before the protocol header); `still_serving` checks after
-a test that the broker still serves a new client. `live` is an in-process
-broker whose domain tests administer while clients are connected.
+a test that the broker still serves a new client. `api` is the session
+broker's management API (http_api.Api) and `vhost` a fresh vhost on it.
 
 Plain helper functions are in helpers.py (`unique` and `wait_for` are
 importable from here too).
