@@ -15,7 +15,8 @@ Invariants:
   store unless embedded in the index).
 - `ready` / `ready_bytes` count every ready message, RAM or disk;
   `ram_bytes` what the messages in RAM cost (body + ENTRY_OVERHEAD each),
-  which the memory monitor budgets; at most RAM_MESSAGES are held per queue.
+  which the memory monitor budgets; at most max(RAM_MESSAGES, HEAD_LOW +
+  one segment) in the head and RAM_MESSAGES_LOW in the tail per queue.
 - A persistent message's publish calls `on_durable` only after its index
   record (written after its body) went through a group commit.
 - Paging out takes the messages next to delta, so the range stays contiguous:
@@ -53,9 +54,13 @@ from storage.queue_index import QueueIndex
 # Keep at least this many messages in RAM at the head, and read the next
 # delta segment once fewer remain.
 HEAD_LOW = 256
-# Each queue keeps at most this many ready messages in RAM, whatever the
+# Each queue keeps at most this many ready messages in its head, whatever the
 # memory budget (as RabbitMQ 3.12+ classic queues do); past it, it pages its
-# newest ones out down to RAM_MESSAGES_LOW.
+# newest ones out down to RAM_MESSAGES_LOW. While delta is read back, the
+# head holds what was read (up to one segment) and only the tail pages out,
+# once it has more than RAM_MESSAGES_LOW messages: paging the head would
+# write out again what was just read, and a consumer would wait for the
+# same segment over and over.
 RAM_MESSAGES = 2048
 RAM_MESSAGES_LOW = 1024
 # What a message held in RAM costs beyond its body (entry, message object,
@@ -135,10 +140,14 @@ class VariableQueue:
         cost = size + ENTRY_OVERHEAD
         self.ram_bytes += cost
         self.monitor.charge(cost)
-        in_ram = len(self._head) + len(self._tail)
-        if in_ram > RAM_MESSAGES:
-            average = self.ram_bytes // (in_ram + len(self._requeued))
-            self.monitor.charge(-self.page_out((in_ram - RAM_MESSAGES_LOW) * average))
+        if self._delta_count:
+            if len(self._tail) > RAM_MESSAGES_LOW:
+                freed = self._page_out_tail(self.ram_bytes)
+                self.ram_bytes -= freed
+                self.monitor.charge(-freed)
+        elif len(self._head) > RAM_MESSAGES:
+            average = self.ram_bytes // (len(self._head) + len(self._requeued))
+            self.monitor.charge(-self.page_out((len(self._head) - RAM_MESSAGES_LOW) * average))
         return entry
 
     def fetch(self) -> QueueEntry | None:
@@ -345,16 +354,9 @@ class VariableQueue:
 
     def page_out(self, goal: int) -> int:
         """Move messages worth `goal` bytes of RAM (bodies and overhead) to
-        delta; returns how much was freed."""
-        freed = 0
-        while freed < goal and self._tail:
-            entry = self._tail.popleft()
-            if entry.state != READY:
-                self._removed -= 1
-                continue
-            entry.state = PAGED
-            self._to_delta_end(entry)
-            freed += len(entry.message.body) + ENTRY_OVERHEAD
+        delta (the tail first, then the newest of the head); returns how much
+        was freed."""
+        freed = self._page_out_tail(goal)
         while freed < goal and len(self._head) > HEAD_LOW:
             entry = self._head.pop()
             if entry.state != READY:
@@ -371,6 +373,21 @@ class VariableQueue:
             self._delta_count += 1
             freed += len(entry.message.body) + ENTRY_OVERHEAD
         self.ram_bytes -= freed
+        return freed
+
+    def _page_out_tail(self, goal: int) -> int:
+        """The oldest of the tail to delta's end, `goal` bytes' worth at
+        least (or all of it); returns the bytes freed, which the caller
+        takes off `ram_bytes`."""
+        freed = 0
+        while freed < goal and self._tail:
+            entry = self._tail.popleft()
+            if entry.state != READY:
+                self._removed -= 1
+                continue
+            entry.state = PAGED
+            self._to_delta_end(entry)
+            freed += len(entry.message.body) + ENTRY_OVERHEAD
         return freed
 
     @property
