@@ -11,6 +11,8 @@ import ssl
 from amqp_server.config import BrokerConfig
 from amqp_server.management import ManagementListeners
 from amqp_server.management.listeners import ListenerError
+from amqp_server.mqtt.protocol import MQTTProtocol
+from amqp_server.mqtt.session import Sessions
 from amqp_server.protocol import AMQPProtocol
 from storage.dead_letter_log import DeadLetterLogSettings
 from storage.definitions import DefinitionStore
@@ -101,6 +103,7 @@ class BrokerServer:
         self.servers: list[asyncio.Server] = []
         # (protocol, address, port) of every open listener, as RabbitMQ lists them
         self.listeners: list[tuple[str, str, int]] = []
+        self.mqtt_sessions = Sessions()
         self.management = ManagementListeners(self.broker, self.connections, config, self.writer, self.monitor,
                                               self.listeners)
 
@@ -111,15 +114,23 @@ class BrokerServer:
         def factory() -> AMQPProtocol:
             return AMQPProtocol(self.broker, config, self.connections)
 
-        listeners = [("AMQP", config.port, None)]
-        protocols = {"AMQP": "amqp", "AMQPS": "amqp/ssl"}
+        def mqtt_factory() -> MQTTProtocol:
+            return MQTTProtocol(self.broker, config, self.mqtt_sessions)
+
+        listeners = [("AMQP", config.port, None, factory)]
+        protocols = {"AMQP": "amqp", "AMQPS": "amqp/ssl", "MQTT": "mqtt", "MQTTS": "mqtt/ssl"}
+        context = None
         if config.tls.enabled:
             try:
                 context = tls_context(config)
             except (OSError, ssl.SSLError) as exc:
                 raise ListenError("cannot load the TLS certificate or key: %s" % exc) from None
-            listeners.append(("AMQPS", config.tls.port, context))
-        for name, port, context in listeners:
+            listeners.append(("AMQPS", config.tls.port, context, factory))
+        if config.mqtt.enabled:
+            listeners.append(("MQTT", config.mqtt.port, None, mqtt_factory))
+            if context is not None:
+                listeners.append(("MQTTS", config.mqtt.tls_port, context, mqtt_factory))
+        for name, port, context, factory in listeners:
             try:
                 server = await loop.create_server(factory, config.bind, port, ssl=context, reuse_address=True)
             except OSError as exc:

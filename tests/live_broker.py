@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from amqp_server.config import BrokerConfig, ManagementConfig, PrometheusConfig
+from amqp_server.config import BrokerConfig, ManagementConfig, MQTTConfig, PrometheusConfig
 from amqp_server.server import BrokerServer
 
 
@@ -26,7 +26,7 @@ class LiveBroker:
             # The HTTP listeners stay off: administration goes through `admin`.
             config = BrokerConfig(bind="127.0.0.1", port=0, data_dir=data_dir,
                                   management=ManagementConfig(enabled=False),
-                                  prometheus=PrometheusConfig(enabled=False))
+                                  prometheus=PrometheusConfig(enabled=False), mqtt=MQTTConfig(enabled=False))
             server = BrokerServer(config)
             await server.start()
             return server

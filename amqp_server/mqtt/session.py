@@ -1,0 +1,481 @@
+"""One MQTT client connection: CONNECT, publish and subscribe onto a vhost's
+topic exchange, as RabbitMQ's MQTT plugin does it (docs/mqtt.md).
+
+Theory of operation:
+- States: CONNECTING until a CONNECT is accepted, then CONNECTED, CLOSED once
+  the socket is gone. Any packet but CONNECT first, a second CONNECT or a
+  malformed packet closes the network connection (MQTT 3.1.1 4.8).
+- A subscription at QoS N is a binding of `amq.topic` (`mqtt.exchange`) to
+  the queue `mqtt-subscription-<client id>qos<N>` with the filter mapped to
+  a routing key; this connection consumes from each such queue (the QoS 0
+  queue without acks, the QoS 1 queue acked by PUBACK). A clean session's
+  queues are auto-delete and go when it does; a persistent session's are
+  durable and keep QoS 1 messages until the client comes back. Nothing else
+  is kept: a session's subscriptions are its queues' bindings.
+- Publishing: a PUBLISH goes to the exchange with the topic mapped to a
+  routing key; QoS 1 publishes are persistent and PUBACKed once every queue
+  that took them has them durably, in the order they arrived (`_pubacks`).
+- Outgoing QoS 1: `unacked` maps packet id -> (queue, entry, consumer); a
+  PUBACK acks the entry; the connection going away requeues the rest.
+- One client id per vhost: a second CONNECT with it closes the first
+  (`Sessions`). The will is published when the connection ends without a
+  DISCONNECT (socket loss, keepalive expiry, protocol error, takeover).
+- Keepalive: one timer per connection fires every 1.5 x keepalive and closes
+  the connection when nothing arrived since it last fired.
+"""
+from __future__ import annotations
+
+import logging
+import struct
+import time
+from collections import deque
+
+from pamqp import encode
+
+from amqp_server.mqtt import packets, topics
+from amqp_server.mqtt.packets import MalformedPacket, RefusedConnect
+from storage import Message
+from vhosts import Consumer
+from vhosts.access import Access
+from vhosts.errors import AMQPError
+
+log = logging.getLogger("hutch.mqtt")
+
+CONNECTING, CONNECTED, CLOSED = "connecting", "connected", "closed"
+MAX_PACKET = 268435455
+_HEADER_START = struct.Struct(">HHQ")
+
+
+def _properties(qos: int) -> bytes:
+    """Property flags and list of a message published with `qos`: headers
+    (x-mqtt-publish-qos, x-mqtt-dup as RabbitMQ adds them) and delivery_mode."""
+    table = encode.field_table({"x-mqtt-publish-qos": qos, "x-mqtt-dup": False})
+    return struct.pack(">H", 0x2000 | 0x1000) + table + bytes((2 if qos else 1,))
+
+
+_PROPERTIES = [_properties(qos) for qos in (0, 1, 2)]
+
+
+def content_header(qos: int, size: int) -> bytes:
+    return _HEADER_START.pack(60, 0, size) + _PROPERTIES[qos]
+
+
+def queue_name(client_id: str, qos: int) -> str:
+    return "mqtt-subscription-%sqos%d" % (client_id, qos)
+
+
+class Sessions:
+    """What every MQTT connection of the node shares: who holds each client id
+    (per vhost) and the retained messages (per vhost: topic -> (payload, qos))."""
+
+    def __init__(self) -> None:
+        self.clients: dict[tuple[str, str], "MQTTConnection"] = {}
+        self.retained: dict[str, dict[str, tuple[bytes, int]]] = {}
+
+
+class MQTTConnection:
+    def __init__(self, broker, config, io, peer, sessions: Sessions) -> None:
+        self.broker = broker
+        self.config = config
+        self.settings = config.mqtt
+        self.io = io
+        self.peer = peer
+        self.sessions = sessions
+        self.state = CONNECTING
+        self.reader = packets.PacketReader(min(config.max_message_size + 65536, MAX_PACKET))
+        self.connected_at = time.time()
+        self.vhost = None
+        self.user = None
+        self.access: Access | None = None
+        self.client_id = ""
+        self.clean = True
+        self.level = 4
+        self.keepalive = 0
+        self.will: tuple | None = None
+        self.channels: dict = {}  # none: counted by the broker's channel limit
+        self.consumers: dict[int, Consumer] = {}
+        self.unacked: dict[int, tuple] = {}
+        self._next_pid = 1
+        self._pubacks: deque = deque()
+        self._output: list[bytes] = []
+        self.output_paused = False
+        self.blocked_by: set = set()
+        self._heard = False
+        self._timer = io.call_later(10.0, self._connect_timeout)
+        self.exchange = self.settings.exchange
+        self.handlers = {
+            packets.PUBLISH: self._publish,
+            packets.PUBACK: self._puback,
+            packets.SUBSCRIBE: self._subscribe,
+            packets.UNSUBSCRIBE: self._unsubscribe,
+            packets.PINGREQ: lambda flags, body: self.send(packets.PINGRESP_PACKET),
+            packets.DISCONNECT: self._disconnect,
+        }
+
+    # -- IO ------------------------------------------------------------------
+
+    def send(self, data: bytes) -> None:
+        self._output.append(data)
+        self.io.wake()
+
+    def take_output(self) -> list[bytes]:
+        out, self._output = self._output, []
+        return out
+
+    def received(self, data: bytes) -> None:
+        if self.state is CLOSED:
+            return
+        self._heard = True
+        self.reader.feed(data)
+        self.parse()
+
+    def parse(self) -> None:
+        try:
+            for kind, flags, body in self.reader.packets():
+                if self.state is CLOSED:
+                    return
+                if self.state is CONNECTING:
+                    if kind != packets.CONNECT:
+                        raise MalformedPacket("packet type %d before CONNECT" % kind)
+                    self._connect(body)
+                    continue
+                handler = self.handlers.get(kind)
+                if handler is None:
+                    raise MalformedPacket("unexpected packet type %d" % kind)
+                handler(flags, body)
+                if self.blocked_by:
+                    self.io.pause_reading()
+                    return
+        except MalformedPacket as exc:
+            log.info("closing MQTT connection from %s: %s", self.peer, exc)
+            self.close()
+        except RefusedConnect as exc:
+            log.info("MQTT connection from %s refused (%d): %s", self.peer, exc.code, exc)
+            self.send(packets.connack(False, exc.code))
+            self.close()
+
+    def close(self) -> None:
+        """Close the network connection (the will goes out, see `lost`)."""
+        if self.state is not CLOSED:
+            self.io.close()
+
+    def lost(self) -> None:
+        if self.state is CLOSED:
+            return
+        was_connected = self.state is CONNECTED
+        self.state = CLOSED
+        self._timer.cancel()
+        if not was_connected:
+            return
+        if self.sessions.clients.get((self.vhost.name, self.client_id)) is self:
+            del self.sessions.clients[(self.vhost.name, self.client_id)]
+        if self.will is not None:
+            self._publish_will()
+        self._release()
+        self.broker.connection_closed(self)
+
+    def force_close(self, reason: str) -> None:
+        """An administrator closed us (vhost or user deleted)."""
+        log.info("closing MQTT connection from %s: %s", self.peer, reason)
+        self.close()
+
+    # -- flow control (the publisher port of vhosts) ---------------------------
+
+    def throttled_by(self, source) -> None:
+        self.blocked_by.add(source)
+
+    def unblocked(self, source) -> None:
+        self.blocked_by.discard(source)
+        if not self.blocked_by and self.state is not CLOSED:
+            self.io.call_soon(self._continue)
+
+    def _continue(self) -> None:
+        if self.state is CLOSED or self.blocked_by:
+            return
+        self.io.resume_reading()
+        self.parse()
+
+    def output_resumed(self) -> None:
+        for consumer in list(self.consumers.values()):
+            consumer.queue.dispatch()
+
+    # -- keepalive ---------------------------------------------------------------
+
+    def _connect_timeout(self) -> None:
+        if self.state is CONNECTING:
+            log.info("closing MQTT connection from %s: no CONNECT", self.peer)
+            self.close()
+
+    def _keepalive_check(self) -> None:
+        if self.state is CLOSED:
+            return
+        if not self._heard:
+            log.info("closing MQTT connection from %s (client id %s): keepalive timeout", self.peer, self.client_id)
+            self.close()
+            return
+        self._heard = False
+        self._timer = self.io.call_later(self.keepalive * 1.5, self._keepalive_check)
+
+    # -- CONNECT -------------------------------------------------------------------
+
+    def _connect(self, body: bytes) -> None:
+        c = packets.decode_connect(body)
+        self.level = c.level
+        username, password = c.username, c.password
+        if username is None:
+            if not self.settings.allow_anonymous:
+                raise RefusedConnect(packets.NOT_AUTHORIZED, "anonymous login refused")
+            username, password = self.settings.default_user, self.settings.default_pass
+        vhost_name = self.settings.vhost
+        if ":" in username:
+            vhost_name, username = username.split(":", 1)
+        host = self.peer[0] if self.peer else ""
+        user = self.broker.authenticate(username, password or "", host in ("127.0.0.1", "::1"))
+        if user is None:
+            raise RefusedConnect(packets.BAD_USERNAME_OR_PASSWORD, "login refused for user '%s'" % username)
+        try:
+            self.vhost = self.broker.open_vhost(user, vhost_name, self)
+        except AMQPError as exc:
+            raise RefusedConnect(packets.NOT_AUTHORIZED, exc.reply_text) from None
+        self.user = user
+        self.client_id = c.client_id or "mqtt-" + hex(id(self))[2:]
+        self.access = Access(user, vhost_name, self.client_id)
+        self.clean = c.clean
+        self.keepalive = c.keepalive
+        if c.will_topic is not None:
+            self.will = (c.will_topic, c.will_payload, c.will_qos, c.will_retain)
+        key = (vhost_name, self.client_id)
+        previous = self.sessions.clients.get(key)
+        if previous is not None:
+            log.info("MQTT client id %s taken over by a new connection from %s", self.client_id, self.peer)
+            previous.lost()
+            previous.close()
+        self.sessions.clients[key] = self
+        self.state = CONNECTED
+        self._timer.cancel()
+        if self.keepalive:
+            self._heard = False
+            self._timer = self.io.call_later(self.keepalive * 1.5, self._keepalive_check)
+        kept = [(qos, self.vhost.queues.get(queue_name(self.client_id, qos))) for qos in (0, 1)]
+        kept = [(qos, q) for qos, q in kept if q is not None]
+        if self.clean:
+            for _qos, q in kept:
+                self.vhost.remove_queue(q)
+            kept = []
+        # CONNACK first: consuming delivers what the session kept at once.
+        self.send(packets.connack(bool(kept) and c.level == 4, packets.ACCEPTED))
+        for qos, q in kept:
+            self._consume(qos, q)
+        log.info("MQTT connection from %s accepted: client id %s, user '%s', vhost '%s'",
+                 self.peer, self.client_id, username, vhost_name)
+
+    # -- publish -------------------------------------------------------------------
+
+    def _publish(self, flags: int, body: bytes) -> None:
+        topic, qos, pid, retain, _dup, payload = packets.decode_publish(flags, body)
+        if qos == 2:
+            raise MalformedPacket("QoS 2 is not supported")
+        pending = [pid, 0] if qos else None
+        try:
+            waits = self.publish_message(topic, payload, qos, retain, pending)
+        except AMQPError as exc:
+            log.info("closing MQTT connection from %s: %s", self.peer, exc.reply_text)
+            self.close()
+            return
+        if pending is not None:
+            pending[1] += waits
+            self._pubacks.append(pending)
+            if not waits:
+                self._flush_pubacks()
+
+    def publish_message(self, topic: str, payload: bytes, qos: int, retain: bool, pending: list | None = None) -> int:
+        """Route a message to the exchange (permission checks first); returns
+        how many queues will confirm it durable (each decrements `pending[1]`)."""
+        access = self.access
+        access.publish(self.exchange)
+        x = self.vhost.check_publish(self.exchange)
+        key = topics.to_amqp(topic)
+        access.topic(x, key, "write")
+        if retain:
+            retained = self.sessions.retained.setdefault(self.vhost.name, {})
+            if payload:
+                retained[topic] = (payload, qos)
+            else:
+                retained.pop(topic, None)
+        message = Message(self.exchange, key, content_header(qos, len(payload)), payload)
+        on_durable = None if pending is None else (lambda: self._durable(pending))
+        _reached, waits, _rejected = self.vhost.publish(message, [key], None, self, on_durable)
+        return waits
+
+    def _durable(self, pending: list) -> None:
+        pending[1] -= 1
+        if self.state is not CLOSED:
+            self._flush_pubacks()
+
+    def _flush_pubacks(self) -> None:
+        pubacks = self._pubacks
+        while pubacks and pubacks[0][1] <= 0:
+            self.send(packets.acknowledgement(packets.PUBACK, pubacks.popleft()[0]))
+
+    def _publish_will(self) -> None:
+        topic, payload, qos, retain = self.will
+        self.will = None
+        try:
+            self.publish_message(topic, payload, min(qos, 1), retain)
+        except AMQPError as exc:
+            log.info("will of MQTT client id %s not published: %s", self.client_id, exc.reply_text)
+
+    def _disconnect(self, flags: int, body: bytes) -> None:
+        self.will = None
+        self.close()
+
+    # -- subscribe -------------------------------------------------------------------
+
+    def _subscribe(self, flags: int, body: bytes) -> None:
+        pid, requests = packets.decode_subscribe(flags, body)
+        codes = []
+        granted_filters = []
+        for topic_filter, qos in requests:
+            if qos == packets.SUBSCRIBE_FAILURE:
+                codes.append(qos)
+                continue
+            qos = min(qos, 1)
+            try:
+                self._bind(topic_filter, qos)
+            except AMQPError as exc:
+                log.info("MQTT subscription of client id %s to %s refused: %s",
+                         self.client_id, topic_filter, exc.reply_text)
+                codes.append(packets.SUBSCRIBE_FAILURE)
+                continue
+            codes.append(qos)
+            granted_filters.append((topic_filter, qos))
+        self.send(packets.suback(pid, codes))
+        self._send_retained(granted_filters)
+
+    def _bind(self, topic_filter: str, qos: int) -> None:
+        vhost = self.vhost
+        key = topics.to_amqp(topic_filter)
+        name = queue_name(self.client_id, qos)
+        q = vhost.declare_queue(name, self, durable=not self.clean, auto_delete=self.clean, access=self.access)
+        vhost.bind_queue(name, self.exchange, key, None, self, access=self.access)
+        self.access.check("queue", name, "read")
+        other = vhost.queues.get(queue_name(self.client_id, 1 - qos))
+        if other is not None:
+            vhost.unbind_queue(other.name, self.exchange, key, None, self)
+        if qos not in self.consumers:
+            self._consume(qos, q)
+
+    def _consume(self, qos: int, q) -> None:
+        consumer = Consumer("mqtt-%s-qos%d" % (self.client_id, qos), q, self, qos == 0, False,
+                            self.settings.prefetch if qos else 0, {})
+        self.consumers[qos] = consumer
+        q.add_consumer(consumer)
+
+    def _unsubscribe(self, flags: int, body: bytes) -> None:
+        pid, filters = packets.decode_unsubscribe(flags, body)
+        for topic_filter in filters:
+            key = topics.to_amqp(topic_filter)
+            for qos in (0, 1):
+                name = queue_name(self.client_id, qos)
+                if name in self.vhost.queues:
+                    self.vhost.unbind_queue(name, self.exchange, key, None, self)
+        self.send(packets.acknowledgement(packets.UNSUBACK, pid))
+
+    def _send_retained(self, granted: list[tuple[str, int]]) -> None:
+        retained = self.sessions.retained.get(self.vhost.name)
+        if not retained or not granted:
+            return
+        for topic, (payload, published_qos) in retained.items():
+            qos = max((q for f, q in granted if topics.matches(f, topic)), default=None)
+            if qos is None:
+                continue
+            qos = min(qos, published_qos)
+            pid = self._new_pid() if qos else 0
+            if qos:
+                self.unacked[pid] = None
+            self._output.extend(packets.publish(topic.encode("utf-8"), payload, qos, pid, True, False))
+        self.io.wake()
+
+    # -- deliveries (the ConsumerChannel port of vhosts) -----------------------------
+
+    @property
+    def output_blocked(self) -> bool:
+        return self.output_paused
+
+    def can_deliver(self, consumer: Consumer) -> bool:
+        if self.output_paused or self.state is not CONNECTED:
+            return False
+        return consumer.no_ack or consumer.unacked < consumer.prefetch_count
+
+    def _new_pid(self) -> int:
+        pid = self._next_pid
+        unacked = self.unacked
+        while pid in unacked:
+            pid = pid % 65535 + 1
+        self._next_pid = pid % 65535 + 1
+        return pid
+
+    def deliver(self, consumer: Consumer, queue, entry) -> None:
+        message = entry.message
+        stats = queue.stats
+        if consumer.no_ack:
+            queue.ack((entry,))
+            stats.deliver_no_ack += 1
+            self.vhost.stats.deliver_no_ack += 1
+            qos = pid = 0
+        else:
+            qos = 1
+            headers = message.headers if message.has_headers else None
+            if headers and headers.get("x-mqtt-publish-qos") == 0:
+                qos = 0
+            if qos:
+                pid = self._new_pid()
+                self.unacked[pid] = (queue, entry, consumer)
+                consumer.unacked += 1
+                stats.deliver += 1
+                self.vhost.stats.deliver += 1
+            else:
+                pid = 0
+                queue.ack((entry,))
+                stats.deliver_no_ack += 1
+                self.vhost.stats.deliver_no_ack += 1
+        self._output.extend(packets.publish(
+            topics.to_mqtt(message.routing_key).encode("utf-8"), message.body, qos, pid, False,
+            entry.redelivered and qos > 0))
+        self.io.wake()
+
+    def consumer_cancelled(self, consumer: Consumer) -> None:
+        """The subscription queue was deleted (by an administrator)."""
+        for qos, c in list(self.consumers.items()):
+            if c is consumer:
+                del self.consumers[qos]
+
+    def _puback(self, flags: int, body: bytes) -> None:
+        pid = packets.packet_id(body)
+        delivery = self.unacked.pop(pid, None)
+        if delivery is None:
+            return
+        queue, entry, consumer = delivery
+        consumer.unacked -= 1
+        queue.stats.ack += 1
+        self.vhost.stats.ack += 1
+        queue.ack((entry,))
+        queue.dispatch()
+
+    def _release(self) -> None:
+        """Connection gone: stop consuming, give back what was not PUBACKed,
+        and a clean session's queues go."""
+        consumers = list(self.consumers.values())
+        self.consumers.clear()
+        by_queue: dict = {}
+        for delivery in self.unacked.values():
+            if delivery is not None:
+                by_queue.setdefault(delivery[0], []).append(delivery[1])
+        self.unacked.clear()
+        for consumer in consumers:
+            consumer.queue.remove_consumer(consumer)
+        for queue, entries in by_queue.items():
+            queue.requeue(entries)
+        if self.clean:
+            for consumer in consumers:
+                self.vhost.remove_queue(consumer.queue)
