@@ -115,7 +115,7 @@ class BrokerServer:
             return AMQPProtocol(self.broker, config, self.connections)
 
         def mqtt_factory() -> MQTTProtocol:
-            return MQTTProtocol(self.broker, config, self.mqtt_sessions)
+            return MQTTProtocol(self.broker, config, self.mqtt_sessions, self.connections)
 
         listeners = [("AMQP", config.port, None, factory)]
         protocols = {"AMQP": "amqp", "AMQPS": "amqp/ssl", "MQTT": "mqtt", "MQTTS": "mqtt/ssl"}

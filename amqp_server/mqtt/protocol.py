@@ -8,8 +8,9 @@ from amqp_server.mqtt.session import MQTTConnection, Sessions
 
 
 class MQTTProtocol(asyncio.Protocol):
-    def __init__(self, broker, config, sessions: Sessions) -> None:
+    def __init__(self, broker, config, sessions: Sessions, connections: set) -> None:
         self.broker = broker
+        self.connections = connections
         self.config = config
         self.sessions = sessions
         self.loop = asyncio.get_running_loop()
@@ -20,7 +21,7 @@ class MQTTProtocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.Transport) -> None:
         self.transport = transport
         self.connection = MQTTConnection(self.broker, self.config, self, transport.get_extra_info("peername"),
-                                         self.sessions)
+                                         self.sessions, self.connections)
 
     def data_received(self, data: bytes) -> None:
         self.connection.received(data)

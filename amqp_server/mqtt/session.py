@@ -32,6 +32,7 @@ from collections import deque
 
 from pamqp import encode
 
+from amqp_server.connection import Connection
 from amqp_server.mqtt import packets, topics
 from amqp_server.mqtt.packets import MalformedPacket, RefusedConnect
 from storage import Message
@@ -74,8 +75,14 @@ class Sessions:
 
 
 class MQTTConnection:
-    def __init__(self, broker, config, io, peer, sessions: Sessions) -> None:
+    # What the management API reads of every connection (shapes.connection).
+    auth_mechanism = "none"
+    channel_max = 0
+    frame_max = 0
+
+    def __init__(self, broker, config, io, peer, sessions: Sessions, listed: set) -> None:
         self.broker = broker
+        self.listed = listed
         self.config = config
         self.settings = config.mqtt
         self.io = io
@@ -93,6 +100,7 @@ class MQTTConnection:
         self.keepalive = 0
         self.will: tuple | None = None
         self.channels: dict = {}  # none: counted by the broker's channel limit
+        self.recv_oct = self.recv_cnt = self.send_oct = self.send_cnt = 0
         self.consumers: dict[int, Consumer] = {}
         self.unacked: dict[int, tuple] = {}
         self._next_pid = 1
@@ -120,12 +128,36 @@ class MQTTConnection:
 
     def take_output(self) -> list[bytes]:
         out, self._output = self._output, []
+        self.send_oct += sum(map(len, out))
+        self.send_cnt += 1
         return out
+
+    # -- what the management API shows ---------------------------------------
+
+    name = Connection.name  # "peer_host:peer_port -> host:port", as RabbitMQ names both
+
+    @property
+    def protocol(self) -> str:
+        return "MQTT 3.1.1" if self.level == 4 else "MQTT 3.1"
+
+    @property
+    def heartbeat(self) -> int:
+        return self.keepalive
+
+    @property
+    def client_properties(self) -> dict:
+        return {"client_id": self.client_id}
+
+    def close_with(self, error: AMQPError) -> None:
+        """Closed over the management API (MQTT has no reason to send)."""
+        self.force_close(error.reply_text)
 
     def received(self, data: bytes) -> None:
         if self.state is CLOSED:
             return
         self._heard = True
+        self.recv_oct += len(data)
+        self.recv_cnt += 1
         self.reader.feed(data)
         self.parse()
 
@@ -167,12 +199,19 @@ class MQTTConnection:
         self._timer.cancel()
         if not was_connected:
             return
+        self.listed.discard(self)
         if self.sessions.clients.get((self.vhost.name, self.client_id)) is self:
             del self.sessions.clients[(self.vhost.name, self.client_id)]
         if self.will is not None:
             self._publish_will()
         self._release()
         self.broker.connection_closed(self)
+
+    def taken_over(self) -> None:
+        """Another connection CONNECTed with our client id: we are done now
+        (before it looks at the session's queues), the socket closes after."""
+        self.lost()
+        self.io.close()
 
     def force_close(self, reason: str) -> None:
         """An administrator closed us (vhost or user deleted)."""
@@ -248,9 +287,9 @@ class MQTTConnection:
         previous = self.sessions.clients.get(key)
         if previous is not None:
             log.info("MQTT client id %s taken over by a new connection from %s", self.client_id, self.peer)
-            previous.lost()
-            previous.close()
+            previous.taken_over()
         self.sessions.clients[key] = self
+        self.listed.add(self)
         self.state = CONNECTED
         self._timer.cancel()
         if self.keepalive:
