@@ -12,11 +12,13 @@ from amqp_server.config import BrokerConfig
 from amqp_server.management import ManagementListeners
 from amqp_server.management.listeners import ListenerError
 from amqp_server.mqtt.protocol import MQTTProtocol
+from amqp_server.mqtt.retained import RetainedMessages
 from amqp_server.mqtt.session import Sessions
 from amqp_server.protocol import AMQPProtocol
 from storage.dead_letter_log import DeadLetterLogSettings
 from storage.definitions import DefinitionStore
 from storage.memory_monitor import MemoryMonitor, budget_bytes
+from storage.retained import RetainedStore
 from storage.vhost_storage import StorageSettings, VhostStorage, dir_name
 from storage.writer import GroupCommitWriter
 from vhosts import Broker
@@ -103,7 +105,13 @@ class BrokerServer:
         self.servers: list[asyncio.Server] = []
         # (protocol, address, port) of every open listener, as RabbitMQ lists them
         self.listeners: list[tuple[str, str, int]] = []
-        self.mqtt_sessions = Sessions()
+        try:
+            self.retained = RetainedStore(os.path.join(config.data_dir, "mqtt_retained.db"))
+        except sqlite3.Error as exc:
+            self.definitions.close()
+            self.writer.stop()
+            raise ListenError("cannot open the MQTT retained message store: %s" % exc) from None
+        self.mqtt_sessions = Sessions(RetainedMessages(self.retained, self.writer))
         self.management = ManagementListeners(self.broker, self.connections, config, self.writer, self.monitor,
                                               self.listeners)
 
@@ -167,6 +175,7 @@ class BrokerServer:
                 if vhost.message_storage is not None:
                     vhost.message_storage.write_summaries()
         self.definitions.close()
+        self.retained.close()
         with open(os.path.join(self.config.data_dir, CLEAN_SHUTDOWN), "w") as marker:
             marker.write("hutch stopped cleanly\n")
 

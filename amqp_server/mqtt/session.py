@@ -35,6 +35,7 @@ from pamqp import encode
 from amqp_server.connection import Connection
 from amqp_server.mqtt import packets, topics
 from amqp_server.mqtt.packets import MalformedPacket, RefusedConnect
+from amqp_server.mqtt.retained import RetainedMessages
 from storage import Message
 from vhosts import Consumer
 from vhosts.access import Access
@@ -67,11 +68,11 @@ def queue_name(client_id: str, qos: int) -> str:
 
 class Sessions:
     """What every MQTT connection of the node shares: who holds each client id
-    (per vhost) and the retained messages (per vhost: topic -> (payload, qos))."""
+    (per vhost) and the retained messages."""
 
-    def __init__(self) -> None:
+    def __init__(self, retained: RetainedMessages) -> None:
         self.clients: dict[tuple[str, str], "MQTTConnection"] = {}
-        self.retained: dict[str, dict[str, tuple[bytes, int]]] = {}
+        self.retained = retained
 
 
 class MQTTConnection:
@@ -335,16 +336,13 @@ class MQTTConnection:
         x = self.vhost.check_publish(self.exchange)
         key = topics.to_amqp(topic)
         access.topic(x, key, "write")
-        if retain:
-            retained = self.sessions.retained.setdefault(self.vhost.name, {})
-            if payload:
-                retained[topic] = (payload, qos)
-            else:
-                retained.pop(topic, None)
-        message = Message(self.exchange, key, content_header(qos, len(payload)), payload)
         on_durable = None if pending is None else (lambda: self._durable(pending))
-        _reached, waits, _rejected = self.vhost.publish(message, [key], None, self, on_durable)
-        return waits
+        waits = 0
+        if retain and self.sessions.retained.retain(self.vhost.name, topic, payload, qos, on_durable):
+            waits = 1
+        message = Message(self.exchange, key, content_header(qos, len(payload)), payload)
+        _reached, routed_waits, _rejected = self.vhost.publish(message, [key], None, self, on_durable)
+        return waits + routed_waits
 
     def _durable(self, pending: list) -> None:
         pending[1] -= 1
@@ -421,14 +419,9 @@ class MQTTConnection:
         self.send(packets.acknowledgement(packets.UNSUBACK, pid))
 
     def _send_retained(self, granted: list[tuple[str, int]]) -> None:
-        retained = self.sessions.retained.get(self.vhost.name)
-        if not retained or not granted:
+        if not granted:
             return
-        for topic, (payload, published_qos) in retained.items():
-            qos = max((q for f, q in granted if topics.matches(f, topic)), default=None)
-            if qos is None:
-                continue
-            qos = min(qos, published_qos)
+        for topic, payload, qos in self.sessions.retained.matching(self.vhost.name, granted):
             pid = self._new_pid() if qos else 0
             if qos:
                 self.unacked[pid] = None
