@@ -18,7 +18,7 @@ from amqp_server.protocol import AMQPProtocol
 from storage.dead_letter_log import DeadLetterLogSettings
 from storage.definitions import DefinitionStore
 from storage.memory_monitor import MemoryMonitor, budget_bytes
-from storage.retained import RetainedStore
+from storage.mqtt_store import MQTTStore
 from storage.vhost_storage import StorageSettings, VhostStorage, dir_name
 from storage.writer import GroupCommitWriter
 from vhosts import Broker
@@ -106,12 +106,12 @@ class BrokerServer:
         # (protocol, address, port) of every open listener, as RabbitMQ lists them
         self.listeners: list[tuple[str, str, int]] = []
         try:
-            self.retained = RetainedStore(os.path.join(config.data_dir, "mqtt_retained.db"))
+            self.mqtt_store = MQTTStore(os.path.join(config.data_dir, "mqtt.db"))
         except sqlite3.Error as exc:
             self.definitions.close()
             self.writer.stop()
-            raise ListenError("cannot open the MQTT retained message store: %s" % exc) from None
-        self.mqtt_sessions = Sessions(RetainedMessages(self.retained, self.writer))
+            raise ListenError("cannot open the MQTT store: %s" % exc) from None
+        self.mqtt_sessions = Sessions(RetainedMessages(self.mqtt_store, self.writer), self.mqtt_store, self.writer)
         self.management = ManagementListeners(self.broker, self.connections, config, self.writer, self.monitor,
                                               self.listeners)
 
@@ -175,7 +175,7 @@ class BrokerServer:
                 if vhost.message_storage is not None:
                     vhost.message_storage.write_summaries()
         self.definitions.close()
-        self.retained.close()
+        self.mqtt_store.close()
         with open(os.path.join(self.config.data_dir, CLEAN_SHUTDOWN), "w") as marker:
             marker.write("hutch stopped cleanly\n")
 

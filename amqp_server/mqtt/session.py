@@ -17,6 +17,9 @@ Theory of operation:
   that took them has them durably, in the order they arrived (`_pubacks`).
 - Outgoing QoS 1: `unacked` maps packet id -> (queue, entry, consumer); a
   PUBACK acks the entry; the connection going away requeues the rest.
+- QoS 2 (beyond RabbitMQ) both ways: subscriptions at QoS 2 have a qos2
+  queue; the packet-id state is `exactly_once.ExactlyOnce`, kept by
+  `Sessions` for persistent sessions (and on disk).
 - One client id per vhost: a second CONNECT with it closes the first
   (`Sessions`). The will is published when the connection ends without a
   DISCONNECT (socket loss, keepalive expiry, protocol error, takeover).
@@ -34,6 +37,7 @@ from pamqp import encode
 
 from amqp_server.connection import Connection
 from amqp_server.mqtt import packets, topics
+from amqp_server.mqtt.exactly_once import ExactlyOnce
 from amqp_server.mqtt.packets import MalformedPacket, RefusedConnect
 from amqp_server.mqtt.retained import RetainedMessages
 from storage import Message
@@ -70,9 +74,31 @@ class Sessions:
     """What every MQTT connection of the node shares: who holds each client id
     (per vhost) and the retained messages."""
 
-    def __init__(self, retained: RetainedMessages) -> None:
+    def __init__(self, retained: RetainedMessages, store=None, writer=None) -> None:
         self.clients: dict[tuple[str, str], "MQTTConnection"] = {}
         self.retained = retained
+        self.store = store
+        self.writer = writer
+        # (vhost, client id) -> QoS 2 state of each persistent session
+        self.kept: dict[tuple[str, str], ExactlyOnce] = {}
+        if store is not None:
+            for (vhost, client_id), rows in store.load_packet_ids().items():
+                state = self.kept[(vhost, client_id)] = ExactlyOnce(vhost, client_id, store, writer)
+                state.restore(rows)
+
+    def exactly_once(self, vhost: str, client_id: str, clean: bool) -> ExactlyOnce:
+        """The QoS 2 state a CONNECT starts with: a clean session discards
+        what a persistent one kept."""
+        key = (vhost, client_id)
+        if clean:
+            old = self.kept.pop(key, None)
+            if old is not None:
+                old.forget()
+            return ExactlyOnce(vhost, client_id)
+        state = self.kept.get(key)
+        if state is None:
+            state = self.kept[key] = ExactlyOnce(vhost, client_id, self.store, self.writer)
+        return state
 
 
 class MQTTConnection:
@@ -105,7 +131,9 @@ class MQTTConnection:
         self.consumers: dict[int, Consumer] = {}
         self.unacked: dict[int, tuple] = {}
         self._next_pid = 1
+        # [packet id, durable confirmations awaited, PUBACK or PUBREC], in arrival order
         self._pubacks: deque = deque()
+        self.qos2: ExactlyOnce | None = None
         self._output: list[bytes] = []
         self.output_paused = False
         self.blocked_by: set = set()
@@ -115,6 +143,9 @@ class MQTTConnection:
         self.handlers = {
             packets.PUBLISH: self._publish,
             packets.PUBACK: self._puback,
+            packets.PUBREC: self._pubrec,
+            packets.PUBREL: self._pubrel,
+            packets.PUBCOMP: lambda flags, body: self.qos2.complete(packets.packet_id(body)),
             packets.SUBSCRIBE: self._subscribe,
             packets.UNSUBSCRIBE: self._unsubscribe,
             packets.PINGREQ: lambda flags, body: self.send(packets.PINGRESP_PACKET),
@@ -296,7 +327,8 @@ class MQTTConnection:
         if self.keepalive:
             self._heard = False
             self._timer = self.io.call_later(self.keepalive * 1.5, self._keepalive_check)
-        kept = [(qos, self.vhost.queues.get(queue_name(self.client_id, qos))) for qos in (0, 1)]
+        self.qos2 = self.sessions.exactly_once(vhost_name, self.client_id, self.clean)
+        kept = [(qos, self.vhost.queues.get(queue_name(self.client_id, qos))) for qos in (0, 1, 2)]
         kept = [(qos, q) for qos, q in kept if q is not None]
         if self.clean:
             for _qos, q in kept:
@@ -304,6 +336,8 @@ class MQTTConnection:
             kept = []
         # CONNACK first: consuming delivers what the session kept at once.
         self.send(packets.connack(bool(kept) and c.level == 4, packets.ACCEPTED))
+        for pid in sorted(self.qos2.released):
+            self.send(packets.acknowledgement(packets.PUBREL, pid))
         for qos, q in kept:
             self._consume(qos, q)
         log.info("MQTT connection from %s accepted: client id %s, user '%s', vhost '%s'",
@@ -313,11 +347,18 @@ class MQTTConnection:
 
     def _publish(self, flags: int, body: bytes) -> None:
         topic, qos, pid, retain, _dup, payload = packets.decode_publish(flags, body)
-        if qos == 2:
-            raise MalformedPacket("QoS 2 is not supported")
-        pending = [pid, 0] if qos else None
+        pending = [pid, 0, packets.PUBREC if qos == 2 else packets.PUBACK] if qos else None
         try:
-            waits = self.publish_message(topic, payload, qos, retain, pending)
+            waits = 0
+            if qos == 2:
+                new, stored = self.qos2.receive(pid, lambda: self._durable(pending))
+                waits = int(stored)
+                if not new:  # a resend of one already routed: PUBREC again, nothing more
+                    pending[1] += waits
+                    self._pubacks.append(pending)
+                    self._flush_pubacks()
+                    return
+            waits += self.publish_message(topic, payload, qos, retain, pending)
         except AMQPError as exc:
             log.info("closing MQTT connection from %s: %s", self.peer, exc.reply_text)
             self.close()
@@ -352,13 +393,14 @@ class MQTTConnection:
     def _flush_pubacks(self) -> None:
         pubacks = self._pubacks
         while pubacks and pubacks[0][1] <= 0:
-            self.send(packets.acknowledgement(packets.PUBACK, pubacks.popleft()[0]))
+            pid, _waits, kind = pubacks.popleft()
+            self.send(packets.acknowledgement(kind, pid))
 
     def _publish_will(self) -> None:
         topic, payload, qos, retain = self.will
         self.will = None
         try:
-            self.publish_message(topic, payload, min(qos, 1), retain)
+            self.publish_message(topic, payload, qos, retain)
         except AMQPError as exc:
             log.info("will of MQTT client id %s not published: %s", self.client_id, exc.reply_text)
 
@@ -376,7 +418,6 @@ class MQTTConnection:
             if qos == packets.SUBSCRIBE_FAILURE:
                 codes.append(qos)
                 continue
-            qos = min(qos, 1)
             try:
                 self._bind(topic_filter, qos)
             except AMQPError as exc:
@@ -396,9 +437,10 @@ class MQTTConnection:
         q = vhost.declare_queue(name, self, durable=not self.clean, auto_delete=self.clean, access=self.access)
         vhost.bind_queue(name, self.exchange, key, None, self, access=self.access)
         self.access.check("queue", name, "read")
-        other = vhost.queues.get(queue_name(self.client_id, 1 - qos))
-        if other is not None:
-            vhost.unbind_queue(other.name, self.exchange, key, None, self)
+        for other_qos in (0, 1, 2):
+            other = vhost.queues.get(queue_name(self.client_id, other_qos))
+            if other_qos != qos and other is not None:
+                vhost.unbind_queue(other.name, self.exchange, key, None, self)
         if qos not in self.consumers:
             self._consume(qos, q)
 
@@ -412,7 +454,7 @@ class MQTTConnection:
         pid, filters = packets.decode_unsubscribe(flags, body)
         for topic_filter in filters:
             key = topics.to_amqp(topic_filter)
-            for qos in (0, 1):
+            for qos in (0, 1, 2):
                 name = queue_name(self.client_id, qos)
                 if name in self.vhost.queues:
                     self.vhost.unbind_queue(name, self.exchange, key, None, self)
@@ -442,7 +484,8 @@ class MQTTConnection:
     def _new_pid(self) -> int:
         pid = self._next_pid
         unacked = self.unacked
-        while pid in unacked:
+        qos2 = self.qos2
+        while pid in unacked or qos2.in_use(pid):
             pid = pid % 65535 + 1
         self._next_pid = pid % 65535 + 1
         return pid
@@ -450,18 +493,28 @@ class MQTTConnection:
     def deliver(self, consumer: Consumer, queue, entry) -> None:
         message = entry.message
         stats = queue.stats
+        redelivered = entry.redelivered
         if consumer.no_ack:
             queue.ack((entry,))
             stats.deliver_no_ack += 1
             self.vhost.stats.deliver_no_ack += 1
             qos = pid = 0
         else:
-            qos = 1
+            # The lower of the subscription's QoS and the publisher's (AMQP
+            # publishers have none: the subscription's).
+            qos = 2 if self.consumers.get(2) is consumer else 1
             headers = message.headers if message.has_headers else None
-            if headers and headers.get("x-mqtt-publish-qos") == 0:
-                qos = 0
+            published = headers.get("x-mqtt-publish-qos") if headers else None
+            if isinstance(published, int) and published < qos:
+                qos = published
             if qos:
-                pid = self._new_pid()
+                pid = self.qos2.sent_before(message.msg_id) if qos == 2 else None
+                if pid is None:
+                    pid = self._new_pid()
+                    if qos == 2:
+                        self.qos2.record_sent(message.msg_id, pid)
+                else:
+                    redelivered = True
                 self.unacked[pid] = (queue, entry, consumer)
                 consumer.unacked += 1
                 stats.deliver += 1
@@ -473,7 +526,7 @@ class MQTTConnection:
                 self.vhost.stats.deliver_no_ack += 1
         self._output.extend(packets.publish(
             topics.to_mqtt(message.routing_key).encode("utf-8"), message.body, qos, pid, False,
-            entry.redelivered and qos > 0))
+            redelivered and qos > 0))
         self.io.wake()
 
     def consumer_cancelled(self, consumer: Consumer) -> None:
@@ -483,16 +536,34 @@ class MQTTConnection:
                 del self.consumers[qos]
 
     def _puback(self, flags: int, body: bytes) -> None:
+        self._settled(packets.packet_id(body))
+
+    def _pubrec(self, flags: int, body: bytes) -> None:
+        """QoS 2, step 2: the client has the message; the queue lets it go and
+        the packet id waits for PUBCOMP."""
         pid = packets.packet_id(body)
+        entry = self._settled(pid)
+        if entry is not None:
+            self.qos2.record_pubrec(entry.message.msg_id, pid)
+        self.send(packets.acknowledgement(packets.PUBREL, pid))
+
+    def _pubrel(self, flags: int, body: bytes) -> None:
+        pid = packets.packet_id(body)
+        self.qos2.release(pid)
+        self.send(packets.acknowledgement(packets.PUBCOMP, pid))
+
+    def _settled(self, pid: int):
+        """The delivery with packet id `pid` is acknowledged; returns its entry."""
         delivery = self.unacked.pop(pid, None)
         if delivery is None:
-            return
+            return None
         queue, entry, consumer = delivery
         consumer.unacked -= 1
         queue.stats.ack += 1
         self.vhost.stats.ack += 1
         queue.ack((entry,))
         queue.dispatch()
+        return entry
 
     def _release(self) -> None:
         """Connection gone: stop consuming, give back what was not PUBACKed,
