@@ -86,19 +86,20 @@ class Sessions:
                 state = self.kept[(vhost, client_id)] = ExactlyOnce(vhost, client_id, store, writer)
                 state.restore(rows)
 
-    def exactly_once(self, vhost: str, client_id: str, clean: bool) -> ExactlyOnce:
-        """The QoS 2 state a CONNECT starts with: a clean session discards
-        what a persistent one kept."""
+    def exactly_once(self, vhost: str, client_id: str, clean: bool) -> tuple[ExactlyOnce, bool]:
+        """The QoS 2 state a CONNECT starts with, and whether a persistent
+        session was kept for it; a clean session discards what one kept."""
         key = (vhost, client_id)
         if clean:
             old = self.kept.pop(key, None)
             if old is not None:
                 old.forget()
-            return ExactlyOnce(vhost, client_id)
+            return ExactlyOnce(vhost, client_id), False
         state = self.kept.get(key)
-        if state is None:
-            state = self.kept[key] = ExactlyOnce(vhost, client_id, self.store, self.writer)
-        return state
+        if state is not None:
+            return state, True
+        state = self.kept[key] = ExactlyOnce(vhost, client_id, self.store, self.writer)
+        return state, False
 
 
 class MQTTConnection:
@@ -327,7 +328,7 @@ class MQTTConnection:
         if self.keepalive:
             self._heard = False
             self._timer = self.io.call_later(self.keepalive * 1.5, self._keepalive_check)
-        self.qos2 = self.sessions.exactly_once(vhost_name, self.client_id, self.clean)
+        self.qos2, present = self.sessions.exactly_once(vhost_name, self.client_id, self.clean)
         kept = [(qos, self.vhost.queues.get(queue_name(self.client_id, qos))) for qos in (0, 1, 2)]
         kept = [(qos, q) for qos, q in kept if q is not None]
         if self.clean:
@@ -335,7 +336,9 @@ class MQTTConnection:
                 self.vhost.remove_queue(q)
             kept = []
         # CONNACK first: consuming delivers what the session kept at once.
-        self.send(packets.connack(bool(kept) and c.level == 4, packets.ACCEPTED))
+        # A persistent session is there when its queues are (RabbitMQ) or
+        # this node saw it before (a session without subscriptions, as Mosquitto).
+        self.send(packets.connack((present or bool(kept)) and c.level == 4, packets.ACCEPTED))
         for pid in sorted(self.qos2.released):
             self.send(packets.acknowledgement(packets.PUBREL, pid))
         for qos, q in kept:
