@@ -133,3 +133,19 @@ def parse_publish(flags: int, body: bytes) -> tuple[str, int, int, bool, bool, b
         (pid,) = struct.unpack_from(">H", body, pos)
         pos += 2
     return topic, qos, pid, bool(flags & 1), bool(flags & 8), body[pos:]
+
+
+def until_ping(raw: RawMQTT) -> list:
+    """Packets the server sends before answering a PINGREQ: publishes as
+    (topic, qos, retain, dup, payload), others as (type, body)."""
+    raw.send(PINGREQ)
+    seen = []
+    while True:
+        kind, flags, body = raw.read()
+        if kind == 13:
+            return seen
+        if kind == 3:
+            topic, qos, _pid, retain, dup, payload = parse_publish(flags, body)
+            seen.append((topic, qos, retain, dup, payload))
+        else:
+            seen.append((kind, body))

@@ -15,7 +15,7 @@ import struct
 import pytest
 
 from helpers import unique, wait_for
-from mqtt_raw import DISCONNECT, PINGREQ, RawMQTT, connect_packet, packet, parse_publish, publish_packet, subscribe_packet
+from mqtt_raw import DISCONNECT, RawMQTT, connect_packet, packet, parse_publish, publish_packet, subscribe_packet, until_ping
 
 
 def _in_ci() -> bool:
@@ -69,22 +69,6 @@ def same(both: dict, scenario) -> object:
     observed = {name: scenario(port, prefix) for name, port in both.items()}
     assert observed["hutch"] == observed["mosquitto"]
     return observed["hutch"]
-
-
-def until_ping(raw: RawMQTT) -> list:
-    """Packets the server sends before answering a PINGREQ: publishes as
-    (topic, qos, retain, dup, payload), others as (type, body)."""
-    raw.send(PINGREQ)
-    seen = []
-    while True:
-        kind, flags, body = raw.read()
-        if kind == 13:
-            return seen
-        if kind == 3:
-            topic, qos, _pid, retain, dup, payload = parse_publish(flags, body)
-            seen.append((topic, qos, retain, dup, payload))
-        else:
-            seen.append((kind, body))
 
 
 def subscriber(port: int, topic_filter: str, qos: int = 1, **kwargs) -> RawMQTT:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from helpers import unique
-from mqtt_raw import DISCONNECT, PINGREQ, RawMQTT, parse_publish, publish_packet, subscribe_packet
+from mqtt_raw import DISCONNECT, PINGREQ, RawMQTT, parse_publish, publish_packet, subscribe_packet, until_ping
 
 
 @pytest.fixture
@@ -30,14 +30,7 @@ def retained_for(port: int, topic_filter: str, qos: int = 1) -> list[tuple]:
         raw.connect(unique("late"))
         raw.send(subscribe_packet(1, (topic_filter, qos)))
         assert raw.read()[0] == 9
-        raw.send(PINGREQ)
-        got = []
-        while True:
-            kind, flags, body = raw.read()
-            if kind == 13:
-                return got
-            topic, got_qos, _pid, retained, _dup, payload = parse_publish(flags, body)
-            got.append((topic, got_qos, retained, payload))
+        return [(topic, qos, retained, payload) for topic, qos, retained, _dup, payload in until_ping(raw)]
 
 
 def test_a_new_subscription_gets_the_retained_message(mqtt_port):

@@ -174,3 +174,8 @@ def test_mqtt_connections_and_consumers_are_in_the_metrics(start_broker):
         raw.read()
         _types, samples = scrape(broker)
         assert (samples["rabbitmq_connections"], samples["rabbitmq_consumers"], samples["rabbitmq_queues"]) == (1, 1, 1)
+
+
+def test_mqtt_can_be_disabled(start_broker):
+    broker = start_broker("--mqtt-enabled", "false", expect=("AMQP", "HTTP"))
+    assert "MQTT" not in broker.ports and "listening for MQTT" not in broker.log

@@ -198,13 +198,18 @@ def _valid_filter(topic_filter: str) -> bool:
     return True
 
 
+def _leading_packet_id(what: str, flags: int, body: bytes) -> int:
+    """The packet id that opens a (UN)SUBSCRIBE, whose fixed-header flags must be 0010."""
+    if flags != 0x02:
+        raise MalformedPacket("%s flags %d" % (what, flags))
+    if len(body) < 2:
+        raise MalformedPacket("%s without a packet identifier" % what)
+    return _U16.unpack_from(body, 0)[0]
+
+
 def decode_subscribe(flags: int, body: bytes) -> tuple[int, list[tuple[str, int]]]:
     """(packet id, [(topic filter, requested qos)]); an invalid filter gets qos 0x80."""
-    if flags != 0x02:
-        raise MalformedPacket("SUBSCRIBE flags %d" % flags)
-    if len(body) < 2:
-        raise MalformedPacket("SUBSCRIBE without a packet identifier")
-    (pid,) = _U16.unpack_from(body, 0)
+    pid = _leading_packet_id("SUBSCRIBE", flags, body)
     pos = 2
     requests = []
     while pos < len(body):
@@ -222,11 +227,7 @@ def decode_subscribe(flags: int, body: bytes) -> tuple[int, list[tuple[str, int]
 
 
 def decode_unsubscribe(flags: int, body: bytes) -> tuple[int, list[str]]:
-    if flags != 0x02:
-        raise MalformedPacket("UNSUBSCRIBE flags %d" % flags)
-    if len(body) < 2:
-        raise MalformedPacket("UNSUBSCRIBE without a packet identifier")
-    (pid,) = _U16.unpack_from(body, 0)
+    pid = _leading_packet_id("UNSUBSCRIBE", flags, body)
     pos = 2
     filters = []
     while pos < len(body):

@@ -35,7 +35,7 @@ from collections import deque
 
 from pamqp import encode
 
-from amqp_server.connection import Connection
+from amqp_server.connection import CLOSED, Connection
 from amqp_server.mqtt import packets, topics
 from amqp_server.mqtt.exactly_once import ExactlyOnce
 from amqp_server.mqtt.packets import MalformedPacket, RefusedConnect
@@ -47,7 +47,7 @@ from vhosts.errors import AMQPError
 
 log = logging.getLogger("hutch.mqtt")
 
-CONNECTING, CONNECTED, CLOSED = "connecting", "connected", "closed"
+CONNECTING, CONNECTED = "connecting", "connected"
 MAX_PACKET = 268435455
 _HEADER_START = struct.Struct(">HHQ")
 
@@ -136,7 +136,7 @@ class MQTTConnection:
         self._pubacks: deque = deque()
         self.qos2: ExactlyOnce | None = None
         self._output: list[bytes] = []
-        self.output_paused = False
+        self.socket_paused = False  # set by the protocol (pause_writing)
         self.blocked_by: set = set()
         self._heard = False
         self._timer = io.call_later(10.0, self._connect_timeout)
@@ -218,6 +218,9 @@ class MQTTConnection:
             log.info("MQTT connection from %s refused (%d): %s", self.peer, exc.code, exc)
             self.send(packets.connack(False, exc.code))
             self.close()
+        except Exception:
+            log.exception("internal error on MQTT connection from %s", self.peer)
+            self.close()
 
     def close(self) -> None:
         """Close the network connection (the will goes out, see `lost`)."""
@@ -251,21 +254,11 @@ class MQTTConnection:
         log.info("closing MQTT connection from %s: %s", self.peer, reason)
         self.close()
 
-    # -- flow control (the publisher port of vhosts) ---------------------------
+    # -- flow control (the publisher port of vhosts), as for AMQP publishers ----
 
-    def throttled_by(self, source) -> None:
-        self.blocked_by.add(source)
-
-    def unblocked(self, source) -> None:
-        self.blocked_by.discard(source)
-        if not self.blocked_by and self.state is not CLOSED:
-            self.io.call_soon(self._continue)
-
-    def _continue(self) -> None:
-        if self.state is CLOSED or self.blocked_by:
-            return
-        self.io.resume_reading()
-        self.parse()
+    throttled_by = Connection.throttled_by
+    unblocked = Connection.unblocked
+    _continue = Connection._continue
 
     def output_resumed(self) -> None:
         for consumer in list(self.consumers.values()):
@@ -477,10 +470,10 @@ class MQTTConnection:
 
     @property
     def output_blocked(self) -> bool:
-        return self.output_paused
+        return self.socket_paused
 
     def can_deliver(self, consumer: Consumer) -> bool:
-        if self.output_paused or self.state is not CONNECTED:
+        if self.socket_paused or self.state is not CONNECTED:
             return False
         return consumer.no_ack or consumer.unacked < consumer.prefetch_count
 
