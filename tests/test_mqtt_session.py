@@ -179,3 +179,23 @@ def test_mqtt_connections_and_consumers_are_in_the_metrics(start_broker):
 def test_mqtt_can_be_disabled(start_broker):
     broker = start_broker("--mqtt-enabled", "false", expect=("AMQP", "HTTP"))
     assert "MQTT" not in broker.ports and "listening for MQTT" not in broker.log
+
+
+def test_the_user_connection_limit_counts_mqtt_connections(mqtt_port, api, limited_user):
+    grant(api, limited_user)
+    assert api.put("/api/user-limits/%s/max-connections" % limited_user, {"value": 1}).status == 204
+    with RawMQTT(mqtt_port) as first, RawMQTT(mqtt_port) as second:
+        assert first.connect(unique("l1"), username=limited_user, password="pw") == b"\x00\x00"
+        assert second.connect(unique("l2"), username=limited_user, password="pw") == b"\x00\x05"
+
+
+def test_deleting_the_vhost_closes_its_mqtt_connections(mqtt_port, api):
+    vhost = unique("gone")
+    assert api.put("/api/vhosts/" + vhost).status == 201
+    assert api.put("/api/permissions/%s/guest" % vhost, {"configure": ".*", "write": ".*", "read": ".*"}).status in (201, 204)
+    with RawMQTT(mqtt_port) as raw:
+        assert raw.connect(unique("v"), username=vhost + ":guest", password="guest") == b"\x00\x00"
+        raw.send(subscribe_packet(1, ("a/b", 1)))
+        raw.read()
+        assert api.delete("/api/vhosts/" + vhost).status == 204
+        assert raw.closed_by_server()
