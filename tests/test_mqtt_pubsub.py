@@ -4,6 +4,7 @@ raw sockets for exact packets)."""
 from __future__ import annotations
 
 import asyncio
+import struct
 import threading
 
 import aiomqtt
@@ -212,3 +213,17 @@ def test_a_packet_before_connect_closes_the_connection(mqtt_port):
     with RawMQTT(mqtt_port) as raw:
         raw.send(PINGREQ)
         assert raw.closed_by_server()
+
+
+def test_a_burst_bigger_than_one_turns_input_budget_arrives_whole_and_in_order(mqtt_port, broker):
+    topic = unique("burst")
+    payloads = [b"%04d" % n + b"x" * 2000 for n in range(300)]  # about 600 KiB in one write
+    with connect(broker.port) as conn, RawMQTT(mqtt_port) as raw:
+        channel = conn.channel()
+        queue = channel.queue_declare("", exclusive=True).method.queue
+        channel.queue_bind(queue, "amq.topic", topic)
+        raw.connect(unique("burst"))
+        raw.send(b"".join(publish_packet(topic, p, qos=1, pid=n + 1) for n, p in enumerate(payloads)))
+        assert [raw.read()[2] for _ in payloads] == [struct.pack(">H", n + 1) for n in range(len(payloads))]
+        got = [_get(channel, queue)[2] for _ in payloads]
+        assert got == payloads

@@ -28,6 +28,7 @@ Theory of operation:
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import struct
 import time
@@ -35,7 +36,7 @@ from collections import deque
 
 from pamqp import encode
 
-from amqp_server.connection import CLOSED, Connection
+from amqp_server.connection import CLOSED, INPUT_BUDGET, Connection
 from amqp_server.mqtt import packets, topics
 from amqp_server.mqtt.exactly_once import ExactlyOnce
 from amqp_server.mqtt.packets import MalformedPacket, RefusedConnect
@@ -127,7 +128,7 @@ class MQTTConnection:
         self.level = 4
         self.keepalive = 0
         self.will: tuple | None = None
-        self.channels: dict = {}  # none: counted by the broker's channel limit
+        self.channels: dict = {}  # MQTT has none (the API and the channel limits count them)
         self.recv_oct = self.recv_cnt = self.send_oct = self.send_cnt = 0
         self.consumers: dict[int, Consumer] = {}
         self.unacked: dict[int, tuple] = {}
@@ -185,6 +186,8 @@ class MQTTConnection:
         """Closed over the management API (MQTT has no reason to send)."""
         self.force_close(error.reply_text)
 
+    # -- input -------------------------------------------------------------------
+
     def received(self, data: bytes) -> None:
         if self.state is CLOSED:
             return
@@ -195,22 +198,11 @@ class MQTTConnection:
         self.parse()
 
     def parse(self) -> None:
+        """Handle what arrived, up to INPUT_BUDGET bytes per loop turn (then
+        the rest waits for the next turn, so one client cannot starve others)."""
         try:
-            for kind, flags, body in self.reader.packets():
-                if self.state is CLOSED:
-                    return
-                if self.state is CONNECTING:
-                    if kind != packets.CONNECT:
-                        raise MalformedPacket("packet type %d before CONNECT" % kind)
-                    self._connect(body)
-                    continue
-                handler = self.handlers.get(kind)
-                if handler is None:
-                    raise MalformedPacket("unexpected packet type %d" % kind)
-                handler(flags, body)
-                if self.blocked_by:
-                    self.io.pause_reading()
-                    return
+            with contextlib.closing(self.reader.packets()) as stream:
+                self._handle(stream, INPUT_BUDGET)
         except MalformedPacket as exc:
             log.info("closing MQTT connection from %s: %s", self.peer, exc)
             self.close()
@@ -221,6 +213,28 @@ class MQTTConnection:
         except Exception:
             log.exception("internal error on MQTT connection from %s", self.peer)
             self.close()
+
+    def _handle(self, stream, budget: int) -> None:
+        for kind, flags, body in stream:
+            if self.state is CLOSED:
+                return
+            if self.state is CONNECTING:
+                if kind != packets.CONNECT:
+                    raise MalformedPacket("packet type %d before CONNECT" % kind)
+                self._connect(body)
+                continue
+            handler = self.handlers.get(kind)
+            if handler is None:
+                raise MalformedPacket("unexpected packet type %d" % kind)
+            handler(flags, body)
+            if self.blocked_by:
+                self.io.pause_reading()
+                return
+            budget -= len(body) + 2
+            if budget <= 0 and self.state is not CLOSED:
+                self.io.pause_reading()
+                self.io.call_soon(self._continue)
+                return
 
     def close(self) -> None:
         """Close the network connection (the will goes out, see `lost`)."""
