@@ -87,6 +87,25 @@ class DeadLetterLogConfig:
 
 
 @dataclass
+class MQTTConfig:
+    """The MQTT 3.1/3.1.1 listener (RabbitMQ's rabbitmq_mqtt plugin, docs/mqtt.md)."""
+
+    enabled: bool = True
+    port: int = 1883
+    # MQTT over TLS, with the certificate and key of `tls`, when those are set.
+    tls_port: int = 8883
+    # The vhost of a username without "vhost:" in front. [mqtt.vhost]
+    vhost: str = "/"
+    exchange: str = "amq.topic"
+    # A CONNECT without a username logs in as this user. [mqtt.allow_anonymous]
+    allow_anonymous: bool = True
+    default_user: str = "guest"
+    default_pass: str = "guest"
+    # Unacknowledged QoS 1 deliveries per subscription. [mqtt.prefetch]
+    prefetch: int = 10
+
+
+@dataclass
 class BrokerConfig:
     bind: str = "0.0.0.0"
     port: int = 5672
@@ -109,3 +128,4 @@ class BrokerConfig:
     management: ManagementConfig = field(default_factory=ManagementConfig)
     prometheus: PrometheusConfig = field(default_factory=PrometheusConfig)
     dead_letter_log: DeadLetterLogConfig = field(default_factory=DeadLetterLogConfig)
+    mqtt: MQTTConfig = field(default_factory=MQTTConfig)

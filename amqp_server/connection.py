@@ -104,6 +104,8 @@ def server_properties() -> dict:
 
 
 class Connection:
+    protocol = "AMQP 0-9-1"  # as the management API names it
+
     def __init__(self, broker: Broker, config: BrokerConfig, io: "AMQPProtocol", peer: tuple | None) -> None:
         self.broker = broker
         self.config = config

@@ -11,10 +11,14 @@ import ssl
 from amqp_server.config import BrokerConfig
 from amqp_server.management import ManagementListeners
 from amqp_server.management.listeners import ListenerError
+from amqp_server.mqtt.protocol import MQTTProtocol
+from amqp_server.mqtt.retained import RetainedMessages
+from amqp_server.mqtt.session import Sessions
 from amqp_server.protocol import AMQPProtocol
 from storage.dead_letter_log import DeadLetterLogSettings
 from storage.definitions import DefinitionStore
 from storage.memory_monitor import MemoryMonitor, budget_bytes
+from storage.mqtt_store import MQTTStore
 from storage.vhost_storage import StorageSettings, VhostStorage, dir_name
 from storage.writer import GroupCommitWriter
 from vhosts import Broker
@@ -101,6 +105,13 @@ class BrokerServer:
         self.servers: list[asyncio.Server] = []
         # (protocol, address, port) of every open listener, as RabbitMQ lists them
         self.listeners: list[tuple[str, str, int]] = []
+        try:
+            self.mqtt_store = MQTTStore(os.path.join(config.data_dir, "mqtt.db"))
+        except sqlite3.Error as exc:
+            self.definitions.close()
+            self.writer.stop()
+            raise ListenError("cannot open the MQTT store: %s" % exc) from None
+        self.mqtt_sessions = Sessions(RetainedMessages(self.mqtt_store, self.writer), self.mqtt_store, self.writer)
         self.management = ManagementListeners(self.broker, self.connections, config, self.writer, self.monitor,
                                               self.listeners)
 
@@ -111,15 +122,23 @@ class BrokerServer:
         def factory() -> AMQPProtocol:
             return AMQPProtocol(self.broker, config, self.connections)
 
-        listeners = [("AMQP", config.port, None)]
-        protocols = {"AMQP": "amqp", "AMQPS": "amqp/ssl"}
+        def mqtt_factory() -> MQTTProtocol:
+            return MQTTProtocol(self.broker, config, self.mqtt_sessions, self.connections)
+
+        listeners = [("AMQP", config.port, None, factory)]
+        protocols = {"AMQP": "amqp", "AMQPS": "amqp/ssl", "MQTT": "mqtt", "MQTTS": "mqtt/ssl"}
+        context = None
         if config.tls.enabled:
             try:
                 context = tls_context(config)
             except (OSError, ssl.SSLError) as exc:
                 raise ListenError("cannot load the TLS certificate or key: %s" % exc) from None
-            listeners.append(("AMQPS", config.tls.port, context))
-        for name, port, context in listeners:
+            listeners.append(("AMQPS", config.tls.port, context, factory))
+        if config.mqtt.enabled:
+            listeners.append(("MQTT", config.mqtt.port, None, mqtt_factory))
+            if context is not None:
+                listeners.append(("MQTTS", config.mqtt.tls_port, context, mqtt_factory))
+        for name, port, context, factory in listeners:
             try:
                 server = await loop.create_server(factory, config.bind, port, ssl=context, reuse_address=True)
             except OSError as exc:
@@ -156,6 +175,7 @@ class BrokerServer:
                 if vhost.message_storage is not None:
                     vhost.message_storage.write_summaries()
         self.definitions.close()
+        self.mqtt_store.close()
         with open(os.path.join(self.config.data_dir, CLEAN_SHUTDOWN), "w") as marker:
             marker.write("hutch stopped cleanly\n")
 

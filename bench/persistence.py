@@ -191,7 +191,8 @@ class Hutch:
         logf = open(os.path.join(self.data_dir, "broker.log"), "ab")
         cmd = [sys.executable, "-m", "cli.server", "--port", str(self.port), "--bind", "127.0.0.1",
                "--data-dir", self.data_dir, "--log-level", "warning",
-               "--management-enabled", "false", "--prometheus-enabled", "false", *self.extra]
+               "--management-enabled", "false", "--prometheus-enabled", "false", "--mqtt-enabled", "false",
+               *self.extra]
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=logf, stderr=subprocess.STDOUT)
         logf.close()
 

@@ -171,7 +171,8 @@ def test_health_checks(api, broker):
     assert (reply.body["status"], reply.body["reason"], reply.body["missing"]) == ("failed", "No active listener", 1)
     assert broker.port in reply.body["ports"] and broker.ports["HTTP"] in reply.body["ports"]
     assert api.get("/api/health/checks/protocol-listener/amqp").body == {"status": "ok", "protocol": "amqp"}
-    assert api.get("/api/health/checks/protocol-listener/mqtt").status == 503
+    assert api.get("/api/health/checks/protocol-listener/mqtt").body == {"status": "ok", "protocol": "mqtt"}
+    assert api.get("/api/health/checks/protocol-listener/stomp").status == 503
 
 
 def test_aliveness_test(api):

@@ -20,7 +20,7 @@ import aio_pika
 import pika
 import pytest
 
-from amqp_server.config import BrokerConfig, ManagementConfig, PrometheusConfig, StorageConfig
+from amqp_server.config import BrokerConfig, ManagementConfig, MQTTConfig, PrometheusConfig, StorageConfig
 from amqp_server.server import BrokerServer
 from conftest import launch
 from helpers import connect, drain, unique
@@ -286,7 +286,8 @@ async def started(data_dir) -> BrokerServer:
     """An in-process broker whose memory budget makes queues page out."""
     config = BrokerConfig(bind="127.0.0.1", port=0, data_dir=str(data_dir),
                           storage=StorageConfig(vm_memory_high_watermark_absolute=4000000, segment_entries=1024),
-                          management=ManagementConfig(enabled=False), prometheus=PrometheusConfig(enabled=False))
+                          management=ManagementConfig(enabled=False), prometheus=PrometheusConfig(enabled=False),
+                          mqtt=MQTTConfig(enabled=False))
     broker = BrokerServer(config)
     await broker.start()
     broker.port = broker.servers[0].sockets[0].getsockname()[1]

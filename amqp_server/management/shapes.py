@@ -268,7 +268,7 @@ def connection(sampler, conn) -> dict:
         "peer_host": peer_host,
         "peer_port": peer_port,
         "port": port,
-        "protocol": "AMQP 0-9-1",
+        "protocol": conn.protocol,
         "recv_cnt": conn.recv_cnt,
         "recv_oct": conn.recv_oct,
         "recv_oct_details": {"rate": sampler.rate(conn, "recv_oct")},

@@ -1,0 +1,108 @@
+"""QoS 2 (exactly once) packet-id state of one MQTT session; beyond RabbitMQ,
+whose plugin downgrades QoS 2 to 1.
+
+Theory of operation (MQTT 3.1.1 4.3.3, "method B" on the receiving side):
+- Inbound: a QoS 2 PUBLISH whose packet id is not in `received` is routed and
+  its id recorded; one whose id is there (a resend) is not routed again.
+  Either way it gets PUBREC. PUBREL removes the id and gets PUBCOMP.
+- Outbound: a delivery at QoS 2 is recorded in `sent` (message id -> packet
+  id) so a redelivery after a reconnect reuses its packet id (the client
+  deduplicates by it); PUBREC acks the queue entry and moves the id to
+  `released` (PUBREL sent); PUBCOMP forgets it. After a reconnect every id in
+  `released` gets its PUBREL again.
+- A persistent session writes each change to `storage.mqtt_store` on the
+  storage writer thread, so the state outlives restarts; a clean session's
+  state lives and dies with its connection.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+RECEIVED, SENT, RELEASED = "received", "sent", "released"
+
+
+class ExactlyOnce:
+    __slots__ = ("vhost", "client_id", "received", "sent", "released", "store", "writer")
+
+    def __init__(self, vhost: str, client_id: str, store=None, writer=None) -> None:
+        self.vhost = vhost
+        self.client_id = client_id
+        self.received: set[int] = set()
+        self.sent: dict[bytes, int] = {}
+        self.released: set[int] = set()
+        # Both None for a clean session: nothing is written.
+        self.store = store
+        self.writer = writer
+
+    def restore(self, rows: list[tuple[str, int, bytes]]) -> None:
+        for kind, pid, msg_id in rows:
+            if kind == RECEIVED:
+                self.received.add(pid)
+            elif kind == SENT:
+                self.sent[msg_id] = pid
+            else:
+                self.released.add(pid)
+
+    def in_use(self, pid: int) -> bool:
+        """Whether an outbound packet id is still taken by a QoS 2 flow."""
+        return pid in self.released or pid in self.sent.values()
+
+    # -- inbound -------------------------------------------------------------------
+
+    def receive(self, pid: int, done: Callable[[], None] | None) -> tuple[bool, bool]:
+        """A QoS 2 PUBLISH: (whether it is new and must be routed, whether
+        `done` will be called once the id is on disk)."""
+        if pid in self.received:
+            return False, False
+        self.received.add(pid)
+        return True, self._write("add_packet_id", RECEIVED, pid, b"", done)
+
+    def release(self, pid: int) -> None:
+        if pid in self.received:
+            self.received.discard(pid)
+            self._write("remove_packet_id", RECEIVED, pid)
+
+    # -- outbound ------------------------------------------------------------------
+
+    def sent_before(self, msg_id: bytes) -> int | None:
+        return self.sent.get(msg_id)
+
+    def record_sent(self, msg_id: bytes, pid: int) -> None:
+        if self.sent.get(msg_id) != pid:
+            self.sent[msg_id] = pid
+            self._write("add_packet_id", SENT, pid, msg_id)
+
+    def record_pubrec(self, msg_id: bytes, pid: int) -> None:
+        if self.sent.pop(msg_id, None) is not None:
+            self._write("remove_packet_id", SENT, pid)
+        if pid not in self.released:
+            self.released.add(pid)
+            self._write("add_packet_id", RELEASED, pid)
+
+    def complete(self, pid: int) -> None:
+        if pid in self.released:
+            self.released.discard(pid)
+            self._write("remove_packet_id", RELEASED, pid)
+
+    def forget(self) -> None:
+        """The session ends (clean session): all of its state goes."""
+        self.received.clear()
+        self.sent.clear()
+        self.released.clear()
+        store = self.store
+        if store is not None:
+            vhost, client_id = self.vhost, self.client_id
+            self.writer.run(lambda: store.forget_session(vhost, client_id))
+
+    def _write(self, operation: str, kind: str, pid: int, msg_id: bytes = b"",
+               done: Callable[[], None] | None = None) -> bool:
+        store = self.store
+        if store is None:
+            return False
+        vhost, client_id = self.vhost, self.client_id
+        if operation == "add_packet_id":
+            job = lambda: store.add_packet_id(vhost, client_id, kind, pid, msg_id)  # noqa: E731
+        else:
+            job = lambda: store.remove_packet_id(vhost, client_id, kind, pid)  # noqa: E731
+        self.writer.run(job, done and (lambda _result: done()))
+        return done is not None

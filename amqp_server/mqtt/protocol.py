@@ -1,0 +1,20 @@
+"""The MQTT listener's transport side: the AMQP protocol's IO (batched
+writes once per loop turn, flow control) around an MQTTConnection."""
+from __future__ import annotations
+
+import asyncio
+
+from amqp_server.mqtt.session import MQTTConnection, Sessions
+from amqp_server.protocol import AMQPProtocol
+
+
+class MQTTProtocol(AMQPProtocol):
+    def __init__(self, broker, config, sessions: Sessions, connections: set) -> None:
+        super().__init__(broker, config, connections)
+        self.sessions = sessions
+
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        # Listed in `connections` (the management API) once CONNECT is accepted.
+        self.transport = transport
+        self.connection = MQTTConnection(self.broker, self.config, self, transport.get_extra_info("peername"),
+                                         self.sessions, self.connections)
