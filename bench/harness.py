@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import shutil
 import signal
 import socket
@@ -24,7 +25,19 @@ import urllib.parse
 from contextlib import contextmanager
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-AMQPBENCH_SRC = os.path.join(os.path.dirname(ROOT), "shared", "amqpbench")
+
+def _shared_amqpbench() -> str:
+    """../shared/amqpbench next to this checkout, or next to one of its parents (a git worktree)."""
+    here = ROOT
+    while os.path.dirname(here) != here:
+        here = os.path.dirname(here)
+        candidate = os.path.join(here, "shared", "amqpbench")
+        if os.path.isdir(candidate):
+            return candidate
+    return os.path.join(os.path.dirname(ROOT), "shared", "amqpbench")
+
+
+AMQPBENCH_SRC = _shared_amqpbench()
 MB = 1024 * 1024
 
 
@@ -193,15 +206,20 @@ class Hutch:
         return time.monotonic() - t0
 
 
-def answers_amqp(port: int) -> bool:
+def answers_amqp(port: int, host: str = "127.0.0.1") -> bool:
     """True when the broker answers the protocol header with a method frame (connection.start)."""
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+        with socket.create_connection((host, port), timeout=1) as s:
             s.sendall(b"AMQP\x00\x00\x09\x01")
             data = s.recv(7)
             return len(data) >= 1 and data[0] == 1
     except OSError:
         return False
+
+
+def answers_amqp_uri(uri: str) -> bool:
+    parsed = urllib.parse.urlparse(uri)
+    return answers_amqp(parsed.port or 5672, parsed.hostname or "127.0.0.1")
 
 
 def wait_serving(port: int, proc: subprocess.Popen, timeout: float) -> float:
@@ -238,6 +256,19 @@ def files_left(pid: int) -> int | None:
         return soft - len(os.listdir("/proc/%d/fd" % pid))
     except (OSError, StopIteration, ValueError):
         return None
+
+
+def rabbitmq_sockets_left() -> int | None:
+    """Connections the local RabbitMQ node (rabbitmqctl's default) still accepts: its socket
+    limit minus the sockets in use ("Sockets: 3, limit: 832" in `rabbitmqctl status`). The limit is
+    below the open-files limit (file_handle_cache keeps some for files), and at the limit the
+    node stalls new logins for everyone."""
+    try:
+        out = subprocess.run(["rabbitmqctl", "status"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    found = re.search(r"Sockets: (\d+), limit: (\d+)", out)
+    return int(found.group(2)) - int(found.group(1)) if found else None
 
 
 def listening_pid(port: int) -> int | None:
