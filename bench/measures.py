@@ -6,8 +6,8 @@ the broker's peak RSS in bytes during the run). The measuring functions here:
 
 - `timed(args)`: one amqpbench run of --duration seconds after --warmup (S1-S5, S8, scale);
 - `backlog`: S6, fill then drain of --backlog persistent messages (`harness.fill_drain`);
-- `idle_connections`: S7, amqpbench holding N idle connections; RSS delta per connection;
-- `empty_queues`: declare N queues with pika; RSS delta per queue;
+- `idle_connections`: S7, amqpbench holding N idle connections; memory per connection;
+- `empty_queues`: declare N queues with pika; memory per queue;
 - `route_cost_rows`: routing cost per publish in-process (hutch's `VirtualHost.route`, timeit).
 
 `run_all` interleaves: for each repeat, for each scenario, every broker in turn, so drifts in the
@@ -17,6 +17,7 @@ process, empty data directory); RabbitMQ is the running node, shared and never r
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import timeit
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from harness import (MB, ROOT, RssSampler, amqpbench, files_left, fill_drain, fresh_hutch, log, profiled,
-                     rabbitmq_pid, rabbitmq_sockets_left, rss_bytes)
+                     rabbitmq_memory, rabbitmq_pid, rabbitmq_sockets_left, rss_bytes)
 from results_table import Metric, Row
 
 # Connections left free on a broker with a low socket limit (the shared RabbitMQ takes 832):
@@ -104,6 +105,8 @@ def timed(args: str) -> Callable[[Settings, Target, str], dict]:
         with RssSampler(target.pid) as rss, _profiling(settings, target, name):
             out = amqpbench(settings.generator, target.uri, argv, target.pid,
                             timeout=settings.duration + settings.warmup + 900)
+        if "cleanup_error" in out:
+            _delete_leftovers(target.uri, name)
         latency, consumed, cpu = out["latency_ms"], out["consume_rate"], out["broker_cpu_pct"]
         measured = bool(latency["samples"])
         return {"consumed": consumed, "p50": latency["p50"] if measured else None,
@@ -111,6 +114,21 @@ def timed(args: str) -> Callable[[Settings, Target, str], dict]:
                 "cpu_us": cpu * 1e4 / consumed if consumed and cpu >= 0 else None,
                 "rss": rss.peak, "amqpbench": out}
     return run
+
+
+def _delete_leftovers(uri: str, name: str) -> None:
+    """The exchange and queue `name`, when amqpbench could not delete them (RabbitMQ takes minutes
+    to delete an exchange with 100,000 bindings; amqpbench's request times out before)."""
+    import pika
+
+    conn = pika.BlockingConnection(pika.URLParameters(uri))
+    try:
+        channel = conn.channel()
+        channel.queue_delete(name)
+        channel.exchange_delete(name)
+    finally:
+        conn.close()
+    log("deleted the leftover queue and exchange %s" % name)
 
 
 def backlog(settings: Settings, target: Target, name: str) -> dict:
@@ -135,40 +153,68 @@ def _fit_sockets(target: Target, wanted: int) -> tuple[int, str]:
         target.name, n, wanted, SPARE_SOCKETS)
 
 
+class _MemoryDelta:
+    """RabbitMQ's own account of what something costs: the `rabbitmq_memory(prefix)` categories
+    before and while it exists (its RSS moves by more than that with the shared node's other work
+    and garbage collection). Nothing for hutch, whose fresh process's RSS is steady."""
+
+    def __init__(self, target: Target, prefix: str) -> None:
+        self.target, self.prefix = target, prefix
+        self.before = None if target.is_hutch else rabbitmq_memory(prefix)
+        self.during = None
+
+    def sample(self) -> None:
+        if not self.target.is_hutch:
+            self.during = rabbitmq_memory(self.prefix)
+
+    def per(self, count: int) -> float | None:
+        if self.before is None or self.during is None or not count:
+            return None
+        return (self.during - self.before) / count
+
+
 def idle_connections(settings: Settings, target: Target, name: str) -> dict:
+    """amqpbench opens the connections (1 channel each) and holds them --hold s: the broker's RSS
+    delta per connection (read by amqpbench at the end of the hold), and for RabbitMQ its
+    connection_* memory per connection, read once they are all open."""
     n, note = _fit_sockets(target, settings.idle_connections)
     if note:
         log(note)
+    node = _MemoryDelta(target, "connection_")
     out = amqpbench(settings.generator, target.uri, ["--idle-connections", str(n), "--idle-threads", "4",
                                                      "--time", "%g" % settings.hold, "--label", name], target.pid,
-                    timeout=settings.hold + 600)
+                    timeout=settings.hold + 600, when=("opened ", node.sample))
     opened = out["opened"]
-    return {"per_connection_kib": out["broker_rss_kb_delta"] / opened if opened else None, "opened": opened,
-            "rss": out["broker_rss_kb_after_open"] * 1024, "note": note, "amqpbench": out}
+    return {"per_connection_kib": out["broker_rss_kb_delta"] / opened if opened else None,
+            "node_kib": node.per(opened), "opened": opened, "rss": out["broker_rss_kb_after_open"] * 1024,
+            "note": note, "amqpbench": out}
 
 
 def empty_queues(settings: Settings, target: Target, name: str) -> dict:
-    """Declares --empty-queues non-durable queues on one channel; RSS delta per queue."""
+    """Declares --empty-queues non-durable queues on one channel: the broker's RSS delta per queue,
+    and for RabbitMQ its queue_procs memory per queue."""
     import pika
 
     n = settings.empty_queues
     conn = pika.BlockingConnection(pika.URLParameters(target.uri))
     try:
         channel = conn.channel()
+        node = _MemoryDelta(target, "queue_procs")
         before = rss_bytes(target.pid)
         for i in range(n):
             channel.queue_declare("%s-%d" % (name, i))
         after = rss_bytes(target.pid)
+        node.sample()
         for i in range(n):
             channel.queue_delete("%s-%d" % (name, i))
     finally:
         conn.close()
-    return {"per_queue_kib": (after - before) / 1024 / n, "rss": after}
+    return {"per_queue_kib": (after - before) / 1024 / n, "node_kib": node.per(n), "rss": after}
 
 
 def route_cost_us(bindings: int, routing_key: str) -> float:
     """Microseconds per `VirtualHost.route` through a topic exchange holding `bindings` of
-    amqpbench's --topic-bindings patterns (a.<i>.* for even i, #.<i> for odd i), best of 5."""
+    amqpbench's --topic-bindings patterns (a.<i>.* for even i, #.<i> for odd i), best of 7."""
     if ROOT not in sys.path:
         sys.path.insert(0, ROOT)
     from vhosts.vhost import VirtualHost
@@ -183,7 +229,7 @@ def route_cost_us(bindings: int, routing_key: str) -> float:
         raise RuntimeError("%s does not route to exactly one queue" % routing_key)
     timer = timeit.Timer(lambda: vhost.route("t", keys, None))
     calls, _ = timer.autorange()
-    return min(timer.repeat(5, calls)) / calls * 1e6
+    return min(timer.repeat(7, calls)) / calls * 1e6
 
 
 def route_cost_rows(binding_counts: tuple[int, ...], routing_key: str) -> list[Row]:
@@ -196,7 +242,7 @@ def route_cost_rows(binding_counts: tuple[int, ...], routing_key: str) -> list[R
 
 def run_one(settings: Settings, scenario: Scenario, broker) -> dict | None:
     """One run of `scenario` on `broker`; None (logged) when it failed."""
-    name = "bench-%s-%d" % ("".join(c if c.isalnum() else "-" for c in scenario.name.lower()), os.getpid())
+    name = "bench-%s-%d" % ("-".join(re.findall(r"[a-z0-9]+", scenario.name.lower())), os.getpid())
     try:
         with broker.running() as target:
             measured = scenario.run(settings, target, name)

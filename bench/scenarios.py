@@ -26,6 +26,8 @@ from results_table import Metric, table
 
 CONSUMED = Metric("consumed", "consumed msg/s", ">= 1")
 S2_SHAPE = "--size 1024 --prefetch 100 --multi-ack-every 10"
+PER_CONNECTION = (Metric("per_connection_kib", "RSS KiB per idle connection"),
+                  Metric("node_kib", "KiB per idle connection in RabbitMQ's memory_breakdown (connection_*)"))
 
 SCENARIOS = [
     Scenario("S1", "transient, 1 producer -> 1 queue -> 1 consumer, 16 B, autoack", (CONSUMED,),
@@ -41,8 +43,7 @@ SCENARIOS = [
     Scenario("S6", "--backlog persistent 1 KiB messages, confirms window 100, into one durable queue, then drained",
              (Metric("fill", "fill, confirmed msg/s", ">= 1"), Metric("drain", "drain msg/s", ">= 1"),
               Metric("rss_mib", "peak RSS MiB (fill and drain)", "< 150")), backlog),
-    Scenario("S7", "--idle-connections idle connections, 1 channel each", (Metric("per_connection_kib", "RSS KiB per idle connection"),),
-             idle_connections),
+    Scenario("S7", "--idle-connections idle connections, 1 channel each", PER_CONNECTION, idle_connections),
     Scenario("S8", "1 KiB at a fixed 1,000 msg/s, prefetch 100, multi-ack every 10: end-to-end latency",
              (Metric("p50", "latency p50 ms"), Metric("p99", "latency p99 ms", "<= 1")),
              timed(S2_SHAPE + " --rate 1000")),
@@ -55,20 +56,22 @@ TOPIC_KEY = "a.0.x"  # matches a.0.* whatever the number of bindings, and nothin
 
 def scale_scenarios() -> list[Scenario]:
     """Throughput with 1/10/100 queues (as many producers and consumers), with 10/100 producers
-    into one queue (S2's shape), end-to-end topic routing as bindings grow (S5's shape), memory per
+    into one queue (PerfTest's defaults: 12 B, manual ack of every message, no prefetch limit),
+    end-to-end topic routing as bindings grow (S5's shape), memory per
     idle connection and per empty queue."""
-    queues = [Scenario("%d queue%s" % (k, "s" if k > 1 else ""), "%d producers -> %d queues -> %d consumers, S2's shape" % (k, k, k),
-                       SCALE_RATE, timed(S2_SHAPE + " --queues %d --producers %d --consumers %d" % (k, k, k)))
-              for k in (1, 10, 100)]
-    producers = [Scenario("%d producers" % p, "%d producers -> 1 queue -> 1 consumer, S2's shape" % p, SCALE_RATE,
-                          timed(S2_SHAPE + " --producers %d" % p)) for p in (10, 100)]
+    queues = [Scenario("%d queue%s" % (k, "s" if k > 1 else ""), "%d producers -> %d queues -> %d consumers, "
+                       "PerfTest's defaults" % (k, k, k), SCALE_RATE,
+                       timed("--queues %d --producers %d --consumers %d" % (k, k, k))) for k in (1, 10, 100)]
+    producers = [Scenario("%d producers" % p, "%d producers -> 1 queue -> 1 consumer, PerfTest's defaults" % p,
+                          SCALE_RATE, timed("--producers %d" % p)) for p in (10, 100)]
     topic = [Scenario("topic, {:,} bindings".format(n), "S5's shape with %d bindings, routing key %s" % (n, TOPIC_KEY),
                       SCALE_RATE, timed("--size 16 --autoack --exchange {name} --type topic --topic-bindings %d "
                                         "--routing-key %s" % (n, TOPIC_KEY))) for n in TOPIC_BINDINGS]
-    memory = [Scenario("idle connections", "as S7", (Metric("per_connection_kib", "RSS KiB per idle connection"),),
-                       idle_connections),
+    memory = [Scenario("idle connections", "as S7", PER_CONNECTION, idle_connections),
               Scenario("empty queues", "--empty-queues non-durable queues declared on one channel",
-                       (Metric("per_queue_kib", "RSS KiB per empty queue"),), empty_queues)]
+                       (Metric("per_queue_kib", "RSS KiB per empty queue"),
+                        Metric("node_kib", "KiB per empty queue in RabbitMQ's memory_breakdown (queue_procs)")),
+                       empty_queues)]
     return queues + producers + topic + memory
 
 
