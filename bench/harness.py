@@ -110,6 +110,22 @@ def cpu_seconds(pid: int) -> float | None:
         return None
 
 
+def runqueue_wait_s(pid: int) -> float | None:
+    """Seconds the threads of `pid` have spent runnable but waiting for a CPU (the second field of
+    /proc/PID/task/TID/schedstat): time lost to other work on the machine, not to the broker's code."""
+    total = 0
+    try:
+        for tid in os.listdir("/proc/%d/task" % pid):
+            try:
+                with open("/proc/%d/task/%s/schedstat" % (pid, tid)) as f:
+                    total += int(f.read().split()[1])
+            except (OSError, IndexError, ValueError):
+                pass  # the thread ended meanwhile
+    except OSError:
+        return None
+    return total / 1e9
+
+
 def rss_bytes(pid: int) -> int | None:
     try:
         with open("/proc/%d/status" % pid) as f:

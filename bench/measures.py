@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from harness import (MB, ROOT, RssSampler, amqpbench, files_left, fill_drain, fresh_hutch, log, profiled,
-                     rabbitmq_memory, rabbitmq_pid, rabbitmq_sockets_left, rss_bytes)
+                     rabbitmq_memory, rabbitmq_pid, rabbitmq_sockets_left, rss_bytes,
+                     runqueue_wait_s)
 from results_table import Metric, Row
 
 # Connections left free on a broker with a low socket limit (the shared RabbitMQ takes 832):
@@ -98,13 +99,16 @@ def _profiling(settings: Settings, target: Target, name: str):
 
 def timed(args: str) -> Callable[[Settings, Target, str], dict]:
     """amqpbench with `args` (``{name}`` is replaced by the run's queue/exchange name) for
-    --duration s after --warmup s: consumed msg/s, latency p50/p99, broker CPU per message."""
+    --duration s after --warmup s: consumed msg/s, latency p50/p99, broker CPU per message, and
+    the seconds the broker's threads waited for a CPU during the whole run (load from elsewhere)."""
     def run(settings: Settings, target: Target, name: str) -> dict:
         argv = ["--time", "%g" % settings.duration, "--warmup", "%g" % settings.warmup, "--queue", name,
                 "--label", name, *args.format(name=name).split()]
+        waited = runqueue_wait_s(target.pid)
         with RssSampler(target.pid) as rss, _profiling(settings, target, name):
             out = amqpbench(settings.generator, target.uri, argv, target.pid,
                             timeout=settings.duration + settings.warmup + 900)
+        waited = runqueue_wait_s(target.pid) - waited if waited is not None else None
         if "cleanup_error" in out:
             _delete_leftovers(target.uri, name)
         latency, consumed, cpu = out["latency_ms"], out["consume_rate"], out["broker_cpu_pct"]
@@ -112,7 +116,7 @@ def timed(args: str) -> Callable[[Settings, Target, str], dict]:
         return {"consumed": consumed, "p50": latency["p50"] if measured else None,
                 "p99": latency["p99"] if measured else None,
                 "cpu_us": cpu * 1e4 / consumed if consumed and cpu >= 0 else None,
-                "rss": rss.peak, "amqpbench": out}
+                "runqueue_wait_s": waited, "rss": rss.peak, "amqpbench": out}
     return run
 
 
