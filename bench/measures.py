@@ -1,0 +1,297 @@
+"""How a scenario is measured on one broker, and the loop that runs every scenario on every broker.
+
+A `Scenario` is a name, the `Metric`s it reports and a measuring function
+``run(settings, target, name) -> measurements`` (a dict keyed by `Metric.key`, plus ``"rss"``:
+the broker's peak RSS in bytes during the run). The measuring functions here:
+
+- `timed(args)`: one amqpbench run of --duration seconds after --warmup (S1-S5, S8, scale);
+- `backlog`: S6, fill then drain of --backlog persistent messages (`harness.fill_drain`);
+- `idle_connections`: S7, amqpbench holding N idle connections; memory per connection;
+- `empty_queues`: declare N queues with pika; memory per queue;
+- `route_cost_rows`: routing cost per publish in-process (hutch's `VirtualHost.route`, timeit).
+
+`run_all` interleaves: for each repeat, for each scenario, every broker in turn, so drifts in the
+machine's load hit both brokers alike. Every run of a scenario on hutch gets a fresh hutch (new
+process, empty data directory); RabbitMQ is the running node, shared and never restarted.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import timeit
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+from harness import (MB, ROOT, RssSampler, amqpbench, files_left, fill_drain, fresh_hutch, log, profiled,
+                     rabbitmq_memory, rabbitmq_pid, rabbitmq_sockets_left, rss_bytes,
+                     runqueue_wait_s)
+from results_table import Metric, Row
+
+# Connections left free on a broker with a low socket limit (the shared RabbitMQ takes 832):
+# other sessions' tests use it while the benchmark runs.
+SPARE_SOCKETS = 100
+
+
+@dataclass
+class Settings:
+    generator: str  # the amqpbench binary
+    duration: float = 20
+    warmup: float = 5
+    repeat: int = 1
+    backlog: int = 1_000_000  # S6 messages
+    idle_connections: int = 1000  # S7
+    hold: float = 5  # seconds the idle connections are held before RSS is read
+    empty_queues: int = 10_000
+    profile: str | None = None  # py-spy output directory (hutch runs only)
+
+
+@dataclass(frozen=True)
+class Target:
+    """A broker being measured: its name, uri and pid while `running()`."""
+    name: str
+    uri: str
+    pid: int
+    is_hutch: bool
+
+
+class HutchBroker:
+    name = "hutch"
+
+    def __init__(self, extra: list[str]) -> None:
+        self.extra = extra
+
+    @contextmanager
+    def running(self) -> Iterator[Target]:
+        with fresh_hutch(self.extra) as h:
+            yield Target(self.name, h.uri, h.pid, True)
+
+
+class RabbitMQBroker:
+    name = "RabbitMQ"
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    @contextmanager
+    def running(self) -> Iterator[Target]:
+        yield Target(self.name, self.url, rabbitmq_pid(self.url), False)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    title: str
+    metrics: tuple[Metric, ...]
+    run: Callable[[Settings, Target, str], dict]
+
+
+# --- measuring functions --------------------------------------------------------------------
+
+def _profiling(settings: Settings, target: Target, name: str):
+    if not (settings.profile and target.is_hutch):
+        return nullcontext()
+    return profiled(target.pid, settings.profile, name, delay=settings.warmup + 1,
+                    duration=int(max(1, min(10, settings.duration - 2))))
+
+
+def timed(args: str) -> Callable[[Settings, Target, str], dict]:
+    """amqpbench with `args` (``{name}`` is replaced by the run's queue/exchange name) for
+    --duration s after --warmup s: consumed msg/s, latency p50/p99, broker CPU per message, and
+    the seconds the broker's threads waited for a CPU during the whole run (load from elsewhere)."""
+    def run(settings: Settings, target: Target, name: str) -> dict:
+        argv = ["--time", "%g" % settings.duration, "--warmup", "%g" % settings.warmup, "--queue", name,
+                "--label", name, *args.format(name=name).split()]
+        waited = runqueue_wait_s(target.pid)
+        with RssSampler(target.pid) as rss, _profiling(settings, target, name):
+            out = amqpbench(settings.generator, target.uri, argv, target.pid,
+                            timeout=settings.duration + settings.warmup + 900)
+        waited = runqueue_wait_s(target.pid) - waited if waited is not None else None
+        if "cleanup_error" in out:
+            _delete_leftovers(target.uri, name)
+        latency, consumed, cpu = out["latency_ms"], out["consume_rate"], out["broker_cpu_pct"]
+        measured = bool(latency["samples"])
+        return {"consumed": consumed, "p50": latency["p50"] if measured else None,
+                "p99": latency["p99"] if measured else None,
+                "cpu_us": cpu * 1e4 / consumed if consumed and cpu >= 0 else None,
+                "runqueue_wait_s": waited, "rss": rss.peak, "amqpbench": out}
+    return run
+
+
+def _delete_leftovers(uri: str, name: str) -> None:
+    """The exchange and queue `name`, when amqpbench could not delete them (RabbitMQ takes minutes
+    to delete an exchange with 100,000 bindings; amqpbench's request times out before)."""
+    import pika
+
+    conn = pika.BlockingConnection(pika.URLParameters(uri))
+    try:
+        channel = conn.channel()
+        channel.queue_delete(name)
+        channel.exchange_delete(name)
+    finally:
+        conn.close()
+    log("deleted the leftover queue and exchange %s" % name)
+
+
+def backlog(settings: Settings, target: Target, name: str) -> dict:
+    res = fill_drain(settings.generator, target.uri, lambda: target.pid, name, settings.backlog,
+                     "%s-%s" % (target.name, name), settings.profile if target.is_hutch else None)
+    peak = max(res["fill_rss_peak"], res["drain_rss_peak"])
+    return {"fill": res["fill_rate"], "drain": res["drain_rate"], "rss_mib": peak / MB, "rss": peak,
+            "fill_drain": res}
+
+
+def _fit_sockets(target: Target, wanted: int) -> tuple[int, str]:
+    """How many more connections `target` can take while leaving SPARE_SOCKETS to other users,
+    and a note when that is fewer than `wanted`."""
+    room = [files_left(target.pid)]
+    if not target.is_hutch:
+        room.append(rabbitmq_sockets_left())
+    known = [r for r in room if r is not None]
+    if not known or min(known) - SPARE_SOCKETS >= wanted:
+        return wanted, ""
+    n = max(0, min(known) - SPARE_SOCKETS)
+    return n, "%s: %d idle connections instead of %d (the broker's socket limit, %d left spare)" % (
+        target.name, n, wanted, SPARE_SOCKETS)
+
+
+class _MemoryDelta:
+    """RabbitMQ's own account of what something costs: the `rabbitmq_memory(prefix)` categories
+    before and while it exists (its RSS moves by more than that with the shared node's other work
+    and garbage collection). Nothing for hutch, whose fresh process's RSS is steady."""
+
+    def __init__(self, target: Target, prefix: str) -> None:
+        self.target, self.prefix = target, prefix
+        self.before = None if target.is_hutch else rabbitmq_memory(prefix)
+        self.during = None
+
+    def sample(self) -> None:
+        if not self.target.is_hutch:
+            self.during = rabbitmq_memory(self.prefix)
+
+    def per(self, count: int) -> float | None:
+        if self.before is None or self.during is None or not count:
+            return None
+        return (self.during - self.before) / count
+
+
+def idle_connections(settings: Settings, target: Target, name: str) -> dict:
+    """amqpbench opens the connections (1 channel each) and holds them --hold s: the broker's RSS
+    delta per connection (read by amqpbench at the end of the hold), and for RabbitMQ its
+    connection_* memory per connection, read once they are all open."""
+    n, note = _fit_sockets(target, settings.idle_connections)
+    if note:
+        log(note)
+    node = _MemoryDelta(target, "connection_")
+    out = amqpbench(settings.generator, target.uri, ["--idle-connections", str(n), "--idle-threads", "4",
+                                                     "--time", "%g" % settings.hold, "--label", name], target.pid,
+                    timeout=settings.hold + 600, when=("opened ", node.sample))
+    opened = out["opened"]
+    return {"per_connection_kib": out["broker_rss_kb_delta"] / opened if opened else None,
+            "node_kib": node.per(opened), "opened": opened, "rss": out["broker_rss_kb_after_open"] * 1024,
+            "note": note, "amqpbench": out}
+
+
+def empty_queues(settings: Settings, target: Target, name: str) -> dict:
+    """Declares --empty-queues non-durable queues on one channel: the broker's RSS delta per queue,
+    and for RabbitMQ its queue_procs memory per queue."""
+    import pika
+
+    n = settings.empty_queues
+    conn = pika.BlockingConnection(pika.URLParameters(target.uri))
+    try:
+        channel = conn.channel()
+        node = _MemoryDelta(target, "queue_procs")
+        before = rss_bytes(target.pid)
+        for i in range(n):
+            channel.queue_declare("%s-%d" % (name, i))
+        after = rss_bytes(target.pid)
+        node.sample()
+        for i in range(n):
+            channel.queue_delete("%s-%d" % (name, i))
+    finally:
+        conn.close()
+    return {"per_queue_kib": (after - before) / 1024 / n, "node_kib": node.per(n), "rss": after}
+
+
+def route_cost_us(bindings: int, routing_key: str) -> float:
+    """Microseconds per `VirtualHost.route` through a topic exchange holding `bindings` of
+    amqpbench's --topic-bindings patterns (a.<i>.* for even i, #.<i> for odd i), best of 7."""
+    if ROOT not in sys.path:
+        sys.path.insert(0, ROOT)
+    from vhosts.vhost import VirtualHost
+
+    vhost = VirtualHost("bench")
+    vhost.declare_exchange("t", "topic")
+    vhost.declare_queue("q", None)
+    for i in range(bindings):
+        vhost.bind_queue("q", "t", ("a.%d.*" if i % 2 == 0 else "#.%d") % i, None, None)
+    keys = [routing_key]
+    if [q.name for q in vhost.route("t", keys, None)] != ["q"]:
+        raise RuntimeError("%s does not route to exactly one queue" % routing_key)
+    timer = timeit.Timer(lambda: vhost.route("t", keys, None))
+    calls, _ = timer.autorange()
+    return min(timer.repeat(7, calls)) / calls * 1e6
+
+
+def route_cost_rows(binding_counts: tuple[int, ...], routing_key: str) -> list[Row]:
+    metric = Metric("route_us", "route() in-process, µs per publish (hutch)")
+    return [Row("topic, {:,} bindings".format(n), metric, [route_cost_us(n, routing_key)], [])
+            for n in binding_counts]
+
+
+# --- running --------------------------------------------------------------------------------
+
+def run_one(settings: Settings, scenario: Scenario, broker) -> dict | None:
+    """One run of `scenario` on `broker`; None (logged) when it failed."""
+    name = "bench-%s-%d" % ("-".join(re.findall(r"[a-z0-9]+", scenario.name.lower())), os.getpid())
+    try:
+        with broker.running() as target:
+            measured = scenario.run(settings, target, name)
+    except (RuntimeError, OSError, subprocess.SubprocessError, KeyError) as exc:
+        log("%s on %s failed: %s" % (scenario.name, broker.name, exc))
+        return None
+    log("%s on %s: %s" % (scenario.name, broker.name, ", ".join(
+        "%s %s" % (m.label, _short(measured.get(m.key))) for m in scenario.metrics)))
+    return measured
+
+
+def _short(value) -> str:
+    return "-" if value is None else "%.4g" % value
+
+
+def run_all(settings: Settings, scenarios: list[Scenario], brokers: list) -> dict[str, dict[str, list]]:
+    """{scenario: {broker: [measurements or None, one per repeat]}}, interleaved (module doc)."""
+    results = {s.name: {b.name: [] for b in brokers} for s in scenarios}
+    for repeat in range(settings.repeat):
+        for scenario in scenarios:
+            for broker in brokers:
+                log("repeat %d/%d: %s on %s" % (repeat + 1, settings.repeat, scenario.name, broker.name))
+                results[scenario.name][broker.name].append(run_one(settings, scenario, broker))
+    return results
+
+
+def rows(scenarios: list[Scenario], results: dict[str, dict[str, list]]) -> list[Row]:
+    def values(runs: list, key: str) -> list:
+        return [run.get(key) if run else None for run in runs]
+
+    out = []
+    for s in scenarios:
+        hutch, rabbitmq = results[s.name].get(HutchBroker.name, []), results[s.name].get(RabbitMQBroker.name, [])
+        for m in s.metrics:
+            out.append(Row(s.name, m, values(hutch, m.key), values(rabbitmq, m.key),
+                           values(hutch, "rss"), values(rabbitmq, "rss")))
+    return out
+
+
+def notes(results: dict[str, dict[str, list]]) -> list[str]:
+    """The distinct notes the runs left (e.g. fewer idle connections than asked)."""
+    seen = []
+    for per_broker in results.values():
+        for runs in per_broker.values():
+            for run in runs:
+                if run and run.get("note") and run["note"] not in seen:
+                    seen.append(run["note"])
+    return seen
