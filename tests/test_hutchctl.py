@@ -29,10 +29,7 @@ pytestmark = pytest.mark.timeout(180)
 # What hutch's broker or management API does not do yet, by test (and list_queues case). These
 # tests are expected to fail against hutch, strictly: once the feature lands they report XPASS,
 # and the entry goes.
-HUTCH_GAPS = {
-    ("test_list_vhosts_shows_description_tags_and_tracing", None):
-        "hutch's PUT /api/vhosts/{vhost} does not keep description and tags yet",
-}
+HUTCH_GAPS: dict = {}
 
 
 @pytest.fixture(params=["rabbitmq", "hutch"])
