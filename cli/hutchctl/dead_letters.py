@@ -20,7 +20,7 @@ import subprocess
 import sys
 
 from cli.hutchctl.client import ApiError, path
-from cli.hutchctl.command import BadArgument, Command, Context, attempt, error, hutch_extension
+from cli.hutchctl.command import BadArgument, Command, Context, api_failure, error, hutch_extension
 from cli.hutchctl.options import integer
 from cli.hutchctl.terms import FieldTable
 
@@ -86,9 +86,11 @@ def list_dead_letters(ctx: Context, args: list[str], opts: dict) -> None:
     limit = integer("--limit", opts.get("--limit", str(DEFAULT_LIMIT)), 0)
     ctx.out.banner(f"Listing dead letters for vhost {ctx.vhost} ...")
     try:
-        attempt(ctx.client.get, path("vhosts", ctx.vhost), not_found=LookupError())
-    except LookupError:
-        return  # a vhost that does not exist lists nothing, as the other list_* commands
+        ctx.client.get(path("vhosts", ctx.vhost))
+    except ApiError as exc:
+        if exc.status == 404:
+            return  # a vhost that does not exist lists nothing, as the other list_* commands
+        raise api_failure(exc) from None
     rows = [[_value(record, column) for column in columns] for record in _records(ctx, start, limit)]
     ctx.out.info_items(columns, rows)
 
