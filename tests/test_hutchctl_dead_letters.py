@@ -129,3 +129,17 @@ def test_dead_letters_runs_a_spark_job_with_hutchctls_url_vhost_and_credentials(
     assert {reason: cells[0] for reason, cells in rows.items()} == {
         "rejected": "3", "expired": "2", "maxlen": "4", "delivery_limit": "0"}
     assert result.stdout.splitlines()[-1] == "(4 rows)"
+
+
+def test_job_options_are_handed_on_as_given_and_hutchctls_own_are_taken():
+    from cli.hutchctl.command import BadArgument
+    from cli.hutchctl.options import parse
+    from cli.hutchctl.registry import COMMANDS
+
+    argv = ["-p", "v", "dead_letters", "reasons", "--window", "1 day", "--master=local[2]", "--once", "-q",
+            "--url", "http://h:1", "--top", "-1"]
+    found = parse(argv, COMMANDS["dead_letters"])
+    assert found.args == ["reasons", "--window", "1 day", "--master=local[2]", "--once", "--top", "-1"]
+    assert found.general == {"vhost": "v", "quiet": True, "url": "http://h:1"}
+    with pytest.raises(BadArgument, match="--window : 1 day"):
+        parse(["list_dead_letters", "--window=1 day"], COMMANDS["list_dead_letters"])
