@@ -249,6 +249,10 @@ def test_list_vhosts_shows_description_tags_and_tracing(target):
         assert {"name": name, "description": "for tests", "tags": ["qa", "blue"], "tracing": False} in vhosts
         assert "%s\tfor tests\t[qa, blue]\tfalse" % name in target.ok("list_vhosts", "name", "description",
                                                                       "tags", "tracing").splitlines()
+        target.ok("trace_on", "-p", name)  # sends description and tags back: the PUT replaces them
+        assert "%s\tfor tests\t[qa, blue]\ttrue" % name in target.ok("list_vhosts", "name", "description",
+                                                                     "tags", "tracing").splitlines()
+        target.ok("trace_off", "-p", name)
     finally:
         target.run("delete_vhost", name)
 
