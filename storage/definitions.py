@@ -38,11 +38,12 @@ writes floats as 32-bit and cannot encode `bytes`. A binding's arguments are
 stored with their top-level keys sorted (their order is not part of the
 binding's identity, as in RabbitMQ), which makes the encoded text a key.
 
-Schema (version 2, in `PRAGMA user_version`; a version-1 file, from before
-topic permissions, limits and policies, is migrated in place by creating the
-tables version 2 added: `_MIGRATIONS`):
+Schema (version 3, in `PRAGMA user_version`; an older file is migrated in
+place by `_MIGRATIONS`: version 2 added the tables of topic permissions,
+limits and policies, version 3 the vhosts' description and tags, as columns
+with defaults so existing vhosts read back with none):
 
-    vhosts      (name PK)
+    vhosts      (name PK, description, tags: JSON list of str)
     users       (name PK, password_hash, tags: JSON list of str)
     permissions (user, vhost, configure, write, read; PK user, vhost)
     exchanges   (vhost, name, type, durable, auto_delete, internal, arguments; PK vhost, name)
@@ -66,7 +67,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Iterator, NamedTuple
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _SCHEMA = """
 CREATE TABLE vhosts (
@@ -146,10 +147,19 @@ CREATE TABLE policies (
     PRIMARY KEY (vhost, name)
 );
 """,
+    3: """
+ALTER TABLE vhosts ADD COLUMN description TEXT NOT NULL DEFAULT '';
+ALTER TABLE vhosts ADD COLUMN tags TEXT NOT NULL DEFAULT '[]';
+""",
 }
 
 
 # -- the snapshot ----------------------------------------------------------
+
+
+class VhostMetadata(NamedTuple):
+    description: str
+    tags: list
 
 
 class UserRow(NamedTuple):
@@ -215,6 +225,7 @@ class Definitions:
     """Everything the store holds, as plain values (the result of `load`)."""
 
     vhosts: list = field(default_factory=list)  # of str
+    vhost_metadata: dict = field(default_factory=dict)  # vhost -> VhostMetadata
     users: list = field(default_factory=list)  # of UserRow
     permissions: list = field(default_factory=list)  # of PermissionRow
     exchanges: list = field(default_factory=list)  # of ExchangeRow
@@ -367,8 +378,13 @@ class DefinitionStore:
 
     # -- vhosts, users, permissions ------------------------------------------
 
-    def upsert_vhost(self, name: str) -> None:
-        self._run(("INSERT OR IGNORE INTO vhosts (name) VALUES (?)", (name,)))
+    def upsert_vhost(self, name: str, description: str = "", tags: list = ()) -> None:
+        """The vhost, with its description and tags (replaced if it exists)."""
+        self._run((
+            "INSERT INTO vhosts (name, description, tags) VALUES (?, ?, ?) ON CONFLICT (name) "
+            "DO UPDATE SET description = excluded.description, tags = excluded.tags",
+            (name, description, json.dumps([str(tag) for tag in tags])),
+        ))
 
     def delete_vhost(self, name: str) -> None:
         """The vhost, everything in it and every permission on it."""
@@ -521,8 +537,10 @@ class DefinitionStore:
         """Everything, read in one transaction (so a consistent snapshot)."""
         db = self._db
         with self.transaction():
+            vhosts = db.execute("SELECT name, description, tags FROM vhosts ORDER BY rowid").fetchall()
             return Definitions(
-                vhosts=[name for (name,) in db.execute("SELECT name FROM vhosts ORDER BY rowid")],
+                vhosts=[name for name, _d, _t in vhosts],
+                vhost_metadata={name: VhostMetadata(description, json.loads(tags)) for name, description, tags in vhosts},
                 users=[UserRow(name, password_hash, json.loads(tags)) for name, password_hash, tags in
                        db.execute("SELECT name, password_hash, tags FROM users ORDER BY rowid")],
                 permissions=[PermissionRow(*row) for row in db.execute(

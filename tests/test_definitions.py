@@ -129,7 +129,7 @@ def test_fresh_store_is_blank_and_in_wal_mode(store, path):
     assert store._db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
     other = sqlite3.connect(path)
     assert other.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert other.execute("PRAGMA user_version").fetchone()[0] == 2
+    assert other.execute("PRAGMA user_version").fetchone()[0] == 3
     other.close()
 
 
@@ -147,8 +147,38 @@ def test_a_version_1_file_is_migrated_and_keeps_its_definitions(path):
     d = store.load()
     assert d.vhosts == ["/"] and d.queues == [QueueRow("/", "q", True, False, {})]
     assert d.topic_permissions == [definitions.TopicPermissionRow("u", "/", "amq.topic", "^a", "^b")]
-    assert store._db.execute("PRAGMA user_version").fetchone()[0] == 2
+    assert d.vhost_metadata == {"/": definitions.VhostMetadata("", [])}
+    assert store._db.execute("PRAGMA user_version").fetchone()[0] == 3
     store.close()
+
+
+def test_a_version_2_file_is_migrated_and_its_vhosts_get_empty_metadata(path):
+    import storage.definitions as definitions
+
+    old = sqlite3.connect(path, isolation_level=None)
+    old.executescript(definitions._SCHEMA + definitions._MIGRATIONS[2])
+    old.execute("INSERT INTO vhosts (name) VALUES ('/')")
+    old.execute("INSERT INTO policies VALUES ('/', 'p', '^q', 'all', '{}', 0)")
+    old.execute("PRAGMA user_version=2")
+    old.close()
+    store = DefinitionStore(path)
+    store.upsert_vhost("described", "for tests", ["qa", "blue"])
+    d = store.load()
+    assert d.vhosts == ["/", "described"] and [p.name for p in d.policies] == ["p"]
+    assert d.vhost_metadata == {"/": definitions.VhostMetadata("", []),
+                                "described": definitions.VhostMetadata("for tests", ["qa", "blue"])}
+    assert store._db.execute("PRAGMA user_version").fetchone()[0] == 3
+    store.close()
+
+
+def test_upserting_a_vhost_replaces_its_description_and_tags(store):
+    import storage.definitions as definitions
+
+    store.upsert_vhost("v", "first", ["a"])
+    store.upsert_vhost("v", "second", ["b", "c"])
+    assert store.load().vhost_metadata == {"v": definitions.VhostMetadata("second", ["b", "c"])}
+    store.upsert_vhost("v")
+    assert store.load().vhost_metadata == {"v": definitions.VhostMetadata("", [])}
 
 
 def test_round_trip_of_every_kind_of_definition(store):

@@ -114,6 +114,43 @@ def test_vhost_lifecycle(api, broker):
     assert api.delete(path).status == 404
 
 
+def _metadata(shown: dict) -> dict:
+    return {key: shown[key] for key in ("name", "description", "tags", "default_queue_type", "metadata", "tracing")}
+
+
+def test_vhost_description_and_tags_are_kept_and_shown_as_rabbitmq_does(api):
+    name = unique("vh")
+    path = "/api/vhosts/" + segment(name)
+    assert api.put(path, {"description": "orders", "tags": "a, b,", "default_queue_type": "quorum"}).status == 201
+    try:
+        expected = {"name": name, "description": "orders", "tags": ["a", "b"], "default_queue_type": "undefined",
+                    "metadata": {"description": "orders", "tags": ["a", "b"]}, "tracing": False}
+        assert _metadata(api.get(path).body) == expected
+        assert expected in [_metadata(v) for v in api.get("/api/vhosts").body]
+        # a PUT replaces the metadata: tags as a list are trimmed, what is absent is cleared
+        assert api.put(path, {"tags": ["c", " d"], "tracing": True}).status == 204
+        assert _metadata(api.get(path).body) == {
+            "name": name, "description": "", "tags": ["c", "d"], "default_queue_type": "undefined",
+            "metadata": {"description": "", "tags": ["c", "d"]}, "tracing": True}
+        for bad in ({"description": 5}, {"tags": 7}, {"tags": ["x", 1]}):
+            reply = api.put(path, bad)
+            assert reply.status == 400 and reply.body["error"] == "bad_request", bad
+        assert api.get(path).body["tags"] == ["c", "d"]
+    finally:
+        api.delete(path)
+
+
+def test_vhost_description_and_tags_survive_a_restart(start_broker):
+    first = start_broker(expect=("AMQP", "HTTP"))
+    api = Api(first.ports["HTTP"])
+    assert api.put("/api/vhosts/kept", {"description": "durable one", "tags": "x,y"}).status == 201
+    assert api.put("/api/vhosts/%2F", {"description": "the default"}).status == 204
+    first.stop()
+    second = start_broker("--data-dir", str(first.data_dir), expect=("AMQP", "HTTP"))
+    shown = {v["name"]: (v["description"], v["tags"]) for v in Api(second.ports["HTTP"]).get("/api/vhosts").body}
+    assert shown == {"/": ("the default", []), "kept": ("durable one", ["x", "y"])}
+
+
 def test_user_created_through_the_api_logs_in_over_amqp(api, broker, vhost):
     user = unique("user")
     assert api.put("/api/users/" + user, {"password": "pw1", "tags": "management"}).status == 201

@@ -31,7 +31,7 @@ def populate(api: Api) -> str:
     """A vhost with a user, a queue with arguments, exchanges and bindings."""
     vhost = unique("defs")
     v = segment(vhost)
-    api.put("/api/vhosts/" + v)
+    api.put("/api/vhosts/" + v, {"description": "populated", "tags": "defs,test"})
     api.put("/api/permissions/%s/guest" % v, {"configure": ".*", "write": ".*", "read": ".*"})
     api.put("/api/users/alice", {"password": "alice-pw", "tags": "management"})
     api.put("/api/permissions/%s/alice" % v, {"configure": "^a", "write": ".*", "read": "^r"})
@@ -53,7 +53,7 @@ def test_export_imports_into_a_fresh_broker(start_broker):
     first = start_broker(expect=("AMQP", "HTTP"))
     vhost = populate(http(first))
     exported = http(first).get("/api/definitions").body
-    assert {"name": vhost} in exported["vhosts"]
+    assert {"name": vhost, "metadata": {"description": "populated", "tags": ["defs", "test"]}} in exported["vhosts"]
     assert {"user": "alice", "vhost": vhost, "configure": "^a", "write": ".*", "read": "^r"} in exported["permissions"]
     assert {"name": "orders", "vhost": vhost, "durable": True, "auto_delete": False,
             "arguments": {"x-max-length": 5}} in exported["queues"]
@@ -80,7 +80,22 @@ def test_export_imports_into_a_fresh_broker(start_broker):
     assert http(third).get("/api/queues/%s/orders" % segment(vhost)).body["arguments"] == {"x-max-length": 5}
     assert http(third).get("/api/queues/%s/orders" % segment(vhost)).body["policy"] == "cap"
     assert http(third).get("/api/user-limits/alice").body == [{"user": "alice", "value": {"max-channels": 7}}]
+    assert http(third).get("/api/vhosts/" + segment(vhost)).body["metadata"] == {
+        "description": "populated", "tags": ["defs", "test"]}
     login(third, "alice", "alice-pw", vhost)
+
+
+def test_vhost_metadata_imports_from_top_level_keys_or_a_metadata_object(start_broker):
+    broker = start_broker(expect=("AMQP", "HTTP"))
+    api = http(broker)
+    document = {"vhosts": [{"name": "flat", "description": "top", "tags": "t1,t2"},
+                           {"name": "nested", "metadata": {"description": "meta", "tags": ["m1"]}}]}
+    assert api.post("/api/definitions", document).status == 204
+    shown = {v["name"]: (v["description"], v["tags"]) for v in api.get("/api/vhosts").body}
+    assert (shown["flat"], shown["nested"]) == (("top", ["t1", "t2"]), ("meta", ["m1"]))
+    bad = {"vhosts": [{"name": "bad", "metadata": {"tags": 3}}]}
+    assert api.post("/api/definitions", bad).status == 400
+    assert api.get("/api/vhosts/bad").status == 404
 
 
 def test_vhost_export_and_import(start_broker):

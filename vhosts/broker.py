@@ -92,7 +92,8 @@ class Broker:
     def _restore(self, stored) -> None:
         """Rebuild from a `storage.definitions.Definitions` snapshot."""
         for name in stored.vhosts:
-            self.vhosts[name] = self._new_vhost(name)
+            vhost = self.vhosts[name] = self._new_vhost(name)
+            vhost.description, vhost.tags = stored.vhost_metadata[name]
         for row in stored.users:
             self.users[row.name] = User(row.name, row.password_hash, tags=list(row.tags))
         for row in stored.permissions:
@@ -134,14 +135,20 @@ class Broker:
 
     # -- vhosts, users, permissions ---------------------------------------------
 
-    def add_vhost(self, name: str) -> VirtualHost:
+    def add_vhost(self, name: str, description: str = "", tags: list = ()) -> VirtualHost:
+        """The vhost, created if new, with this description and these tags
+        (replacing what it had, as RabbitMQ's PUT /api/vhosts/{vhost} does)."""
+        tags = list(tags)
         vhost = self.vhosts.get(name)
+        if vhost is not None and vhost.description == description and vhost.tags == tags:
+            return vhost
+        if self.definitions is not None:
+            self.definitions.upsert_vhost(name, description, tags)
         if vhost is None:
-            if self.definitions is not None:
-                self.definitions.upsert_vhost(name)
             vhost = self.vhosts[name] = self._new_vhost(name)
             if self._started:
                 vhost.storage_ready()
+        vhost.description, vhost.tags = description, tags
         return vhost
 
     def delete_vhost(self, name: str) -> None:

@@ -118,6 +118,9 @@ log = logging.getLogger("hutch.vhost")
 class VirtualHost:
     def __init__(self, name: str, definitions=None, message_storage=None, clock: Clock | None = None) -> None:
         self.name = name
+        # Free-form metadata for operators (the management API's description and tags); kept by the Broker.
+        self.description = ""
+        self.tags: list[str] = []
         self.clock = clock or LoopClock()
         # Called for every message that dies (see the module docstring).
         self.on_dead_letter: list[Callable] = []

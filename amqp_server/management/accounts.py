@@ -39,16 +39,34 @@ def _tracing(value) -> bool | None:
 
 
 def put_vhost(req):
-    """Description, tags and default queue type are accepted and not kept;
-    "tracing" turns the firehose on or off (amqp_server.firehose), absent
-    leaves it as it is."""
-    tracing = _tracing(req.body().get("tracing"))
+    """Creates the vhost or replaces its description and tags (absent: none,
+    as RabbitMQ); "tracing" turns the firehose on or off
+    (amqp_server.firehose), absent leaves it as it is. A default queue type
+    is accepted and not kept: RabbitMQ 3.10 reports "undefined" whatever
+    was sent, and hutch has classic queues only."""
+    body = req.body()
+    tracing = _tracing(body.get("tracing"))
+    description, tags = vhost_metadata(body)
     name = req.params["vhost"]
     existed = name in req.broker.vhosts
-    found = req.broker.add_vhost(name)
+    found = req.broker.add_vhost(name, description, tags)
     if tracing is not None:
         found.tracing = tracing
     return NO_CONTENT if existed else CREATED
+
+
+def vhost_metadata(item: dict) -> tuple[str, list[str]]:
+    """A vhost's description and tags from a PUT body or a definitions
+    entry: top-level keys, or RabbitMQ's export "metadata" object."""
+    metadata = item.get("metadata")
+    if metadata is None:
+        metadata = item
+    elif not isinstance(metadata, dict):
+        raise bad_request("metadata must be an object")
+    description = metadata.get("description", "")
+    if not isinstance(description, str):
+        raise bad_request("description must be a string")
+    return description, tags_from(metadata.get("tags", []))
 
 
 def put_trace(req):

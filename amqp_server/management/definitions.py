@@ -2,7 +2,9 @@
 
 Export lists users (with their salted SHA-256 hashes, RabbitMQ's default
 scheme, so they log in wherever the file is imported, and their limits),
-vhosts, permissions, topic permissions, vhost limits (as RabbitMQ exports
+vhosts (with their description and tags in a "metadata" object, the shape
+of RabbitMQ 3.11 and later; import also takes them as top-level keys, as
+RabbitMQ does), permissions, topic permissions, vhost limits (as RabbitMQ exports
 them: a "parameters" entry of component "vhost-limits" named "limits"),
 policies, non-exclusive queues, exchanges other than the predeclared ones,
 and the explicit bindings. Import accepts hutch's own export and
@@ -94,7 +96,8 @@ def export_all(broker) -> dict:
                    "hashing_algorithm": "rabbit_password_hashing_sha256", "tags": list(u.tags),
                    "limits": dict(u.limits)}
                   for u in users],
-        "vhosts": [{"name": v.name} for v in vhosts],
+        "vhosts": [{"name": v.name, "metadata": {"description": v.description, "tags": list(v.tags)}}
+                   for v in vhosts],
         "permissions": [{"user": u.name, "vhost": name, "configure": p.configure, "write": p.write, "read": p.read}
                         for u in users for name, p in sorted(u.permissions.items())],
         "topic_permissions": [topic_permissions.shape(u.name, vhost, rule)
@@ -154,6 +157,8 @@ def _check(body: dict, vhost_name: str | None, known_vhosts: set) -> dict:
             checked[name] = [dict(item, vhost=vhost_name) for item in checked[name]]
         checked["users"] = checked["vhosts"] = checked["permissions"] = checked["topic_permissions"] = []
     vhosts = known_vhosts | {_text(item, "name") for item in checked["vhosts"]}
+    for item in checked["vhosts"]:
+        accounts.vhost_metadata(item)
     for user in checked["users"]:
         _text(user, "name")
         accounts.tags_from(user.get("tags", []))
@@ -231,7 +236,7 @@ def apply(broker, body: dict, vhost_name: str | None = None) -> None:
         if user.get("limits"):
             broker.set_user_limits(user["name"], user["limits"])
     for item in checked["vhosts"]:
-        broker.add_vhost(item["name"])
+        broker.add_vhost(item["name"], *accounts.vhost_metadata(item))
     for item in checked["permissions"]:
         broker.set_permissions(_known_user(broker, item["user"]), item["vhost"],
                                Permission(item["configure"], item["write"], item["read"]))

@@ -95,10 +95,10 @@ def vhost(sampler, vhost, unacked: Counter, connections) -> dict:
     out = {
         "cluster_state": {NODE: "running"},
         "default_queue_type": "undefined",
-        "description": "",
-        "metadata": {"description": "", "tags": []},
+        "description": vhost.description,
+        "metadata": {"description": vhost.description, "tags": list(vhost.tags)},
         "name": vhost.name,
-        "tags": [],
+        "tags": list(vhost.tags),
         "tracing": vhost.tracing,
         **counts(sampler, vhost, ready, held),
     }

@@ -2,9 +2,9 @@
 
 A command declares its positional argument count and its own options; `main`
 checks argv against them before anything is sent. `run(ctx, args, opts)`
-prints through `ctx.out` and raises `Failure` (a broker-side error, printed as
-rabbitmqctl prints it) or `BadArgument` (argument validation, printed with the
-command's usage).
+prints through `ctx.out`, returns None (success) or an exit status, and raises
+`Failure` (a broker-side error, printed as rabbitmqctl prints it) or
+`BadArgument` (argument validation, printed with the command's usage).
 """
 from __future__ import annotations
 
@@ -55,14 +55,14 @@ def attempt(request: Callable, *args, not_found: Exception | None = None, **kwar
         raise api_failure(exc) from None
 
 
-def hutch_extension(request: Callable, api_path: str, endpoint: str, *args):
+def hutch_extension(request: Callable, api_path: str, endpoint: str, *args, missing: tuple = (404, 405)):
     """Call one of hutch's API extensions (docs/cli.md); if the endpoint is
-    missing (404/405 once the object it acts on is known to exist), the broker
-    is not hutch."""
+    missing (a `missing` status once the object it acts on is known to
+    exist), the broker is not hutch."""
     try:
         return request(api_path, *args)
     except ApiError as exc:
-        if exc.status in (404, 405):
+        if exc.status in missing:
             raise error(f"the broker's management API has no {endpoint} endpoint "
                         "(a hutch extension that RabbitMQ does not provide)") from None
         raise api_failure(exc) from None
@@ -74,6 +74,7 @@ class Context:
     out: Output
     vhost: str
     timeout: int
+    settings: Mapping[str, str] = field(default_factory=dict)  # url, username, password, to hand on
 
 
 @dataclass(frozen=True)
@@ -85,3 +86,5 @@ class Command:
     min_args: int = 0
     max_args: int | None = 0  # None: any number
     options: Mapping[str, bool] = field(default_factory=dict)  # --name -> takes a value
+    # Options it does not know, after its name, are kept in the arguments as given (for a child process).
+    forwards_options: bool = False

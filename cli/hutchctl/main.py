@@ -112,9 +112,9 @@ def _run(argv: list[str], environ: Mapping[str, str]) -> int:
     out = Output(formatter, quiet=silent or "quiet" in general,
                  headers=not (silent or "no-table-headers" in general))
     client = ManagementClient(settings["url"], settings["username"], settings["password"], timeout)
-    ctx = Context(client, out, general.get("vhost", "/"), timeout)
+    ctx = Context(client, out, general.get("vhost", "/"), timeout, settings)
     try:
-        command.run(ctx, invocation.args, invocation.options)
+        status = command.run(ctx, invocation.args, invocation.options)
     except BadArgument as exc:
         return _argument_error(argv, command, exc)
     except Failure as exc:
@@ -134,4 +134,4 @@ def _run(argv: list[str], environ: Mapping[str, str]) -> int:
     except ApiError as exc:
         sys.stderr.write(f"Error:\n{exc.reason}\n")
         return exit_codes.UNAVAILABLE
-    return exit_codes.OK
+    return exit_codes.OK if status is None else status

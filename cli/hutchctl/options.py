@@ -109,6 +109,9 @@ def parse(argv: list[str], command: Command | None) -> Invocation:
         elif name in GENERAL:
             takes_value = GENERAL[name][1]
             target, key = found.general, name[2:]
+        elif found.command is not None and command is not None and command.forwards_options:
+            found.args.append(token)
+            continue
         else:
             unknown.append((name, value if value is not None else "true"))
             continue
