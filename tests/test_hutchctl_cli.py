@@ -244,6 +244,15 @@ def test_import_definitions_of_a_missing_file_is_a_data_error(dead_url, tmp_path
     assert "Bad argument: File %s does not exist" % (tmp_path / "none.json") in result.stderr
 
 
+def test_import_definitions_nested_too_deeply_is_a_data_error(dead_url, tmp_path):
+    source = tmp_path / "deep.json"
+    source.write_text("[" * 100000 + "]" * 100000)
+    result = hutchctl("--url", dead_url, "import_definitions", str(source))
+    assert result.returncode == 65
+    assert 'Failed to decode JSON from a file at "%s"' % source in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 # -- hutch-server and hutchctl share a shell ---------------------------------------------------
 
 def test_hutch_server_starts_with_hutchctls_environment_variables_set(start_broker):

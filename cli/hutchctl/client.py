@@ -96,6 +96,8 @@ class ManagementClient:
             return json.loads(raw)
         except ValueError:
             raise ApiError(200, "bad_response", "the API answered something that is not JSON") from None
+        except RecursionError:  # e.g. queue arguments nested thousands of levels deep
+            raise ApiError(200, "bad_response", "the API answered JSON nested too deeply to read") from None
 
 
 def _api_error(exc: urllib.error.HTTPError) -> Exception:

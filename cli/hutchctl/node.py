@@ -145,7 +145,7 @@ def import_definitions(ctx: Context, args: list[str], opts: dict) -> None:
     ctx.out.banner(f"Importing definitions in JSON from {where} ...")
     try:
         definitions = json.loads(text)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise error(f"Failed to decode JSON from {where}: {exc}", exit_codes.DATAERR) from None
     attempt(ctx.client.post, path("definitions"), definitions)
     ctx.out.message("Successfully started definition import. This process is asynchronous and can take some time.")
