@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import os
 import resource
-import shutil
 import time
 from dataclasses import dataclass, field
 
@@ -38,18 +37,15 @@ class Node:
         return self.alarms.memory_limit
 
     def resources(self) -> dict:
-        """RabbitMQ's node fields for file descriptors, disk space and alarms."""
+        """RabbitMQ's node fields for file descriptors, disk space (as last
+        measured by the alarm check) and alarms."""
         limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         try:
             fds = len(os.listdir("/proc/self/fd"))
         except OSError:
             fds = 0
-        try:
-            free = shutil.disk_usage(self.config.data_dir).free
-        except OSError:
-            free = 0
         alarms = self.alarms
-        return {"fd_used": fds, "fd_total": limit, "sockets_total": limit, "disk_free": free,
+        return {"fd_used": fds, "fd_total": limit, "sockets_total": limit, "disk_free": alarms.disk_free,
                 "disk_free_limit": alarms.disk_free_limit, "mem_alarm": MEMORY in alarms.raised,
                 "disk_free_alarm": DISK in alarms.raised}
 
