@@ -5,6 +5,7 @@ Prometheus, and clears by itself when the limit is set back, unblocking the
 publisher (connection.unblocked) whose message then arrives."""
 from __future__ import annotations
 
+import json
 import shutil
 import urllib.request
 
@@ -12,6 +13,7 @@ import pika
 
 from helpers import confirm_channel, connect, pump, unique, wait_for
 from http_api import call
+from hutchctl_targets import Target
 
 FULL = ("AMQP", "HTTP", "PROMETHEUS")
 
@@ -115,7 +117,10 @@ def test_disk_alarm_from_the_start_and_cleared_at_runtime(start_broker, tmp_path
     pump(publisher, lambda: notices.seen)
     assert notices.seen[0].reason == "low on disk"
 
-    assert call(http, "PUT", "/api/hutch/disk-free-limit", {"value": "1MB"}).status == 204
+    hutchctl = Target("hutch", "http://127.0.0.1:%d" % http, broker.url)
+    assert json.loads(hutchctl.ok("status", "--formatter", "json"))["alarms"] == ["disk"]
+    hutchctl.ok("set_disk_free_limit", "1MB")
+    assert json.loads(hutchctl.ok("status", "--formatter", "json"))["alarms"] == []
     info = node(broker)
     assert not info["disk_free_alarm"] and info["disk_free_limit"] == 1000000
     pump(publisher, lambda: len(notices.seen) == 2)
