@@ -197,6 +197,8 @@ class Channel(Deliveries):
     def _start_publish(self, exchange: str, routing_key: str, mandatory: bool, immediate: bool) -> None:
         if immediate:
             raise AMQPError(NOT_IMPLEMENTED, "immediate=true")
+        if self.connection.alarms.raised:
+            self.connection.alarms.block(self.connection)
         self._publish = [exchange, routing_key, mandatory, None, 0, [], 0]
 
     def _finish_publish(self, body: bytes) -> None:

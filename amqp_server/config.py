@@ -47,6 +47,12 @@ class StorageConfig:
     # Queues start paging messages out at this fraction of the watermark.
     # [vm_memory_high_watermark_paging_ratio]
     paging_ratio: float = 0.5
+    # Publishers are blocked while the data directory's filesystem has less
+    # free space than this many bytes [disk_free_limit.absolute], or than this
+    # fraction of RAM when disk_free_limit_mem_relative is set
+    # [disk_free_limit.relative].
+    disk_free_limit: int = 50000000
+    disk_free_limit_mem_relative: float | None = None
 
 
 @dataclass

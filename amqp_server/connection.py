@@ -15,6 +15,10 @@ Theory of operation:
   up (a queue whose consumers are output-bound, see vhosts.queue; the disk
   writer with too much queued, see storage.writer), it is added to
   `blocked_by` and reading stops until every such source calls `unblocked`.
+- Resource alarms (amqp_server.alarms): a publish while the memory or disk
+  alarm is raised adds the alarms to `blocked_by` the same way, and sends
+  connection.blocked / connection.unblocked to clients with that capability.
+  `flow_state` is RabbitMQ's connection state for the management API.
 - Errors: an AMQPError from a channel with a soft code closes that channel;
   any other closes the connection. Anything unexpected is logged and closes
   the connection with 541, never the broker.
@@ -59,6 +63,7 @@ from vhosts.errors import (
 )
 
 if TYPE_CHECKING:
+    from amqp_server.alarms import ResourceAlarms
     from amqp_server.protocol import AMQPProtocol
 
 log = logging.getLogger("hutch.connection")
@@ -81,6 +86,7 @@ CAPABILITIES = {
     "authentication_failure_close": True,
     "per_consumer_qos": True,
     "consumer_priorities": True,
+    "connection.blocked": True,
 }
 MECHANISMS = "PLAIN AMQPLAIN"
 
@@ -106,8 +112,10 @@ def server_properties() -> dict:
 class Connection:
     protocol = "AMQP 0-9-1"  # as the management API names it
 
-    def __init__(self, broker: Broker, config: BrokerConfig, io: "AMQPProtocol", peer: tuple | None) -> None:
+    def __init__(self, broker: Broker, config: BrokerConfig, io: "AMQPProtocol", peer: tuple | None,
+                 alarms: "ResourceAlarms") -> None:
         self.broker = broker
+        self.alarms = alarms
         self.config = config
         self.io = io
         self.peer = peer
@@ -127,6 +135,8 @@ class Connection:
         self.exclusive_queues: list = []
         # Flow sources (queues, the disk writer) that keep us from reading.
         self.blocked_by: set = set()
+        # connection.blocked was sent and connection.unblocked is owed
+        self._told_blocked = False
         self._header = b""
         self._out: list[bytes] = []
         self._confirming: set[Channel] = set()
@@ -253,6 +263,29 @@ class Connection:
         self.blocked_by.discard(source)
         if not self.blocked_by and self.state is not CLOSED:
             self.io.call_soon(self._continue)
+
+    def alarm_blocked(self, alarms: "ResourceAlarms") -> None:
+        self.blocked_by.add(alarms)
+        if self.client_has("connection.blocked"):
+            self._told_blocked = True
+            self.send_method(0, commands.Connection.Blocked(reason=alarms.reason))
+
+    def alarm_cleared(self, alarms: "ResourceAlarms") -> None:
+        if self._told_blocked and self.state is RUNNING:
+            self._told_blocked = False
+            self.send_method(0, commands.Connection.Unblocked())
+        self.unblocked(alarms)
+
+    @property
+    def flow_state(self) -> str:
+        """RabbitMQ's `state`: blocked (published during an alarm), blocking
+        (an alarm is raised but this connection has not published since),
+        flow (credit flow holds its reading), else running."""
+        if self.alarms in self.blocked_by:
+            return "blocked"
+        if self.alarms.raised:
+            return "blocking"
+        return "flow" if self.blocked_by else "running"
 
     def _continue(self) -> None:
         if self.state is CLOSED or self.blocked_by:
@@ -449,7 +482,8 @@ class Connection:
     def _tick(self) -> None:
         if self.state is CLOSED:
             return
-        if self._received_since_tick:
+        if self._received_since_tick or self.blocked_by:
+            # Not reading is our doing while blocked: heartbeats wait, as RabbitMQ's do.
             self._silent_ticks = 0
         else:
             self._silent_ticks += 1

@@ -7,16 +7,18 @@ from __future__ import annotations
 
 import asyncio
 
+from amqp_server.alarms import ResourceAlarms
 from amqp_server.config import BrokerConfig
 from amqp_server.connection import Connection
 from vhosts import Broker
 
 
 class AMQPProtocol(asyncio.Protocol):
-    def __init__(self, broker: Broker, config: BrokerConfig, connections: set) -> None:
+    def __init__(self, broker: Broker, config: BrokerConfig, connections: set, alarms: ResourceAlarms) -> None:
         self.broker = broker
         self.config = config
         self.connections = connections
+        self.alarms = alarms
         self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self.connection: Connection | None = None
@@ -26,7 +28,8 @@ class AMQPProtocol(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:
         self.transport = transport
-        self.connection = Connection(self.broker, self.config, self, transport.get_extra_info("peername"))
+        self.connection = Connection(self.broker, self.config, self, transport.get_extra_info("peername"),
+                                     self.alarms)
         self.connections.add(self.connection)
 
     def data_received(self, data: bytes) -> None:

@@ -8,6 +8,7 @@ import signal
 import sqlite3
 import ssl
 
+from amqp_server.alarms import ResourceAlarms
 from amqp_server.config import BrokerConfig
 from amqp_server.management import ManagementListeners
 from amqp_server.management.listeners import ListenerError
@@ -102,6 +103,7 @@ class BrokerServer:
             sum(1 for v in self.broker.vhosts.values() for _ in v.bindings()),
         )
         self.connections: set = set()
+        self.alarms = ResourceAlarms(config)
         self.servers: list[asyncio.Server] = []
         # (protocol, address, port) of every open listener, as RabbitMQ lists them
         self.listeners: list[tuple[str, str, int]] = []
@@ -113,17 +115,18 @@ class BrokerServer:
             raise ListenError("cannot open the MQTT store: %s" % exc) from None
         self.mqtt_sessions = Sessions(RetainedMessages(self.mqtt_store, self.writer), self.mqtt_store, self.writer)
         self.management = ManagementListeners(self.broker, self.connections, config, self.writer, self.monitor,
-                                              self.listeners)
+                                              self.listeners, self.alarms)
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         config = self.config
 
         def factory() -> AMQPProtocol:
-            return AMQPProtocol(self.broker, config, self.connections)
+            return AMQPProtocol(self.broker, config, self.connections, self.alarms)
 
+        self.alarms.start()
         def mqtt_factory() -> MQTTProtocol:
-            return MQTTProtocol(self.broker, config, self.mqtt_sessions, self.connections)
+            return MQTTProtocol(self.broker, config, self.mqtt_sessions, self.connections, self.alarms)
 
         listeners = [("AMQP", config.port, None, factory)]
         protocols = {"AMQP": "amqp", "AMQPS": "amqp/ssl", "MQTT": "mqtt", "MQTTS": "mqtt/ssl"}
@@ -158,6 +161,7 @@ class BrokerServer:
         # auto-deletes stays stored, exactly as after a crash.
         self.broker.detach_definitions()
         await self.management.stop()
+        self.alarms.stop()
         for server in self.servers:
             server.close()
         for connection in list(self.connections):

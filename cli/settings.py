@@ -51,6 +51,7 @@ _FLOAT_RANGES: dict[str, tuple[float, float]] = {
     "paging_ratio": (0.0, 1.0),
     "sample_interval": (0.1, 3600.0),
     "vm_memory_high_watermark": (0.0, 1.0),
+    "disk_free_limit_mem_relative": (0.0, 100.0),
 }
 # HUTCH_* variables that are not broker settings: the config file's name, and
 # hutchctl's connection settings (so one shell can export both).

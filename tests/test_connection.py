@@ -26,6 +26,7 @@ CAPABILITIES = {
     "authentication_failure_close": True,
     "per_consumer_qos": True,
     "consumer_priorities": True,
+    "connection.blocked": True,
 }
 LOGIN_REFUSED = (
     "ACCESS_REFUSED - Login was refused using authentication mechanism %s. For details see the broker logfile."

@@ -615,3 +615,26 @@ def test_wrong_password_is_refused_with_noperm(target):
     result = target.run("list_vhosts", env={"HUTCH_PASSWORD": "wrong"})
     assert result.returncode == 77
     assert "refused the credentials of user 'guest'" in result.stderr
+
+
+def test_set_disk_free_limit(hutch_only, target):
+    node = json.loads(target.ok("status", "--formatter", "json"))["node"]
+    assert target.ok("set_disk_free_limit", "60MB") == "Setting disk free limit on %s to 60MB bytes ...\n" % node
+    assert json.loads(target.ok("status", "--formatter", "json"))["disk_free_limit"] == 60_000_000
+    assert target.ok("set_disk_free_limit", "mem_relative", "0.001") == \
+        "Setting disk free limit on %s to 0.001 times the total RAM ...\n" % node
+    assert json.loads(target.ok("status", "--formatter", "json"))["disk_free_limit"] < 60_000_000
+    target.ok("set_disk_free_limit", "50000000")
+    assert json.loads(target.ok("status", "--formatter", "json"))["disk_free_limit"] == 50_000_000
+
+
+@pytest.mark.parametrize("args, code, reason", [
+    (("foo",), 65, "Bad argument."),
+    (("mem_relative", "x"), 65, "Bad argument."),
+    (("mem_relative",), 64, "not enough arguments."),
+    (("1", "2"), 64, "too many arguments."),
+])
+def test_set_disk_free_limit_validates_its_arguments(target, args, code, reason):
+    result = target.run("set_disk_free_limit", *args)
+    assert result.returncode == code
+    assert result.stderr.startswith("Error (argument validation): %s\n" % reason)

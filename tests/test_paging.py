@@ -1,7 +1,8 @@
 """Memory-bound paging and disk reclaim, at a small scale.
 
-A real broker runs with a tiny memory high watermark (4 MB absolute: a 2 MB
-budget for bodies in RAM at the default paging ratio of 0.5), so a backlog of
+A real broker runs with a tiny paging budget (a 4 GB absolute watermark, far
+above its memory so no alarm blocks publishers, at a paging ratio of 0.0005:
+a 2 MB budget for bodies in RAM), so a backlog of
 tens of megabytes has to live on disk (the delta state). Raw-socket clients
 publish with confirms (many publishes per write, ~1 MiB of them unconfirmed
 at a time) and consume with a prefetch window, checking order as they go,
@@ -43,7 +44,7 @@ from helpers import unique, wait_for
 MiB = 1024 * 1024
 RSS_ALLOWANCE = 32 * MiB
 SMALL_SCALE = (
-    "--storage-vm-memory-high-watermark-absolute", "4000000",
+    "--storage-vm-memory-high-watermark-absolute", "4000000000", "--storage-paging-ratio", "0.0005",
     "--storage-segment-entries", "1024",
 )
 STORE_FILE_SIZE = 4 * MiB

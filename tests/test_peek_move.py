@@ -26,7 +26,9 @@ from conftest import launch
 from helpers import connect, drain, unique
 from http_api import Api, segment
 
-PAGING = ("--storage-vm-memory-high-watermark-absolute", "4000000", "--storage-segment-entries", "1024")
+# a 2 MB paging budget under a watermark far above the broker's memory (no alarm)
+PAGING = ("--storage-vm-memory-high-watermark-absolute", "4000000000", "--storage-paging-ratio", "0.0005",
+          "--storage-segment-entries", "1024")
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
 
 
@@ -285,7 +287,8 @@ def test_moved_persistent_messages_are_on_disk_when_the_move_answers(api, channe
 async def started(data_dir) -> BrokerServer:
     """An in-process broker whose memory budget makes queues page out."""
     config = BrokerConfig(bind="127.0.0.1", port=0, data_dir=str(data_dir),
-                          storage=StorageConfig(vm_memory_high_watermark_absolute=4000000, segment_entries=1024),
+                          storage=StorageConfig(vm_memory_high_watermark_absolute=4000000000, paging_ratio=0.0005,
+                                                        segment_entries=1024),
                           management=ManagementConfig(enabled=False), prometheus=PrometheusConfig(enabled=False),
                           mqtt=MQTTConfig(enabled=False))
     broker = BrokerServer(config)

@@ -173,7 +173,8 @@ def test_durable_priority_queue_keeps_its_order_across_restarts(start_broker, ki
 def test_paged_out_priority_levels_keep_their_order(start_broker):
     """More messages per level than a queue keeps in RAM (2048): each level
     pages its tail to disk and reads it back in order."""
-    broker = start_broker("--storage-vm-memory-high-watermark-absolute", "4000000",
+    broker = start_broker("--storage-vm-memory-high-watermark-absolute", "4000000000",
+                          "--storage-paging-ratio", "0.0005",
                           "--storage-segment-entries", "1024")
     queue = unique("prio-paged")
     count = 3000

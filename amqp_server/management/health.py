@@ -1,15 +1,32 @@
 """Health checks (RabbitMQ's /api/health/checks/...): 200 {"status": "ok"}
-when healthy, 503 {"status": "failed", ...} otherwise. hutch raises no
-resource alarms (memory pressure pages messages to disk instead), runs as a
+when healthy, 503 {"status": "failed", ...} otherwise. The alarm checks
+report the memory and disk alarms (amqp_server.alarms); hutch runs as a
 single node and has no mirrored or quorum queues, so those checks pass."""
 from __future__ import annotations
 
+from amqp_server.management import shapes
 from amqp_server.management.errors import bad_request
 from amqp_server.management.http import json_response
 
 
 def ok(req) -> dict:
     return {"status": "ok"}
+
+
+def alarms(req):
+    return _alarms(req, "There are alarms in effect in the cluster")
+
+
+def local_alarms(req):
+    return _alarms(req, "There are alarms in effect on the node")
+
+
+def _alarms(req, reason: str):
+    raised = sorted(req.node.alarms.raised)
+    if not raised:
+        return {"status": "ok"}
+    return json_response(503, {"status": "failed", "reason": reason,
+                               "alarms": [{"node": shapes.NODE, "resource": name} for name in raised]})
 
 
 def single_node(req) -> dict:

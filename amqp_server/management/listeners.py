@@ -18,12 +18,13 @@ class ListenerError(Exception):
 
 
 class ManagementListeners:
-    def __init__(self, broker, connections: set, config, writer, monitor, listeners: list) -> None:
+    def __init__(self, broker, connections: set, config, writer, monitor, listeners: list, alarms) -> None:
         """`listeners` is the broker's list of (protocol, address, port); the
         HTTP listeners opened here are added to it."""
         self.config = config
         self.node = Node(broker, connections, config, writer, monitor,
-                         RateSampler(broker, connections, config.management.sample_interval), listeners)
+                         RateSampler(broker, connections, config.management.sample_interval), alarms,
+                         listeners)
         self._runners: list[web.AppRunner] = []
 
     async def start(self) -> None:

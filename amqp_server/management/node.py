@@ -3,18 +3,14 @@ from __future__ import annotations
 
 import os
 import resource
-import shutil
 import time
 from dataclasses import dataclass, field
 
-from storage.memory_monitor import total_memory
-
+from amqp_server.alarms import DISK, MEMORY, ResourceAlarms, resident_memory
 from amqp_server.management.rates import RateSampler
 
 # The RabbitMQ release whose API (and definitions format) hutch answers as.
 COMPATIBLE_VERSION = "3.10.8"
-# RabbitMQ's default disk_free_limit (50 MB).
-DISK_FREE_LIMIT = 50000000
 
 
 @dataclass
@@ -25,6 +21,7 @@ class Node:
     writer: object  # storage.writer.GroupCommitWriter
     monitor: object  # storage.memory_monitor.MemoryMonitor
     sampler: RateSampler
+    alarms: ResourceAlarms
     # (protocol, address, port) of every open listener, AMQP and HTTP alike
     listeners: list = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
@@ -37,31 +34,22 @@ class Node:
     def memory_limit(self) -> int:
         """RabbitMQ's memory high watermark in bytes (paging starts at
         paging_ratio of it, the monitor's budget)."""
-        storage = self.config.storage
-        if storage.vm_memory_high_watermark_absolute is not None:
-            return storage.vm_memory_high_watermark_absolute
-        return int(storage.vm_memory_high_watermark * total_memory())
+        return self.alarms.memory_limit
 
     def resources(self) -> dict:
-        """RabbitMQ's node fields for file descriptors and disk space (no
-        alarm is raised: the limit is reported for tools that show it)."""
+        """RabbitMQ's node fields for file descriptors, disk space (as last
+        measured by the alarm check) and alarms."""
         limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         try:
             fds = len(os.listdir("/proc/self/fd"))
         except OSError:
             fds = 0
-        try:
-            free = shutil.disk_usage(self.config.data_dir).free
-        except OSError:
-            free = 0
-        return {"fd_used": fds, "fd_total": limit, "sockets_total": limit, "disk_free": free,
-                "disk_free_limit": DISK_FREE_LIMIT}
+        alarms = self.alarms
+        return {"fd_used": fds, "fd_total": limit, "sockets_total": limit, "disk_free": alarms.disk_free,
+                "disk_free_limit": alarms.disk_free_limit, "mem_alarm": MEMORY in alarms.raised,
+                "disk_free_alarm": DISK in alarms.raised}
 
     @staticmethod
     def rss_bytes() -> int:
         """Resident memory of this process (RabbitMQ's mem_used, rss strategy)."""
-        try:
-            with open("/proc/self/statm") as statm:
-                return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-        except (OSError, ValueError, IndexError):
-            return 0
+        return resident_memory()

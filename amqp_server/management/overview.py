@@ -101,8 +101,6 @@ def node_info(req) -> dict:
         "os_pid": str(os.getpid()),
         "mem_used": node.rss_bytes(),
         "mem_limit": node.memory_limit,
-        "mem_alarm": False,
-        "disk_free_alarm": False,
         "partitions": [],
         "processors": os.cpu_count() or 1,
         "rates_mode": "basic",

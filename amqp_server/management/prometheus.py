@@ -13,6 +13,7 @@ from __future__ import annotations
 from aiohttp import web
 from vhosts.stats import MessageStats
 
+from amqp_server.alarms import DISK, MEMORY
 from amqp_server.management import shapes
 from amqp_server.management.node import COMPATIBLE_VERSION
 
@@ -154,9 +155,10 @@ def render(node, per_object: bool = False) -> str:
     out.one("rabbitmq_process_resident_memory_bytes", GAUGE, "Memory used in bytes", node.rss_bytes())
     out.one("rabbitmq_resident_memory_limit_bytes", GAUGE, "Memory high watermark in bytes", node.memory_limit)
     out.one("rabbitmq_erlang_uptime_seconds", GAUGE, "Node uptime", round(node.uptime_ms / 1000, 3))
-    out.one("rabbitmq_alarms_memory_used_watermark", UNTYPED, "is 1 if VM memory watermark alarm is in effect", 0)
+    out.one("rabbitmq_alarms_memory_used_watermark", UNTYPED, "is 1 if VM memory watermark alarm is in effect",
+            int(MEMORY in node.alarms.raised))
     out.one("rabbitmq_alarms_free_disk_space_watermark", UNTYPED,
-            "is 1 if free disk space watermark alarm is in effect", 0)
+            "is 1 if free disk space watermark alarm is in effect", int(DISK in node.alarms.raised))
     help_states = ("Ready messages by storage state: alpha (in RAM only), gamma (in RAM and on disk), "
                    "delta (on disk only)")
     if per_object:

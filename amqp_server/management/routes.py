@@ -100,13 +100,14 @@ _TABLE = [
     ("/api/user-limits/{user}/{name}", {"PUT": (limits.put_user_limit, A), "DELETE": (limits.delete_user_limit, A)}),
     # hutch's extensions
     ("/api/hutch/vm-memory-high-watermark", {"PUT": (watermark.put_watermark, A)}),
+    ("/api/hutch/disk-free-limit", {"PUT": (watermark.put_disk_free_limit, A)}),
     ("/api/hutch/trace/{vhost}", {"PUT": (accounts.put_trace, A)}),
     ("/api/queues/{vhost}/{name}/peek", {"GET": (extensions.peek, M)}),
     ("/api/queues/{vhost}/{name}/move", {"POST": (extensions.move, M)}),
     # health
     ("/api/aliveness-test/{vhost}", {"GET": (operations.aliveness_test, M)}),
-    ("/api/health/checks/alarms", {"GET": (health.ok, M)}),
-    ("/api/health/checks/local-alarms", {"GET": (health.ok, M)}),
+    ("/api/health/checks/alarms", {"GET": (health.alarms, M)}),
+    ("/api/health/checks/local-alarms", {"GET": (health.local_alarms, M)}),
     ("/api/health/checks/virtual-hosts", {"GET": (health.ok, M)}),
     ("/api/health/checks/certificate-expiration/{within}/{unit}", {"GET": (health.ok, M)}),
     ("/api/health/checks/node-is-quorum-critical", {"GET": (health.single_node, M)}),

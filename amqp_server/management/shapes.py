@@ -291,10 +291,11 @@ def connection(sampler, conn) -> dict:
 
 
 def _connection_state(conn) -> str:
-    """RabbitMQ's words: running, blocked (credit flow holds its publishes), closing."""
+    """RabbitMQ's words: running, flow (credit flow holds its publishes),
+    blocking / blocked (a resource alarm), closing."""
     if conn.state in ("closing", "closed"):
         return "closing"
-    return "blocked" if conn.blocked_by else "running"
+    return conn.flow_state
 
 
 def channel_name(channel) -> str:

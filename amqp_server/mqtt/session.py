@@ -139,6 +139,7 @@ class MQTTConnection:
         self._output: list[bytes] = []
         self.socket_paused = False  # set by the protocol (pause_writing)
         self.blocked_by: set = set()
+        self.alarms = io.alarms
         self._heard = False
         self._timer = io.call_later(10.0, self._connect_timeout)
         self.exchange = self.settings.exchange
@@ -273,6 +274,14 @@ class MQTTConnection:
     throttled_by = Connection.throttled_by
     unblocked = Connection.unblocked
     _continue = Connection._continue
+    flow_state = Connection.flow_state
+
+    def alarm_blocked(self, alarms) -> None:
+        """A memory or disk alarm: stop reading (MQTT has no notification)."""
+        self.blocked_by.add(alarms)
+
+    def alarm_cleared(self, alarms) -> None:
+        self.unblocked(alarms)
 
     def output_resumed(self) -> None:
         for consumer in list(self.consumers.values()):
@@ -357,6 +366,8 @@ class MQTTConnection:
 
     def _publish(self, flags: int, body: bytes) -> None:
         topic, qos, pid, retain, _dup, payload = packets.decode_publish(flags, body)
+        if self.alarms.raised:
+            self.alarms.block(self)  # this publish goes through; reading stops after it
         pending = [pid, 0, packets.PUBREC if qos == 2 else packets.PUBACK] if qos else None
         try:
             waits = 0

@@ -1,9 +1,12 @@
 """Node-wide commands: status, close_connection, export/import_definitions,
-set_vm_memory_high_watermark, trace_on and trace_off.
+set_vm_memory_high_watermark, set_disk_free_limit, trace_on and trace_off.
 
-RabbitMQ's API has no endpoint for the memory watermark; hutch adds
+RabbitMQ's API has no endpoint for the memory watermark or the disk free
+limit; hutch adds
 `PUT /api/hutch/vm-memory-high-watermark {"value": <fraction> | "<amount>"}`
-(a number is a fraction of RAM, a string an absolute amount such as "2GB").
+(a number is a fraction of RAM, a string an absolute amount such as "2GB")
+and `PUT /api/hutch/disk-free-limit {"value": "<amount>"}` or
+`{"mem_relative": <fraction of RAM>}`.
 Tracing is the vhost's `tracing` attribute, set with RabbitMQ's own
 `PUT /api/vhosts/{vhost}` (which resets description and tags it is not given,
 so they are sent back as read).
@@ -174,6 +177,27 @@ def set_vm_memory_high_watermark(ctx: Context, args: list[str], opts: dict) -> N
                     {"value": value})
 
 
+def set_disk_free_limit(ctx: Context, args: list[str], opts: dict) -> None:
+    if args[0] == "mem_relative":
+        if len(args) != 2:
+            raise BadArgument("not enough arguments." if len(args) < 2 else "too many arguments.")
+        try:
+            fraction = float(args[1])
+        except ValueError:
+            fraction = -1.0
+        if fraction < 0:
+            raise BadArgument("Bad argument.", exit_codes.DATAERR)
+        body, shown = {"mem_relative": fraction}, f"{args[1]} times the total RAM"
+    else:
+        if len(args) != 1:
+            raise BadArgument("too many arguments.")
+        if not ABSOLUTE_MEMORY.match(args[0]):
+            raise BadArgument("Bad argument.", exit_codes.DATAERR)
+        body, shown = {"value": args[0]}, args[0] + " bytes"
+    ctx.out.banner(f"Setting disk free limit on {_node(ctx)} to {shown} ...")
+    hutch_extension(ctx.client.put, path("hutch", "disk-free-limit"), "disk-free-limit", body)
+
+
 def _set_tracing(ctx: Context, enabled: bool) -> None:
     vhost = attempt(ctx.client.get, path("vhosts", ctx.vhost),
                     not_found=error(f"Virtual host {ctx.vhost} does not exist"))
@@ -207,6 +231,8 @@ COMMANDS = (
             "Imports definitions in JSON from a file or standard input", import_definitions, 0, 1),
     Command("set_vm_memory_high_watermark", "<fraction> | absolute <value>",
             "Sets the vm_memory_high_watermark setting", set_vm_memory_high_watermark, 1, 2),
+    Command("set_disk_free_limit", "<disk_limit> | mem_relative <fraction>",
+            "Sets the disk_free_limit setting", set_disk_free_limit, 1, 2),
     Command("trace_on", "[--vhost <vhost>]", "Enables tracing (firehose) for the vhost: every published "
             "and delivered message is copied to amq.rabbitmq.trace", trace_on),
     Command("trace_off", "[--vhost <vhost>]", "Disables tracing (firehose) for the vhost", trace_off),
