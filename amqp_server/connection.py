@@ -46,6 +46,7 @@ from amqp_server.framing import (
     decode_method,
     method_frame,
 )
+from storage.message import MalformedProperties
 from vhosts import Broker
 from vhosts.errors import (
     ACCESS_REFUSED,
@@ -173,6 +174,12 @@ class Connection:
             self.io.wake()
         self._confirming.add(channel)
 
+    def flush_confirms_of(self, channel: Channel) -> None:
+        """Send a channel's due confirms now, ahead of what follows."""
+        if channel in self._confirming:
+            self._confirming.discard(channel)
+            channel.flush_confirms()
+
     def take_output(self) -> list[bytes]:
         """Everything to write this turn (confirms coalesced last)."""
         if self._confirming:
@@ -235,6 +242,14 @@ class Connection:
                     return
         except AMQPError as exc:
             self.close_with(exc)
+            return
+        except MalformedProperties as exc:
+            # RabbitMQ's channel crashes on these and the connection closes
+            # with 541 and exactly this text; no traceback is worth logging.
+            log.warning("undecodable content properties from %s: %s", self.peer, exc)
+            error = AMQPError(INTERNAL_ERROR, "")
+            error.reply_text = "INTERNAL_ERROR"
+            self.close_with(error)
             return
         except Exception:
             log.exception("internal error on connection from %s", self.peer)
@@ -333,6 +348,8 @@ class Connection:
                     self._shutdown()
                 return
             if isinstance(method, commands.Connection.Close):
+                for channel in list(self._confirming):
+                    self.flush_confirms_of(channel)
                 self.send_method(0, commands.Connection.CloseOk())
                 self._shutdown()
                 return
