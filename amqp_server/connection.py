@@ -407,16 +407,17 @@ class Connection:
         self.auth_mechanism = method.mechanism
         username, password = self._credentials(method)
         self.user = self.broker.authenticate(username, password, self._from_loopback())
+        host = self.peer[0] if self.peer else ""
         if self.user is None:
             log.warning("login refused for user '%s' from %s (mechanism %s)", username, self.peer, method.mechanism)
-            if self.client_has("authentication_failure_close"):
-                raise AMQPError(
-                    ACCESS_REFUSED,
-                    "Login was refused using authentication mechanism %s. For details see the broker logfile."
-                    % method.mechanism,
-                ).at(0, 0)  # RabbitMQ names no method here
-            self._shutdown()
+            # Answered after a delay (amqp_server.login_throttle); meanwhile
+            # CLOSING discards whatever else the client sends.
+            self.state = CLOSING
+            self._timer.cancel()
+            self._timer = self.io.call_later(self.io.logins.failed(host, username),
+                                             lambda: self._refuse_login(method.mechanism))
             return
+        self.io.logins.succeeded(host, username)
         self.state = TUNE_OK
         self.send_method(
             0,
@@ -426,6 +427,19 @@ class Connection:
                 heartbeat=self.config.heartbeat,
             ),
         )
+
+    def _refuse_login(self, mechanism: str) -> None:
+        if self.state is CLOSED:
+            return
+        if self.client_has("authentication_failure_close"):
+            self.state = START_OK  # so close_with sends the close
+            self.close_with(AMQPError(
+                ACCESS_REFUSED,
+                "Login was refused using authentication mechanism %s. For details see the broker logfile."
+                % mechanism,
+            ))  # RabbitMQ names no method here
+            return
+        self._shutdown()
 
     def _from_loopback(self) -> bool:
         if not self.peer:
@@ -452,6 +466,9 @@ class Connection:
         self.state = OPEN_WAIT
 
     def _open(self, method) -> None:
+        limit = self.config.connection_max
+        if limit is not None and len(self.broker.connections) >= limit:
+            raise AMQPError(NOT_ALLOWED, "connection refused: node connection limit (%d) is reached" % limit)
         self.vhost = self.broker.open_vhost(self.user, method.virtual_host, self)
         self.state = RUNNING
         self._timer.cancel()

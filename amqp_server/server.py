@@ -11,6 +11,7 @@ import ssl
 from amqp_server.config import BrokerConfig
 from amqp_server.management import ManagementListeners
 from amqp_server.management.listeners import ListenerError
+from amqp_server.login_throttle import LoginThrottle
 from amqp_server.protocol import AMQPProtocol
 from storage.dead_letter_log import DeadLetterLogSettings
 from storage.definitions import DefinitionStore
@@ -108,8 +109,10 @@ class BrokerServer:
         loop = asyncio.get_running_loop()
         config = self.config
 
+        logins = LoginThrottle(config.auth_failure_delay, config.auth_failure_delay_max)
+
         def factory() -> AMQPProtocol:
-            return AMQPProtocol(self.broker, config, self.connections)
+            return AMQPProtocol(self.broker, config, self.connections, logins)
 
         listeners = [("AMQP", config.port, None)]
         protocols = {"AMQP": "amqp", "AMQPS": "amqp/ssl"}
