@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 import struct
 
+import pytest
 from pamqp import commands, frame
 
 from fuzz_session import (
@@ -75,3 +76,40 @@ def test_mutated_sessions(fresh_broker):
     # Every case's socket is closed by the broker: the fd count settles back.
     assert wait_for(lambda: broker_resources(pid)[0] <= fds_before + 2)
     assert broker_resources(pid)[1] < rss_before + 30 * 1024  # KiB: bounded, not growing per case
+
+
+def _targeted() -> dict:
+    """Targeted mutations of the valid session and RabbitMQ 3.10's answer to
+    each (probed; the unknown method, which RabbitMQ answers by dropping the
+    socket, gets 503 here)."""
+    frames, head = valid_frames(), PROTOCOL_HEADER + b"".join(valid_frames()[:4])
+    content = frames[7]
+    return {
+        "bad frame end": (PROTOCOL_HEADER + b"".join(frames[:3]) + frames[3][:-1] + b"\x00", 501, "FRAME_ERROR"),
+        "unknown frame type": (head + b"\x09" + frames[4][1:], 501, "FRAME_ERROR"),
+        "body without header": (head + struct.pack(">BHI", 3, 1, 3) + b"abc\xce", 505,
+                                "UNEXPECTED_FRAME - expected method frame, got non method frame instead"),
+        "header without publish": (head + content[:content.index(b"\xce\x03") + 1], 505,
+                                   "UNEXPECTED_FRAME - expected method frame, got non method frame instead"),
+        "second channel.open": (head + frames[3], 504, "CHANNEL_ERROR - second 'channel.open' seen"),
+        "method on a closed channel": (head + frame.marshal(commands.Basic.Qos(), 3), 504,
+                                       "CHANNEL_ERROR - expected 'channel.open'"),
+        "unknown method": (head + struct.pack(">BHI", 1, 1, 4) + struct.pack(">HH", 60, 99) + b"\xce", 503,
+                           "COMMAND_INVALID - unknown method class 60 method 99"),
+        "truncated arguments": (head + struct.pack(">BHI", 1, 1, 6) + struct.pack(">HHH", 50, 10, 0) + b"\xce", 501,
+                                "FRAME_ERROR - cannot decode <<0,0>>"),
+        "method inside content": (head + frames[6] + frame.marshal(commands.Basic.Qos(), 1), 505,
+                                  "UNEXPECTED_FRAME - expected content header for class 60"),
+        "content on channel 0": (head + struct.pack(">BHI", 3, 0, 3) + b"abc\xce", 505,
+                                 'UNEXPECTED_FRAME - type 3, all octets = <<"abc">>'),
+        "heartbeat on channel 1": (head + struct.pack(">BHI", 8, 1, 0) + b"\xce", 505,
+                                   "UNEXPECTED_FRAME - type 8, all octets = <<>>"),
+    }
+
+
+@pytest.mark.parametrize("case", list(_targeted()))
+def test_targeted_mutations_get_rabbitmqs_close(broker, case):
+    data, code, text = _targeted()[case]
+    found = closes(run_case(broker.port, data))
+    assert len(found) == 1 and found[0][:3] == (0, 10, code), found
+    assert found[0][3].startswith(text), found
