@@ -307,6 +307,9 @@ class Channel(Deliveries):
     # -- channel class ---------------------------------------------------------
 
     def _close(self, method) -> None:
+        # Confirms already due go out before Close-Ok, as RabbitMQ sends them
+        # (they are otherwise coalesced until the end of the loop turn).
+        self.connection.flush_confirms_of(self)
         self.release()
         self.connection.channel_closed(self)
         self.send_method(commands.Channel.CloseOk())

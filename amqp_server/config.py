@@ -123,6 +123,14 @@ class BrokerConfig:
     heartbeat: int = 60
     # RabbitMQ's max_message_size default: 128 MiB.
     max_message_size: int = 134217728
+    # Open AMQP connections on this node; None = no limit. [connection_max]
+    connection_max: int | None = None
+    # Consumers on one channel; None = no limit. [consumer_max_per_channel, RabbitMQ 3.12+]
+    consumer_max_per_channel: int | None = None
+    # Seconds a refused login is delayed, doubling per consecutive failure of the
+    # same user from the same address, capped by auth_failure_delay_max (beyond RabbitMQ).
+    auth_failure_delay: float = 0.1
+    auth_failure_delay_max: float = 5.0
     default_user: str = "guest"
     default_pass: str = "guest"
     default_vhost: str = "/"

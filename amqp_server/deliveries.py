@@ -151,6 +151,9 @@ class Deliveries:
         # RabbitMQ's order: a reused tag, read permission, then the queue.
         if method.consumer_tag in self.consumers:
             raise AMQPError(NOT_ALLOWED, "attempt to reuse consumer tag '%s'" % method.consumer_tag)
+        limit = self.connection.config.consumer_max_per_channel
+        if limit is not None and len(self.consumers) >= limit:
+            raise AMQPError(NOT_ALLOWED, "reached maximum (%d) of consumers per channel" % limit)
         name = self.queue_name(method.queue)
         self.access.check("queue", name, "read")
         queue = self.vhost.queue(name, self.connection)

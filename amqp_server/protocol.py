@@ -10,12 +10,15 @@ import asyncio
 from amqp_server.alarms import ResourceAlarms
 from amqp_server.config import BrokerConfig
 from amqp_server.connection import Connection
+from amqp_server.login_throttle import LoginThrottle
 from vhosts import Broker
 
 
 class AMQPProtocol(asyncio.Protocol):
-    def __init__(self, broker: Broker, config: BrokerConfig, connections: set, alarms: ResourceAlarms) -> None:
+    def __init__(self, broker: Broker, config: BrokerConfig, connections: set, alarms: ResourceAlarms,
+                 logins: LoginThrottle) -> None:
         self.broker = broker
+        self.logins = logins
         self.config = config
         self.connections = connections
         self.alarms = alarms

@@ -15,6 +15,7 @@ from amqp_server.management.listeners import ListenerError
 from amqp_server.mqtt.protocol import MQTTProtocol
 from amqp_server.mqtt.retained import RetainedMessages
 from amqp_server.mqtt.session import Sessions
+from amqp_server.login_throttle import LoginThrottle
 from amqp_server.protocol import AMQPProtocol
 from storage.dead_letter_log import DeadLetterLogSettings
 from storage.definitions import DefinitionStore
@@ -121,13 +122,15 @@ class BrokerServer:
         loop = asyncio.get_running_loop()
         config = self.config
 
+        logins = LoginThrottle(config.auth_failure_delay, config.auth_failure_delay_max)
+
         def factory() -> AMQPProtocol:
-            return AMQPProtocol(self.broker, config, self.connections, self.alarms)
+            return AMQPProtocol(self.broker, config, self.connections, self.alarms, logins)
+
+        def mqtt_factory() -> MQTTProtocol:
+            return MQTTProtocol(self.broker, config, self.mqtt_sessions, self.connections, self.alarms, logins)
 
         self.alarms.start()
-        def mqtt_factory() -> MQTTProtocol:
-            return MQTTProtocol(self.broker, config, self.mqtt_sessions, self.connections, self.alarms)
-
         listeners = [("AMQP", config.port, None, factory)]
         protocols = {"AMQP": "amqp", "AMQPS": "amqp/ssl", "MQTT": "mqtt", "MQTTS": "mqtt/ssl"}
         context = None

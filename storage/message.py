@@ -39,6 +39,11 @@ _ULONGLONG = struct.Struct(">Q")
 _EMPTY_TABLE = b"\x00\x00\x00\x00"
 
 
+class MalformedProperties(ValueError):
+    """A content header whose properties cannot be decoded (they are decoded
+    lazily, when a feature first needs them)."""
+
+
 class Message:
     __slots__ = ("exchange", "routing_key", "header", "body", "_properties", "_msg_id")
 
@@ -94,8 +99,11 @@ class Message:
     def properties(self) -> commands.Basic.Properties:
         if self._properties is None:
             props = commands.Basic.Properties()
-            flags, consumed = _property_flags(self.header)
-            props.unmarshal(flags, self.header[_FLAGS_AT + consumed:])
+            try:
+                flags, consumed = _property_flags(self.header)
+                props.unmarshal(flags, self.header[_FLAGS_AT + consumed:])
+            except Exception as exc:
+                raise MalformedProperties(str(exc)) from None
             self._properties = props
         return self._properties
 

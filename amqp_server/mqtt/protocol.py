@@ -9,8 +9,8 @@ from amqp_server.protocol import AMQPProtocol
 
 
 class MQTTProtocol(AMQPProtocol):
-    def __init__(self, broker, config, sessions: Sessions, connections: set, alarms) -> None:
-        super().__init__(broker, config, connections, alarms)
+    def __init__(self, broker, config, sessions: Sessions, connections: set, alarms, logins) -> None:
+        super().__init__(broker, config, connections, alarms, logins)
         self.sessions = sessions
 
     def connection_made(self, transport: asyncio.Transport) -> None:
