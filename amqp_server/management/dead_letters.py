@@ -14,24 +14,12 @@ from __future__ import annotations
 
 import asyncio
 
-from amqp_server.management.errors import ApiError, bad_request
+from amqp_server.management.errors import ApiError
+from amqp_server.management.listing import query_integer
 
 DEFAULT_LIMIT = 1000
 MAX_LIMIT = 10000
 MAX_BYTES = 16 * 1024 * 1024
-
-
-def _number(query: dict, key: str, default: int) -> int:
-    text = query.get(key)
-    if text is None:
-        return default
-    try:
-        value = int(text)
-    except ValueError:
-        raise bad_request("%s must be a non-negative integer, got %r" % (key, text)) from None
-    if value < 0:
-        raise bad_request("%s must be a non-negative integer, got %r" % (key, text))
-    return value
 
 
 async def dead_letters(req) -> dict:
@@ -39,8 +27,8 @@ async def dead_letters(req) -> dict:
     log = vhost.message_storage.dead_letters if vhost.message_storage is not None else None
     if log is None:
         raise ApiError(404, "not_found", "the dead-letter log is disabled (dead_letter_log.enabled)")
-    start = _number(req.query, "start", log.first_offset)
-    limit = min(_number(req.query, "limit", DEFAULT_LIMIT), MAX_LIMIT)
+    start = query_integer(req.query, "start", log.first_offset, minimum=0)
+    limit = min(query_integer(req.query, "limit", DEFAULT_LIMIT, minimum=0), MAX_LIMIT)
     done = asyncio.get_running_loop().create_future()
     log.read(start, limit, done.set_result, MAX_BYTES)
     records = await done

@@ -46,7 +46,9 @@ def _columns(items: list[dict], columns: str) -> list[dict]:
     return out
 
 
-def _integer(query: dict, key: str, default: int) -> int:
+def query_integer(query: dict, key: str, default: int, minimum: int = 1) -> int:
+    """An integer query parameter (`default` when absent); a 400 with
+    RabbitMQ's paging texts when it is not a number or under `minimum`."""
     text = query.get(key)
     if text is None:
         return default
@@ -54,8 +56,8 @@ def _integer(query: dict, key: str, default: int) -> int:
         value = int(text)
     except ValueError:
         raise bad_request("%s should be a number" % key) from None
-    if value < 1:
-        raise bad_request("%s must be greater than 0" % key)
+    if value < minimum:
+        raise bad_request("%s must be greater than %d" % (key, minimum - 1))
     return value
 
 
@@ -68,8 +70,8 @@ def present(items: list[dict], query: dict):
         items = list(reversed(items))
     if "page" not in query:
         return _columns(items, query["columns"]) if query.get("columns") else items
-    page = _integer(query, "page", 1)
-    page_size = _integer(query, "page_size", 100)
+    page = query_integer(query, "page", 1)
+    page_size = query_integer(query, "page_size", 100)
     if page_size > MAX_PAGE_SIZE:
         raise bad_request("page_size must be less than or equal to %d" % MAX_PAGE_SIZE)
     total = len(items)
