@@ -115,6 +115,7 @@ class BrokerServer:
             self.writer.stop()
             raise ListenError("cannot open the MQTT store: %s" % exc) from None
         self.mqtt_sessions = Sessions(RetainedMessages(self.mqtt_store, self.writer), self.mqtt_store, self.writer)
+        self.broker.on_vhost_deleted.append(self.mqtt_sessions.forget_vhost)
         self.management = ManagementListeners(self.broker, self.connections, config, self.writer, self.monitor,
                                               self.listeners, self.alarms)
 

@@ -1,7 +1,8 @@
 """What MQTT keeps on disk besides queues, in one SQLite file per node:
 retained messages (one row per (vhost, topic): the last retained payload
 and its QoS) and the QoS 2 packet-id state of persistent sessions (one row
-per (vhost, client id, kind, packet id); kinds in amqp_server.mqtt.exactly_once).
+per (vhost, client id, kind, packet id); the kinds are below, their meaning
+is in amqp_server.mqtt.exactly_once).
 
 Writes are blocking: the broker runs `put` and `delete` on the storage
 writer thread (`GroupCommitWriter.run`), which is why the connection may be
@@ -11,6 +12,8 @@ it at a time: `load` before serving, then only the writer thread).
 from __future__ import annotations
 
 import sqlite3
+
+RECEIVED, SENT, RELEASED = "received", "sent", "released"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS retained (
@@ -57,6 +60,13 @@ class MQTTStore:
     def delete(self, vhost: str, topic: str) -> None:
         self._db.execute("DELETE FROM retained WHERE vhost = ? AND topic = ?", (vhost, topic))
 
+    def delete_vhost(self, vhost: str) -> None:
+        """Everything kept for a deleted vhost: retained messages and sessions."""
+        with self._db:
+            self._db.execute("BEGIN")
+            self._db.execute("DELETE FROM retained WHERE vhost = ?", (vhost,))
+            self._db.execute("DELETE FROM packet_ids WHERE vhost = ?", (vhost,))
+
     def load_packet_ids(self) -> dict[tuple[str, str], list[tuple[str, int, bytes]]]:
         """(vhost, client id) -> [(kind, packet id, message id)]."""
         found: dict[tuple[str, str], list[tuple[str, int, bytes]]] = {}
@@ -68,6 +78,16 @@ class MQTTStore:
     def add_packet_id(self, vhost: str, client_id: str, kind: str, pid: int, msg_id: bytes = b"") -> None:
         self._db.execute("INSERT OR REPLACE INTO packet_ids (vhost, client_id, kind, pid, msg_id) VALUES (?, ?, ?, ?, ?)",
                          (vhost, client_id, kind, pid, msg_id))
+
+    def release_packet_id(self, vhost: str, client_id: str, pid: int, msg_id: bytes) -> None:
+        """QoS 2 outbound, PUBREC: the id moves from "sent" to "released" in
+        one transaction (a crash leaves it in one or the other, never neither)."""
+        with self._db:
+            self._db.execute("BEGIN")
+            self._db.execute("DELETE FROM packet_ids WHERE vhost = ? AND client_id = ? AND kind = ? AND pid = ?",
+                             (vhost, client_id, SENT, pid))
+            self._db.execute("INSERT OR REPLACE INTO packet_ids (vhost, client_id, kind, pid, msg_id) "
+                             "VALUES (?, ?, ?, ?, ?)", (vhost, client_id, RELEASED, pid, msg_id))
 
     def remove_packet_id(self, vhost: str, client_id: str, kind: str, pid: int) -> None:
         self._db.execute("DELETE FROM packet_ids WHERE vhost = ? AND client_id = ? AND kind = ? AND pid = ?",

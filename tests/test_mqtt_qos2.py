@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import struct
 
+import pika
 import pytest
 
-from helpers import connect, unique, wait_for
+from amqp_server.mqtt.session import queue_name
+from helpers import confirm_channel, connect, unique, wait_for
 from mqtt_raw import DISCONNECT, PINGREQ, RawMQTT, packet, parse_publish, publish_packet, subscribe_packet
 from test_mqtt_pubsub import client, next_message
 
@@ -145,3 +147,42 @@ def test_a_clean_session_discards_the_qos2_state(mqtt_port, broker):
             again.send(publish_packet(topic, b"two", qos=2, pid=3))
             assert again.read() == ack(5, 3)
         assert wait_for(lambda: channel.queue_declare(queue, passive=True).method.message_count == 2)
+
+
+def killed(proc) -> None:
+    proc.process.kill()
+    proc.process.wait()
+
+
+def test_outbound_qos2_is_exactly_once_across_broker_crashes(start_broker):
+    """kill -9 after the PUBLISH: it comes back with the packet id the client
+    holds (so the client drops the duplicate); kill -9 after PUBREL: the
+    PUBREL comes back and the message does not, acked or not on disk."""
+    cid, topic = unique("x2"), unique("crash")
+    broker = start_broker(expect=("AMQP", "MQTT"))
+    data_dir = str(broker.data_dir)
+    with RawMQTT(broker.ports["MQTT"]) as raw:
+        raw.connect(cid, clean=False)
+        raw.send(subscribe_packet(1, (topic, 2)))
+        assert raw.read() == (9, 0, b"\x00\x01\x02")
+        with connect(broker.port) as conn:
+            confirm_channel(conn).basic_publish("amq.topic", topic, b"once", pika.BasicProperties(delivery_mode=2))
+        _topic, qos, pid, _retain, dup, payload = qos2_publish(raw)
+        assert (qos, dup, payload) == (2, False, b"once")
+        killed(broker)
+    broker = start_broker("--data-dir", data_dir, expect=("AMQP", "MQTT"))
+    with RawMQTT(broker.ports["MQTT"]) as raw:
+        assert raw.connect(cid, clean=False) == b"\x01\x00"
+        assert qos2_publish(raw)[1:] == (2, pid, False, True, b"once")
+        raw.send(pubrec(pid))
+        assert raw.read() == ack(6, pid)
+        killed(broker)
+    broker = start_broker("--data-dir", data_dir, expect=("AMQP", "MQTT"))
+    with RawMQTT(broker.ports["MQTT"]) as raw:
+        assert raw.connect(cid, clean=False) == b"\x01\x00"
+        assert raw.read() == ack(6, pid)
+        raw.send(pubcomp(pid))
+        raw.send(PINGREQ)
+        assert raw.read() == (13, 0, b"")
+    with connect(broker.port) as conn:
+        assert conn.channel().queue_declare(queue_name(cid, 2), passive=True).method.message_count == 0

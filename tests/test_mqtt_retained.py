@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from helpers import unique
+from conftest import ALL_PERMISSIONS
+from http_api import Api
 from mqtt_raw import DISCONNECT, PINGREQ, RawMQTT, parse_publish, publish_packet, subscribe_packet, until_ping
 
 
@@ -13,9 +15,9 @@ def mqtt_port(broker) -> int:
     return broker.ports["MQTT"]
 
 
-def retain(port: int, topic: str, payload: bytes, qos: int = 1) -> None:
+def retain(port: int, topic: str, payload: bytes, qos: int = 1, **login) -> None:
     with RawMQTT(port) as raw:
-        raw.connect(unique("keeper"))
+        raw.connect(unique("keeper"), **login)
         raw.send(publish_packet(topic, payload, qos=qos, pid=1, retain=True))
         if qos:
             assert raw.read() == (4, 0, b"\x00\x01")  # PUBACK once stored
@@ -23,11 +25,11 @@ def retain(port: int, topic: str, payload: bytes, qos: int = 1) -> None:
         assert raw.closed_by_server()
 
 
-def retained_for(port: int, topic_filter: str, qos: int = 1) -> list[tuple]:
+def retained_for(port: int, topic_filter: str, qos: int = 1, **login) -> list[tuple]:
     """What a new subscription gets at once: (topic, qos, retain, payload), up
     to the PINGRESP that follows it."""
     with RawMQTT(port) as raw:
-        raw.connect(unique("late"))
+        raw.connect(unique("late"), **login)
         raw.send(subscribe_packet(1, (topic_filter, qos)))
         assert raw.read()[0] == 9
         return [(topic, qos, retained, payload) for topic, qos, retained, _dup, payload in until_ping(raw)]
@@ -92,3 +94,26 @@ def test_retained_messages_are_per_vhost(mqtt_port, api):
             assert raw.read() == (13, 0, b"")
     finally:
         api.delete("/api/vhosts/" + vhost)
+
+
+def test_deleting_a_vhost_deletes_its_retained_messages(start_broker):
+    """A vhost created again with the same name starts with none, before and
+    after a restart."""
+    broker = start_broker(expect=("AMQP", "MQTT", "HTTP"))
+    data_dir = str(broker.data_dir)
+    api, vhost, topic = Api(broker.ports["HTTP"]), unique("gone"), unique("rt")
+    login = {"username": "%s:guest" % vhost, "password": "guest"}
+
+    def create() -> None:
+        assert api.put("/api/vhosts/" + vhost).status == 201
+        assert api.put("/api/permissions/%s/guest" % vhost, ALL_PERMISSIONS).status == 201
+
+    create()
+    retain(broker.ports["MQTT"], topic, b"old", **login)
+    assert retained_for(broker.ports["MQTT"], topic, **login) == [(topic, 1, True, b"old")]
+    assert api.delete("/api/vhosts/" + vhost).status == 204
+    create()
+    assert retained_for(broker.ports["MQTT"], topic, **login) == []
+    broker.stop()
+    broker = start_broker("--data-dir", data_dir, expect=("AMQP", "MQTT", "HTTP"))
+    assert retained_for(broker.ports["MQTT"], topic, **login) == []

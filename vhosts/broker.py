@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Callable
 
 from vhosts.dead_letter_recorder import DeadLetterRecorder
 from vhosts.errors import NOT_ALLOWED, AMQPError
@@ -61,6 +62,9 @@ class Broker:
         # vhost name -> `storage.vhost_storage.VhostStorage` (None: all in memory)
         self.message_storage = message_storage
         self._started = False  # vhosts added later get their storage ready at once
+        # Called with a vhost's name once it is deleted: front ends drop
+        # what they keep per vhost (MQTT's retained messages and sessions).
+        self.on_vhost_deleted: list[Callable[[str], None]] = []
         stored = definitions.load() if definitions is not None else None
         if stored is not None and not stored.blank:
             self._restore(stored)
@@ -170,6 +174,8 @@ class Broker:
             vhost.remove_queue(queue)
         if vhost.message_storage is not None:
             vhost.message_storage.destroy()
+        for forget in self.on_vhost_deleted:
+            forget(name)
 
     def set_vhost_limits(self, name: str, limits: dict) -> None:
         """Replace the vhost's limits (max-connections, max-queues; negative:

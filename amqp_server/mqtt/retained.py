@@ -36,6 +36,11 @@ class RetainedMessages:
             self.writer.run(lambda: store.delete(vhost, topic), done and (lambda _result: done()))
         return done is not None
 
+    def forget_vhost(self, vhost: str) -> None:
+        """The vhost was deleted: so are its retained messages (the caller
+        deletes them on disk, `MQTTStore.delete_vhost`)."""
+        self.by_vhost.pop(vhost, None)
+
     def matching(self, vhost: str, granted: list[tuple[str, int]]):
         """(topic, payload, qos) for each retained message a new subscription
         matches, at the lower of its published QoS and the best granted one."""

@@ -19,7 +19,8 @@ Theory of operation:
   PUBACK acks the entry; the connection going away requeues the rest.
 - QoS 2 (beyond RabbitMQ) both ways: subscriptions at QoS 2 have a qos2
   queue; the packet-id state is `exactly_once.ExactlyOnce`, kept by
-  `Sessions` for persistent sessions (and on disk).
+  `Sessions` for persistent sessions (and on disk, each outbound PUBLISH
+  held in `_held` until its packet id is there).
 - One client id per vhost: a second CONNECT with it closes the first
   (`Sessions`). The will is published when the connection ends without a
   DISCONNECT (socket loss, keepalive expiry, protocol error, takeover).
@@ -87,6 +88,16 @@ class Sessions:
                 state = self.kept[(vhost, client_id)] = ExactlyOnce(vhost, client_id, store, writer)
                 state.restore(rows)
 
+    def forget_vhost(self, vhost: str) -> None:
+        """The vhost was deleted (its connections are closed by then): its
+        retained messages and persistent sessions' QoS 2 state go too."""
+        self.retained.forget_vhost(vhost)
+        for key in [key for key in self.kept if key[0] == vhost]:
+            del self.kept[key]
+        store = self.store
+        if store is not None:
+            self.writer.run(lambda: store.delete_vhost(vhost))
+
     def exactly_once(self, vhost: str, client_id: str, clean: bool) -> tuple[ExactlyOnce, bool]:
         """The QoS 2 state a CONNECT starts with, and whether a persistent
         session was kept for it; a clean session discards what one kept."""
@@ -136,6 +147,9 @@ class MQTTConnection:
         # [packet id, durable confirmations awaited, PUBACK or PUBREC], in arrival order
         self._pubacks: deque = deque()
         self.qos2: ExactlyOnce | None = None
+        # QoS 2 PUBLISHes in delivery order, [ready, packet]: each waits for
+        # its packet id to reach the disk (persistent sessions), in order.
+        self._held: deque = deque()
         self._output: list[bytes] = []
         self.socket_paused = False  # set by the protocol (pause_writing)
         self.blocked_by: set = set()
@@ -528,12 +542,17 @@ class MQTTConnection:
             published = headers.get("x-mqtt-publish-qos") if headers else None
             if isinstance(published, int) and published < qos:
                 qos = published
+            if qos == 2 and self.qos2.was_released(message.msg_id):
+                queue.ack((entry,))  # the client has it (see exactly_once)
+                return
             if qos:
                 pid = self.qos2.sent_before(message.msg_id) if qos == 2 else None
                 if pid is None:
                     pid = self._new_pid()
                     if qos == 2:
-                        self.qos2.record_sent(message.msg_id, pid)
+                        held = [False, None]
+                        if self.qos2.record_sent(message.msg_id, pid, lambda: self._recorded(held)):
+                            self._held.append(held)
                 else:
                     redelivered = True
                 self.unacked[pid] = (queue, entry, consumer)
@@ -545,9 +564,26 @@ class MQTTConnection:
                 queue.ack((entry,))
                 stats.deliver_no_ack += 1
                 self.vhost.stats.deliver_no_ack += 1
-        self._output.extend(packets.publish(
+        publish = packets.publish(
             topics.to_mqtt(message.routing_key).encode("utf-8"), message.body, qos, pid, False,
-            redelivered and qos > 0))
+            redelivered and qos > 0)
+        if qos == 2 and self._held:
+            if self._held[-1][1] is None:
+                self._held[-1][1] = publish
+            else:
+                self._held.append([True, publish])
+            return
+        self._output.extend(publish)
+        self.io.wake()
+
+    def _recorded(self, held: list) -> None:
+        """A QoS 2 packet id is on disk: its PUBLISH, and the QoS 2 ones
+        queued behind it, may go."""
+        held[0] = True
+        if self.state is CLOSED:
+            return
+        while self._held and self._held[0][0]:
+            self._output.extend(self._held.popleft()[1])
         self.io.wake()
 
     def consumer_cancelled(self, consumer: Consumer) -> None:
@@ -563,28 +599,30 @@ class MQTTConnection:
         """QoS 2, step 2: the client has the message; the queue lets it go and
         the packet id waits for PUBCOMP."""
         pid = packets.packet_id(body)
-        entry = self._settled(pid)
-        if entry is not None:
-            self.qos2.record_pubrec(entry.message.msg_id, pid)
-        self.send(packets.acknowledgement(packets.PUBREL, pid))
+        delivery = self.unacked.get(pid)
+        pubrel = packets.acknowledgement(packets.PUBREL, pid)
+        # On disk before PUBREL and before the ack (see exactly_once).
+        if delivery is None or not self.qos2.record_pubrec(
+                delivery[1].message.msg_id, pid, lambda: self.state is not CLOSED and self.send(pubrel)):
+            self.send(pubrel)
+        self._settled(pid)
 
     def _pubrel(self, flags: int, body: bytes) -> None:
         pid = packets.packet_id(body)
         self.qos2.release(pid)
         self.send(packets.acknowledgement(packets.PUBCOMP, pid))
 
-    def _settled(self, pid: int):
-        """The delivery with packet id `pid` is acknowledged; returns its entry."""
+    def _settled(self, pid: int) -> None:
+        """The delivery with packet id `pid` is acknowledged."""
         delivery = self.unacked.pop(pid, None)
         if delivery is None:
-            return None
+            return
         queue, entry, consumer = delivery
         consumer.unacked -= 1
         queue.stats.ack += 1
         self.vhost.stats.ack += 1
         queue.ack((entry,))
         queue.dispatch()
-        return entry
 
     def _release(self) -> None:
         """Connection gone: stop consuming, give back what was not PUBACKed,
@@ -596,6 +634,7 @@ class MQTTConnection:
             if delivery is not None:
                 by_queue.setdefault(delivery[0], []).append(delivery[1])
         self.unacked.clear()
+        self._held.clear()
         for consumer in consumers:
             consumer.queue.remove_consumer(consumer)
         for queue, entries in by_queue.items():
