@@ -10,9 +10,15 @@ broker's management API (http_api.Api) and `vhost` a fresh vhost on it.
 
 Plain helper functions are in helpers.py (`unique` and `wait_for` are
 importable from here too).
+
+A hang never outlives its test by much: pytest-timeout fails a test after
+its timeout (60 s unless marked), and if the test's own cleanup then hangs
+too, `pytest_runtest_protocol` below ends the run with every thread's
+stack on stderr.
 """
 from __future__ import annotations
 
+import faulthandler
 import os
 import re
 import subprocess
@@ -170,12 +176,46 @@ def vhost(api):
     api.delete("/api/vhosts/" + segment(name))
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Setup, call and teardown of one test: after twice its timeout and a
+    minute more, print every thread's stack and exit (a hang in cleanup)."""
+    marker = item.get_closest_marker("timeout")
+    limit = float(marker.args[0] if marker else item.config.getini("timeout"))
+    watchdog = threading.Timer(2 * limit + 60, _hung, (item.config, item.nodeid))
+    watchdog.daemon = True
+    watchdog.start()
+    yield
+    watchdog.cancel()
+
+
+def _hung(config, nodeid: str) -> None:
+    capture = config.pluginmanager.getplugin("capturemanager")
+    if capture is not None:
+        capture.suspend_global_capture(in_=False)
+    sys.stderr.write("\n%s still runs long after its timeout; every thread's stack:\n" % nodeid)
+    sys.stderr.flush()
+    faulthandler.dump_traceback(file=sys.stderr)
+    os._exit(1)
+
+
+# PySpark's driver stops answering callbacks (foreachBatch hangs) once this
+# process has file descriptors numbered past select()'s limit of 1024.
+SPARK_FD_BUDGET = 900
+
+
 @pytest.fixture(scope="session")
 def spark():
     """The one SparkSession of the suite (local[2], two shuffle partitions),
-    with the hutch-dead-letters data source registered."""
+    with the hutch-dead-letters data source registered; a stopped streaming
+    query gives up after a minute instead of waiting forever."""
     from spark_sink.session import build_session
 
+    open_fds = len(os.listdir("/proc/self/fd"))
+    if open_fds > SPARK_FD_BUDGET:
+        pytest.fail("this test process has %d open file descriptors (a test leaks them); PySpark's "
+                    "driver hangs past 1024" % open_fds)
     session = build_session("local[2]", "hutch-tests", shuffle_partitions=2)
+    session.conf.set("spark.sql.streaming.stopTimeout", "60000")
     yield session
     session.stop()

@@ -27,9 +27,19 @@ def files(directory) -> list[str]:
         return []
 
 
+_opened: list[QueueIndex] = []  # by the running test: closed at its teardown (raw fds)
+
+
+def open_index(directory, writer, **kw) -> QueueIndex:
+    index = QueueIndex(str(directory), writer, **kw)
+    _opened.append(index)
+    return index
+
+
 @pytest.fixture
 async def writers():
-    """Make GroupCommitWriters on the running loop; all stopped at teardown."""
+    """Make GroupCommitWriters on the running loop; at teardown every index
+    the test opened is closed and every writer stopped."""
     made: list[GroupCommitWriter] = []
 
     def make(durability: str = "fsync") -> GroupCommitWriter:
@@ -38,6 +48,8 @@ async def writers():
         return writer
 
     yield make
+    while _opened:
+        _opened.pop().close()
     for writer in made:
         writer.stop()
 
@@ -58,7 +70,7 @@ async def read(index: QueueIndex, segment: int) -> list[IndexEntry]:
 
 
 def reopen(directory, writer, **kw):
-    index = QueueIndex(str(directory), writer, **kw)
+    index = open_index(directory, writer, **kw)
     entries, report = index.recover()
     return index, entries, report
 
@@ -254,7 +266,7 @@ async def test_transient_entries_do_not_survive_restart(tmp_path, writers):
     for seq in range(6):
         index.publish(seq, mid(seq), 1, b"p", persistent=seq % 2 == 0)
     writer.stop()
-    keep = QueueIndex(str(q), writers("flush"), segment_entries=4)
+    keep = open_index(q, writers("flush"), segment_entries=4)
     entries, report = keep.recover(drop_transient=False)
     assert [(e.seq, e.persistent) for e in entries] == [(s, s % 2 == 0) for s in range(6)]
     keep._writer.stop()
@@ -275,7 +287,7 @@ async def test_recover_max_entries_loads_whole_segments(tmp_path, writers):
     for seq in range(10):
         index.publish(seq, mid(seq), 1, b"pp")  # not embedded
     writer.stop()
-    index = QueueIndex(str(q), writers(), segment_entries=4)
+    index = open_index(q, writers(), segment_entries=4)
     entries, report = index.recover(max_entries=5)
     assert [e.seq for e in entries] == list(range(8))
     assert report.unloaded_segments == [2] and report.entries == 10
@@ -295,7 +307,7 @@ async def test_delete_removes_every_file(tmp_path, writers):
     with pytest.raises(RuntimeError):
         index.publish(10, mid(10), 1, b"p")
     # a queue of the same name declared again starts empty
-    index2 = QueueIndex(str(q), writer, segment_entries=4)
+    index2 = open_index(q, writer, segment_entries=4)
     index2.publish(0, mid(0), 1, b"new")
     await settle(writer)
     assert files(q) == ["0.idx"]
@@ -425,6 +437,7 @@ class IndexMachine(RuleBasedStateMachine):
 
     @rule()
     def restart(self):
+        self.index.close()
         self.writer.stop()
         head = (self.next - 1) // SEG if self.ever else None
         on_disk = {int(name.split(".")[0]) for name in os.listdir(self.dir)} if os.path.isdir(self.dir) else set()
@@ -446,6 +459,7 @@ class IndexMachine(RuleBasedStateMachine):
         assert self.index.stats()["entries"] == len(self.model)
 
     def teardown(self):
+        self.index.close()
         self.writer.stop()
         self.loop.close()
         shutil.rmtree(self.dir, ignore_errors=True)
@@ -481,11 +495,11 @@ async def test_a_summary_gives_what_the_scan_gives(tmp_path, writers):
     shutil.copytree(tmp_path / "q", tmp_path / "copy")
     os.unlink(tmp_path / "copy" / "recovery.summary")
 
-    fast = QueueIndex(str(tmp_path / "q"), writers(), embed_below=64, segment_entries=8)
+    fast = open_index(tmp_path / "q", writers(), embed_below=64, segment_entries=8)
     report = fast.recover_summary()
     assert report is not None and report.from_summary and report.records == 0
     assert not os.path.exists(tmp_path / "q" / "recovery.summary")  # used once
-    scanned = QueueIndex(str(tmp_path / "copy"), writers(), embed_below=64, segment_entries=8)
+    scanned = open_index(tmp_path / "copy", writers(), embed_below=64, segment_entries=8)
     _, scan_report = scanned.recover(max_entries=0)
     for field_name in ("entries", "next_seq", "first_seq", "dropped_transient", "deleted_segments"):
         assert getattr(report, field_name) == getattr(scan_report, field_name), field_name
@@ -516,7 +530,7 @@ async def test_a_summary_that_does_not_match_is_refused(tmp_path, writers, chang
         with open(tmp_path / "q" / "recovery.summary", "r+b") as f:
             f.seek(20)
             f.write(b"\xff")
-    fast = QueueIndex(str(tmp_path / "q"), writers(), embed_below=64, segment_entries=8)
+    fast = open_index(tmp_path / "q", writers(), embed_below=64, segment_entries=8)
     with caplog.at_level(logging.INFO, "hutch.storage"):
         assert fast.recover_summary() is None
     assert "recovery summary not used" in caplog.text
@@ -537,8 +551,8 @@ async def test_a_non_durable_index_is_never_fsynced(tmp_path, writers, monkeypat
 
     monkeypatch.setattr(os, "fsync", spy)
     writer = writers("fsync")
-    durable = QueueIndex(str(tmp_path / "durable"), writer, segment_entries=4)
-    transient = QueueIndex(str(tmp_path / "transient"), writer, segment_entries=4, durable=False)
+    durable = open_index(tmp_path / "durable", writer, segment_entries=4)
+    transient = open_index(tmp_path / "transient", writer, segment_entries=4, durable=False)
     confirmed = []
     for index in (durable, transient):
         for seq in range(10):
