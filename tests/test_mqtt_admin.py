@@ -102,8 +102,10 @@ def test_a_persistent_session_is_listed_connected_and_disconnected(mqtt_port, ap
     assert [r["client_id"] for r in api.get(sessions_path()).body if r["vhost"] == vhost] == [cid]
 
 
-def test_unacknowledged_deliveries_count_while_connected(mqtt_port, api, vhost):
+def test_unacknowledged_deliveries_count_while_connected(mqtt_port, api, vhost, broker):
+    """In the session, and in the queue's API object and metrics as for AMQP consumers."""
     cid, topic = unique("slow"), unique("t")
+    queue = "mqtt-subscription-%sqos1" % cid
     with mqtt(mqtt_port, vhost, cid, clean=False) as raw:
         subscribe(raw, (topic, 1))
         publish_qos1(mqtt_port, vhost, topic, 2)
@@ -111,6 +113,10 @@ def test_unacknowledged_deliveries_count_while_connected(mqtt_port, api, vhost):
             assert raw.read()[0] == 3  # PUBLISH, not acknowledged
         row = listed(api, vhost)[cid]
         assert (row["messages"], row["messages_ready"], row["messages_unacknowledged"]) == (2, 0, 2)
+        q = api.get("/api/queues/%s/%s" % (segment(vhost), queue)).body
+        assert (q["messages"], q["messages_unacknowledged"]) == (2, 2)
+        samples = scrape(broker, "/metrics/per-object")[1]
+        assert samples['rabbitmq_queue_messages_unacked{vhost="%s",queue="%s"}' % (vhost, queue)] == 2
         disconnect(raw)
     row = wait_for(lambda: (lambda r: r if not r["connected"] else None)(listed(api, vhost)[cid]))
     assert (row["messages"], row["messages_ready"], row["messages_unacknowledged"]) == (2, 2, 0)

@@ -16,7 +16,7 @@ connection does).
 """
 from __future__ import annotations
 
-from amqp_server.management import access
+from amqp_server.management import access, shapes
 from amqp_server.management.errors import amqp_errors_as_http, not_authorised, not_found
 from amqp_server.management.http import NO_CONTENT
 from amqp_server.management.listing import present
@@ -34,23 +34,13 @@ def _filters(req, vhost) -> dict[str, list[str]]:
     return found
 
 
-def _unacked(connection) -> dict:
-    """Queue -> deliveries the connected client has not acknowledged yet."""
-    counts: dict = {}
-    if connection is not None:
-        for delivery in list(connection.unacked.values()):
-            if delivery is not None:  # a retained message sent on subscribe
-                counts[delivery[0]] = counts.get(delivery[0], 0) + 1
-    return counts
-
-
 def _shape(vhost, session, filters: dict) -> dict:
     connection = session.connection
-    unacked = _unacked(connection)
+    unacked = shapes.unacked_by_queue([connection] if connection is not None else [])
     queues, subscriptions = [], []
     for q in session.queues:
         qos = int(q.name[-1])
-        ready, held = q.message_count, unacked.get(q, 0)
+        ready, held = q.message_count, unacked[q]
         queues.append({"name": q.name, "qos": qos, "durable": q.durable, "consumers": len(q.consumers),
                        "messages": ready + held, "messages_ready": ready, "messages_unacknowledged": held})
         subscriptions += [{"topic_filter": f, "qos": qos} for f in sorted(filters.get(q.name, ()))]

@@ -177,7 +177,7 @@ def _mqtt_metrics(out: Exposition, node, vhosts) -> None:
     sessions = node.mqtt_sessions
     out.one("hutch_mqtt_connections", GAUGE, "MQTT connections currently open", len(sessions.clients))
     out.one("hutch_mqtt_sessions", GAUGE, "Persistent MQTT sessions kept, connected or not",
-            sum(not s.clean for v in vhosts for s in sessions.in_vhost(v)))
+            sessions.persistent_count(vhosts))
 
 
 def _store_metrics(out: Exposition, vhosts) -> None:

@@ -95,6 +95,17 @@ class Session(NamedTuple):
         return self.connection is not None and self.connection.clean
 
 
+def _subscription_queues(vhost) -> dict[str, list]:
+    """Client id -> the vhost's subscription queues of that client."""
+    queues: dict[str, list] = {}
+    for q in list(vhost.queues.values()):
+        if q.name.startswith(QUEUE_PREFIX):
+            match = _QUEUE_NAME.match(q.name)
+            if match is not None:
+                queues.setdefault(match.group(1), []).append(q)
+    return queues
+
+
 class Sessions:
     """What every MQTT connection of the node shares: who holds each client id
     (per vhost) and the retained messages."""
@@ -126,12 +137,7 @@ class Sessions:
         connected client, and every persistent session whose client is away
         but whose durable subscription queues or QoS 2 state the node keeps."""
         name = vhost.name
-        queues: dict[str, list] = {}
-        for q in list(vhost.queues.values()):
-            if q.name.startswith(QUEUE_PREFIX):
-                match = _QUEUE_NAME.match(q.name)
-                if match is not None:
-                    queues.setdefault(match.group(1), []).append(q)
+        queues = _subscription_queues(vhost)
         ids = {cid for vhost_name, cid in (*self.clients, *self.kept) if vhost_name == name}
         ids.update(cid for cid, found in queues.items() if any(q.durable for q in found))
         sessions = []
@@ -140,6 +146,15 @@ class Sessions:
             qos2 = connection.qos2 if connection is not None else self.kept.get((name, cid))
             sessions.append(Session(cid, connection, qos2, sorted(queues.get(cid, ()), key=lambda q: q.name)))
         return sessions
+
+    def persistent_count(self, vhosts) -> int:
+        """How many persistent sessions `in_vhost` lists over `vhosts`, in one
+        pass (every connected persistent session is in `kept`)."""
+        keys = set(self.kept)
+        for vhost in vhosts:
+            keys.update((vhost.name, cid) for cid, found in _subscription_queues(vhost).items()
+                        if any(q.durable for q in found))
+        return len(keys)
 
     def end(self, vhost, session: Session) -> None:
         """An administrator ends a session: its connection closes (publishing
