@@ -75,7 +75,7 @@ def content_header(qos: int, size: int) -> bytes:
 
 QUEUE_PREFIX = "mqtt-subscription-"
 # The client id is everything before the last "qos<N>" (ids may contain "qos1" too).
-_QUEUE_NAME = re.compile(r"mqtt-subscription-(.*)qos([0-2])\Z", re.DOTALL)
+_QUEUE_NAME = re.compile(re.escape(QUEUE_PREFIX) + r"(.*)qos([0-2])\Z", re.DOTALL)
 
 
 def queue_name(client_id: str, qos: int) -> str:
