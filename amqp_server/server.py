@@ -117,7 +117,7 @@ class BrokerServer:
         self.mqtt_sessions = Sessions(RetainedMessages(self.mqtt_store, self.writer), self.mqtt_store, self.writer)
         self.broker.on_vhost_deleted.append(self.mqtt_sessions.forget_vhost)
         self.management = ManagementListeners(self.broker, self.connections, config, self.writer, self.monitor,
-                                              self.listeners, self.alarms)
+                                              self.listeners, self.alarms, self.mqtt_sessions)
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()

@@ -18,13 +18,15 @@ class ListenerError(Exception):
 
 
 class ManagementListeners:
-    def __init__(self, broker, connections: set, config, writer, monitor, listeners: list, alarms) -> None:
+    def __init__(self, broker, connections: set, config, writer, monitor, listeners: list, alarms,
+                 mqtt_sessions) -> None:
         """`listeners` is the broker's list of (protocol, address, port); the
-        HTTP listeners opened here are added to it."""
+        HTTP listeners opened here are added to it. `mqtt_sessions`: the MQTT
+        front end's `Sessions`."""
         self.config = config
         self.node = Node(broker, connections, config, writer, monitor,
                          RateSampler(broker, connections, config.management.sample_interval), alarms,
-                         listeners)
+                         mqtt_sessions, listeners)
         self._runners: list[web.AppRunner] = []
 
     async def start(self) -> None:

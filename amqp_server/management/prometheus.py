@@ -5,7 +5,7 @@ metric for the node. `/metrics/per-object` gives the queue metrics one
 sample per queue, labelled {vhost, queue}, as RabbitMQ's endpoint of that
 name. Names, types and help texts are RabbitMQ's where RabbitMQ has the
 metric; `hutch_` names cover what only hutch has (message states, store
-files, the disk writer and fsync latency). Everything is read from
+files, the disk writer and fsync latency, MQTT connections and sessions). Everything is read from
 counters the broker keeps anyway; a scrape walks the queues once.
 """
 from __future__ import annotations
@@ -169,7 +169,15 @@ def render(node, per_object: bool = False) -> str:
     out.family("hutch_queue_messages_state", GAUGE, help_states, samples)
     _store_metrics(out, vhosts)
     _writer_metrics(out, node)
+    _mqtt_metrics(out, node, vhosts)
     return out.text()
+
+
+def _mqtt_metrics(out: Exposition, node, vhosts) -> None:
+    sessions = node.mqtt_sessions
+    out.one("hutch_mqtt_connections", GAUGE, "MQTT connections currently open", len(sessions.clients))
+    out.one("hutch_mqtt_sessions", GAUGE, "Persistent MQTT sessions kept, connected or not",
+            sessions.persistent_count(vhosts))
 
 
 def _store_metrics(out: Exposition, vhosts) -> None:
