@@ -14,7 +14,7 @@ from amqp_server.management import ManagementListeners
 from amqp_server.management.listeners import ListenerError
 from amqp_server.mqtt.protocol import MQTTProtocol
 from amqp_server.mqtt.retained import RetainedMessages
-from amqp_server.mqtt.session import Sessions
+from amqp_server.mqtt.sessions import Sessions
 from amqp_server.login_throttle import LoginThrottle
 from amqp_server.protocol import AMQPProtocol
 from storage.dead_letter_log import DeadLetterLogSettings

@@ -8,7 +8,7 @@ import struct
 import pika
 import pytest
 
-from amqp_server.mqtt.session import queue_name
+from amqp_server.mqtt.sessions import queue_name
 from helpers import confirm_channel, connect, unique, wait_for
 from mqtt_raw import DISCONNECT, PINGREQ, RawMQTT, packet, parse_publish, publish_packet, subscribe_packet
 from test_mqtt_pubsub import client, next_message

@@ -680,6 +680,7 @@ class StoreMachine(RuleBasedStateMachine):
     @rule(torn=st.booleans())
     def restart(self, torn):
         self._settle()
+        self.store.close()
         self.writer.stop()
         self._run(asyncio.sleep(0))
         files = rdq_files(self.dir)
@@ -707,6 +708,7 @@ class StoreMachine(RuleBasedStateMachine):
             for msg_id, (payload, _refs) in self.model.items():
                 assert self._run(read(self.store, msg_id)) == payload
         finally:
+            self.store.close()
             self.writer.stop()
             self.loop.close()
             shutil.rmtree(self.dir, ignore_errors=True)

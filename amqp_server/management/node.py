@@ -22,7 +22,7 @@ class Node:
     monitor: object  # storage.memory_monitor.MemoryMonitor
     sampler: RateSampler
     alarms: ResourceAlarms
-    mqtt_sessions: object  # amqp_server.mqtt.session.Sessions
+    mqtt_sessions: object  # amqp_server.mqtt.sessions.Sessions
     # (protocol, address, port) of every open listener, AMQP and HTTP alike
     listeners: list = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)

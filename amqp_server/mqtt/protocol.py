@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from amqp_server.mqtt.session import MQTTConnection, Sessions
+from amqp_server.mqtt.session import MQTTConnection
+from amqp_server.mqtt.sessions import Sessions
 from amqp_server.protocol import AMQPProtocol
 
 
