@@ -30,8 +30,9 @@ Theory of operation:
     list); it lets go under FLOW_LOW or when no consumer is output-bound.
   - pacing: a queue with consumers and more than PACE_ABOVE messages ready
     (about to page its backlog to disk, or paging) takes publishes against
-    `_credit`, which its deliveries grant back one for one (at most
-    PACE_CREDIT held): its publishers run at its consumers' pace, so the
+    `_credit`, which its deliveries grant back one for one (between 0 and
+    PACE_CREDIT: publishes that never wait, dead-lettering and moves, do
+    not run it into debt): its publishers run at its consumers' pace, so the
     backlog stays in RAM instead of being written out and read back while
     the consumers starve for CPU (RabbitMQ gets this from its busy queue
     process). Publishers wait until PACE_RESUME credit is back. A consumer
@@ -197,7 +198,7 @@ class Queue:
             self.backing.publish(message, on_durable if waits else None)
             if self.consumers:
                 self.dispatch()
-                if self.backing.ready > PACE_ABOVE:
+                if self.backing.ready > PACE_ABOVE and self._credit > 0:
                     self._credit -= 1
             return DURABLE_PENDING if waits else ACCEPTED
         settings = self.settings
@@ -217,7 +218,7 @@ class Queue:
             # The time the expiry was computed from: a TTL-0 message goes to
             # a consumer that can take it even when the clock ticked meanwhile.
             self.dispatch(now)
-            if self.backing.ready > PACE_ABOVE:
+            if self.backing.ready > PACE_ABOVE and self._credit > 0:
                 self._credit -= 1
         if settings.length_limited:
             self._drop_head()
