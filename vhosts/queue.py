@@ -37,8 +37,8 @@ Theory of operation:
     the consumers starve for CPU (RabbitMQ gets this from its busy queue
     process). Publishers wait until PACE_RESUME credit is back. A consumer
     at its prefetch limit never blocks publishers for good: every
-    PACE_INTERVAL ms that publishers wait, the credit is topped up to
-    PACE_FLOOR minus what was delivered meanwhile, so a stalled or slow
+    PACE_INTERVAL ms that publishers wait, the queue grants PACE_FLOOR
+    credit minus what it delivered meanwhile, so a stalled or slow
     consumer's queue still takes at least PACE_FLOOR per PACE_INTERVAL and
     pages (one timer per queue, only while publishers wait). A queue
     without consumers is never paced.
