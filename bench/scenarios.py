@@ -16,8 +16,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
+
+# The bench scripts import each other as top-level modules; this makes
+# `python -m bench.scenarios` work as well as `python bench/scenarios.py`.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from harness import AMQPBENCH_SRC, answers_amqp_uri, build_amqpbench, machine, revision
 from measures import (HutchBroker, RabbitMQBroker, Scenario, Settings, backlog, empty_queues, idle_connections, notes,

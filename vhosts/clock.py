@@ -1,8 +1,9 @@
 """The time port of the domain: what time it is and "call me back later".
 
 Queues read the time only where a feature needs it (message TTL, x-death
-times) and arm at most one message-expiry timer and one queue-expiry timer
-each; tests of the pure parts give them a manual clock instead.
+times) and arm at most one message-expiry timer, one queue-expiry timer and
+one pacing timer (credit flow, while publishers wait) each; tests of the
+pure parts give them a manual clock instead.
 """
 from __future__ import annotations
 

@@ -22,13 +22,26 @@ Theory of operation:
   order within a priority, up to rotation); at most one consumer when
   `exclusive_consumer` is set; `active` is set iff the queue is
   single-active-consumer and has consumers.
-- Credit flow (RabbitMQ's idea, simplified): when more than FLOW_HIGH messages
-  are ready and a consumer is held back only by its connection's output (a
-  full socket, a long write list), the queue cannot keep up, so `publish`
-  tells the caller to stop reading from the publisher; the publisher waits in
-  `flow_waiters` until the backlog falls under FLOW_LOW or no consumer is
-  output-bound any more (then the queue is idle as far as RabbitMQ's rule
-  goes: consumers at their prefetch limit never throttle publishers).
+- Credit flow (RabbitMQ's idea, simplified), two rules; a publisher that
+  routes into a queue where one holds waits in `flow_waiters` (`throttle`)
+  until neither does (`_holding`):
+  - output: more than FLOW_HIGH messages are ready and a consumer is held
+    back only by its connection's output (a full socket, a long write
+    list); it lets go under FLOW_LOW or when no consumer is output-bound.
+  - pacing: a queue with consumers and more than PACE_ABOVE messages ready
+    (about to page its backlog to disk, or paging) takes publishes against
+    `_credit`, which its deliveries grant back one for one (between 0 and
+    PACE_CREDIT: publishes that never wait, dead-lettering and moves, do
+    not run it into debt): its publishers run at its consumers' pace, so the
+    backlog stays in RAM instead of being written out and read back while
+    the consumers starve for CPU (RabbitMQ gets this from its busy queue
+    process). Publishers wait until PACE_RESUME credit is back. A consumer
+    at its prefetch limit never blocks publishers for good: every
+    PACE_INTERVAL ms that publishers wait, the queue grants PACE_FLOOR
+    credit minus what it delivered meanwhile, so a stalled or slow
+    consumer's queue still takes at least PACE_FLOOR per PACE_INTERVAL and
+    pages (one timer per queue, only while publishers wait). A queue
+    without consumers is never paced.
 - TTL (docs/queue-semantics.md): a message gets its expiry when it is
   enqueued (the smaller of the queue's message TTL and its expiration);
   `expiry` (vhosts.message_expiry) holds one timer for the whole queue and
@@ -62,6 +75,15 @@ from vhosts.stats import MessageStats
 
 FLOW_HIGH = 2000
 FLOW_LOW = 1000
+# Pacing (module docstring): above this many ready messages (half the RAM
+# window of storage.variable_queue) publishes take credit; PACE_CREDIT more
+# keeps the head within the window, so a paced queue does not page.
+PACE_ABOVE = 1024
+PACE_CREDIT = 800
+PACE_RESUME = 200
+# ms, and credit: the least a queue whose consumers do not keep up takes.
+PACE_INTERVAL = 50
+PACE_FLOOR = 500
 # ms: how soon to look again at expired messages held back for a scan of the disk
 # (the scan's end looks at once; this only covers a scan that takes longer).
 HOLD_RETRY = 50
@@ -98,6 +120,9 @@ class Queue:
         "expiry",
         "_unused_timer",
         "_plain",
+        "_credit",
+        "_paced_deliveries",
+        "_pace_timer",
     )
 
     def __init__(
@@ -127,6 +152,11 @@ class Queue:
         self.deleted = False
         # Publishers (objects with `unblocked(source)`) waiting on credit flow.
         self.flow_waiters: set = set()
+        # Pacing: publishes still taken before publishers wait; deliveries
+        # since the pacing timer was armed (or last fired); that timer.
+        self._credit = PACE_CREDIT
+        self._paced_deliveries = 0
+        self._pace_timer = None
         # basic.get calls waiting for messages the backing queue reads back from disk.
         self.get_waiters: list = []
         self.single_active = self.arguments.get("x-single-active-consumer") is True
@@ -168,6 +198,8 @@ class Queue:
             self.backing.publish(message, on_durable if waits else None)
             if self.consumers:
                 self.dispatch()
+                if self.backing.ready > PACE_ABOVE and self._credit > 0:
+                    self._credit -= 1
             return DURABLE_PENDING if waits else ACCEPTED
         settings = self.settings
         expiry = now = 0
@@ -186,6 +218,8 @@ class Queue:
             # The time the expiry was computed from: a TTL-0 message goes to
             # a consumer that can take it even when the clock ticked meanwhile.
             self.dispatch(now)
+            if self.backing.ready > PACE_ABOVE and self._credit > 0:
+                self._credit -= 1
         if settings.length_limited:
             self._drop_head()
         if expiry and entry.state == READY and expiry <= self.clock.now():
@@ -276,7 +310,42 @@ class Queue:
     @property
     def backed_up(self) -> bool:
         """Credit flow: the publisher should wait (see the module docstring)."""
-        return bool(self.consumers) and self.backing.ready > FLOW_HIGH and self._output_bound()
+        if not self.consumers:
+            return False
+        ready = self.backing.ready
+        return ((ready > PACE_ABOVE and self._credit <= 0)
+                or (ready > FLOW_HIGH and self._output_bound()))
+
+    def _holding(self) -> bool:
+        """Whether publishers that wait must keep waiting (`backed_up` with
+        its low marks)."""
+        if not self.consumers:
+            return False
+        ready = self.backing.ready
+        return ((ready > PACE_ABOVE and self._credit < PACE_RESUME)
+                or (ready >= FLOW_LOW and self._output_bound()))
+
+    def throttle(self, publisher) -> None:
+        """`publisher` (with `throttled_by` / `unblocked`) waits for this
+        queue; while it is paced, the pacing timer guarantees progress."""
+        self.flow_waiters.add(publisher)
+        publisher.throttled_by(self)
+        if self._pace_timer is None and self._credit <= 0:
+            self._paced_deliveries = 0
+            self._pace_timer = self.clock.call_later(PACE_INTERVAL, self._pace_tick)
+
+    def _pace_tick(self) -> None:
+        """PACE_INTERVAL ms of pacing: grant what the deliveries did not, up
+        to PACE_FLOOR, and look again while publishers still wait."""
+        self._pace_timer = None
+        if not self.flow_waiters or self.deleted:
+            return
+        self._credit += max(0, PACE_FLOOR - self._paced_deliveries)
+        self._paced_deliveries = 0
+        if self._holding():
+            self._pace_timer = self.clock.call_later(PACE_INTERVAL, self._pace_tick)
+        else:
+            self.release_waiters()
 
     def _output_bound(self) -> bool:
         return any(c.channel.output_blocked for c in self.consumers)
@@ -289,6 +358,7 @@ class Queue:
         pick = self._pick
         if self.expiry.items:
             self._expire_due(now)
+        delivered = 0
         while backing.ready and consumers:
             consumer = pick()
             if consumer is None:
@@ -297,7 +367,11 @@ class Queue:
             if entry is None:
                 break  # the head is being read back from disk: `_available` resumes
             consumer.channel.deliver(consumer, self, entry)
-        if self.flow_waiters and (backing.ready < FLOW_LOW or not self._output_bound()):
+            delivered += 1
+        if delivered:
+            self._paced_deliveries += delivered
+            self._credit = min(self._credit + delivered, PACE_CREDIT)
+        if self.flow_waiters and not self._holding():
             self.release_waiters()
 
     def _round_robin(self) -> Consumer | None:
@@ -435,7 +509,7 @@ class Queue:
         elif not self.single_active and (not self.consumers
                                          or self.consumers[0].priority == self.consumers[-1].priority):
             self._pick = self._round_robin
-        if self.flow_waiters and not self._output_bound():
+        if self.flow_waiters and not self._holding():
             self.release_waiters()
         if not self.consumers:
             self._arm_unused()
@@ -482,6 +556,8 @@ class Queue:
     def purge(self) -> int:
         count = self.backing.purge()
         self.expiry.clear()
+        if self.flow_waiters:
+            self.release_waiters()
         return count
 
     def delete(self) -> list[Consumer]:
@@ -491,6 +567,9 @@ class Queue:
         if self._unused_timer is not None:
             self._unused_timer.cancel()
             self._unused_timer = None
+        if self._pace_timer is not None:
+            self._pace_timer.cancel()
+            self._pace_timer = None
         self.backing.delete()
         self.release_waiters()
         consumers = list(self.consumers)

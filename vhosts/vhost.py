@@ -764,8 +764,7 @@ class VirtualHost:
             elif outcome == REJECTED:
                 rejected = True
             if q.backed_up:
-                q.flow_waiters.add(publisher)
-                publisher.throttled_by(q)
+                q.throttle(publisher)
         storage = self.message_storage
         if storage is not None and storage.writer.backlogged:
             storage.writer.flow_waiters.add(publisher)
