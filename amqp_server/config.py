@@ -127,8 +127,9 @@ class BrokerConfig:
     connection_max: int | None = None
     # Consumers on one channel; None = no limit. [consumer_max_per_channel, RabbitMQ 3.12+]
     consumer_max_per_channel: int | None = None
-    # Seconds a refused login is delayed, doubling per consecutive failure of the
-    # same user from the same address, capped by auth_failure_delay_max (beyond RabbitMQ).
+    # Seconds a refused login (AMQP or management API) is delayed, doubling per
+    # consecutive failure of the same user from the same address over either,
+    # capped by auth_failure_delay_max (beyond RabbitMQ).
     auth_failure_delay: float = 0.1
     auth_failure_delay_max: float = 5.0
     default_user: str = "guest"

@@ -223,7 +223,9 @@ class Connection:
 
     # -- input ---------------------------------------------------------------
 
-    def received(self, data: bytes) -> None:
+    def received(self, data: bytes | memoryview) -> None:
+        """`data` is valid during this call only (a view of the shared read
+        buffer, amqp_server.protocol): what is kept is copied."""
         self._received_since_tick = True
         self.recv_oct += len(data)
         self.recv_cnt += 1

@@ -116,14 +116,16 @@ class BrokerServer:
             raise ListenError("cannot open the MQTT store: %s" % exc) from None
         self.mqtt_sessions = Sessions(RetainedMessages(self.mqtt_store, self.writer), self.mqtt_store, self.writer)
         self.broker.on_vhost_deleted.append(self.mqtt_sessions.forget_vhost)
+        # One table for every front end: AMQP and HTTP failures of one user
+        # from one address count together.
+        self.logins = LoginThrottle(config.auth_failure_delay, config.auth_failure_delay_max)
         self.management = ManagementListeners(self.broker, self.connections, config, self.writer, self.monitor,
-                                              self.listeners, self.alarms, self.mqtt_sessions)
+                                              self.listeners, self.alarms, self.mqtt_sessions, self.logins)
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         config = self.config
-
-        logins = LoginThrottle(config.auth_failure_delay, config.auth_failure_delay_max)
+        logins = self.logins
 
         def factory() -> AMQPProtocol:
             return AMQPProtocol(self.broker, config, self.connections, self.alarms, logins)

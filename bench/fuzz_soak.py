@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Fuzz soak: the mutated sessions of tests/test_fuzz_live.py, a million times.
 
-Starts hutch on a free port with a fresh data directory (or uses `--port`),
+Starts hutch on a free port with a fresh data directory,
 then sends mutated valid AMQP sessions (tests/fuzz_session.py: bit flips, byte
 overwrites, truncation, splices, duplicated/dropped frames, rewritten frame
 type, channel or length, corrupted method arguments) from `--workers` threads.

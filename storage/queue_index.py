@@ -146,8 +146,13 @@ class QueueIndex:
         self._open: dict[int, _Segment] = {}  # recently written segments, oldest first
         self._last: _Segment | None = None  # the most recently written one
         self._deleted = False
+        # The directory is made before the first segment file, not here: a
+        # queue that never writes (most exclusive and auto-delete ones) costs
+        # the disk nothing, and a declare/delete flood queues no directory
+        # jobs for a slow disk to fall behind on. True once it exists or is
+        # queued to be made.
+        self._directory_made = False
         self.ignored = 0  # deliver/ack of seqs that were not live (caller bugs; metrics)
-        writer.run(self._make_directory)
 
     # -- startup (blocking) -------------------------------------------------
 
@@ -163,6 +168,7 @@ class QueueIndex:
         do not survive a restart: they are acked on disk and not returned."""
         if self._segments or self._deleted:
             raise RuntimeError("recover() must be called once, before any other use")
+        self._directory_made = os.path.isdir(self.directory)
         report = RecoveryReport(self.directory)
         summary.discard(self.directory)  # left by a clean stop, but this start scans
         numbers = self._segment_numbers()
@@ -243,6 +249,7 @@ class QueueIndex:
         `recover`. `report.store_refs` stays empty (see `store_refs`)."""
         if self._segments or self._deleted:
             raise RuntimeError("recover_summary() must be called once, before any other use")
+        self._directory_made = os.path.isdir(self.directory)
         body, why = summary.take(self.directory)
         loaded = self._parse_summary(body) if body is not None else why
         if isinstance(loaded, str):
@@ -389,6 +396,9 @@ class QueueIndex:
                 raise RuntimeError("queue index %s was deleted" % self.directory)
             if seq < 0 or len(msg_id) != 16:
                 raise ValueError("seq must be >= 0 and msg_id 16 bytes")
+            if not self._directory_made:
+                self._directory_made = True
+                self._writer.run(self._make_directory)
             seg = self._segments[number] = _Segment(number, AppendFile(self._path(number), size=0, sync=self._fsync), n)
         elif len(msg_id) != 16:
             raise ValueError("msg_id must be 16 bytes")
@@ -472,6 +482,8 @@ class QueueIndex:
         self._open.clear()
         self._last = None
         self._entries = 0
+        if not self._directory_made:
+            return
         directory = self.directory
 
         def job() -> None:

@@ -1,11 +1,16 @@
 """Security from the outside: names cannot reach outside the data directory,
-refused logins are logged (user and peer, never the password) and slowed,
+refused logins (AMQP and management HTTP) are logged (user and peer, never
+the password) and slowed by one shared throttle,
 and no secret reaches the log even at debug level."""
 from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import os
+import socket
+import threading
+import time
 from pathlib import Path
 
 import pika
@@ -112,6 +117,111 @@ def test_login_throttle_memory_is_bounded():
         throttle.failed("10.0.0.1", "user%d" % index)
     assert len(throttle._failures) == MAX_ENTRIES
     assert throttle.failed("10.0.0.1", "user%d" % (MAX_ENTRIES + 499)) == 0.2  # the newest are kept
+
+
+def amqp_login_refused(port: int, user: str, password: str) -> None:
+    with pytest.raises(ProbableAuthenticationError):
+        pika.BlockingConnection(pika.ConnectionParameters(
+            "127.0.0.1", port, credentials=pika.PlainCredentials(user, password)))
+
+
+def http_login_refused(port: int, user: str, password: str) -> None:
+    reply = call(port, "GET", "/api/overview", auth=(user, password))
+    assert (reply.status, reply.body) == (401, {"error": "not_authorized", "reason": "Login failed"})
+    assert reply.headers["www-authenticate"] == 'Basic realm="RabbitMQ Management"'
+
+
+def seconds_taken(action, *args) -> float:
+    started = time.monotonic()
+    action(*args)
+    return time.monotonic() - started
+
+
+def test_refused_http_logins_are_answered_after_growing_delays(start_broker):
+    broker = start_broker("--auth-failure-delay", "0.2", "--auth-failure-delay-max", "0.8", expect=("AMQP", "HTTP"))
+    port = broker.ports["HTTP"]
+    password = unique("Wrong-Http-")
+    taken = [seconds_taken(http_login_refused, port, "guest", password) for _ in range(5)]
+    for failure, seconds in enumerate(taken):
+        assert seconds >= min(0.2 * 2 ** failure, 0.8), taken  # 0.2, 0.4, 0.8, then the cap
+    assert call(port, "GET", "/api/overview").status == 200  # the right password still gets in
+    assert wait_for(lambda: "HTTP login refused for user 'guest' from 127.0.0.1" in broker.log)
+    assert password not in broker.log
+    assert base64.b64encode(("guest:" + password).encode()).decode() not in broker.log
+
+
+def test_amqp_and_http_login_failures_count_together(start_broker):
+    """One table per broker: a user's failures from one address over either
+    protocol lengthen the next refusal over the other."""
+    broker = start_broker("--auth-failure-delay", "0.2", "--auth-failure-delay-max", "60", expect=("AMQP", "HTTP"))
+    user = unique("user")  # unknown users are throttled the same way
+    amqp_login_refused(broker.port, user, "x")  # 0.2 s
+    amqp_login_refused(broker.port, user, "x")  # 0.4 s
+    assert seconds_taken(http_login_refused, broker.ports["HTTP"], user, "x") >= 0.8
+    assert seconds_taken(amqp_login_refused, broker.port, user, "x") >= 1.6
+    assert seconds_taken(http_login_refused, broker.ports["HTTP"], unique("other"), "x") >= 0.2
+
+
+def test_a_successful_http_login_forgets_the_failures(start_broker):
+    """After a success, the user's next refusal waits the first delay again:
+    it is answered before a fresh user's second refusal started with it
+    (remembered failures would make it the later one)."""
+    broker = start_broker("--auth-failure-delay", "0.5", "--auth-failure-delay-max", "60", expect=("AMQP", "HTTP"))
+    port = broker.ports["HTTP"]
+    http_login_refused(port, "guest", "x")  # 0.5 s
+    http_login_refused(port, "guest", "x")  # 1 s; a third would wait 2 s
+    assert call(port, "GET", "/api/whoami").body["name"] == "guest"
+    answered = []
+
+    def refused(user: str, times: int) -> None:
+        for _ in range(times):
+            http_login_refused(port, user, "x")
+        answered.append(user)
+
+    threads = [threading.Thread(target=refused, args=("guest", 1)),
+               threading.Thread(target=refused, args=(unique("fresh"), 2))]  # 0.5 + 1 s
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert answered[0] == "guest" and len(answered) == 2
+
+
+def pending_http_request(port: int, user: str, password: str) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port))
+    token = base64.b64encode(("%s:%s" % (user, password)).encode()).decode()
+    sock.sendall(("GET /api/overview HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Basic %s\r\n"
+                  "Connection: close\r\n\r\n" % token).encode())
+    return sock
+
+
+def read_until_closed(sock: socket.socket, timeout: float) -> bytes:
+    sock.settimeout(timeout)
+    chunks = []
+    while chunk := sock.recv(65536):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def test_a_refused_http_login_waits_without_blocking_the_broker(start_broker):
+    """With a long refusal delay, the refused request hears nothing while
+    other HTTP and AMQP clients are served; stopping the broker answers it
+    at once instead of waiting the delay out."""
+    broker = start_broker("--auth-failure-delay", "600", "--auth-failure-delay-max", "600", expect=("AMQP", "HTTP"))
+    port = broker.ports["HTTP"]
+    with pending_http_request(port, "guest", "wrong") as pending:
+        assert wait_for(lambda: "HTTP login refused for user 'guest'" in broker.log)
+        assert call(port, "GET", "/api/whoami").status == 200
+        assert_serves(broker.port)
+        pending.settimeout(0.3)
+        with pytest.raises(socket.timeout):
+            pending.recv(1)  # the refusal is still pending
+        broker.process.terminate()
+        head, _, body = read_until_closed(pending, 60).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 401")
+    assert json.loads(body) == {"error": "not_authorized", "reason": "Login failed"}
+    assert broker.process.wait(60) == 0
+    assert (broker.data_dir / "clean_shutdown").exists()
 
 
 # -- no secret in the log ---------------------------------------------------------------------------

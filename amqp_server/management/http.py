@@ -7,6 +7,10 @@ Theory of operation:
 - Authentication is HTTP basic against the broker's users (loopback-only
   users only from loopback); then the route's tag requirement
   (`access.require`). Every refusal is RabbitMQ's status and JSON body.
+  A wrong password is answered after the broker's login-throttle delay
+  (`amqp_server.login_throttle`, the table AMQP logins use too), awaited
+  so that other requests are served meanwhile, and cut short when the
+  broker stops (its shutdown waits for every pending answer).
 - A handler gets an `ApiRequest` and returns the JSON body (status 200),
   `CREATED`/`NO_CONTENT`, or raises `ApiError`; it may be a coroutine.
   Nothing a client sends may take the broker down: unexpected exceptions
@@ -14,6 +18,7 @@ Theory of operation:
 """
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import datetime
@@ -145,6 +150,13 @@ def _from_loopback(request: web.Request) -> bool:
         return False
 
 
+async def _refusal_delay(node, seconds: float) -> None:
+    try:
+        await asyncio.wait_for(node.stopping.wait(), seconds)
+    except TimeoutError:
+        pass
+
+
 def make_handler(node, routes):
     async def handle(request: web.Request) -> web.StreamResponse:
         methods, params = match(routes, split_path(request.raw_path))
@@ -157,10 +169,15 @@ def make_handler(node, routes):
         credentials = _credentials(request)
         if credentials is None:
             return web.Response(status=401, headers={"WWW-Authenticate": REALM})
-        user = node.broker.authenticate(credentials[0], credentials[1], _from_loopback(request))
+        username, password = credentials
+        host = request.remote or ""
+        user = node.broker.authenticate(username, password, _from_loopback(request))
         if user is None:
+            log.warning("HTTP login refused for user '%s' from %s", username, host)
+            await _refusal_delay(node, node.logins.failed(host, username))
             return json_response(401, {"error": "not_authorized", "reason": "Login failed"},
                                  {"WWW-Authenticate": REALM})
+        node.logins.succeeded(host, username)
         handler, tag = methods[method]
         try:
             access.require(user, tag)

@@ -19,14 +19,14 @@ class ListenerError(Exception):
 
 class ManagementListeners:
     def __init__(self, broker, connections: set, config, writer, monitor, listeners: list, alarms,
-                 mqtt_sessions) -> None:
+                 mqtt_sessions, logins) -> None:
         """`listeners` is the broker's list of (protocol, address, port); the
         HTTP listeners opened here are added to it. `mqtt_sessions`: the MQTT
-        front end's `Sessions`."""
+        front end's `Sessions`; `logins`: the broker's `LoginThrottle`."""
         self.config = config
         self.node = Node(broker, connections, config, writer, monitor,
                          RateSampler(broker, connections, config.management.sample_interval), alarms,
-                         mqtt_sessions, listeners)
+                         mqtt_sessions, logins, listeners)
         self._runners: list[web.AppRunner] = []
 
     async def start(self) -> None:
@@ -54,6 +54,7 @@ class ManagementListeners:
             log.info("listening for %s on %s:%d", name, host, bound)
 
     async def stop(self) -> None:
+        self.node.stopping.set()  # refused logins still waiting are answered now
         await self.node.sampler.stop()
         for runner in self._runners:
             await runner.cleanup()

@@ -1,12 +1,14 @@
 """What the management front end sees of the running broker (one node)."""
 from __future__ import annotations
 
+import asyncio
 import os
 import resource
 import time
 from dataclasses import dataclass, field
 
 from amqp_server.alarms import DISK, MEMORY, ResourceAlarms, resident_memory
+from amqp_server.login_throttle import LoginThrottle
 from amqp_server.management.rates import RateSampler
 
 # The RabbitMQ release whose API (and definitions format) hutch answers as.
@@ -23,9 +25,11 @@ class Node:
     sampler: RateSampler
     alarms: ResourceAlarms
     mqtt_sessions: object  # amqp_server.mqtt.sessions.Sessions
+    logins: LoginThrottle  # the broker's one table, shared with the AMQP and MQTT listeners
     # (protocol, address, port) of every open listener, AMQP and HTTP alike
     listeners: list = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)  # set when the listeners close
 
     @property
     def uptime_ms(self) -> int:

@@ -158,7 +158,9 @@ class MQTTConnection:
 
     # -- input -------------------------------------------------------------------
 
-    def received(self, data: bytes) -> None:
+    def received(self, data: bytes | memoryview) -> None:
+        """`data` is valid during this call only (a view of the shared read
+        buffer, amqp_server.protocol): what is kept is copied."""
         if self.state is CLOSED:
             return
         self._heard = True
