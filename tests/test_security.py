@@ -21,6 +21,7 @@ from amqp_raw import TIMEOUT, RawClient, plain_response, start_ok_frame
 from amqp_server.login_throttle import MAX_ENTRIES, LoginThrottle
 from helpers import assert_serves, connect, unique, wait_for
 from http_api import Api, call, segment
+from mqtt_raw import RawMQTT
 from test_tls import client_context, pki, round_trip, tls_broker  # noqa: F401 - pki is a fixture
 
 HOSTILE_NAMES = ["../../x", "../" * 40 + "etc/passwd", "/etc/passwd", "a/../../b", "..", ".", "nul\x00byte",
@@ -131,6 +132,12 @@ def http_login_refused(port: int, user: str, password: str) -> None:
     assert reply.headers["www-authenticate"] == 'Basic realm="RabbitMQ Management"'
 
 
+def mqtt_login_refused(port: int, user: str, password: str) -> None:
+    with RawMQTT(port, timeout=30) as raw:
+        assert raw.connect(unique("c"), username=user, password=password) == b"\x00\x04"
+        assert raw.closed_by_server()
+
+
 def seconds_taken(action, *args) -> float:
     started = time.monotonic()
     action(*args)
@@ -160,6 +167,26 @@ def test_amqp_and_http_login_failures_count_together(start_broker):
     assert seconds_taken(http_login_refused, broker.ports["HTTP"], user, "x") >= 0.8
     assert seconds_taken(amqp_login_refused, broker.port, user, "x") >= 1.6
     assert seconds_taken(http_login_refused, broker.ports["HTTP"], unique("other"), "x") >= 0.2
+
+
+def test_mqtt_login_failures_are_slowed_and_count_with_amqp(start_broker):
+    """MQTT refusals (CONNACK 0x04) wait like AMQP and HTTP ones, in the same
+    table; meanwhile other MQTT clients are served."""
+    broker = start_broker("--auth-failure-delay", "0.5", "--auth-failure-delay-max", "60",
+                          expect=("AMQP", "MQTT"))
+    port, user, password = broker.ports["MQTT"], unique("user"), unique("Wrong-Mqtt-")
+    assert seconds_taken(mqtt_login_refused, port, user, password) >= 0.5
+    amqp_login_refused(broker.port, user, "x")  # 1 s
+    refused = threading.Thread(target=mqtt_login_refused, args=(port, user, password))
+    started = time.monotonic()
+    refused.start()
+    with RawMQTT(port) as other:  # served while the refusal waits its 2 s
+        assert other.connect(unique("ok")) == b"\x00\x00"
+        assert refused.is_alive()
+    refused.join()
+    assert time.monotonic() - started >= 2
+    assert wait_for(lambda: "MQTT login refused for user '%s'" % user in broker.log)
+    assert password not in broker.log
 
 
 def test_a_successful_http_login_forgets_the_failures(start_broker):

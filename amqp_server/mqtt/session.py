@@ -3,7 +3,8 @@ topic exchange, as RabbitMQ's MQTT plugin does it (docs/mqtt.md).
 
 Theory of operation:
 - States: CONNECTING until a CONNECT is accepted, then CONNECTED, CLOSED once
-  the socket is gone. Any packet but CONNECT first, a second CONNECT or a
+  the socket is gone; REFUSING while a refused login waits out its delay
+  (amqp_server.login_throttle, shared with AMQP and HTTP) before its CONNACK. Any packet but CONNECT first, a second CONNECT or a
   malformed packet closes the network connection (MQTT 3.1.1 4.8).
 - A subscription at QoS N is a binding of `amq.topic` (`mqtt.exchange`) to
   the queue `mqtt-subscription-<client id>qos<N>` with the filter mapped to
@@ -50,7 +51,7 @@ from vhosts.errors import AMQPError
 
 log = logging.getLogger("hutch.mqtt")
 
-CONNECTING, CONNECTED = "connecting", "connected"
+CONNECTING, REFUSING, CONNECTED = "connecting", "refusing", "connected"
 MAX_PACKET = 268435455
 _HEADER_START = struct.Struct(">HHQ")
 
@@ -161,7 +162,7 @@ class MQTTConnection:
     def received(self, data: bytes | memoryview) -> None:
         """`data` is valid during this call only (a view of the shared read
         buffer, amqp_server.protocol): what is kept is copied."""
-        if self.state is CLOSED:
+        if self.state is CLOSED or self.state is REFUSING:
             return
         self._heard = True
         self.recv_oct += len(data)
@@ -188,7 +189,7 @@ class MQTTConnection:
 
     def _handle(self, stream, budget: int) -> None:
         for kind, flags, body in stream:
-            if self.state is CLOSED:
+            if self.state is CLOSED or self.state is REFUSING:
                 return
             if self.state is CONNECTING:
                 if kind != packets.CONNECT:
@@ -292,7 +293,15 @@ class MQTTConnection:
         host = self.peer[0] if self.peer else ""
         user = self.broker.authenticate(username, password or "", host in ("127.0.0.1", "::1"))
         if user is None:
-            raise RefusedConnect(packets.BAD_USERNAME_OR_PASSWORD, "login refused for user '%s'" % username)
+            # Answered after a delay (amqp_server.login_throttle), shared with
+            # AMQP and HTTP logins; meanwhile nothing more is read.
+            log.warning("MQTT login refused for user '%s' from %s", username, self.peer)
+            self.io.pause_reading()
+            self._timer.cancel()
+            self._timer = self.io.call_later(self.io.logins.failed(host, username), self._refuse_login)
+            self.state = REFUSING
+            return
+        self.io.logins.succeeded(host, username)
         try:
             self.vhost = self.broker.open_vhost(user, vhost_name, self)
         except AMQPError as exc:
@@ -333,6 +342,11 @@ class MQTTConnection:
             self._consume(qos, q)
         log.info("MQTT connection from %s accepted: client id %s, user '%s', vhost '%s'",
                  self.peer, self.client_id, username, vhost_name)
+
+    def _refuse_login(self) -> None:
+        if self.state is REFUSING:
+            self.send(packets.connack(False, packets.BAD_USERNAME_OR_PASSWORD))
+            self.close()
 
     # -- publish -------------------------------------------------------------------
 
