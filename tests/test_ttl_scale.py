@@ -30,8 +30,11 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / 100
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(300)
 async def test_100k_messages_with_random_ttls_expire_and_memory_comes_back(fresh_broker):
+    """Three rounds of 100,000: RSS reaches its high-water mark (allocator
+    pools, buffers of what is read back from disk to expire) within two
+    rounds, and the third adds nothing: the memory comes back for reuse."""
     pid = fresh_broker.process.pid
     connection = await aio_pika.connect(fresh_broker.url)
     channel = await connection.channel(publisher_confirms=False)
@@ -39,22 +42,24 @@ async def test_100k_messages_with_random_ttls_expire_and_memory_comes_back(fresh
     rng = random.Random(5)
     ttls = [2000 + rng.randrange(8000) for _ in range(N)]  # 8,000 distinct TTLs, unordered
     baseline = rss(pid)
-    for start in range(0, N, 1000):
-        for ttl in ttls[start:start + 1000]:
-            await channel.default_exchange.publish(aio_pika.Message(b"m", expiration=ttl / 1000),
-                                                   routing_key="ttls")
-        await count(channel, "ttls")  # a round trip per thousand: the broker keeps up
-    loaded = rss(pid)
-    assert await count(channel, "ttls") > 0
-    cpu_before = cpu_seconds(pid)
-    await until(lambda: _empty(channel), timeout=60)
-    idle_cpu = cpu_seconds(pid) - cpu_before
-    after = rss(pid)
-    print("RSS baseline %.1f MB, loaded %.1f MB, after expiry %.1f MB; CPU while expiring %.2f s" % (
-        baseline / 2**20, loaded / 2**20, after / 2**20, idle_cpu))
-    assert loaded - baseline < 200 * 2**20  # ~ a few hundred bytes per message, not a timer each
-    # the messages are gone and nothing kept growing while they expired
-    assert after <= loaded + 16 * 2**20
+    rounds = []
+    for _ in range(3):
+        for start in range(0, N, 1000):
+            for ttl in ttls[start:start + 1000]:
+                await channel.default_exchange.publish(aio_pika.Message(b"m", expiration=ttl / 1000),
+                                                       routing_key="ttls")
+            await count(channel, "ttls")  # a round trip per thousand: the broker keeps up
+        loaded = rss(pid)
+        assert await count(channel, "ttls") > 0
+        cpu_before = cpu_seconds(pid)
+        await until(lambda: _empty(channel), timeout=60)
+        rounds.append((loaded, rss(pid), cpu_seconds(pid) - cpu_before))
+    for loaded, after, cpu in rounds:
+        print("RSS baseline %.1f MB, loaded %.1f MB, after expiry %.1f MB; CPU while expiring %.2f s" % (
+            baseline / 2**20, loaded / 2**20, after / 2**20, cpu))
+    assert rounds[0][0] - baseline < 200 * 2**20  # ~ a few hundred bytes per message, not a timer each
+    # the messages are gone and the third round did not grow on the second
+    assert rounds[2][1] <= rounds[1][1] + 6 * 2**20
     await connection.close()
 
 
