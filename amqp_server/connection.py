@@ -162,6 +162,13 @@ class Connection:
         local = (transport.get_extra_info("sockname") if transport is not None else None) or ("", 0)
         return "%s:%d -> %s:%d" % (peer[0], peer[1], local[0], local[1])
 
+    def unacked_deliveries(self):
+        """(queue, entry) of every delivery not acked yet, over the channels
+        (for the management API's unacknowledged counts)."""
+        for channel in list(self.channels.values()):
+            for queue, entry, _consumer in list(channel.unacked.values()):
+                yield queue, entry
+
     @property
     def output_paused(self) -> bool:
         return self.socket_paused or len(self._out) > OUTPUT_HIGH

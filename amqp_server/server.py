@@ -116,8 +116,8 @@ class BrokerServer:
             raise ListenError("cannot open the MQTT store: %s" % exc) from None
         self.mqtt_sessions = Sessions(RetainedMessages(self.mqtt_store, self.writer), self.mqtt_store, self.writer)
         self.broker.on_vhost_deleted.append(self.mqtt_sessions.forget_vhost)
-        # One table for every front end: AMQP and HTTP failures of one user
-        # from one address count together.
+        # One table for every front end: AMQP, MQTT and HTTP failures of one
+        # user from one address count together.
         self.logins = LoginThrottle(config.auth_failure_delay, config.auth_failure_delay_max)
         self.management = ManagementListeners(self.broker, self.connections, config, self.writer, self.monitor,
                                               self.listeners, self.alarms, self.mqtt_sessions, self.logins)

@@ -14,7 +14,6 @@ from collections import Counter
 from urllib.parse import quote
 
 from amqp_server import NODE
-from amqp_server.mqtt.session import MQTTConnection
 
 
 QUEUE_STATS = ("ack", "deliver", "deliver_get", "deliver_no_ack", "get", "get_empty", "get_no_ack", "publish",
@@ -56,17 +55,10 @@ def counts(sampler, subject, ready: int, unacked: int) -> dict:
 
 
 def _unacked(connections):
-    """(queue, entry) of every delivery not acked yet, over every open channel
-    and MQTT connection (which has no channels)."""
+    """(queue, entry) of every delivery not acked yet, over every open
+    connection, AMQP or MQTT."""
     for connection in list(connections):
-        if isinstance(connection, MQTTConnection):
-            for delivery in list(connection.unacked.values()):
-                if delivery is not None:  # None: a retained message, from no queue
-                    yield delivery[0], delivery[1]
-            continue
-        for channel in list(connection.channels.values()):
-            for queue, entry, _consumer in list(channel.unacked.values()):
-                yield queue, entry
+        yield from connection.unacked_deliveries()
 
 
 def unacked_by_queue(connections) -> Counter:

@@ -23,9 +23,12 @@ Theory of operation (MQTT 3.1.1 4.3.3, "method B" on the receiving side):
 """
 from __future__ import annotations
 
+import logging
 from typing import Callable
 
 from storage.mqtt_store import RECEIVED, RELEASED, SENT
+
+log = logging.getLogger("hutch.mqtt")
 
 
 class ExactlyOnce:
@@ -119,5 +122,17 @@ class ExactlyOnce:
             job = lambda: store.release_packet_id(vhost, client_id, pid, msg_id)  # noqa: E731
         else:
             job = lambda: store.remove_packet_id(vhost, client_id, kind, pid)  # noqa: E731
-        self.writer.run(job, done and (lambda _result: done()))
-        return done is not None
+        if done is None:
+            self.writer.run(job)
+            return False
+
+        def written(result) -> None:
+            # A failed write still lets the packet go (holding it would stall
+            # the session for good), but exactly-once across a crash is then lost.
+            if isinstance(result, BaseException):
+                log.error("QoS 2 state of MQTT client id %s not written (%s %s): %s",
+                          client_id, operation, pid, result)
+            done()
+
+        self.writer.run(job, written)
+        return True

@@ -4,8 +4,9 @@ topic exchange, as RabbitMQ's MQTT plugin does it (docs/mqtt.md).
 Theory of operation:
 - States: CONNECTING until a CONNECT is accepted, then CONNECTED, CLOSED once
   the socket is gone; REFUSING while a refused login waits out its delay
-  (amqp_server.login_throttle, shared with AMQP and HTTP) before its CONNACK. Any packet but CONNECT first, a second CONNECT or a
-  malformed packet closes the network connection (MQTT 3.1.1 4.8).
+  (amqp_server.login_throttle, shared with AMQP and HTTP) before its
+  CONNACK. Any packet but CONNECT first, a second CONNECT or a malformed
+  packet closes the network connection (MQTT 3.1.1 4.8).
 - A subscription at QoS N is a binding of `amq.topic` (`mqtt.exchange`) to
   the queue `mqtt-subscription-<client id>qos<N>` with the filter mapped to
   a routing key; this connection consumes from each such queue (the QoS 0
@@ -152,6 +153,13 @@ class MQTTConnection:
     @property
     def client_properties(self) -> dict:
         return {"client_id": self.client_id}
+
+    def unacked_deliveries(self):
+        """(queue, entry) of every delivery not acked yet (MQTT has no
+        channels; a retained message, from no queue, is not one)."""
+        for delivery in list(self.unacked.values()):
+            if delivery is not None:
+                yield delivery[0], delivery[1]
 
     def close_with(self, error: AMQPError) -> None:
         """Closed over the management API (MQTT has no reason to send)."""
@@ -574,10 +582,14 @@ class MQTTConnection:
         delivery = self.unacked.get(pid)
         pubrel = packets.acknowledgement(packets.PUBREL, pid)
         # On disk before PUBREL and before the ack (see exactly_once).
-        if delivery is None or not self.qos2.record_pubrec(
-                delivery[1].message.msg_id, pid, lambda: self.state is not CLOSED and self.send(pubrel)):
+        if delivery is None or not self.qos2.record_pubrec(delivery[1].message.msg_id, pid,
+                                                           lambda: self._send_if_open(pubrel)):
             self.send(pubrel)
         self._settled(pid)
+
+    def _send_if_open(self, data: bytes) -> None:
+        if self.state is not CLOSED:
+            self.send(data)
 
     def _pubrel(self, flags: int, body: bytes) -> None:
         pid = packets.packet_id(body)
