@@ -174,7 +174,8 @@ class Channel(Deliveries):
             pending[3] = payload
             pending[4] = body_size
             if body_size == 0:
-                self._finish_publish(b"")
+                self._publish = None
+                self._finish_publish(pending[0], pending[1], pending[2], payload, b"")
             return
         if frame_type != FRAME_BODY or pending[3] is None:
             raise AMQPError(
@@ -190,7 +191,25 @@ class Channel(Deliveries):
                     "content body of %d bytes exceeds the declared size %d" % (pending[6], pending[4]),
                 ).at(BASIC_CLASS, 40)
             parts = pending[5]
-            self._finish_publish(parts[0] if len(parts) == 1 else b"".join(parts))
+            self._publish = None
+            self._finish_publish(pending[0], pending[1], pending[2], pending[3],
+                                 parts[0] if len(parts) == 1 else b"".join(parts))
+
+    def published(self, method: bytes, header: bytes, body: bytes) -> bool:
+        """A basic.publish with its whole content at once (the frame reader
+        joined its frames): False, having done nothing, unless it is the
+        plain case, which is then published. Everything else (errors
+        included) goes frame by frame, so it has one implementation."""
+        if self.state is CLOSING or self._publish is not None or self.connection.alarms.raised:
+            return False
+        try:
+            exchange, routing_key, mandatory, immediate = fastpath.decode_publish(method)
+        except (ValueError, IndexError):
+            return False
+        if immediate or len(body) > self.connection.config.max_message_size:
+            return False
+        self._finish_publish(exchange, routing_key, mandatory, header, body)
+        return True
 
     # -- publish -------------------------------------------------------------
 
@@ -201,9 +220,7 @@ class Channel(Deliveries):
             self.connection.alarms.block(self.connection)
         self._publish = [exchange, routing_key, mandatory, None, 0, [], 0]
 
-    def _finish_publish(self, body: bytes) -> None:
-        exchange, routing_key, mandatory, header = self._publish[:4]
-        self._publish = None
+    def _finish_publish(self, exchange: str, routing_key: str, mandatory: bool, header: bytes, body: bytes) -> None:
         try:
             # RabbitMQ's order: write permission, the exchange (404, internal),
             # the topic permission of the routing key, then the properties.

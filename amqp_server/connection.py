@@ -41,8 +41,12 @@ from pamqp import commands, decode
 from amqp_server.channel import Channel
 from amqp_server.config import BrokerConfig
 from amqp_server.framing import (
+    CONTENT,
+    FRAME_BODY,
+    FRAME_HEADER,
     FRAME_HEARTBEAT,
     FRAME_METHOD,
+    FRAME_OVERHEAD,
     HEARTBEAT_FRAME,
     PROTOCOL_HEADER,
     FrameReader,
@@ -74,7 +78,7 @@ HEADER, START_OK, TUNE_OK, OPEN_WAIT, RUNNING, CLOSING, CLOSED = (
     "header", "start_ok", "tune_ok", "open_wait", "running", "closing", "closed")
 
 INPUT_BUDGET = 128 * 1024
-OUTPUT_HIGH = 4096  # queued frame parts before consumers on this connection wait
+OUTPUT_HIGH = 1024  # queued writes (a delivery, or a frame) before consumers on this connection wait
 HANDSHAKE_TIMEOUT = 10.0
 CLOSE_OK_TIMEOUT = 3.0
 CHANNEL_OPEN = (20 << 16 | 10).to_bytes(4, "big")
@@ -112,6 +116,17 @@ def server_properties() -> dict:
         "product": "hutch",
         "version": hutch_version,
     }
+
+
+def _content_frames(channel: int, method: bytes, header: bytes, body: bytes, end: int) -> list:
+    """The wire frames of a scanned CONTENT item, (frame_type, channel,
+    payload, offset just past the frame) each."""
+    header_end = end - len(body) - FRAME_OVERHEAD if body else end
+    frames = [(FRAME_METHOD, channel, method, header_end - len(header) - FRAME_OVERHEAD),
+              (FRAME_HEADER, channel, header, header_end)]
+    if body:
+        frames.append((FRAME_BODY, channel, body, end))
+    return frames
 
 
 class Connection:
@@ -251,20 +266,35 @@ class Connection:
         self.parse()
 
     def parse(self) -> None:
+        reader = self.reader
         budget = INPUT_BUDGET
-        frames = self.reader.frames(budget)
+        done = 0  # bytes of the buffer handled: consumed however this ends
         try:
-            for frame_type, channel, payload in frames:
-                budget -= len(payload) + 8
-                if self.state is CLOSED:
-                    return
-                self._frame(frame_type, channel, payload)
-                if self.blocked_by:
-                    # Credit flow: a queue asked us to wait; the rest of the
-                    # buffer is parsed when every such queue has let go.
-                    frames.close()
-                    self.io.pause_reading()
-                    return
+            while budget > 0:
+                items = reader.scan(budget)
+                if not items:
+                    break
+                for frame_type, channel, payload, header, body, end in items:
+                    if self.state is CLOSED:
+                        return
+                    done = end
+                    if frame_type != CONTENT:
+                        self._frame(frame_type, channel, payload)
+                    elif not self._published(channel, payload, header, body):
+                        for frame_type, channel, payload, done in _content_frames(channel, payload, header, body, end):
+                            if self.state is CLOSED:
+                                return
+                            self._frame(frame_type, channel, payload)
+                            if self.blocked_by:
+                                break
+                    if self.blocked_by:
+                        # Credit flow: a queue asked us to wait; the rest of the
+                        # buffer is parsed when every such queue has let go.
+                        self.io.pause_reading()
+                        return
+                budget -= done
+                reader.consume(done)
+                done = 0
         except AMQPError as exc:
             self.close_with(exc)
             return
@@ -280,9 +310,25 @@ class Connection:
             log.exception("internal error on connection from %s", self.peer)
             self.close_with(AMQPError(INTERNAL_ERROR, "internal error"))
             return
-        if budget <= 0 and self.reader.buffered and self.state is not CLOSED:
+        finally:
+            reader.consume(done)
+        if budget <= 0 and reader.buffered and self.state is not CLOSED:
             self.io.pause_reading()
             self.io.call_soon(self._continue)
+
+    def _published(self, number: int, method: bytes, header: bytes, body: bytes) -> bool:
+        """A basic.publish with its whole content (one scanned item): False,
+        having done nothing, when it must be taken frame by frame instead."""
+        channel = self.channels.get(number)
+        if channel is None or self.state is not RUNNING:
+            return False
+        try:
+            return channel.published(method, header, body)
+        except AMQPError as exc:
+            if exc.closes_connection:
+                raise
+            channel.close_with(exc)
+            return True
 
     def throttled_by(self, source) -> None:
         self.blocked_by.add(source)

@@ -19,7 +19,7 @@ import os
 from pamqp import commands
 
 from amqp_server import fastpath, firehose
-from amqp_server.framing import content_frames, named_method
+from amqp_server.framing import named_method
 from storage.message import encode_value
 from vhosts import Consumer
 from vhosts.queue_arguments import consumer_priority
@@ -112,17 +112,17 @@ class Deliveries:
             firehose.delivered(self.vhost, firehose.channel_origin(self), queue, entry)
         message = entry.message
         connection = self.connection
-        header = message.header if not entry.deliveries else _counted(entry)
-        frames = content_frames(self.number, header, message.body, connection.frame_max)
-        frames.insert(0, fastpath.deliver_frame(
+        connection.send_raw(fastpath.deliver(
             self.number,
             consumer.tag.encode("utf-8"),
             tag,
             entry.redelivered,
             message.exchange.encode("utf-8"),
             message.routing_key.encode("utf-8"),
+            message.header if not entry.deliveries else _counted(entry),
+            message.body,
+            connection.frame_max,
         ))
-        connection.send_frames(frames)
 
     def consumer_cancelled(self, consumer: Consumer) -> None:
         """The queue went away (deleted); tell the client if it can hear it."""

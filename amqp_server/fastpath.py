@@ -4,12 +4,14 @@ basic.publish and basic.ack arrive once per message and basic.deliver leaves
 once per message; pamqp's generic (de)serialisers cost several times more than
 these. Each function here must give exactly what pamqp gives (property tests in
 tests/test_fastpath.py hold them to it); everything else goes through pamqp.
+`deliver`, a whole delivery in one bytes object, is the C twin in
+amqp_server._framing when that is built, `deliver_python` otherwise.
 """
 from __future__ import annotations
 
 import struct
 
-from amqp_server.framing import FRAME_END_BYTE, FRAME_METHOD
+from amqp_server.framing import FRAME_END_BYTE, FRAME_METHOD, content_frames
 
 PUBLISH = 0x003C0028
 ACK = 0x003C0050
@@ -65,3 +67,19 @@ def deliver_frame(channel: int, consumer_tag: bytes, delivery_tag: int, redelive
 def ack_frame(channel: int, delivery_tag: int, multiple: bool) -> bytes:
     """A complete basic.ack method frame (publisher confirms)."""
     return _ACK_FRAME.pack(FRAME_METHOD, channel, 13, ACK, delivery_tag, 1 if multiple else 0, 0xCE)
+
+
+def deliver_python(channel: int, consumer_tag: bytes, delivery_tag: int, redelivered: bool, exchange: bytes,
+                   routing_key: bytes, header: bytes, body: bytes, frame_max: int) -> bytes:
+    """A whole delivery: the basic.deliver method frame, the content header
+    (as published) and the body frames (none for an empty body, split so no
+    frame exceeds frame_max)."""
+    frames = content_frames(channel, header, body, frame_max)
+    frames.insert(0, deliver_frame(channel, consumer_tag, delivery_tag, redelivered, exchange, routing_key))
+    return b"".join(frames)
+
+
+try:
+    from amqp_server._framing import deliver
+except ImportError:  # no C compiler at install time
+    deliver = deliver_python

@@ -1,11 +1,20 @@
 """Sans-IO framing: bytes <-> AMQP frames.
 
-Theory: `FrameReader.feed` appends to one buffer and `frames` slices complete
-frames off its front, checking each header before waiting for the payload so an
-oversized frame is refused from its first 7 bytes. Payloads are handed on as
-`bytes` (pamqp and the publish path only ever see complete payloads). Methods
-are decoded with pamqp here, so nothing above this module parses bytes except
-the content header, which is kept raw (see `storage.message`).
+Theory: `FrameReader.feed` appends to one buffer; `scan` lists the complete
+frames at its front and `consume` drops them once handled. A frame's header is
+checked before its payload is waited for, so an oversized frame is refused
+from its first 7 bytes. Payloads are handed on as `bytes` (pamqp and the
+publish path only ever see complete payloads). Methods are decoded with pamqp
+here, so nothing above this module parses bytes except the content header,
+which is kept raw (see `storage.message`).
+
+The common publish, a basic.publish method frame followed at once by its
+content header and a single body frame on the same channel, is listed as one
+item (frame type CONTENT), so the connection hands the message on in one call
+instead of three frames' worth of dispatch; anything else is listed frame by
+frame. The scan is the per-message hot path: `amqp_server._framing` (C, built
+when a compiler is at hand) does it when importable, `_scan` below otherwise,
+and tests/test_framing.py holds the two to the same output.
 """
 from __future__ import annotations
 
@@ -24,6 +33,8 @@ FRAME_METHOD = 1
 FRAME_HEADER = 2
 FRAME_BODY = 3
 FRAME_HEARTBEAT = 8
+# Not on the wire: a scanned item holding a basic.publish with its content.
+CONTENT = 0
 FRAME_END = 0xCE
 FRAME_END_BYTE = b"\xce"
 # type(1) channel(2) size(4) ... payload ... frame-end(1)
@@ -35,6 +46,8 @@ _FRAME_HEADER = struct.Struct(">BHI")
 _METHOD_ID = struct.Struct(">I")
 _LONG = struct.Struct(">I")
 _CONTENT_HEADER_PREFIX = struct.Struct(">HHQ")
+_BASIC_PUBLISH = b"\x00\x3c\x00\x28"
+_BODY_SIZE = struct.Struct(">Q")
 
 HEARTBEAT_FRAME = b"\x08\x00\x00\x00\x00\x00\x00\xce"
 
@@ -55,45 +68,107 @@ class FrameReader:
     def buffered(self) -> int:
         return len(self._buf)
 
-    def frames(self, budget: int = 1 << 62):
-        """Yield (frame_type, channel, payload) for each complete frame, until
-        about `budget` payload bytes were yielded (fairness between connections)."""
+    def scan(self, budget: int) -> list:
+        """The complete frames at the front of the buffer, left there until
+        `consume`: (frame_type, channel, payload, header, body, end) each,
+        `end` the offset just past it. A publish with its whole content is
+        one item (CONTENT, channel, method payload, content header payload,
+        body, end); every other frame has header and body None. Listing
+        stops once `budget` payload bytes are listed (at least one item),
+        and before an incomplete or bad frame; a bad frame at the front is
+        raised here as AMQPError."""
+        items = _scan(self._buf, self.frame_max, budget)
+        if not items:
+            self._check_front()
+        return items
+
+    def consume(self, end: int) -> None:
+        if end:
+            del self._buf[:end]
+
+    def _check_front(self) -> None:
+        """Raise the AMQPError for the frame at the front if it is bad; an
+        unknown frame type, being well delimited, is consumed (what follows,
+        Close-Ok, is still read)."""
         buf = self._buf
-        pos = 0
-        limit = len(buf)
-        try:
-            while limit - pos >= 7:
-                frame_type, channel, size = _FRAME_HEADER.unpack_from(buf, pos)
-                if size + FRAME_OVERHEAD > self.frame_max and self.frame_max:
-                    raise AMQPError(
-                        FRAME_ERROR,
-                        "type %d, all octets = <<>>: {frame_too_large,%d,%d}"
-                        % (frame_type, size, self.frame_max - FRAME_OVERHEAD),
-                    )
-                end = pos + 7 + size
-                if end >= limit:
-                    break
-                payload = bytes(buf[pos + 7:end])
-                if buf[end] != FRAME_END:
-                    raise AMQPError(
-                        FRAME_ERROR,
-                        "type %d, %s: {invalid_frame_end_marker,%d}"
-                        % (frame_type, payload_snippet(payload), buf[end]),
-                    )
-                if frame_type not in (FRAME_METHOD, FRAME_HEADER, FRAME_BODY, FRAME_HEARTBEAT):
-                    pos = end + 1  # well delimited: what follows (Close-Ok) is still read
-                    raise AMQPError(
-                        FRAME_ERROR,
-                        "type %d, %s: unknown_frame" % (frame_type, payload_snippet(payload)),
-                    )
-                pos = end + 1
-                yield frame_type, channel, payload
-                budget -= size
-                if budget <= 0:
-                    break
-        finally:
-            if pos:
-                del buf[:pos]
+        if len(buf) < 7:
+            return
+        frame_type, _channel, size = _FRAME_HEADER.unpack_from(buf)
+        if size + FRAME_OVERHEAD > self.frame_max and self.frame_max:
+            raise AMQPError(
+                FRAME_ERROR,
+                "type %d, all octets = <<>>: {frame_too_large,%d,%d}" % (frame_type, size, self.frame_max - FRAME_OVERHEAD),
+            )
+        end = 7 + size
+        if end >= len(buf):
+            return
+        payload = bytes(buf[7:end])
+        if buf[end] != FRAME_END:
+            raise AMQPError(
+                FRAME_ERROR,
+                "type %d, %s: {invalid_frame_end_marker,%d}" % (frame_type, payload_snippet(payload), buf[end]),
+            )
+        if frame_type not in (FRAME_METHOD, FRAME_HEADER, FRAME_BODY, FRAME_HEARTBEAT):
+            del buf[:end + 1]
+            raise AMQPError(FRAME_ERROR, "type %d, %s: unknown_frame" % (frame_type, payload_snippet(payload)))
+
+
+def _scan_python(buf: bytearray, frame_max: int, budget: int) -> list:
+    """`FrameReader.scan` without its error reporting (the C version's twin)."""
+    items = []
+    pos = 0
+    limit = len(buf)
+    while budget > 0 and limit - pos >= 7:
+        frame_type, channel, size = _FRAME_HEADER.unpack_from(buf, pos)
+        end = pos + 7 + size
+        if (frame_max and size + FRAME_OVERHEAD > frame_max) or end >= limit or buf[end] != FRAME_END \
+                or frame_type not in (FRAME_METHOD, FRAME_HEADER, FRAME_BODY, FRAME_HEARTBEAT):
+            break
+        payload = bytes(buf[pos + 7:end])
+        pos = end + 1
+        budget -= size
+        if frame_type == FRAME_METHOD and channel and payload[:4] == _BASIC_PUBLISH:
+            content = _content_at(buf, pos, limit, channel, frame_max)
+            if content is not None:
+                header, body, pos = content
+                budget -= len(header) + len(body)
+                items.append((CONTENT, channel, payload, header, body, pos))
+                continue
+        items.append((frame_type, channel, payload, None, None, pos))
+    return items
+
+
+def _content_at(buf: bytearray, pos: int, limit: int, channel: int, frame_max: int):
+    """(header, body, end) when a basic content header, then (unless the
+    body is empty) one body frame holding the whole body, both complete and
+    on `channel`, start at `pos`; else None."""
+    if limit - pos < 7:
+        return None
+    frame_type, number, size = _FRAME_HEADER.unpack_from(buf, pos)
+    end = pos + 7 + size
+    if frame_type != FRAME_HEADER or number != channel or size < 14 or end >= limit or buf[end] != FRAME_END \
+            or (frame_max and size + FRAME_OVERHEAD > frame_max) or buf[pos + 7:pos + 9] != b"\x00\x3c":
+        return None
+    header = bytes(buf[pos + 7:end])
+    (body_size,) = _BODY_SIZE.unpack_from(header, 4)
+    pos = end + 1
+    if body_size == 0:
+        return header, b"", pos
+    if limit - pos < 7:
+        return None
+    frame_type, number, size = _FRAME_HEADER.unpack_from(buf, pos)
+    end = pos + 7 + size
+    if frame_type != FRAME_BODY or number != channel or size != body_size or end >= limit or buf[end] != FRAME_END \
+            or (frame_max and size + FRAME_OVERHEAD > frame_max):
+        return None
+    return header, bytes(buf[pos + 7:end]), end + 1
+
+
+try:
+    from amqp_server._framing import scan as _scan
+except ImportError:  # no C compiler at install time
+    _scan = _scan_python
+ACCELERATED = _scan is not _scan_python
 
 
 def payload_snippet(payload: bytes) -> str:

@@ -8,6 +8,7 @@ import signal
 import sqlite3
 import ssl
 
+from amqp_server import framing
 from amqp_server.alarms import ResourceAlarms
 from amqp_server.config import BrokerConfig
 from amqp_server.management import ManagementListeners
@@ -103,6 +104,11 @@ class BrokerServer:
             sum(len(v.queues) for v in self.broker.vhosts.values()),
             sum(1 for v in self.broker.vhosts.values() for _ in v.bindings()),
         )
+        if framing.ACCELERATED:
+            log.info("per-message paths: C (amqp_server._framing)")
+        else:
+            log.warning("per-message paths: pure Python, amqp_server._framing was not built (no C compiler at "
+                        "install?); expect about half the throughput")
         self.connections: set = set()
         self.alarms = ResourceAlarms(config)
         self.servers: list[asyncio.Server] = []

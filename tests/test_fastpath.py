@@ -19,6 +19,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from pamqp import commands
+from pamqp.body import ContentBody as Body
 from pamqp import frame as pamqp_frame
 
 from amqp_server import fastpath
@@ -100,6 +101,29 @@ def test_deliver_frame_is_byte_identical_to_pamqp(channel, consumer_tag, deliver
 def test_ack_frame_is_byte_identical_to_pamqp(channel, delivery_tag, multiple):
     expected = pamqp_frame.marshal(commands.Basic.Ack(delivery_tag=_signed(delivery_tag), multiple=multiple), channel)
     assert fastpath.ack_frame(channel, delivery_tag, multiple) == expected
+
+
+@settings(max_examples=300)
+@given(channels, shortstr, delivery_tags, st.booleans(), shortstr, shortstr, st.binary(min_size=14, max_size=60),
+       st.binary(max_size=300), st.sampled_from([9, 10, 64, 4096, 131072]))
+@example(65535, "a" * 255, 2**64 - 1, True, "b" * 255, "c" * 255, b"\x00" * 14, b"", 131072)
+def test_a_whole_delivery_is_pamqp_frames_and_both_twins_agree(framing_c, channel, consumer_tag, delivery_tag,
+                                                               redelivered, exchange, routing_key, header, body,
+                                                               frame_max):
+    args = (channel, consumer_tag.encode(), delivery_tag, redelivered, exchange.encode(), routing_key.encode(),
+            header, body, frame_max)
+    got = fastpath.deliver_python(*args)
+    method = Deliver(consumer_tag=consumer_tag, delivery_tag=_signed(delivery_tag), redelivered=redelivered,
+                     routing_key=routing_key)
+    method.exchange = exchange
+    chunk = frame_max - 8
+    expected = b"".join([
+        pamqp_frame.marshal(method, channel),
+        struct.pack(">BHI", 2, channel, len(header)) + header + b"\xce",  # the header exactly as published
+        *(pamqp_frame.marshal(Body(body[at:at + chunk]), channel) for at in range(0, len(body), chunk)),
+    ])
+    assert got == expected
+    assert framing_c.deliver(*args) == got
 
 
 def test_deliver_frame_round_trips_through_pamqp_unmarshal():

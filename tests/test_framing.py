@@ -15,7 +15,9 @@ from hypothesis import strategies as st
 from pamqp import commands
 from pamqp import frame as pamqp_frame
 
+from amqp_server import framing
 from amqp_server.framing import (
+    CONTENT,
     FrameReader,
     content_frames,
     decode_method,
@@ -42,16 +44,31 @@ frames = st.tuples(st.sampled_from(KNOWN_TYPES), st.integers(0, 65535), payloads
 frame_lists = st.lists(frames, max_size=12)
 
 
+def flatten(items: list) -> list:
+    """Scanned items as the (frame_type, channel, payload) frames on the wire."""
+    frames = []
+    for frame_type, channel, payload, header, body, _end in items:
+        if frame_type == CONTENT:
+            frames += [(1, channel, payload), (2, channel, header)] + ([(3, channel, body)] if body else [])
+        else:
+            frames.append((frame_type, channel, payload))
+    return frames
+
+
 def drain(reader: FrameReader, budget: int | None = None) -> list:
-    """Everything one call to `frames` yields."""
-    return list(reader.frames() if budget is None else reader.frames(budget))
+    """The frames one `scan` lists, consumed."""
+    items = reader.scan(1 << 62 if budget is None else budget)
+    if items:
+        reader.consume(items[-1][-1])
+    return flatten(items)
 
 
 def read_until_error(reader: FrameReader) -> tuple[list, AMQPError]:
     got = []
     with pytest.raises(AMQPError) as info:
-        for item in reader.frames():
-            got.append(item)
+        while items := reader.scan(1 << 62):
+            reader.consume(items[-1][-1])
+            got += flatten(items)
     return got, info.value
 
 
@@ -208,14 +225,90 @@ def test_budget_one_yields_one_non_empty_frame_per_call():
     assert [drain(reader, 1) for _ in range(4)] == [[items[0]], [items[1]], [items[2]], []]
 
 
-def test_abandoned_iteration_keeps_the_unread_frames():
+def test_scanned_frames_stay_until_consumed():
     items = [(1, 1, b"a"), (3, 2, b"b"), (8, 0, b"")]
     reader = FrameReader(FRAME_MAX)
     reader.feed(b"".join(encode(*f) for f in items))
-    iterator = reader.frames()
-    assert next(iterator) == items[0]
-    iterator.close()
+    scanned = reader.scan(1 << 62)
+    assert flatten(scanned) == items
+    assert reader.scan(1 << 62) == scanned
+    reader.consume(scanned[0][-1])
     assert drain(reader) == items[1:]
+
+
+# -- a publish with its whole content is one item -----------------------------
+
+PUBLISH = b"\x00\x3c\x00\x28\x00\x00\x00\x02rk\x00"  # basic.publish to "" with key "rk"
+
+
+def content_header(body_size: int, class_id: int = 60) -> bytes:
+    return struct.pack(">HHQH", class_id, 0, body_size, 0)
+
+
+def test_publish_header_and_body_are_one_item():
+    reader = FrameReader(FRAME_MAX)
+    stream = encode(1, 5, PUBLISH) + encode(2, 5, content_header(3)) + encode(3, 5, b"abc") + encode(8, 0, b"")
+    reader.feed(stream)
+    items = reader.scan(1 << 62)
+    assert items == [(CONTENT, 5, PUBLISH, content_header(3), b"abc", len(stream) - 8),
+                     (8, 0, b"", None, None, len(stream))]
+
+
+def test_publish_of_an_empty_body_is_method_and_header():
+    reader = FrameReader(FRAME_MAX)
+    stream = encode(1, 5, PUBLISH) + encode(2, 5, content_header(0))
+    reader.feed(stream)
+    assert reader.scan(1 << 62) == [(CONTENT, 5, PUBLISH, content_header(0), b"", len(stream))]
+
+
+@pytest.mark.parametrize("rest", [
+    pytest.param(encode(2, 5, content_header(6)) + encode(3, 5, b"abc") + encode(3, 5, b"def"), id="two body frames"),
+    pytest.param(encode(2, 6, content_header(3)) + encode(3, 6, b"abc"), id="header on another channel"),
+    pytest.param(encode(2, 5, content_header(3)) + encode(3, 6, b"abc"), id="body on another channel"),
+    pytest.param(encode(2, 5, content_header(3, 50)) + encode(3, 5, b"abc"), id="not class basic"),
+    pytest.param(encode(2, 5, content_header(3)[:13]) + encode(3, 5, b"abc"), id="header too short"),
+    pytest.param(encode(1, 5, PUBLISH), id="no content"),
+    pytest.param(encode(2, 5, content_header(3)) + encode(3, 5, b"abc")[:-1], id="body incomplete"),
+    pytest.param(encode(2, 5, content_header(3)) + encode(3, 5, b"abc")[:-1] + b"\x00", id="bad body frame end"),
+])
+def test_anything_else_is_listed_frame_by_frame(rest):
+    reader = FrameReader(FRAME_MAX)
+    reader.feed(encode(1, 5, PUBLISH) + rest)
+    items = reader.scan(1 << 62)
+    assert items[0] == (1, 5, PUBLISH, None, None, len(encode(1, 5, PUBLISH)))
+    assert all(item[0] != CONTENT for item in items)
+
+
+@st.composite
+def wire_streams(draw):
+    """Frames as a client sends them, publishes with content most of all, cut
+    anywhere, sometimes damaged."""
+    parts = []
+    for _ in range(draw(st.integers(0, 8))):
+        channel = draw(st.sampled_from([0, 1, 2, 65535]))
+        kind = draw(st.sampled_from(["publish", "publish", "frame", "header"]))
+        if kind == "frame":
+            parts.append(encode(*draw(frames)))
+            continue
+        body = draw(st.binary(max_size=40))
+        declared = draw(st.sampled_from([len(body), len(body), 0, len(body) + 1]))
+        parts.append(encode(1, channel, PUBLISH))
+        parts.append(encode(2, draw(st.sampled_from([channel, channel, 1])), content_header(declared)))
+        if kind == "publish":
+            for piece in draw(st.sampled_from([[body], [body], [body[:3], body[3:]]])):
+                parts.append(encode(3, channel, piece))
+    stream = b"".join(parts)
+    if stream and draw(st.booleans()):
+        at = draw(st.integers(0, len(stream) - 1))
+        stream = stream[:at] + bytes((draw(st.integers(0, 255)),)) + stream[at + 1:]
+    return stream[:draw(st.integers(0, len(stream)))]
+
+
+@settings(max_examples=500)
+@given(wire_streams(), st.sampled_from([0, 40, 4096, 131072]), st.integers(1, 1 << 62))
+def test_c_scan_lists_what_the_python_scan_lists(framing_c, stream, frame_max, budget):
+    buf = bytearray(stream)
+    assert framing_c.scan(buf, frame_max, budget) == framing._scan_python(buf, frame_max, budget)
 
 
 # -- content frames -------------------------------------------------------------

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from amqp_server.framing import FrameReader, content_header_prefix, decode_method
+from amqp_server.framing import CONTENT, FrameReader, content_header_prefix, decode_method
 from vhosts.errors import AMQPError
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -28,10 +28,19 @@ def read_all(chunks: list[bytes], frame_max: int = 131072) -> tuple[list, AMQPEr
     try:
         for chunk in chunks:
             reader.feed(chunk)
-            frames += list(reader.frames())
+            while items := reader.scan(1 << 62):
+                reader.consume(items[-1][-1])
+                frames += [frame for item in items for frame in _frames(item)]
     except AMQPError as exc:
         return frames, exc
     return frames, None
+
+
+def _frames(item: tuple) -> list:
+    frame_type, channel, payload, header, body, _end = item
+    if frame_type != CONTENT:
+        return [(frame_type, channel, payload)]
+    return [(1, channel, payload), (2, channel, header)] + ([(3, channel, body)] if body else [])
 
 
 def mutated(data: bytes, edits: list[tuple[int, int]]) -> bytes:

@@ -1,0 +1,233 @@
+/* C twins of the per-message hot paths in framing.py and fastpath.py.
+ *
+ * scan:    framing._scan_python (the frames at the front of a connection's
+ *          read buffer, a publish with its whole content as one item).
+ * deliver: fastpath.deliver_python (a whole basic.deliver: method frame,
+ *          content header, body frames, as one bytes object).
+ *
+ * Each must give exactly what its Python twin gives for every input;
+ * tests/test_framing.py and tests/test_fastpath.py compare them. Neither
+ * raises on malformed wire data: scan stops before anything it does not
+ * like and framing.FrameReader reports it.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define FRAME_METHOD 1
+#define FRAME_HEADER 2
+#define FRAME_BODY 3
+#define FRAME_HEARTBEAT 8
+#define FRAME_END 0xCE
+#define FRAME_OVERHEAD 8
+#define CONTENT 0
+
+static uint16_t get16(const unsigned char *p) { return (uint16_t)((p[0] << 8) | p[1]); }
+
+static uint32_t get32(const unsigned char *p)
+{
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | (uint32_t)p[3];
+}
+
+static uint64_t get64(const unsigned char *p) { return ((uint64_t)get32(p) << 32) | get32(p + 4); }
+
+static unsigned char *put16(unsigned char *p, unsigned v)
+{
+    p[0] = (unsigned char)(v >> 8);
+    p[1] = (unsigned char)v;
+    return p + 2;
+}
+
+static unsigned char *put32(unsigned char *p, uint32_t v)
+{
+    p[0] = (unsigned char)(v >> 24);
+    p[1] = (unsigned char)(v >> 16);
+    p[2] = (unsigned char)(v >> 8);
+    p[3] = (unsigned char)v;
+    return p + 4;
+}
+
+static unsigned char *put64(unsigned char *p, uint64_t v)
+{
+    put32(p, (uint32_t)(v >> 32));
+    return put32(p + 4, (uint32_t)v);
+}
+
+/* A complete, well-ended frame of an allowed size at `pos`: its type,
+ * channel, payload size; 0 when not (incomplete, bad end, too large). */
+static int frame_at(const unsigned char *buf, Py_ssize_t pos, Py_ssize_t limit, uint64_t frame_max,
+                    int *type, unsigned *channel, uint32_t *size)
+{
+    if (limit - pos < 7)
+        return 0;
+    *type = buf[pos];
+    *channel = get16(buf + pos + 1);
+    *size = get32(buf + pos + 3);
+    if (frame_max && (uint64_t)*size + FRAME_OVERHEAD > frame_max)
+        return 0;
+    Py_ssize_t end = pos + 7 + (Py_ssize_t)*size;
+    if (end >= limit || buf[end] != FRAME_END)
+        return 0;
+    return 1;
+}
+
+static PyObject *slice(const unsigned char *buf, Py_ssize_t start, Py_ssize_t size)
+{
+    return PyBytes_FromStringAndSize((const char *)buf + start, size);
+}
+
+static PyObject *scan(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    Py_buffer view;
+    unsigned long long frame_max;
+    long long budget;
+    if (!PyArg_ParseTuple(args, "y*KL", &view, &frame_max, &budget))
+        return NULL;
+    const unsigned char *buf = view.buf;
+    Py_ssize_t limit = view.len, pos = 0;
+    PyObject *items = PyList_New(0);
+    if (items == NULL)
+        goto fail;
+    while (budget > 0) {
+        int type;
+        unsigned channel;
+        uint32_t size;
+        if (!frame_at(buf, pos, limit, frame_max, &type, &channel, &size))
+            break;
+        if (type != FRAME_METHOD && type != FRAME_HEADER && type != FRAME_BODY && type != FRAME_HEARTBEAT)
+            break;
+        Py_ssize_t start = pos + 7;
+        pos = start + size + 1;
+        budget -= size;
+        PyObject *item = NULL;
+        if (type == FRAME_METHOD && channel && size >= 4 && get32(buf + start) == 0x003C0028) {
+            /* A basic content header, then (unless the body is empty) one
+             * body frame holding the whole body, both on this channel. */
+            int htype, btype;
+            unsigned hchannel, bchannel;
+            uint32_t hsize, bsize;
+            if (frame_at(buf, pos, limit, frame_max, &htype, &hchannel, &hsize) && htype == FRAME_HEADER
+                && hchannel == channel && hsize >= 14 && get16(buf + pos + 7) == 60) {
+                Py_ssize_t hstart = pos + 7;
+                uint64_t body_size = get64(buf + hstart + 4);
+                Py_ssize_t after = hstart + hsize + 1;
+                int whole = body_size == 0;
+                if (!whole && frame_at(buf, after, limit, frame_max, &btype, &bchannel, &bsize)
+                    && btype == FRAME_BODY && bchannel == channel && bsize == body_size)
+                    whole = 1;
+                if (whole) {
+                    PyObject *method = slice(buf, start, size);
+                    PyObject *header = slice(buf, hstart, hsize);
+                    PyObject *body = body_size ? slice(buf, after + 7, bsize) : PyBytes_FromStringAndSize("", 0);
+                    if (body_size)
+                        after += 7 + bsize + 1;
+                    if (method && header && body)
+                        item = Py_BuildValue("(iiNNNn)", CONTENT, (int)channel, method, header, body, after);
+                    else {
+                        Py_XDECREF(method);
+                        Py_XDECREF(header);
+                        Py_XDECREF(body);
+                    }
+                    if (item == NULL)
+                        goto fail;
+                    budget -= hsize + (long long)body_size;
+                    pos = after;
+                }
+            }
+        }
+        if (item == NULL) {
+            PyObject *payload = slice(buf, start, size);
+            if (payload == NULL)
+                goto fail;
+            item = Py_BuildValue("(iiNOOn)", type, (int)channel, payload, Py_None, Py_None, pos);
+            if (item == NULL)
+                goto fail;
+        }
+        if (PyList_Append(items, item) < 0) {
+            Py_DECREF(item);
+            goto fail;
+        }
+        Py_DECREF(item);
+    }
+    PyBuffer_Release(&view);
+    return items;
+fail:
+    Py_XDECREF(items);
+    PyBuffer_Release(&view);
+    return NULL;
+}
+
+static PyObject *deliver(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    unsigned int channel;
+    const char *ctag, *exchange, *routing_key;
+    Py_ssize_t ctag_len, exchange_len, routing_key_len;
+    unsigned long long delivery_tag;
+    int redelivered;
+    Py_buffer header, body;
+    unsigned long long frame_max;
+    if (!PyArg_ParseTuple(args, "Iy#Kpy#y#y*y*K", &channel, &ctag, &ctag_len, &delivery_tag, &redelivered,
+                          &exchange, &exchange_len, &routing_key, &routing_key_len, &header, &body, &frame_max))
+        return NULL;
+    PyObject *out = NULL;
+    if (channel > 0xFFFF || ctag_len > 255 || exchange_len > 255 || routing_key_len > 255 || frame_max <= FRAME_OVERHEAD
+        || header.len > 0xFFFFFFFFLL) {
+        PyErr_SetString(PyExc_ValueError, "deliver: argument out of range");
+        goto done;
+    }
+    Py_ssize_t chunk = (Py_ssize_t)(frame_max - FRAME_OVERHEAD < PY_SSIZE_T_MAX ? frame_max - FRAME_OVERHEAD
+                                                                                : PY_SSIZE_T_MAX);
+    Py_ssize_t method_size = 4 + 1 + ctag_len + 9 + 1 + exchange_len + 1 + routing_key_len;
+    Py_ssize_t body_frames = body.len / chunk + (body.len % chunk != 0);
+    Py_ssize_t total = 7 + method_size + 1 + 7 + header.len + 1 + body_frames * FRAME_OVERHEAD + body.len;
+    out = PyBytes_FromStringAndSize(NULL, total);
+    if (out == NULL)
+        goto done;
+    unsigned char *p = (unsigned char *)PyBytes_AS_STRING(out);
+    *p++ = FRAME_METHOD;
+    p = put16(p, channel);
+    p = put32(p, (uint32_t)method_size);
+    p = put32(p, 0x003C003C);
+    *p++ = (unsigned char)ctag_len;
+    memcpy(p, ctag, ctag_len);
+    p += ctag_len;
+    p = put64(p, delivery_tag);
+    *p++ = redelivered ? 1 : 0;
+    *p++ = (unsigned char)exchange_len;
+    memcpy(p, exchange, exchange_len);
+    p += exchange_len;
+    *p++ = (unsigned char)routing_key_len;
+    memcpy(p, routing_key, routing_key_len);
+    p += routing_key_len;
+    *p++ = FRAME_END;
+    *p++ = FRAME_HEADER;
+    p = put16(p, channel);
+    p = put32(p, (uint32_t)header.len);
+    memcpy(p, header.buf, header.len);
+    p += header.len;
+    *p++ = FRAME_END;
+    for (Py_ssize_t at = 0; at < body.len; at += chunk) {
+        Py_ssize_t part = body.len - at < chunk ? body.len - at : chunk;
+        *p++ = FRAME_BODY;
+        p = put16(p, channel);
+        p = put32(p, (uint32_t)part);
+        memcpy(p, (const char *)body.buf + at, part);
+        p += part;
+        *p++ = FRAME_END;
+    }
+done:
+    PyBuffer_Release(&header);
+    PyBuffer_Release(&body);
+    return out;
+}
+
+static PyMethodDef methods[] = {
+    {"scan", scan, METH_VARARGS, "framing._scan_python in C."},
+    {"deliver", deliver, METH_VARARGS, "fastpath.deliver_python in C."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, .m_name = "_framing", .m_size = -1, .m_methods = methods};
+
+PyMODINIT_FUNC PyInit__framing(void) { return PyModule_Create(&module); }
