@@ -45,7 +45,7 @@ class MalformedProperties(ValueError):
 
 
 class Message:
-    __slots__ = ("exchange", "routing_key", "header", "body", "_properties", "_msg_id")
+    __slots__ = ("exchange", "routing_key", "header", "body", "_properties", "_msg_id", "_persistent")
 
     def __init__(self, exchange: str, routing_key: str, header: bytes, body: bytes) -> None:
         self.exchange = exchange
@@ -54,6 +54,7 @@ class Message:
         self.body = body
         self._properties: commands.Basic.Properties | None = None
         self._msg_id: bytes | None = None
+        self._persistent: bool | None = None
 
     @property
     def msg_id(self) -> bytes:
@@ -174,8 +175,11 @@ class Message:
 
     @property
     def persistent(self) -> bool:
-        """delivery_mode == 2, read straight from the wire bytes."""
-        return delivery_mode(self.header) == 2
+        """delivery_mode == 2, read straight from the wire bytes once (the
+        header edits here never touch delivery_mode)."""
+        if self._persistent is None:
+            self._persistent = delivery_mode(self.header) == 2
+        return self._persistent
 
 
 def _property_flags(header: bytes) -> tuple[int, int]:

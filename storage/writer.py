@@ -6,7 +6,9 @@ Theory of operation:
 - The writer thread takes *everything* pending, performs the jobs in
   submission order, then syncs each file it appended to once (`os.fsync` in
   durability "fsync", a flush to the OS in "flush"), and only then hands the
-  batch's `done` callbacks back to the loop, in submission order. A confirm
+  batch's `done` callbacks back to the loop, in submission order. A file's
+  appends between two `run` jobs go out as one write (in the order the files
+  were first appended to): one system call for many small records. A confirm
   that waits for `done` therefore never precedes the sync of its bytes, and
   the cost of one fsync is shared by every write that arrived meanwhile.
 - Reads go to a second thread (`read`), so a deep queue being read back never
@@ -181,11 +183,14 @@ class GroupCommitWriter:
         touched: dict[int, AppendFile] = {}
         failed: set[int] = set()
         callbacks: list = []
+        appends: dict[int, tuple[AppendFile, list]] = {}  # not written yet
         written = 0
         for file, payload, done in batch:
             if file is None:
                 # A job may close, rename or delete files: what was appended
-                # before it must be synced first, or its `done` would lie.
+                # before it must be written and synced first, or its `done`
+                # would lie.
+                failed |= self._write(appends, touched)
                 failed |= self._sync(touched)
                 touched.clear()
                 result = _call(payload)
@@ -193,14 +198,15 @@ class GroupCommitWriter:
                     callbacks.append((done, (result,), _JOB))
                 continue
             written += len(payload) + JOB_OVERHEAD
-            try:
-                file._write(payload)
-                touched[id(file)] = file
-            except OSError as exc:
-                log.error("write to %s failed: %s", file.path, exc)
-                failed.add(id(file))
+            key = id(file)
+            pending = appends.get(key)
+            if pending is None:
+                appends[key] = (file, [payload])
+            else:
+                pending[1].append(payload)
             if done is not None:
-                callbacks.append((done, (), id(file)))
+                callbacks.append((done, (), key))
+        failed |= self._write(appends, touched)
         failed |= self._sync(touched)
         self.batches += 1
         if failed:
@@ -209,6 +215,21 @@ class GroupCommitWriter:
             callbacks.append((self._written, (written,), None))
         if callbacks:
             self._deliver(callbacks)
+
+    @staticmethod
+    def _write(appends: dict, touched: dict[int, AppendFile]) -> set[int]:
+        """Write each file's pending appends with one call, then forget them;
+        returns the ids of the files whose write failed."""
+        failed: set[int] = set()
+        for key, (file, payloads) in appends.items():
+            try:
+                file._write(payloads[0] if len(payloads) == 1 else b"".join(payloads))
+                touched[key] = file
+            except OSError as exc:
+                log.error("write to %s failed: %s", file.path, exc)
+                failed.add(key)
+        appends.clear()
+        return failed
 
     def _sync(self, touched: dict[int, AppendFile]) -> set[int]:
         """Sync the files (fsync mode); returns the ids of those that failed."""
