@@ -138,6 +138,9 @@ class BrokerConfig:
     # Users listed here may only connect over the loopback interface.
     loopback_users: list[str] = field(default_factory=lambda: ["guest"])
     log_level: str = "info"
+    # The asyncio event loop: "auto" (uvloop when it is installed, else the
+    # standard library's), "uvloop" or "asyncio" (beyond RabbitMQ).
+    event_loop: str = "auto"
     tls: TLSConfig = field(default_factory=TLSConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
     management: ManagementConfig = field(default_factory=ManagementConfig)

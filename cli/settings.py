@@ -45,6 +45,7 @@ _INT_RANGES: dict[str, tuple[int, int | None]] = {
 _CHOICES: dict[str, tuple[str, ...]] = {
     "log_level": ("debug", "info", "warning", "error"),
     "durability": ("fsync", "flush"),
+    "event_loop": ("auto", "uvloop", "asyncio"),
 }
 # Float settings (by field name) and their inclusive limits.
 _FLOAT_RANGES: dict[str, tuple[float, float]] = {
