@@ -118,7 +118,7 @@ def server_properties() -> dict:
     }
 
 
-def _content_frames(channel: int, method: bytes, header: bytes, body: bytes, end: int) -> list:
+def _frames_of_content(channel: int, method: bytes, header: bytes, body: bytes, end: int) -> list:
     """The wire frames of a scanned CONTENT item, (frame_type, channel,
     payload, offset just past the frame) each."""
     header_end = end - len(body) - FRAME_OVERHEAD if body else end
@@ -281,7 +281,8 @@ class Connection:
                     if frame_type != CONTENT:
                         self._frame(frame_type, channel, payload)
                     elif not self._published(channel, payload, header, body):
-                        for frame_type, channel, payload, done in _content_frames(channel, payload, header, body, end):
+                        frames = _frames_of_content(channel, payload, header, body, end)
+                        for frame_type, channel, payload, done in frames:
                             if self.state is CLOSED:
                                 return
                             self._frame(frame_type, channel, payload)

@@ -13,8 +13,8 @@ content header and a single body frame on the same channel, is listed as one
 item (frame type CONTENT), so the connection hands the message on in one call
 instead of three frames' worth of dispatch; anything else is listed frame by
 frame. The scan is the per-message hot path: `amqp_server._framing` (C, built
-when a compiler is at hand) does it when importable, `_scan` below otherwise,
-and tests/test_framing.py holds the two to the same output.
+when a compiler is at hand) does it when importable, `_scan_python` below
+otherwise, and tests/test_framing.py holds the two to the same output.
 """
 from __future__ import annotations
 
@@ -97,7 +97,8 @@ class FrameReader:
         if size + FRAME_OVERHEAD > self.frame_max and self.frame_max:
             raise AMQPError(
                 FRAME_ERROR,
-                "type %d, all octets = <<>>: {frame_too_large,%d,%d}" % (frame_type, size, self.frame_max - FRAME_OVERHEAD),
+                "type %d, all octets = <<>>: {frame_too_large,%d,%d}"
+                % (frame_type, size, self.frame_max - FRAME_OVERHEAD),
             )
         end = 7 + size
         if end >= len(buf):
