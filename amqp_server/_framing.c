@@ -167,7 +167,8 @@ static PyObject *deliver(PyObject *Py_UNUSED(module), PyObject *args)
     int redelivered;
     Py_buffer header, body;
     unsigned long long frame_max;
-    if (!PyArg_ParseTuple(args, "Iy#Kpy#y#y*y*K", &channel, &ctag, &ctag_len, &delivery_tag, &redelivered,
+    /* s#: the names' UTF-8, which CPython keeps with the str (no copy for ASCII). */
+    if (!PyArg_ParseTuple(args, "Is#Kps#s#y*y*K", &channel, &ctag, &ctag_len, &delivery_tag, &redelivered,
                           &exchange, &exchange_len, &routing_key, &routing_key_len, &header, &body, &frame_max))
         return NULL;
     PyObject *out = NULL;

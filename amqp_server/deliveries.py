@@ -114,11 +114,11 @@ class Deliveries:
         connection = self.connection
         connection.send_raw(fastpath.deliver(
             self.number,
-            consumer.tag.encode("utf-8"),
+            consumer.tag,
             tag,
             entry.redelivered,
-            message.exchange.encode("utf-8"),
-            message.routing_key.encode("utf-8"),
+            message.exchange,
+            message.routing_key,
             message.header if not entry.deliveries else _counted(entry),
             message.body,
             connection.frame_max,

@@ -69,13 +69,15 @@ def ack_frame(channel: int, delivery_tag: int, multiple: bool) -> bytes:
     return _ACK_FRAME.pack(FRAME_METHOD, channel, 13, ACK, delivery_tag, 1 if multiple else 0, 0xCE)
 
 
-def deliver_python(channel: int, consumer_tag: bytes, delivery_tag: int, redelivered: bool, exchange: bytes,
-                   routing_key: bytes, header: bytes, body: bytes, frame_max: int) -> bytes:
+def deliver_python(channel: int, consumer_tag: str, delivery_tag: int, redelivered: bool, exchange: str,
+                   routing_key: str, header: bytes, body: bytes, frame_max: int) -> bytes:
     """A whole delivery: the basic.deliver method frame, the content header
     (as published) and the body frames (none for an empty body, split so no
-    frame exceeds frame_max)."""
+    frame exceeds frame_max). The names are str: the C twin reads the UTF-8
+    that CPython keeps with each str instead of encoding per delivery."""
     frames = content_frames(channel, header, body, frame_max)
-    frames.insert(0, deliver_frame(channel, consumer_tag, delivery_tag, redelivered, exchange, routing_key))
+    frames.insert(0, deliver_frame(channel, consumer_tag.encode("utf-8"), delivery_tag, redelivered,
+                                   exchange.encode("utf-8"), routing_key.encode("utf-8")))
     return b"".join(frames)
 
 

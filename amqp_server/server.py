@@ -221,17 +221,14 @@ def run(config: BrokerConfig) -> None:
     (or asked for) and the standard library's loop otherwise: about a fifth
     more messages per second on uvloop (docs/benchmarks.md), the same
     behaviour on both (the test suite runs brokers on each)."""
-    if config.event_loop == "asyncio":
-        asyncio.run(serve(config))
-        return
-    try:
-        import uvloop
-    except ImportError:
-        if config.event_loop == "uvloop":
-            raise ListenError("event_loop is uvloop, but uvloop is not installed (pip install uvloop)") from None
-        asyncio.run(serve(config))
-        return
-    uvloop.run(serve(config))
+    uvloop = None
+    if config.event_loop != "asyncio":
+        try:
+            import uvloop
+        except ImportError:
+            if config.event_loop == "uvloop":
+                raise ListenError("event_loop is uvloop, but uvloop is not installed (pip install uvloop)") from None
+    (asyncio.run if uvloop is None else uvloop.run)(serve(config))
 
 
 class ListenError(Exception):

@@ -2,9 +2,10 @@
 
 `broker` is one broker for the whole session (tests use unique names);
 `fresh_broker` starts a dedicated one, and `start_broker` starts one with
-extra flags or environment. The session broker runs on the standard
-library's event loop and the others on the default one (uvloop, when it is
-installed), so the suite holds hutch to the same behaviour on both. Each fixture reads the port the broker logged.
+extra flags or environment. Each fixture reads the port the broker logged.
+The session broker runs on the standard library's event loop and the others
+on the default one (uvloop, when it is installed), so the suite holds hutch to
+the same behaviour on both.
 Clients of the session broker: `conn` (pika), `aconn` (aio-pika) and `raw`
 (amqp_raw.RawClient, before the protocol header); `still_serving` checks after
 a test that the broker still serves a new client. `api` is the session
@@ -109,7 +110,8 @@ def launch(tmp: Path, *args: str, env: dict | None = None, expect: tuple = ("AMQ
 
 @pytest.fixture(scope="session")
 def broker(tmp_path_factory) -> BrokerProcess:
-    proc = launch(tmp_path_factory.mktemp("broker"), "--event-loop", "asyncio", expect=("AMQP", "HTTP", "PROMETHEUS"))
+    proc = launch(tmp_path_factory.mktemp("broker"), "--event-loop", "asyncio",
+                  expect=("AMQP", "HTTP", "PROMETHEUS"))
     yield proc
     proc.stop()
 

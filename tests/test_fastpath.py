@@ -110,8 +110,7 @@ def test_ack_frame_is_byte_identical_to_pamqp(channel, delivery_tag, multiple):
 def test_a_whole_delivery_is_pamqp_frames_and_both_twins_agree(framing_c, channel, consumer_tag, delivery_tag,
                                                                redelivered, exchange, routing_key, header, body,
                                                                frame_max):
-    args = (channel, consumer_tag.encode(), delivery_tag, redelivered, exchange.encode(), routing_key.encode(),
-            header, body, frame_max)
+    args = (channel, consumer_tag, delivery_tag, redelivered, exchange, routing_key, header, body, frame_max)
     got = fastpath.deliver_python(*args)
     method = Deliver(consumer_tag=consumer_tag, delivery_tag=_signed(delivery_tag), redelivered=redelivered,
                      routing_key=routing_key)
