@@ -29,10 +29,11 @@ from typing import TYPE_CHECKING
 
 from pamqp import commands
 
-from amqp_server import declarations, fastpath, firehose
+from amqp_server import declarations, direct_reply_to, fastpath, firehose
 from amqp_server.deliveries import Deliveries
 from amqp_server.framing import FRAME_BODY, FRAME_HEADER, content_header_prefix, decode_method, erlang_binary, named_method
 from storage import Message
+from storage.message import REPLY_TO
 from vhosts.access import Access
 from vhosts.errors import (
     AMQPError,
@@ -223,13 +224,17 @@ class Channel(Deliveries):
     def _finish_publish(self, exchange: str, routing_key: str, mandatory: bool, header: bytes, body: bytes) -> None:
         try:
             # RabbitMQ's order: write permission, the exchange (404, internal),
-            # the topic permission of the routing key, then the properties.
+            # the topic permission of the routing key, reply_to (direct
+            # reply-to), then the other properties.
             self.access.publish(exchange)
             x = self.vhost.check_publish(exchange)
             if x is not None and x.type == "topic":
                 self.access.topic(x, routing_key, "write")
+            flags = int.from_bytes(header[12:14], "big")
+            if flags & REPLY_TO:
+                header = direct_reply_to.rewritten(header, self.reply_consumer)
             message = Message(exchange, routing_key, header, body)
-            if int.from_bytes(header[12:14], "big") & _CHECKED_PROPERTIES:
+            if flags & _CHECKED_PROPERTIES:
                 check_properties(message.properties, self.connection.user)
             keys, headers = self._routing_keys(message)
         except AMQPError as exc:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pamqp import commands
 
+from amqp_server import direct_reply_to
 from amqp_server.framing import named_method
 
 
@@ -39,6 +40,9 @@ def exchange_unbind(channel, m) -> None:
 
 
 def queue_declare(channel, m) -> None:
+    if m.queue.startswith(direct_reply_to.PSEUDO_QUEUE):
+        _reply_to_declare(channel, m)
+        return
     queue = channel.vhost.declare_queue(
         m.queue, channel.connection, m.passive, m.durable, m.exclusive, m.auto_delete, m.arguments,
         channel.access,
@@ -52,6 +56,16 @@ def queue_declare(channel, m) -> None:
                 queue=queue.name, message_count=queue.message_count, consumer_count=queue.consumer_count
             )
         )
+
+
+def _reply_to_declare(channel, m) -> None:
+    """The pseudo-queue and a live token exist for any declare (RabbitMQ: 0
+    messages, 1 consumer, no permission checked); other such names are 404."""
+    if not direct_reply_to.declared(channel.vhost, m.queue):
+        raise channel.vhost.no_queue(m.queue)
+    channel.most_recent_queue = m.queue
+    if not m.nowait:
+        channel.send_method(named_method(commands.Queue.DeclareOk, queue=m.queue, message_count=0, consumer_count=1))
 
 
 def _binding_target(channel, m) -> tuple[str, str]:

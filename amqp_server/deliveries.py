@@ -10,6 +10,8 @@ Invariants:
   consumer's nor the channel's (global) prefetch is reached.
 - Releasing the channel requeues every unacked message (redelivered=true)
   and cancels every consumer (auto-delete queues go when their last one goes).
+- The direct reply-to consumer (amqp_server.direct_reply_to) is
+  `reply_consumer`, not one of `consumers`: it has no queue.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import os
 
 from pamqp import commands
 
-from amqp_server import fastpath, firehose
+from amqp_server import direct_reply_to, fastpath, firehose
 from amqp_server.framing import named_method
 from storage.message import encode_value
 from vhosts import Consumer
@@ -48,6 +50,7 @@ def new_consumer_tag() -> str:
 class Deliveries:
     def __init__(self) -> None:
         self.consumers: dict[str, Consumer] = {}
+        self.reply_consumer: direct_reply_to.ReplyConsumer | None = None
         self.unacked: dict[int, tuple] = {}
         self._next_tag = 1
         self.prefetch_count = 0
@@ -75,6 +78,10 @@ class Deliveries:
         if not self.most_recent_queue:
             raise AMQPError(NOT_FOUND, "no previously declared queue")
         return self.most_recent_queue
+
+    @property
+    def next_delivery_tag(self) -> int:
+        return self._next_tag
 
     # -- the ConsumerChannel port (called by vhosts.Queue) ---------------------
 
@@ -148,6 +155,9 @@ class Deliveries:
         self.dispatch_consumers()
 
     def _consume(self, method) -> None:
+        if method.queue == direct_reply_to.PSEUDO_QUEUE:
+            direct_reply_to.consume(self, method, method.consumer_tag or new_consumer_tag())
+            return
         # RabbitMQ's order: a reused tag, read permission, then the queue.
         if method.consumer_tag in self.consumers:
             raise AMQPError(NOT_ALLOWED, "attempt to reuse consumer tag '%s'" % method.consumer_tag)
@@ -171,7 +181,12 @@ class Deliveries:
         queue.add_consumer(consumer)
 
     def _cancel(self, method) -> None:
-        consumer = self.consumers.pop(method.consumer_tag, None)
+        reply_consumer = self.reply_consumer
+        if reply_consumer is not None and reply_consumer.tag == method.consumer_tag:
+            direct_reply_to.stop(self)
+            consumer = None
+        else:
+            consumer = self.consumers.pop(method.consumer_tag, None)
         if consumer is not None:
             self._remove_consumer(consumer)
         if not method.nowait:
@@ -309,6 +324,8 @@ class Deliveries:
         then dispatch (as RabbitMQ: a single active consumer's successor gets
         the requeued messages first, in their order)."""
         self.flow_active = False
+        if self.reply_consumer is not None:
+            direct_reply_to.stop(self)
         consumers = list(self.consumers.values())
         self.consumers.clear()
         for consumer in consumers:

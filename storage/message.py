@@ -23,6 +23,7 @@ _CONTENT_ENCODING = 0x4000
 _HEADERS = 0x2000
 _DELIVERY_MODE = 0x1000
 _PRIORITY = 0x0800
+REPLY_TO = 0x0200
 _EXPIRATION = 0x0100
 # Where the expiration flag is in a content header (for hot paths that test it inline).
 EXPIRATION_BYTE, EXPIRATION_BIT = 12, 0x01
@@ -312,6 +313,19 @@ def _past_headers(header: bytes) -> tuple[int, int]:
     if flags & _HEADERS:
         offset += 4 + _LONG.unpack_from(header, offset)[0]
     return flags, offset
+
+
+def reply_to(header: bytes) -> bytes | None:
+    """The reply_to property's bytes without decoding the others (None when absent)."""
+    flags, start, end = _property_span(header, REPLY_TO)
+    return header[start + 1:end] if flags & REPLY_TO else None
+
+
+def with_reply_to(header: bytes, value: bytes) -> bytes:
+    """The content header with reply_to (which must be set) replaced by
+    `value`; every other byte as published."""
+    _flags, start, end = _property_span(header, REPLY_TO)
+    return header[:start] + _SHORT.pack(len(value)) + value + header[end:]
 
 
 def delivery_mode(header: bytes) -> int:

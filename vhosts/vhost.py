@@ -148,6 +148,9 @@ class VirtualHost:
         self.exchanges[TRACE_EXCHANGE] = Exchange(TRACE_EXCHANGE, "topic", durable=True, internal=True, builtin=True)
         # The firehose is on (amqp_server.firehose); not kept across restarts, as in RabbitMQ.
         self.tracing = False
+        # Direct reply-to: live reply token -> deliver(message) of its channel's
+        # reply consumer (amqp_server.direct_reply_to registers them).
+        self.reply_consumers: dict[str, Callable[[Message], None]] = {}
 
     # -- lookups -------------------------------------------------------------
 
@@ -164,10 +167,13 @@ class VirtualHost:
         """The queue, checked for exclusive access by connection `owner`."""
         q = self.queues.get(name)
         if q is None:
-            raise AMQPError(NOT_FOUND, "no queue '%s' %s" % (name, self._where()))
+            raise self.no_queue(name)
         if q.exclusive_owner is not None and q.exclusive_owner is not owner:
             raise self._locked(name)
         return q
+
+    def no_queue(self, name: str) -> AMQPError:
+        return AMQPError(NOT_FOUND, "no queue '%s' %s" % (name, self._where()))
 
     def _locked(self, name: str) -> AMQPError:
         return AMQPError(
@@ -721,6 +727,16 @@ class VirtualHost:
         for q in self.route(message.exchange, routing_keys, message.headers):
             q.publish(message)
 
+    def _deliver_replies(self, message: Message, routing_keys: list[str]) -> None:
+        """Direct reply-to: each distinct key naming a live reply token hands
+        the message to that token's channel. As in RabbitMQ 3.10 this is not
+        routing: the publisher sees it as unroutable (a mandatory reply is
+        returned too), and nothing is stored."""
+        for key in sorted(set(routing_keys)):
+            deliver = self.reply_consumers.get(key)
+            if deliver is not None:
+                deliver(message)
+
     def check_publish(self, exchange: str) -> Exchange | None:
         """The exchange a publish goes to (None: the default exchange)."""
         if exchange == "":
@@ -757,6 +773,8 @@ class VirtualHost:
             targets = self.route(ae, routing_keys, headers) if ae is not None else []
         else:
             targets = self.route(message.exchange, routing_keys, headers)
+            if self.reply_consumers and message.exchange == "" and len(targets) < len(routing_keys):
+                self._deliver_replies(message, routing_keys)
         for q in targets:
             outcome = q.publish(message, on_durable)
             if outcome == DURABLE_PENDING:
