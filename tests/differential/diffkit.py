@@ -17,8 +17,11 @@ BlockingConnection. Every operation records what a client observes:
 
 Names: any `{word}` inside a string field is replaced by a name unique to the
 run (`diff-<run id>-word`), and every such name is mapped back to `{word}` in
-the observations. Server-generated names (`amq.gen-*`, `amq.ctag-*`) become
-numbered placeholders in order of first appearance. After the run, every
+the observations. Server-generated names (`amq.gen-*`, `amq.ctag-*`, direct
+reply-to tokens `amq.rabbitmq.reply-to.<opaque>`) become numbered placeholders
+in order of first appearance (`amq.gen-<1>`, `amq.rabbitmq.reply-to.<1>`); a
+string field of a later operation may use such a placeholder and gets the
+real name it stands for in this run (a reply to a token seen in a reply_to). After the run, every
 connection is closed and every name is deleted as a queue and as an exchange,
 so nothing is left behind on the RabbitMQ used as the reference.
 
@@ -38,7 +41,9 @@ from pamqp import commands, heartbeat as pheartbeat
 import amqp_raw
 
 NAME_TOKEN = re.compile(r"\{([a-z][a-z0-9_]*)\}")
-SERVER_NAMES = re.compile(r"amq\.(gen|ctag)-[A-Za-z0-9_\-]{22}")
+SERVER_NAMES = re.compile(r"(amq\.gen-|amq\.ctag-)[A-Za-z0-9_\-]{22}"
+                          r"|(amq\.rabbitmq\.reply-to\.)[A-Za-z0-9+/=]+\.[A-Za-z0-9+/=]+")
+PLACEHOLDER = re.compile(r"(amq\.gen-|amq\.ctag-|amq\.rabbitmq\.reply-to\.)<[0-9]+>")
 WAIT_SECONDS = 5.0
 
 
@@ -94,9 +99,9 @@ class _Normaliser:
     def _server_name(self, match: re.Match) -> str:
         real = match.group(0)
         if real not in self.server:
-            kind = match.group(1)
-            count = sum(1 for v in self.server.values() if v.startswith("amq.%s-" % kind))
-            self.server[real] = "amq.%s-<%d>" % (kind, count + 1)
+            prefix = match.group(1) or match.group(2)
+            count = sum(1 for v in self.server.values() if v.startswith(prefix + "<"))
+            self.server[real] = "%s<%d>" % (prefix, count + 1)
         return self.server[real]
 
     def __call__(self, value):
@@ -158,6 +163,8 @@ class ScenarioRun:
 
     def expand(self, value):
         if isinstance(value, str):
+            if PLACEHOLDER.search(value):
+                value = PLACEHOLDER.sub(self._server_named, value)
             return NAME_TOKEN.sub(lambda m: self.name(m.group(1)), value)
         if isinstance(value, list):
             return [self.expand(v) for v in value]
@@ -166,6 +173,16 @@ class ScenarioRun:
         if isinstance(value, dict):
             return {self.expand(k): self.expand(v) for k, v in value.items()}
         return value
+
+    def _server_named(self, match: re.Match) -> str:
+        """The real server-generated name a placeholder stands for: numbered
+        as the final normalisation numbers the observations so far."""
+        normalise = _Normaliser(self.names)
+        normalise(self.observations)
+        real = {placeholder: name for name, placeholder in normalise.server.items()}.get(match.group(0))
+        if real is None:
+            raise AssertionError("no %s observed yet" % match.group(0))
+        return real
 
     # connections and channels
 
@@ -414,6 +431,14 @@ class ScenarioRun:
     def op_confirm_select(self, on):
         self.chan(on).channel.confirm_delivery()
         self.record("Confirm.SelectOk")
+
+    def op_connection_close(self, on):
+        """Close the connection `on` names (e.g. "1"); the next operation on
+        one of its channels opens a new one."""
+        conn = self.connections.pop(on.split(".")[0], None)
+        if conn is not None and conn.is_open:
+            conn.close()
+        self.record("Connection.CloseOk")
 
     def op_channel_open(self, on):
         """A fresh channel (closing the current one), e.g. to reset its state."""
