@@ -103,8 +103,14 @@ def rewritten(header: bytes, consumer: ReplyConsumer | None) -> bytes:
     if _ON_THE_WIRE not in header or reply_to(header) != _PSEUDO_QUEUE:
         return header
     if consumer is None:
-        raise AMQPError(PRECONDITION_FAILED, "fast reply consumer does not exist")
+        raise no_consumer()
     return with_reply_to(header, consumer._token_bytes)
+
+
+def no_consumer() -> AMQPError:
+    """A publish asking for a direct reply on a channel without a reply
+    consumer (the management API's publish never has one)."""
+    return AMQPError(PRECONDITION_FAILED, "fast reply consumer does not exist")
 
 
 def declared(vhost, name: str) -> bool:

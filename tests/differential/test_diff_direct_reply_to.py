@@ -6,8 +6,13 @@ token appears in observations as `amq.rabbitmq.reply-to.<N>` and the
 scenarios reply to it by that placeholder."""
 from __future__ import annotations
 
+import time
+
+import pika
 import pytest
 from pamqp import commands
+
+from http_api import call
 
 from .diffkit import RawClient, op
 
@@ -172,3 +177,39 @@ def test_consumer_tags(broker, rabbitmq_url):
     rabbit = _consumer_tags(reference.hostname, reference.port or 5672)
     assert hutch == rabbit
     assert rabbit[-1][:4] == ("Connection.Close", 0, 530, "NOT_ALLOWED - attempt to reuse consumer tag 'Y'")
+
+
+def _api_publish(port: int, credentials: tuple, amqp_url: str) -> list:
+    """The management API's publish: asking for a direct reply is refused
+    (its channel has no reply consumer); publishing to a live token delivers
+    the reply and says it was not routed."""
+    observed = []
+    connection = pika.BlockingConnection(pika.URLParameters(amqp_url))
+    try:
+        channel = connection.channel()
+        replies = []
+        channel.basic_consume(PSEUDO, lambda _ch, method, _props, body: replies.append(body), auto_ack=True)
+        queue = channel.queue_declare("", exclusive=True).method.queue
+        channel.basic_publish("", queue, b"request", pika.BasicProperties(reply_to=PSEUDO))
+        token = channel.basic_get(queue, auto_ack=True)[1].reply_to
+        for properties, routing_key in (({"reply_to": PSEUDO}, queue), ({}, token)):
+            reply = call(port, "POST", "/api/exchanges/%2F/amq.default/publish", auth=credentials, body={
+                "properties": properties, "routing_key": routing_key, "payload": "via api",
+                "payload_encoding": "string"})
+            observed.append((reply.status, reply.body))
+        deadline = time.monotonic() + 5
+        while not replies and time.monotonic() < deadline:
+            connection.process_data_events(time_limit=0.02)
+        observed.append(replies)
+    finally:
+        connection.close()
+    return observed
+
+
+def test_management_api_publish(broker, rabbitmq_url, rabbitmq_api):
+    port, credentials = rabbitmq_api
+    hutch = _api_publish(broker.ports["HTTP"], ("guest", "guest"), broker.url)
+    rabbit = _api_publish(port, credentials, rabbitmq_url)
+    assert hutch == rabbit
+    assert rabbit[0] == (400, {"error": "bad_request",
+                               "reason": "406 PRECONDITION_FAILED - fast reply consumer does not exist"})
