@@ -54,8 +54,8 @@ class ReplyConsumer:
     def __init__(self, channel: "Channel", tag: str) -> None:
         self.channel = channel
         self.tag = tag
-        # RabbitMQ's shape, <who>.<key>, both base64; here both are random
-        # (the vhost's dict finds the channel, 128 random bits keep it unguessable).
+        # RabbitMQ's shape, <who>.<key> in base64. Both parts are random here:
+        # the vhost finds the channel by the whole token, which no one can guess.
         self.token = TOKEN_PREFIX + "%s.%s" % (_b64(18), _b64(16))
         self._token_bytes = self.token.encode("ascii")
 

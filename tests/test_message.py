@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from pamqp import commands, encode
 from pamqp import header as pamqp_header
 
-from storage.message import Message, delivery_mode, priority
+from storage.message import Message, delivery_mode, priority, reply_to, with_reply_to
 
 PROPS = commands.Basic.Properties
 NAMES = list(PROPS.__slots__)
@@ -201,3 +201,20 @@ def test_remove_absent_header_changes_nothing(props):
 def test_priority_read_from_raw_bytes_matches_pamqp(props, continuation):
     header = build_header(props, 0, continuation)
     assert priority(header) == (pamqp_decode(header).properties.priority or 0) == (props.get("priority") or 0)
+
+
+@given(property_sets(), st.booleans(), shortstrs)
+@example({"reply_to": "amq.rabbitmq.reply-to", "headers": {"a": 1}, "expiration": "5"}, False,
+         "amq.rabbitmq.reply-to.abc+/=.def==")
+def test_reply_to_read_and_replaced_in_raw_bytes_match_pamqp(props, continuation, replacement):
+    """Direct reply-to reads reply_to and swaps it without decoding the rest:
+    every other property decodes as before."""
+    header = build_header(props, 3, continuation)
+    expected = props.get("reply_to")
+    assert reply_to(header) == (None if expected is None else expected.encode("utf-8"))
+    if expected is None:
+        return
+    replaced = with_reply_to(header, replacement.encode("utf-8"))
+    assert as_dict(pamqp_decode(replaced).properties) == {**as_dict(pamqp_decode(header).properties),
+                                                          "reply_to": replacement}
+    assert replaced[:12] == header[:12]  # class, weight, body size
