@@ -75,10 +75,21 @@ class Ui:
         return self.wait(lambda: wanted in " ".join(e.text for e in self.find(css)), "%r in %s" % (wanted, css))
 
     def open(self, route: str) -> None:
-        """Open `#/route` and wait until the page has its heading."""
-        self.driver.execute_script("location.hash = arguments[0]; document.getElementById('view').replaceChildren();",
-                                   "#/" + route)
-        self.one("#view h1")
+        """Open `#/route` (again, when it is open) and wait for its new heading."""
+        self.driver.execute_script("""
+            const old = document.querySelector('#view h1');
+            if (old) old.dataset.old = '1';
+            if (location.hash === arguments[0]) window.dispatchEvent(new HashChangeEvent('hashchange'));
+            else location.hash = arguments[0];""", "#/" + route)
+        self.one("#view h1:not([data-old])")
+
+    def filter(self, text: str, regex: bool = False) -> None:
+        """Type into the open list's name filter (replacing what was there)."""
+        box = self.one("input[name=filter]")
+        if self.one("input[name=regex]").is_selected() != regex:
+            self.one("input[name=regex]").click()
+        self.driver.execute_script("arguments[0].value = arguments[1];"
+                                   "arguments[0].dispatchEvent(new Event('input'))", box, text)
 
     def login(self, username: str, password: str) -> None:
         self.driver.get(self.base)
@@ -92,9 +103,10 @@ class Ui:
         self.one("#logout").click()
         self.wait(lambda: self.one("#login").is_displayed(), "login form shown")
 
-    def submit(self, form_id: str, fields: dict | None = None) -> str:
+    def submit(self, form_id: str, fields: dict | None = None, leaves: bool = False) -> str:
         """Fill the form's fields (text, selects, checkboxes), submit it and
-        return the note it shows (raises on an error note)."""
+        return the note it shows (raises on an error note); a form that
+        `leaves` the page on success (a delete) is only submitted."""
         form = self.one("form#" + form_id)
         for name, value in (fields or {}).items():
             field = form.find_element(By.NAME, name)
@@ -109,6 +121,8 @@ class Ui:
         note = form.find_element(By.CSS_SELECTOR, ".note")
         self.driver.execute_script("arguments[0].textContent = ''", note)
         form.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+        if leaves:
+            return ""
         text = self.wait(lambda: note.text, "an answer to form " + form_id)
         if "error" in note.get_attribute("class"):
             raise AssertionError("form %s: %s" % (form_id, text))

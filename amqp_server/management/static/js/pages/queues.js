@@ -161,7 +161,7 @@ export async function one(view, params) {
       ['Bytes unacked', bytes(q.message_bytes_unacknowledged)], ['Paged out', num(q.messages_paged_out)],
     ]));
     const counted = q.message_states || {};
-    clear(states).append(STATES.map((s) => h('span', { 'data-state': s }, h('b', null, s), ' ', num(counted[s] || 0))));
+    clear(states).append(...STATES.map((s) => h('span', { 'data-state': s }, h('b', null, s), ' ', num(counted[s] || 0))));
     clear(stream);
     if (q.type === 'stream') {
       const args = q.arguments || {};

@@ -1,0 +1,174 @@
+"""The management web UI in a real browser (headless Chromium, Selenium;
+tests/browser.py) against the session broker: what it shows is checked
+against the API, and what it does goes through the API.
+
+One browser serves the module. With HUTCH_UI_SCREENSHOTS=<dir> set, the
+tests also save the screenshots of docs/ui.md there.
+"""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from browser import Ui
+from conftest import ALL_PERMISSIONS
+from helpers import unique
+from http_api import call, segment
+
+pytestmark = pytest.mark.skipif(not (shutil.which("chromium") and shutil.which("chromedriver")),
+                                reason="needs Debian's chromium and chromium-driver (.ci/run installs them)")
+
+PAGES = ["", "connections", "channels", "exchanges", "queues", "dead-letters", "users", "vhosts", "policies",
+         "limits", "shovels", "federation"]
+
+
+@pytest.fixture(scope="module")
+def ui(broker):
+    browser = Ui(broker.ports["HTTP"])
+    browser.login("guest", "guest")
+    browser.one("#tab-queues")
+    yield browser
+    browser.close()
+
+
+@pytest.fixture
+def guest(ui):
+    """The module's browser, logged in as guest (a test may log in as another user)."""
+    if not ui.find("#tab-queues") or not ui.one("#app").is_displayed() or ui.text("#whoami") != "guest":
+        ui.login("guest", "guest")
+        ui.one("#tab-queues")
+    return ui
+
+
+def test_ui_and_api_answers_carry_security_headers(broker):
+    port = broker.ports["HTTP"]
+    page = call(port, "GET", "/", auth=None)
+    assert page.status == 200 and page.headers["content-type"].startswith("text/html")
+    assert 'name="username"' in page.body and 'name="password"' in page.body
+    script = call(port, "GET", "/js/main.js", auth=None)
+    assert script.status == 200 and "javascript" in script.headers["content-type"]
+    for answer in (page, script, call(port, "GET", "/api/overview"), call(port, "GET", "/api/overview", auth=None)):
+        assert "default-src 'self'" in answer.headers["content-security-policy"]
+        assert "frame-ancestors 'none'" in answer.headers["content-security-policy"]
+        assert answer.headers["x-frame-options"] == "DENY"
+        assert answer.headers["x-content-type-options"] == "nosniff"
+    assert call(port, "GET", "/js/%2e%2e/%2e%2e/ui.py", auth=None).status in (403, 404)
+    # the UI's own requests get no Basic challenge (no browser password dialog); other clients do
+    assert "www-authenticate" in call(port, "GET", "/api/overview", auth=None).headers
+    assert "www-authenticate" not in call(port, "GET", "/api/overview", auth=None,
+                                          headers={"X-Requested-With": "XMLHttpRequest"}).headers
+
+
+def test_every_page_opens_without_an_error(guest, api):
+    for route in PAGES:
+        guest.open(route)
+        guest.wait(lambda: guest.find("#view table, #view p.muted"), "content of #/" + route)
+        errors = [e.text for e in guest.find("#view .error") if e.text]
+        assert errors == [], (route, errors)
+    guest.open("")
+    totals = api.get("/api/overview").body["object_totals"]
+    guest.wait(lambda: guest.find("#totals td"), "totals")
+    cells = [td.text.replace(",", "") for td in guest.find("#totals td")]
+    assert cells[2] == str(totals["exchanges"])
+    guest.wait(lambda: guest.find("#nodes td"), "nodes")
+    assert guest.find("#nodes td")[0].text == api.get("/api/nodes").body[0]["name"]
+
+
+def test_queue_created_published_to_read_and_deleted_through_the_ui(guest, api):
+    name = unique("ui-q")
+    guest.open("queues")
+    assert guest.submit("add-queue", {"name": name}) == "Queue added."
+    assert api.get("/api/queues/%2F/" + segment(name)).body["durable"] is True
+    guest.open("exchanges/%2F/amq.default")
+    assert guest.submit("publish", {"routing_key": name, "payload": "hello from the browser"}) == "Message published."
+    assert api.get("/api/queues/%2F/" + segment(name)).body["messages_ready"] == 1
+    guest.open("queues/%2F/" + segment(name))
+    guest.wait_text("#message-states", "alpha")
+    assert guest.submit("get-messages") == "1 message(s)."
+    assert guest.text("#got-messages .payload") == "hello from the browser"
+    assert guest.submit("peek-messages") == "1 message(s) at the head; none taken."
+    guest.screenshot("queue")
+    guest.submit("delete-queue", leaves=True)
+    guest.wait(lambda: api.get("/api/queues/%2F/" + segment(name)).status == 404, "queue deleted")
+    guest.wait(lambda: guest.driver.current_url.endswith("#/queues"), "back on the queue list")
+
+
+def test_queue_list_filters_and_shows_what_the_api_shows(guest, api, vhost):
+    names = [unique("ui-list") for _ in range(3)]
+    for name in names:
+        api.put("/api/queues/%s/%s" % (segment(vhost), segment(name)))
+    api.post("/api/exchanges/%s/amq.default/publish" % segment(vhost),
+             {"routing_key": names[0], "payload": "x", "payload_encoding": "string", "properties": {}})
+    guest.open("queues")
+    guest.filter("^" + names[1][:-3] + "...$", regex=True)
+    guest.wait(lambda: len(guest.find("#queues tbody tr")) == 1 and names[1] in guest.text("#queues tbody"),
+               "one queue matching the regex")
+    guest.filter(names[0])
+    guest.wait(lambda: names[0] in guest.text("#queues tbody") and len(guest.find("#queues tbody tr")) == 1,
+               "the filtered queue")
+    row = [td.text for td in guest.find("#queues tbody tr")[0].find_elements("css selector", "td")]
+    shown = api.get("/api/queues/%s/%s" % (segment(vhost), segment(names[0]))).body
+    assert row[1:3] == [names[0], "classic"]
+    assert row[6:9] == [str(shown["messages_ready"]), "0", str(shown["messages"])]
+    guest.screenshot("queues")
+    guest.filter("")
+
+
+def test_policy_set_and_deleted_through_the_ui(guest, api):
+    name = unique("ui-policy")
+    guest.open("policies")
+    assert guest.submit("add-policy", {"name": name, "pattern": "^ui-policed\\.",
+                                       "definition": '{"max-length": 7}', "priority": "3"}) == "Policy set."
+    found = api.get("/api/policies/%2F/" + name).body
+    assert (found["pattern"], found["definition"], found["priority"]) == ("^ui-policed\\.", {"max-length": 7}, 3)
+    guest.wait_text("#policies", name)
+    guest.screenshot("policies")
+    row = next(tr for tr in guest.find("#policies tbody tr") if name in tr.text)
+    row.find_element("css selector", "button.delete-policy").click()
+    guest.wait(lambda: api.get("/api/policies/%2F/" + name).status == 404, "policy deleted")
+
+
+def test_names_holding_html_are_shown_as_text(guest, api):
+    name = unique('<img src=x onerror="window.pwned=1"><script>window.pwned=2</script>')
+    assert api.put("/api/queues/%2F/" + segment(name)).status == 201
+    try:
+        guest.open("queues")
+        guest.filter(name[-10:])
+        guest.wait(lambda: any(a.text == name for a in guest.find("#queues tbody a")), "the queue's name as text")
+        assert guest.find("#queues tbody img, #queues tbody script") == []
+        link = next(a for a in guest.find("#queues tbody a") if a.text == name)
+        link.click()
+        guest.wait(lambda: guest.text("#queue-name") == name, "the queue page")
+        assert guest.driver.execute_script("return window.pwned === undefined")
+    finally:
+        api.delete("/api/queues/%2F/" + segment(name))
+    guest.open("queues")
+    guest.filter("")
+
+
+def test_a_wrong_password_shows_a_readable_message(ui, api):
+    ui.login("guest", "not-the-password")
+    ui.wait_text("#login-error", "Login failed: wrong username or password")
+    assert not ui.one("#app").is_displayed()
+    assert ui.driver.execute_script("return sessionStorage.length") == 0
+
+
+def test_a_management_user_sees_no_admin_pages(ui, api):
+    name, password = unique("ui-mgmt"), "secret-1"
+    api.put("/api/users/" + name, {"password": password, "tags": "management"})
+    api.put("/api/permissions/%2F/" + name, ALL_PERMISSIONS)
+    try:
+        ui.login(name, password)
+        ui.one("#tab-queues")
+        assert ui.text("#whoami") == name
+        assert ui.find("#tab-admin") == []
+        ui.open("users")
+        ui.wait_text("#view", "Not authorised")
+        ui.open("")
+        ui.wait(lambda: ui.find("#totals td"), "overview for a management user")
+        assert ui.find("#nodes") == []  # node details are for monitoring users, as in RabbitMQ
+        ui.logout()
+        assert ui.driver.execute_script("return sessionStorage.length") == 0
+    finally:
+        api.delete("/api/users/" + name)
