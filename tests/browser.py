@@ -128,8 +128,5 @@ class Ui:
             raise AssertionError("form %s: %s" % (form_id, text))
         return text
 
-    def screenshot(self, name: str) -> None:
-        """Into $HUTCH_UI_SCREENSHOTS/<name>.png when that is set (docs/ui.md)."""
-        folder = os.environ.get("HUTCH_UI_SCREENSHOTS")
-        if folder:
-            self.driver.save_screenshot(os.path.join(folder, name + ".png"))
+    def screenshot(self, path: str) -> None:
+        self.driver.save_screenshot(path)

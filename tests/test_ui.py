@@ -2,8 +2,8 @@
 tests/browser.py) against the session broker: what it shows is checked
 against the API, and what it does goes through the API.
 
-One browser serves the module. With HUTCH_UI_SCREENSHOTS=<dir> set, the
-tests also save the screenshots of docs/ui.md there.
+One browser serves the module; tests/ui_screenshots.py drives the same
+`browser.Ui` to make the screenshots of docs/ui.md.
 """
 from __future__ import annotations
 
@@ -88,7 +88,6 @@ def test_queue_created_published_to_read_and_deleted_through_the_ui(guest, api):
     assert guest.submit("get-messages") == "1 message(s)."
     assert guest.text("#got-messages .payload") == "hello from the browser"
     assert guest.submit("peek-messages") == "1 message(s) at the head; none taken."
-    guest.screenshot("queue")
     guest.submit("delete-queue", leaves=True)
     guest.wait(lambda: api.get("/api/queues/%2F/" + segment(name)).status == 404, "queue deleted")
     guest.wait(lambda: guest.driver.current_url.endswith("#/queues"), "back on the queue list")
@@ -111,7 +110,6 @@ def test_queue_list_filters_and_shows_what_the_api_shows(guest, api, vhost):
     shown = api.get("/api/queues/%s/%s" % (segment(vhost), segment(names[0]))).body
     assert row[1:3] == [names[0], "classic"]
     assert row[6:9] == [str(shown["messages_ready"]), "0", str(shown["messages"])]
-    guest.screenshot("queues")
     guest.filter("")
 
 
@@ -123,7 +121,6 @@ def test_policy_set_and_deleted_through_the_ui(guest, api):
     found = api.get("/api/policies/%2F/" + name).body
     assert (found["pattern"], found["definition"], found["priority"]) == ("^ui-policed\\.", {"max-length": 7}, 3)
     guest.wait_text("#policies", name)
-    guest.screenshot("policies")
     row = next(tr for tr in guest.find("#policies tbody tr") if name in tr.text)
     row.find_element("css selector", "button.delete-policy").click()
     guest.wait(lambda: api.get("/api/policies/%2F/" + name).status == 404, "policy deleted")

@@ -4,6 +4,13 @@
 const POINTS = 120;
 const COLOURS = ['#e67e22', '#2980b9', '#27ae60', '#8e44ad', '#c0392b', '#16a085', '#7f8c8d'];
 
+// At least `span` seconds up to the latest sample (uPlot would spread a
+// single sample over years).
+function timeRange(min, max, span) {
+  const hi = Number.isFinite(max) ? max : Date.now() / 1000;
+  return [Number.isFinite(min) ? Math.min(min, hi - span) : hi - span, hi];
+}
+
 export function lineChart(title, labels, unit = '') {
   const element = document.createElement('div');
   element.className = 'chart';
@@ -17,7 +24,7 @@ export function lineChart(title, labels, unit = '') {
   }))];
   // uPlot is the global the vendored script defines.
   const plot = new window.uPlot({ width: 460, height: 180, series, axes: [{}, { size: 60 }],
-                                  scales: { x: { time: true, range: (_u, min, max) => [Math.min(min, max - 60), max] },
+                                  scales: { x: { time: true, range: (_u, min, max) => timeRange(min, max, 60) },
                                             y: { range: (_u, min, max) => [0, Math.max(max, 1)] } } },
                                 data, element);
   return {
@@ -31,8 +38,9 @@ export function lineChart(title, labels, unit = '') {
   };
 }
 
-// A chart of given series over given times (seconds): {label: [values]}.
-export function seriesChart(title, times, series) {
+// A chart of given series over given times (seconds): {label: [values]},
+// showing at least `span` seconds.
+export function seriesChart(title, times, series, span = 600) {
   const element = document.createElement('div');
   element.className = 'chart';
   const heading = document.createElement('h3');
@@ -40,6 +48,7 @@ export function seriesChart(title, times, series) {
   element.append(heading);
   const labels = Object.keys(series);
   new window.uPlot({ width: 620, height: 200, axes: [{}, { size: 50 }],
+                     scales: { x: { time: true, range: (_u, min, max) => timeRange(min, max, span) } },
                      series: [{}, ...labels.map((label, i) => ({ label, stroke: COLOURS[i % COLOURS.length], width: 1.5,
                                                                  paths: window.uPlot.paths.stepped({ align: 1 }) }))] },
                    [times, ...labels.map((label) => series[label])], element);

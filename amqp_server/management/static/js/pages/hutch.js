@@ -8,7 +8,8 @@ import { seriesChart } from '../charts.js';
 
 const RECENT = 500;   // records read for the counts and charts
 const SHOWN = 25;     // latest records listed
-const BUCKET = 60;    // seconds per point of the over-time chart
+// Seconds per point of the over-time charts: about 60 points over the records' span.
+const BUCKETS = [1, 5, 10, 30, 60, 300, 600, 1800, 3600, 21600, 86400];
 
 function countBy(records, key) {
   const counts = new Map();
@@ -16,14 +17,27 @@ function countBy(records, key) {
   return [...counts.entries()].sort((a, b) => b[1] - a[1]);
 }
 
-function overTime(records, key) {
-  const buckets = [...new Set(records.map((r) => Math.floor(r.time / 1000 / BUCKET) * BUCKET))].sort((a, b) => a - b);
+function bucketFor(records) {
+  const span = records.length ? records[records.length - 1].time - records[0].time : 0;
+  return BUCKETS.find((b) => span / b <= 60) || BUCKETS[BUCKETS.length - 1];
+}
+
+function bucketName(seconds) {
+  return seconds < 60 ? seconds + ' s' : seconds < 3600 ? seconds / 60 + ' min' : seconds / 3600 + ' h';
+}
+
+// Counts per bucket of time (record times are seconds), one series per value of `key`.
+function overTime(records, key, bucket) {
+  const first = Math.floor(records[0].time / bucket) * bucket;
+  const last = Math.floor(records[records.length - 1].time / bucket) * bucket;
+  const buckets = [];
+  for (let t = first; t <= last; t += bucket) buckets.push(t);
   const index = new Map(buckets.map((t, i) => [t, i]));
   const series = {};
   for (const r of records) {
     const label = String(r[key]);
     if (!series[label]) series[label] = buckets.map(() => 0);
-    series[label][index.get(Math.floor(r.time / 1000 / BUCKET) * BUCKET)] += 1;
+    series[label][index.get(Math.floor(r.time / bucket) * bucket)] += 1;
   }
   return [buckets, series];
 }
@@ -73,8 +87,9 @@ export async function deadLetters(view, _params, ctx) {
       + records.length + '.';
     clear(charts);
     if (records.length) {
-      charts.append(seriesChart('By reason, per minute', ...overTime(records, 'reason')),
-        seriesChart('By queue, per minute', ...overTime(records, 'queue')));
+      const bucket = bucketFor(records);
+      charts.append(seriesChart('By reason, per ' + bucketName(bucket), ...overTime(records, 'reason', bucket), bucket * 60),
+        seriesChart('By queue, per ' + bucketName(bucket), ...overTime(records, 'queue', bucket), bucket * 60));
     }
     clear(counts).append(
       h('div', null, h('h2', null, 'By reason'), table([['Reason', (r) => r[0]], ['Count', (r) => num(r[1]), { num: true }]],
@@ -82,7 +97,7 @@ export async function deadLetters(view, _params, ctx) {
       h('div', null, h('h2', null, 'By queue'), table([['Queue', (r) => queueLink(current, r[0])],
         ['Count', (r) => num(r[1]), { num: true }]], countBy(records, 'queue'), 'None')));
     clear(latest).append(table([
-      ['Offset', (r) => r.offset, { num: true }], ['Time', (r) => when(r.time)], ['Queue', (r) => r.queue],
+      ['Offset', (r) => r.offset, { num: true }], ['Time', (r) => when(r.time * 1000)], ['Queue', (r) => r.queue],
       ['Reason', (r) => r.reason], ['Exchange', (r) => (r.exchange === '' ? '(AMQP default)' : r.exchange)],
       ['Routing keys', (r) => (r.routing_keys || []).join(', ')],
       ['Dead-letter to', (r) => [r.dead_letter_exchange, r.dead_letter_routing_key].filter((x) => x).join(' / ')],
