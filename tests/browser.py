@@ -74,6 +74,22 @@ class Ui:
     def wait_text(self, css: str, wanted: str):
         return self.wait(lambda: wanted in " ".join(e.text for e in self.find(css)), "%r in %s" % (wanted, css))
 
+    def click_text(self, css: str, text: str) -> None:
+        """Click the element matching `css` whose text is `text` (retried
+        while the page refreshes under it)."""
+        def click():
+            for element in self.find(css):
+                if element.text == text:
+                    element.click()
+                    return True
+            return False
+        self.wait(click, "%r in %s to click" % (text, css))
+
+    def texts(self, css: str) -> list[str]:
+        """The texts of the elements matching `css`, read in one go."""
+        return self.driver.execute_script(
+            "return Array.from(document.querySelectorAll(arguments[0]), e => e.innerText)", css)
+
     def open(self, route: str) -> None:
         """Open `#/route` (again, when it is open) and wait for its new heading."""
         self.driver.execute_script("""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shutil
 
+import pika
 import pytest
 
 from browser import Ui
@@ -64,15 +65,15 @@ def test_every_page_opens_without_an_error(guest, api):
     for route in PAGES:
         guest.open(route)
         guest.wait(lambda: guest.find("#view table, #view p.muted"), "content of #/" + route)
-        errors = [e.text for e in guest.find("#view .error") if e.text]
+        errors = [text for text in guest.texts("#view .error") if text]
         assert errors == [], (route, errors)
     guest.open("")
     totals = api.get("/api/overview").body["object_totals"]
     guest.wait(lambda: guest.find("#totals td"), "totals")
-    cells = [td.text.replace(",", "") for td in guest.find("#totals td")]
+    cells = [text.replace(",", "") for text in guest.texts("#totals td")]
     assert cells[2] == str(totals["exchanges"])
     guest.wait(lambda: guest.find("#nodes td"), "nodes")
-    assert guest.find("#nodes td")[0].text == api.get("/api/nodes").body[0]["name"]
+    assert guest.texts("#nodes td")[0] == api.get("/api/nodes").body[0]["name"]
 
 
 def test_queue_created_published_to_read_and_deleted_through_the_ui(guest, api):
@@ -101,12 +102,10 @@ def test_queue_list_filters_and_shows_what_the_api_shows(guest, api, vhost):
              {"routing_key": names[0], "payload": "x", "payload_encoding": "string", "properties": {}})
     guest.open("queues")
     guest.filter("^" + names[1][:-3] + "...$", regex=True)
-    guest.wait(lambda: len(guest.find("#queues tbody tr")) == 1 and names[1] in guest.text("#queues tbody"),
-               "one queue matching the regex")
+    guest.wait(lambda: guest.texts("#queues tbody tr td:nth-child(2)") == [names[1]], "one queue matching the regex")
     guest.filter(names[0])
-    guest.wait(lambda: names[0] in guest.text("#queues tbody") and len(guest.find("#queues tbody tr")) == 1,
-               "the filtered queue")
-    row = [td.text for td in guest.find("#queues tbody tr")[0].find_elements("css selector", "td")]
+    guest.wait(lambda: guest.texts("#queues tbody tr td:nth-child(2)") == [names[0]], "the filtered queue")
+    row = guest.texts("#queues tbody tr td")
     shown = api.get("/api/queues/%s/%s" % (segment(vhost), segment(names[0]))).body
     assert row[1:3] == [names[0], "classic"]
     assert row[6:9] == [str(shown["messages_ready"]), "0", str(shown["messages"])]
@@ -121,8 +120,9 @@ def test_policy_set_and_deleted_through_the_ui(guest, api):
     found = api.get("/api/policies/%2F/" + name).body
     assert (found["pattern"], found["definition"], found["priority"]) == ("^ui-policed\\.", {"max-length": 7}, 3)
     guest.wait_text("#policies", name)
-    row = next(tr for tr in guest.find("#policies tbody tr") if name in tr.text)
-    row.find_element("css selector", "button.delete-policy").click()
+    guest.driver.execute_script("""
+        for (const row of document.querySelectorAll('#policies tbody tr'))
+          if (row.cells[1].innerText === arguments[0]) row.querySelector('button.delete-policy').click();""", name)
     guest.wait(lambda: api.get("/api/policies/%2F/" + name).status == 404, "policy deleted")
 
 
@@ -132,10 +132,9 @@ def test_names_holding_html_are_shown_as_text(guest, api):
     try:
         guest.open("queues")
         guest.filter(name[-10:])
-        guest.wait(lambda: any(a.text == name for a in guest.find("#queues tbody a")), "the queue's name as text")
+        guest.wait(lambda: name in guest.texts("#queues tbody a"), "the queue's name as text")
         assert guest.find("#queues tbody img, #queues tbody script") == []
-        link = next(a for a in guest.find("#queues tbody a") if a.text == name)
-        link.click()
+        guest.click_text("#queues tbody a", name)
         guest.wait(lambda: guest.text("#queue-name") == name, "the queue page")
         assert guest.driver.execute_script("return window.pwned === undefined")
     finally:
@@ -169,3 +168,113 @@ def test_a_management_user_sees_no_admin_pages(ui, api):
         assert ui.driver.execute_script("return sessionStorage.length") == 0
     finally:
         api.delete("/api/users/" + name)
+
+
+def test_a_connection_is_shown_and_closed_through_the_ui(guest, broker, api):
+    name = unique("ui-conn")
+    params = pika.URLParameters(broker.url)
+    params.client_properties = {"connection_name": name}
+    connection = pika.BlockingConnection(params)
+    try:
+        connection.channel()
+        guest.open("connections")
+        guest.filter("")
+        found = guest.wait(lambda: next((c for c in api.get("/api/connections").body
+                                         if c["client_properties"].get("connection_name") == name), None),
+                           "the connection in the API")
+        guest.click_text("#connections tbody a", found["name"])
+        guest.wait_text("#view table", name)  # its client properties
+        guest.wait(lambda: guest.texts("#view section table a") == [found["name"] + " (1)"], "its channel")
+        guest.submit("close-connection", {"reason": "closed by the UI test"}, leaves=True)
+        guest.wait(lambda: not connection.is_open or _closed(connection), "the client sees the close")
+    finally:
+        if connection.is_open:
+            connection.close()
+
+
+def _closed(connection) -> bool:
+    try:
+        connection.process_data_events(time_limit=0.05)
+    except Exception:  # the broker's connection.close arrives as an exception
+        return True
+    return not connection.is_open
+
+
+def test_peek_and_move_show_the_message_states_the_api_reports(guest, api, vhost):
+    source, target = unique("ui-src"), unique("ui-dst")
+    for name in (source, target):
+        api.put("/api/queues/%s/%s" % (segment(vhost), segment(name)))
+    for i in range(3):
+        api.post("/api/exchanges/%s/amq.default/publish" % segment(vhost),
+                 {"routing_key": source, "payload": "m%d" % i, "payload_encoding": "string", "properties": {}})
+    guest.open("queues/%s/%s" % (segment(vhost), segment(source)))
+    states = api.get("/api/queues/%s/%s" % (segment(vhost), segment(source))).body["message_states"]
+    guest.wait(lambda: len(guest.texts("#message-states [data-state]")) == 4, "message states")
+    shown = dict(text.split() for text in guest.texts("#message-states [data-state]"))
+    assert set(shown) == {"alpha", "beta", "gamma", "delta"}
+    assert shown == {s: str(states.get(s, 0)) for s in shown}
+    assert sum(int(n) for n in shown.values()) == 3
+    assert guest.submit("peek-messages", {"count": "2"}) == "2 message(s) at the head; none taken."
+    assert guest.texts("#got-messages .payload") == ["m0", "m1"]
+    assert guest.submit("move-messages", {"destination": target, "count": "2"}) == "Moved 2 message(s)."
+    counts = {name: api.get("/api/queues/%s/%s" % (segment(vhost), segment(name))).body["messages"]
+              for name in (source, target)}
+    assert counts == {source: 1, target: 2}
+
+
+def test_dead_letters_page_shows_the_log_and_replays_a_queue(guest, broker, api, vhost):
+    dead, work = unique("ui-dead"), unique("ui-work")
+    v = segment(vhost)
+    api.put("/api/queues/%s/%s" % (v, dead))
+    api.put("/api/queues/%s/%s" % (v, work), {"arguments": {"x-dead-letter-exchange": "",
+                                                             "x-dead-letter-routing-key": dead}})
+    body = "<b>died</b> " + unique("")
+    api.post("/api/exchanges/%s/amq.default/publish" % v, {"routing_key": work, "payload": body,
+                                                           "payload_encoding": "string",
+                                                           "properties": {"message_id": "m-1"}})
+    with pika.BlockingConnection(pika.URLParameters(broker.url.rstrip("/") + "/" + v)) as connection:
+        channel = connection.channel()
+        method, _props, _body = channel.basic_get(work)
+        channel.basic_reject(method.delivery_tag, requeue=False)
+    guest.driver.execute_script("sessionStorage.setItem('hutch.vhost', arguments[0])", vhost)
+    try:
+        guest.open("dead-letters")
+        guest.wait_text("#dl-latest", body)
+        counts, latest = guest.texts("#dl-counts")[0], guest.texts("#dl-latest")[0]
+        assert "rejected" in counts and work in counts
+        assert '"message_id": "m-1"' in latest
+        assert guest.find("#dl-latest b") == []  # the body is text
+        assert guest.submit("replay", {"source": dead, "destination": work}) == "Replayed 1 message(s)."
+        assert api.get("/api/queues/%s/%s" % (v, work)).body["messages"] == 1
+    finally:
+        guest.driver.execute_script("sessionStorage.removeItem('hutch.vhost')")
+
+
+def test_shovel_and_federation_pages_follow_the_api(guest, api):
+    for route, path in (("shovels", "/api/shovels"), ("federation", "/api/federation-links")):
+        guest.open(route)
+        answer = api.get(path)
+        if answer.status == 404:
+            guest.wait_text("#not-available", "not available on this broker")
+        else:
+            guest.wait(lambda: guest.find("#links table, #links p.muted"), route)
+            assert len(guest.find("#links tbody tr")) == len(answer.body)
+
+
+def test_the_queue_list_pages(guest, api, vhost):
+    v = segment(vhost)
+    names = sorted(unique("ui-page") for _ in range(25))
+    for name in names:
+        api.put("/api/queues/%s/%s" % (v, name))
+    guest.open("queues")
+    guest.filter("ui-page")
+    guest.driver.execute_script("arguments[0].value = '20'; arguments[0].dispatchEvent(new Event('change'))",
+                                guest.one("select[name=page_size]"))
+    guest.wait_text(".pager", "of 2")
+    guest.driver.execute_script("arguments[0].value = '2'; arguments[0].dispatchEvent(new Event('change'))",
+                                guest.one("select[name=page]"))
+    guest.wait(lambda: guest.texts("#queues tbody a") == names[20:], "the second page")
+    guest.one("select[name=page_size]")
+    guest.driver.execute_script("arguments[0].value = '100'; arguments[0].dispatchEvent(new Event('change'))",
+                                guest.one("select[name=page_size]"))
+    guest.filter("")
