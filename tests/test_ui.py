@@ -7,6 +7,7 @@ One browser serves the module; tests/ui_screenshots.py drives the same
 """
 from __future__ import annotations
 
+import json
 import shutil
 
 import pika
@@ -192,6 +193,14 @@ def test_a_connection_is_shown_and_closed_through_the_ui(guest, broker, api):
             connection.close()
 
 
+def _json_file(path):
+    """The JSON in `path` once it is there and whole, else None."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def _closed(connection) -> bool:
     try:
         connection.process_data_events(time_limit=0.05)
@@ -278,3 +287,41 @@ def test_the_queue_list_pages(guest, api, vhost):
     guest.driver.execute_script("arguments[0].value = '100'; arguments[0].dispatchEvent(new Event('change'))",
                                 guest.one("select[name=page_size]"))
     guest.filter("")
+
+
+def test_a_binding_added_and_removed_through_the_queue_page(guest, api, vhost):
+    v, name = segment(vhost), unique("ui-bound")
+    api.put("/api/queues/%s/%s" % (v, name))
+    guest.open("queues/%s/%s" % (v, name))
+    assert guest.submit("add-binding", {"source": "amq.direct", "routing_key": "ui.key"}) == "Bound."
+    bound = [b for b in api.get("/api/queues/%s/%s/bindings" % (v, name)).body if b["source"] == "amq.direct"]
+    assert [b["routing_key"] for b in bound] == ["ui.key"]
+    guest.wait(lambda: guest.find(".bindings button.unbind"), "the binding listed")
+    guest.wait(lambda: guest.driver.execute_script(
+        "const b = document.querySelector('.bindings button.unbind'); if (b) b.click(); return !!b"), "unbind")
+    guest.wait(lambda: [b for b in api.get("/api/queues/%s/%s/bindings" % (v, name)).body
+                        if b["source"] == "amq.direct"] == [], "the binding gone")
+
+
+def test_definitions_exported_and_imported_through_the_overview(guest, api, vhost, tmp_path):
+    v = segment(vhost)
+    kept = unique("ui-kept")
+    api.put("/api/queues/%s/%s" % (v, kept))
+    guest.driver.execute_script("sessionStorage.setItem('hutch.vhost', arguments[0])", vhost)
+    try:
+        guest.driver.execute_cdp_cmd("Browser.setDownloadBehavior", {"behavior": "allow",
+                                                                     "downloadPath": str(tmp_path)})
+        guest.open("")
+        assert guest.submit("export-definitions").startswith("Exported virtual host")
+        download = tmp_path / "hutch_definitions.json"
+        exported = guest.wait(lambda: _json_file(download), "the download")
+        assert exported == api.get("/api/definitions/" + v).body
+        added = unique("ui-imported")
+        exported["queues"].append({"name": added, "durable": True, "auto_delete": False, "arguments": {}})
+        upload = tmp_path / "definitions.json"
+        upload.write_text(json.dumps(exported))
+        guest.one("#import-definitions input[name=file]").send_keys(str(upload))
+        assert guest.submit("import-definitions") == "Definitions imported."
+        assert api.get("/api/queues/%s/%s" % (v, added)).status == 200
+    finally:
+        guest.driver.execute_script("sessionStorage.removeItem('hutch.vhost')")
