@@ -55,6 +55,7 @@ def test_ui_and_api_answers_carry_security_headers(broker):
         assert "frame-ancestors 'none'" in answer.headers["content-security-policy"]
         assert answer.headers["x-frame-options"] == "DENY"
         assert answer.headers["x-content-type-options"] == "nosniff"
+    assert script.headers["cache-control"] == "no-cache"
     assert call(port, "GET", "/js/%2e%2e/%2e%2e/ui.py", auth=None).status in (403, 404)
     # the UI's own requests get no Basic challenge (no browser password dialog); other clients do
     assert "www-authenticate" in call(port, "GET", "/api/overview", auth=None).headers
@@ -325,3 +326,23 @@ def test_definitions_exported_and_imported_through_the_overview(guest, api, vhos
         assert api.get("/api/queues/%s/%s" % (v, added)).status == 200
     finally:
         guest.driver.execute_script("sessionStorage.removeItem('hutch.vhost')")
+
+
+def test_a_policymaker_sees_policies_and_a_user_without_tags_cannot_log_in(ui, api):
+    policymaker, untagged, password = unique("ui-pm"), unique("ui-none"), "secret-2"
+    api.put("/api/users/" + policymaker, {"password": password, "tags": "policymaker"})
+    api.put("/api/permissions/%2F/" + policymaker, ALL_PERMISSIONS)
+    api.put("/api/users/" + untagged, {"password": password, "tags": ""})
+    try:
+        ui.login(policymaker, password)
+        ui.one("#tab-admin").click()
+        ui.wait(lambda: ui.texts("#subnav a") == ["Policies"], "the admin tab with policies only")
+        ui.wait_text("#view h1", "Policies")
+        ui.open("vhosts")
+        ui.wait_text("#view", "Not authorised")
+        ui.login(untagged, password)
+        ui.wait_text("#login-error", "Login failed: Not management user")
+        assert not ui.one("#app").is_displayed()
+    finally:
+        api.delete("/api/users/" + policymaker)
+        api.delete("/api/users/" + untagged)

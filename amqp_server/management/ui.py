@@ -30,11 +30,14 @@ SECURITY_HEADERS = {
 
 
 async def _index(_request: web.Request) -> web.StreamResponse:
-    return web.FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})
+    return web.FileResponse(STATIC / "index.html")
 
 
-async def _secure(_request: web.Request, response: web.StreamResponse) -> None:
+async def _secure(request: web.Request, response: web.StreamResponse) -> None:
     response.headers.update(SECURITY_HEADERS)
+    if not request.path.startswith("/api/"):
+        # revalidated on each load (a 304 when unchanged), so an upgraded broker's UI is never stale
+        response.headers.setdefault("Cache-Control", "no-cache")
 
 
 def add_to(app: web.Application) -> None:
