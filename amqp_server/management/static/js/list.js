@@ -56,9 +56,10 @@ export function pagedList(id, path, columns, empty = 'Nothing to show') {
       }
       throw error;
     }
+    const items = (n) => n + (n === 1 ? ' item' : ' items');
     summary.textContent = answer.filtered_count === answer.total_count
-      ? answer.total_count + ' items'
-      : answer.filtered_count + ' of ' + answer.total_count + ' items match';
+      ? items(answer.total_count)
+      : answer.filtered_count + ' of ' + items(answer.total_count) + ' match';
     clear(pager);
     if (answer.page_count > 1) {
       const pages = h('select', { name: 'page', onchange: () => { state.page = Number(pages.value); refresh(); } },
