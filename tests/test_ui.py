@@ -346,3 +346,18 @@ def test_a_policymaker_sees_policies_and_a_user_without_tags_cannot_log_in(ui, a
     finally:
         api.delete("/api/users/" + policymaker)
         api.delete("/api/users/" + untagged)
+
+
+def test_a_vhost_added_and_deleted_through_the_ui_follows_in_the_selector(guest, api):
+    name = unique("ui-vh")
+    guest.open("vhosts")
+    try:
+        assert guest.submit("add-vhost", {"name": name, "description": "made in the browser"}) == "Virtual host added."
+        assert api.get("/api/vhosts/" + segment(name)).status == 200
+        guest.wait(lambda: name in guest.texts("#vhost-select option"), "the new vhost in the selector")
+        guest.open("vhosts/" + segment(name))
+        guest.submit("delete-vhost", leaves=True)
+        guest.wait(lambda: api.get("/api/vhosts/" + segment(name)).status == 404, "the vhost deleted")
+        guest.wait(lambda: name not in guest.texts("#vhost-select option"), "the vhost gone from the selector")
+    finally:
+        api.delete("/api/vhosts/" + segment(name))

@@ -10,7 +10,8 @@ Theory of operation:
   A wrong password is answered after the broker's login-throttle delay
   (`amqp_server.login_throttle`, the table AMQP logins use too), awaited
   so that other requests are served meanwhile, and cut short when the
-  broker stops (its shutdown waits for every pending answer).
+  broker stops (its shutdown waits for every pending answer). A 401 carries
+  the Basic challenge except to the web UI's own requests (`_challenge`).
 - A handler gets an `ApiRequest` and returns the JSON body (status 200),
   `CREATED`/`NO_CONTENT`, or raises `ApiError`; it may be a coroutine.
   Nothing a client sends may take the broker down: unexpected exceptions

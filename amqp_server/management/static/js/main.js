@@ -73,7 +73,7 @@ function selectedVhost() {
   return sessionStorage.getItem('hutch.vhost') || null;
 }
 
-const context = { can, vhost: selectedVhost, refresh: () => refreshNow(), user: () => user };
+const context = { can, vhost: selectedVhost, refresh: () => refreshNow(), vhostsChanged: () => fillVhosts() };
 
 function match(segments) {
   for (const [pattern, page, tag, tab] of ROUTES) {
@@ -170,7 +170,7 @@ async function enter() {
   await route();
 }
 
-function showLogin(message) {
+function showLogin(message, failed = true) {
   api.signOut();
   user = null;
   clearInterval(timer);
@@ -178,6 +178,7 @@ function showLogin(message) {
   $('app').hidden = true;
   $('login').hidden = false;
   $('login-error').textContent = message || '';
+  $('login-error').className = failed ? 'error' : 'muted';
 }
 
 async function login(event) {
@@ -201,7 +202,7 @@ async function login(event) {
 
 function start() {
   $('login-form').addEventListener('submit', login);
-  $('logout').addEventListener('click', () => showLogin('Logged out.'));
+  $('logout').addEventListener('click', () => showLogin('Logged out.', false));
   $('refresh').value = sessionStorage.getItem('hutch.refresh') || '5000';
   $('refresh').addEventListener('change', () => {
     sessionStorage.setItem('hutch.refresh', $('refresh').value);

@@ -99,13 +99,13 @@ export async function vhosts(view, _params, ctx) {
   ], 'Add virtual host', async (v) => {
     await api.put('/vhosts/' + enc(v.name), { description: v.description, tags: v.tags });
     await paged.refresh();
-    ctx.refresh();
+    await ctx.vhostsChanged();
     return 'Virtual host added.';
   })));
   return paged.refresh;
 }
 
-export async function vhost(view, params) {
+export async function vhost(view, params, ctx) {
   const path = '/vhosts/' + enc(params.name);
   const info = h('div');
   const perms = h('div');
@@ -125,6 +125,7 @@ export async function vhost(view, params) {
     section('Limits', limits), section('Delete this virtual host', form('delete-vhost', [], 'Delete virtual host',
       async () => {
         await api.del(path);
+        await ctx.vhostsChanged();
         location.hash = '#/vhosts';
         return 'Deleted.';
       })));
