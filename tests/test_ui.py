@@ -328,12 +328,18 @@ def test_definitions_exported_and_imported_through_the_overview(guest, api, vhos
         guest.driver.execute_script("sessionStorage.removeItem('hutch.vhost')")
 
 
-def test_a_policymaker_sees_policies_and_a_user_without_tags_cannot_log_in(ui, api):
-    policymaker, untagged, password = unique("ui-pm"), unique("ui-none"), "secret-2"
+def test_policymaker_and_monitoring_views_and_a_user_without_tags_cannot_log_in(ui, api):
+    policymaker, monitor, untagged = unique("ui-pm"), unique("ui-mon"), unique("ui-none")
+    password = "secret-2"
     api.put("/api/users/" + policymaker, {"password": password, "tags": "policymaker"})
     api.put("/api/permissions/%2F/" + policymaker, ALL_PERMISSIONS)
+    api.put("/api/users/" + monitor, {"password": password, "tags": "monitoring"})
     api.put("/api/users/" + untagged, {"password": password, "tags": ""})
     try:
+        ui.login(monitor, password)
+        ui.wait(lambda: ui.texts("#nodes td")[:1] == [api.get("/api/nodes").body[0]["name"]], "the nodes")
+        ui.one("#tab-admin").click()
+        ui.wait(lambda: ui.texts("#subnav a") == ["Shovels", "Federation"], "the admin tab with link status only")
         ui.login(policymaker, password)
         ui.one("#tab-admin").click()
         ui.wait(lambda: ui.texts("#subnav a") == ["Policies"], "the admin tab with policies only")
@@ -344,8 +350,8 @@ def test_a_policymaker_sees_policies_and_a_user_without_tags_cannot_log_in(ui, a
         ui.wait_text("#login-error", "Login failed: Not management user")
         assert not ui.one("#app").is_displayed()
     finally:
-        api.delete("/api/users/" + policymaker)
-        api.delete("/api/users/" + untagged)
+        for name in (policymaker, monitor, untagged):
+            api.delete("/api/users/" + name)
 
 
 def test_a_vhost_added_and_deleted_through_the_ui_follows_in_the_selector(guest, api):
