@@ -19,8 +19,8 @@ from amqp_server.management.listing import present
 
 def vhosts(req) -> list:
     unacked = shapes.unacked_by_queue(req.node.connections)
-    return present([shapes.vhost(req.node.sampler, v, unacked, req.node.connections)
-                    for v in access.visible_vhosts(req.user, req.broker)], req.query)
+    return present(access.visible_vhosts(req.user, req.broker), req.query,
+                   lambda v: shapes.vhost(req.node.sampler, v, unacked, req.node.connections), lambda v: v.name)
 
 
 def vhost(req) -> dict:

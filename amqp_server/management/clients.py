@@ -33,14 +33,22 @@ def _connection(req):
     raise not_found()
 
 
+def _connections(req, found) -> list:
+    return present(found, req.query, lambda c: shapes.connection(req.node.sampler, c), shapes.connection_name)
+
+
+def _channel_list(req, found) -> list:
+    return present(_channels(found), req.query, shapes.channel, shapes.channel_name)
+
+
 def connections(req) -> list:
-    return present([shapes.connection(req.node.sampler, c) for c in _open(req)], req.query)
+    return _connections(req, _open(req))
 
 
 def vhost_connections(req) -> list:
     name = req.params["vhost"]
     req.vhost(name)
-    return present([shapes.connection(req.node.sampler, c) for c in _open(req, name)], req.query)
+    return _connections(req, _open(req, name))
 
 
 def connection(req) -> dict:
@@ -58,17 +66,17 @@ def close_connection(req):
 
 
 def connection_channels(req) -> list:
-    return present([shapes.channel(ch) for ch in _channels([_connection(req)])], req.query)
+    return _channel_list(req, [_connection(req)])
 
 
 def channels(req) -> list:
-    return present([shapes.channel(ch) for ch in _channels(_open(req))], req.query)
+    return _channel_list(req, _open(req))
 
 
 def vhost_channels(req) -> list:
     name = req.params["vhost"]
     req.vhost(name)
-    return present([shapes.channel(ch) for ch in _channels(_open(req, name))], req.query)
+    return _channel_list(req, _open(req, name))
 
 
 def channel(req) -> dict:

@@ -10,7 +10,8 @@ Theory of operation:
   A wrong password is answered after the broker's login-throttle delay
   (`amqp_server.login_throttle`, the table AMQP logins use too), awaited
   so that other requests are served meanwhile, and cut short when the
-  broker stops (its shutdown waits for every pending answer).
+  broker stops (its shutdown waits for every pending answer). A 401 carries
+  the Basic challenge except to the web UI's own requests (`_challenge`).
 - A handler gets an `ApiRequest` and returns the JSON body (status 200),
   `CREATED`/`NO_CONTENT`, or raises `ApiError`; it may be a coroutine.
   Nothing a client sends may take the broker down: unexpected exceptions
@@ -32,7 +33,7 @@ from urllib.parse import parse_qsl, unquote
 from aiohttp import web
 from vhosts.access import Access
 
-from amqp_server.management import access
+from amqp_server.management import access, ui
 from amqp_server.management.errors import NOT_FOUND_BODY, ApiError
 
 log = logging.getLogger("hutch.management")
@@ -150,6 +151,15 @@ def _from_loopback(request: web.Request) -> bool:
         return False
 
 
+def _challenge(request: web.Request) -> dict:
+    """The Basic challenge of a 401, except to the web UI's requests (marked
+    X-Requested-With: XMLHttpRequest), so that the browser shows the UI's
+    own "Login failed" and not its built-in password dialog."""
+    if request.headers.get("X-Requested-With") == "XMLHttpRequest":
+        return {}
+    return {"WWW-Authenticate": REALM}
+
+
 async def _refusal_delay(node, seconds: float) -> None:
     try:
         await asyncio.wait_for(node.stopping.wait(), seconds)
@@ -168,15 +178,14 @@ def make_handler(node, routes):
             return web.Response(status=405 if method != "OPTIONS" else 200, headers={"Allow": ", ".join(allowed)})
         credentials = _credentials(request)
         if credentials is None:
-            return web.Response(status=401, headers={"WWW-Authenticate": REALM})
+            return web.Response(status=401, headers=_challenge(request))
         username, password = credentials
         host = request.remote or ""
         user = node.broker.authenticate(username, password, _from_loopback(request))
         if user is None:
             log.warning("HTTP login refused for user '%s' from %s", username, host)
             await _refusal_delay(node, node.logins.failed(host, username))
-            return json_response(401, {"error": "not_authorized", "reason": "Login failed"},
-                                 {"WWW-Authenticate": REALM})
+            return json_response(401, {"error": "not_authorized", "reason": "Login failed"}, _challenge(request))
         node.logins.succeeded(host, username)
         handler, tag = methods[method]
         try:
@@ -207,5 +216,6 @@ def make_handler(node, routes):
 
 def make_app(node, routes) -> web.Application:
     app = web.Application(client_max_size=64 * 1024 * 1024)
+    ui.add_to(app)
     app.router.add_route("*", "/{tail:.*}", make_handler(node, routes))
     return app

@@ -39,17 +39,20 @@ def exchange_name(name: str) -> str:
     return "" if name == DEFAULT_EXCHANGE_ALIAS else name
 
 
-def _exchange_list(req, vhosts) -> list[dict]:
-    out = []
-    for v in vhosts:
-        out.append(shapes.default_exchange(v.name, req.user.name))
-        out += [shapes.exchange(v.exchanges[n], v.name, req.user.name, v.policy_for("exchange", n))
-                for n in sorted(v.exchanges)]
-    return out
+def _exchange_list(vhosts) -> list[tuple]:
+    """(vhost, name) of every exchange, the default one first in each vhost."""
+    return [(v, name) for v in vhosts for name in [""] + sorted(v.exchanges)]
+
+
+def _exchange_json(req, v, name: str) -> dict:
+    if name == "":
+        return shapes.default_exchange(v.name, req.user.name)
+    return shapes.exchange(v.exchanges[name], v.name, req.user.name, v.policy_for("exchange", name))
 
 
 def exchanges(req) -> list:
-    return present(_exchange_list(req, _in_vhosts(req, req.params.get("vhost"))), req.query)
+    return present(_exchange_list(_in_vhosts(req, req.params.get("vhost"))), req.query,
+                   lambda item: _exchange_json(req, *item), lambda item: item[1])
 
 
 def exchange(req) -> dict:
@@ -123,18 +126,20 @@ def delete_exchange(req):
 # -- queues -----------------------------------------------------------------------
 
 
-def _queue_list(req, vhosts) -> list[dict]:
+def queues(req) -> list:
+    vhosts = _in_vhosts(req, req.params.get("vhost"))
     connections = req.node.connections
     unacked = shapes.unacked_by_queue(connections)
     unacked_bytes = shapes.unacked_bytes_by_queue(connections)
     consumers = shapes.consumers_by_queue(connections)
-    return [shapes.queue(req.node.sampler, q, unacked[q], unacked_bytes[q], consumers.get(q, []),
-                         v.policy_for("queue", q.name))
-            for v in vhosts for q in (v.queues[n] for n in sorted(v.queues))]
 
+    def shape(pair) -> dict:
+        v, q = pair
+        return shapes.queue(req.node.sampler, q, unacked[q], unacked_bytes[q], consumers.get(q, []),
+                            v.policy_for("queue", q.name))
 
-def queues(req) -> list:
-    return present(_queue_list(req, _in_vhosts(req, req.params.get("vhost"))), req.query)
+    return present([(v, v.queues[n]) for v in vhosts for n in sorted(v.queues)], req.query, shape,
+                   lambda pair: pair[1].name)
 
 
 def find_queue(req):

@@ -1,0 +1,177 @@
+// #/queues and #/queues/{vhost}/{name}: charts, hutch's message states,
+// stream details, consumers, bindings, get / peek / move, purge, delete.
+
+import * as api from '../api.js';
+import { h, clear, enc, num, rate, bytes, facts, section, form, json, parseObject, queueLink } from '../dom.js';
+import { pagedList } from '../list.js';
+import { lineChart } from '../charts.js';
+import { consumerTable } from './clients.js';
+import { bindingTable, bindForm, bindingsHolder } from './bindings.js';
+
+const STATES = ['alpha', 'beta', 'gamma', 'delta'];
+// Fields a stream queue may report, in RabbitMQ's names, and its retention arguments.
+const STREAM_FIELDS = ['first_offset', 'committed_offset', 'last_offset', 'segments', 'message_bytes', 'members',
+                       'leader', 'online'];
+const STREAM_ARGUMENTS = ['x-max-age', 'x-max-length-bytes', 'x-stream-max-segment-size-bytes',
+                          'x-initial-cluster-size'];
+
+function features(q) {
+  const out = [];
+  if (q.durable) out.push('D');
+  if (q.auto_delete) out.push('AD');
+  if (q.exclusive) out.push('Excl');
+  for (const key of Object.keys(q.arguments || {})) out.push(key.replace(/^x-/, ''));
+  return out.join(' ');
+}
+
+function stat(q, key) {
+  return rate(q.message_stats && q.message_stats[key + '_details']);
+}
+
+export async function list(view, _params, ctx) {
+  const paged = pagedList('queues', () => (ctx.vhost() ? '/queues/' + enc(ctx.vhost()) : '/queues'), [
+    { label: 'Virtual host', sort: 'vhost', cell: (q) => q.vhost },
+    { label: 'Name', sort: 'name', cell: (q) => queueLink(q.vhost, q.name) },
+    { label: 'Type', sort: 'type', cell: (q) => q.type || 'classic' },
+    { label: 'Features', cell: features },
+    { label: 'Policy', sort: 'policy', cell: (q) => q.policy || '' },
+    { label: 'State', sort: 'state', cell: (q) => q.state },
+    { label: 'Ready', sort: 'messages_ready', cell: (q) => num(q.messages_ready), num: true },
+    { label: 'Unacked', sort: 'messages_unacknowledged', cell: (q) => num(q.messages_unacknowledged), num: true },
+    { label: 'Total', sort: 'messages', cell: (q) => num(q.messages), num: true },
+    { label: 'Incoming', sort: 'message_stats.publish_details.rate', cell: (q) => stat(q, 'publish'), num: true },
+    { label: 'Deliver / get', sort: 'message_stats.deliver_get_details.rate', cell: (q) => stat(q, 'deliver_get'), num: true },
+    { label: 'Ack', sort: 'message_stats.ack_details.rate', cell: (q) => stat(q, 'ack'), num: true },
+  ], 'No queues');
+  view.append(h('h1', null, 'Queues'), paged.element, section('Add a new queue', form('add-queue', [
+    { name: 'type', label: 'Type', type: 'select', options: [['classic', 'Classic'], ['stream', 'Stream']],
+      value: 'classic' },
+    { name: 'vhost', label: 'Virtual host', value: ctx.vhost() || '/', required: true },
+    { name: 'name', label: 'Name', required: true },
+    { name: 'durable', label: 'Durable', type: 'checkbox', value: true },
+    { name: 'auto_delete', label: 'Auto delete', type: 'checkbox' },
+    { name: 'arguments', label: 'Arguments (JSON)', type: 'textarea', placeholder: '{"x-message-ttl": 60000}' },
+  ], 'Add queue', async (v) => {
+    const args = parseObject(v.arguments, 'Arguments');
+    if (v.type !== 'classic') args['x-queue-type'] = v.type;
+    await api.put('/queues/' + enc(v.vhost) + '/' + enc(v.name), { durable: v.durable, auto_delete: v.auto_delete,
+                                                                  arguments: args });
+    paged.refresh();
+    return 'Queue added.';
+  })));
+  return paged.refresh;
+}
+
+function messageTable(messages) {
+  if (!messages.length) return h('p', { class: 'muted', id: 'messages-none' }, 'Queue is empty');
+  return h('div', { class: 'messages' }, messages.map((m, i) => [h('h3', null, 'Message ' + (i + 1)), facts([
+    ['Exchange', m.exchange === '' ? '(AMQP default)' : m.exchange], ['Routing key', m.routing_key],
+    ['Redelivered', m.redelivered ? 'yes' : 'no'], ['Remaining', num(m.message_count)],
+    ['Properties', h('pre', null, JSON.stringify(m.properties, null, 1))],
+    ['Payload (' + num(m.payload_bytes) + ' bytes, ' + m.payload_encoding + ')', h('pre', { class: 'payload' }, m.payload)],
+  ])]));
+}
+
+export async function one(view, params) {
+  const { vhost, name } = params;
+  const path = '/queues/' + enc(vhost) + '/' + enc(name);
+  const info = h('div');
+  const states = h('div', { class: 'states', id: 'message-states' });
+  const stream = h('div');
+  const consumers = h('div');
+  const bindings = bindingsHolder();
+  const got = h('div', { id: 'got-messages' });
+  const queued = lineChart('Queued messages', ['messages_ready', 'messages_unacknowledged']);
+  const rates = lineChart('Message rates', ['publish', 'deliver_get', 'ack', 'redeliver'], '/s');
+  let refresh;
+  const getForm = form('get-messages', [
+    { name: 'ackmode', label: 'Ack mode', type: 'select', value: 'ack_requeue_true', options: [
+      ['ack_requeue_true', 'Nack message requeue true'], ['ack_requeue_false', 'Automatic ack'],
+      ['reject_requeue_true', 'Reject requeue true'], ['reject_requeue_false', 'Reject requeue false']] },
+    { name: 'encoding', label: 'Encoding', type: 'select', value: 'auto',
+      options: [['auto', 'Auto string / base64'], ['base64', 'base64']] },
+    { name: 'count', label: 'Messages', type: 'number', value: 1 },
+  ], 'Get message(s)', async (v) => {
+    const messages = await api.post(path + '/get', { ackmode: v.ackmode, encoding: v.encoding,
+                                                   count: Number(v.count), truncate: 50000 });
+    clear(got).append(messageTable(messages));
+    refresh();
+    return messages.length + ' message(s).';
+  });
+  const peekForm = form('peek-messages', [{ name: 'count', label: 'Messages', type: 'number', value: 5 }],
+    'Peek', async (v) => {
+      const messages = await api.get(path + '/peek?count=' + Number(v.count));
+      clear(got).append(messageTable(messages));
+      return messages.length + ' message(s) at the head; none taken.';
+    });
+  view.append(h('h1', null, 'Queue ', h('b', { id: 'queue-name' }, name),
+    h('span', { class: 'muted' }, ' in virtual host ' + vhost)),
+  h('div', { class: 'charts' }, queued.element, rates.element), section('Details', info),
+  section('Message states (hutch)', states, h('p', { class: 'muted' },
+    'alpha: body and position in memory; beta: body on disk; gamma: body on disk, position also in the index; '
+    + 'delta: body and position on disk only.')),
+  stream, section('Consumers', consumers),
+  section('Bindings', bindings.el, bindForm(vhost, { queue: name }, () => refresh())),
+  section('Get messages', h('p', { class: 'muted' }, 'Getting messages is a destructive action (with requeue they come back redelivered).'),
+    getForm, ' ', peekForm, got),
+  section('Move messages (hutch)', form('move-messages', [
+    { name: 'kind', label: 'To', type: 'select', options: [['queue', 'Queue'], ['exchange', 'Exchange']] },
+    { name: 'destination', label: 'Name', required: true },
+    { name: 'routing_key', label: 'Routing key (exchange)' },
+    { name: 'count', label: 'How many (empty: all)', type: 'number' },
+  ], 'Move messages', async (v) => {
+    const destination = { [v.kind]: v.destination };
+    if (v.kind === 'exchange' && v.routing_key) destination.routing_key = v.routing_key;
+    const body = { destination };
+    if (v.count !== '') body.count = Number(v.count);
+    const answer = await api.post(path + '/move', body);
+    refresh();
+    return 'Moved ' + answer.moved + ' message(s).';
+  })),
+  section('Purge', form('purge', [], 'Purge messages', async () => {
+    await api.del(path + '/contents');
+    refresh();
+    return 'Purged.';
+  })),
+  section('Delete', form('delete-queue', [
+    { name: 'if_unused', label: 'Only if unused', type: 'checkbox' },
+    { name: 'if_empty', label: 'Only if empty', type: 'checkbox' },
+  ], 'Delete queue', async (v) => {
+    await api.del(path + '?if-unused=' + v.if_unused + '&if-empty=' + v.if_empty);
+    location.hash = '#/queues';
+    return 'Deleted.';
+  })));
+
+  refresh = async () => {
+    const q = await api.get(path);
+    queued.push(q);
+    const stats = {};
+    for (const key of ['publish', 'deliver_get', 'ack', 'redeliver']) {
+      stats[key] = q.message_stats && q.message_stats[key + '_details'] ? q.message_stats[key + '_details'].rate : 0;
+    }
+    rates.push(stats);
+    clear(info).append(facts([
+      ['Type', q.type || 'classic'], ['State', q.state], ['Features', features(q)],
+      ['Arguments', json(q.arguments)], ['Policy', q.policy || ''],
+      ['Effective policy definition', json(q.effective_policy_definition)],
+      q.exclusive ? ['Exclusive owner', q.owner_pid_details ? q.owner_pid_details.name : 'yes'] : null,
+      ['Consumers', num(q.consumers)], ['Consumer utilisation', q.consumer_utilisation === null ? '' : String(q.consumer_utilisation)],
+      ['Messages ready', num(q.messages_ready)], ['Messages unacked', num(q.messages_unacknowledged)],
+      ['Messages total', num(q.messages)], ['Bytes ready', bytes(q.message_bytes_ready)],
+      ['Bytes unacked', bytes(q.message_bytes_unacknowledged)], ['Paged out', num(q.messages_paged_out)],
+    ]));
+    const counted = q.message_states || {};
+    clear(states).append(...STATES.map((s) => h('span', { 'data-state': s }, h('b', null, s), ' ', num(counted[s] || 0))));
+    clear(stream);
+    if (q.type === 'stream') {
+      const args = q.arguments || {};
+      stream.append(section('Stream', facts([
+        ...STREAM_FIELDS.filter((k) => k in q).map((k) => [k, typeof q[k] === 'object' ? json(q[k]) : String(q[k])]),
+        ...STREAM_ARGUMENTS.filter((k) => k in args).map((k) => [k, String(args[k])]),
+      ])));
+    }
+    clear(consumers).append(consumerTable(q.consumer_details || []));
+    bindings.show(bindingTable(vhost, await api.get(path + '/bindings'), () => refresh()));
+  };
+  return refresh;
+}

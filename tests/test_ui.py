@@ -1,0 +1,369 @@
+"""The management web UI in a real browser (headless Chromium, Selenium;
+tests/browser.py) against the session broker: what it shows is checked
+against the API, and what it does goes through the API.
+
+One browser serves the module; tests/ui_screenshots.py drives the same
+`browser.Ui` to make the screenshots of docs/ui.md.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pika
+import pytest
+
+from browser import Ui
+from conftest import ALL_PERMISSIONS
+from helpers import unique
+from http_api import call, segment
+
+pytestmark = pytest.mark.skipif(not (shutil.which("chromium") and shutil.which("chromedriver")),
+                                reason="needs Debian's chromium and chromium-driver (.ci/run installs them)")
+
+PAGES = ["", "connections", "channels", "exchanges", "queues", "dead-letters", "users", "vhosts", "policies",
+         "limits", "shovels", "federation"]
+
+
+@pytest.fixture(scope="module")
+def ui(broker):
+    browser = Ui(broker.ports["HTTP"])
+    browser.login("guest", "guest")
+    browser.one("#tab-queues")
+    yield browser
+    browser.close()
+
+
+@pytest.fixture
+def guest(ui):
+    """The module's browser, logged in as guest (a test may log in as another user)."""
+    if not ui.find("#tab-queues") or not ui.one("#app").is_displayed() or ui.text("#whoami") != "guest":
+        ui.login("guest", "guest")
+        ui.one("#tab-queues")
+    return ui
+
+
+def test_ui_and_api_answers_carry_security_headers(broker):
+    port = broker.ports["HTTP"]
+    page = call(port, "GET", "/", auth=None)
+    assert page.status == 200 and page.headers["content-type"].startswith("text/html")
+    assert 'name="username"' in page.body and 'name="password"' in page.body
+    script = call(port, "GET", "/js/main.js", auth=None)
+    assert script.status == 200 and "javascript" in script.headers["content-type"]
+    for answer in (page, script, call(port, "GET", "/api/overview"), call(port, "GET", "/api/overview", auth=None)):
+        assert "default-src 'self'" in answer.headers["content-security-policy"]
+        assert "frame-ancestors 'none'" in answer.headers["content-security-policy"]
+        assert answer.headers["x-frame-options"] == "DENY"
+        assert answer.headers["x-content-type-options"] == "nosniff"
+    assert script.headers["cache-control"] == "no-cache"
+    assert call(port, "GET", "/js/%2e%2e/%2e%2e/ui.py", auth=None).status in (403, 404)
+    # the UI's own requests get no Basic challenge (no browser password dialog); other clients do
+    assert "www-authenticate" in call(port, "GET", "/api/overview", auth=None).headers
+    assert "www-authenticate" not in call(port, "GET", "/api/overview", auth=None,
+                                          headers={"X-Requested-With": "XMLHttpRequest"}).headers
+
+
+def test_every_page_opens_without_an_error(guest, api):
+    for route in PAGES:
+        guest.open(route)
+        guest.wait(lambda: guest.find("#view table, #view p.muted"), "content of #/" + route)
+        errors = [text for text in guest.texts("#view .error") if text]
+        assert errors == [], (route, errors)
+    guest.open("")
+    totals = api.get("/api/overview").body["object_totals"]
+    guest.wait(lambda: guest.find("#totals td"), "totals")
+    cells = [text.replace(",", "") for text in guest.texts("#totals td")]
+    assert cells[2] == str(totals["exchanges"])
+    guest.wait(lambda: guest.find("#nodes td"), "nodes")
+    assert guest.texts("#nodes td")[0] == api.get("/api/nodes").body[0]["name"]
+
+
+def test_queue_created_published_to_read_and_deleted_through_the_ui(guest, api):
+    name = unique("ui-q")
+    guest.open("queues")
+    assert guest.submit("add-queue", {"name": name}) == "Queue added."
+    assert api.get("/api/queues/%2F/" + segment(name)).body["durable"] is True
+    guest.open("exchanges/%2F/amq.default")
+    assert guest.submit("publish", {"routing_key": name, "payload": "hello from the browser"}) == "Message published."
+    assert api.get("/api/queues/%2F/" + segment(name)).body["messages_ready"] == 1
+    guest.open("queues/%2F/" + segment(name))
+    guest.wait_text("#message-states", "alpha")
+    assert guest.submit("get-messages") == "1 message(s)."
+    assert guest.text("#got-messages .payload") == "hello from the browser"
+    assert guest.submit("peek-messages") == "1 message(s) at the head; none taken."
+    guest.submit("delete-queue", leaves=True)
+    guest.wait(lambda: api.get("/api/queues/%2F/" + segment(name)).status == 404, "queue deleted")
+    guest.wait(lambda: guest.driver.current_url.endswith("#/queues"), "back on the queue list")
+
+
+def test_queue_list_filters_and_shows_what_the_api_shows(guest, api, vhost):
+    names = [unique("ui-list") for _ in range(3)]
+    for name in names:
+        api.put("/api/queues/%s/%s" % (segment(vhost), segment(name)))
+    api.post("/api/exchanges/%s/amq.default/publish" % segment(vhost),
+             {"routing_key": names[0], "payload": "x", "payload_encoding": "string", "properties": {}})
+    guest.open("queues")
+    guest.filter("^" + names[1][:-3] + "...$", regex=True)
+    guest.wait(lambda: guest.texts("#queues tbody tr td:nth-child(2)") == [names[1]], "one queue matching the regex")
+    guest.filter(names[0])
+    guest.wait(lambda: guest.texts("#queues tbody tr td:nth-child(2)") == [names[0]], "the filtered queue")
+    row = guest.texts("#queues tbody tr td")
+    shown = api.get("/api/queues/%s/%s" % (segment(vhost), segment(names[0]))).body
+    assert row[1:3] == [names[0], "classic"]
+    assert row[6:9] == [str(shown["messages_ready"]), "0", str(shown["messages"])]
+    guest.filter("")
+
+
+def test_policy_set_and_deleted_through_the_ui(guest, api):
+    name = unique("ui-policy")
+    guest.open("policies")
+    assert guest.submit("add-policy", {"name": name, "pattern": "^ui-policed\\.",
+                                       "definition": '{"max-length": 7}', "priority": "3"}) == "Policy set."
+    found = api.get("/api/policies/%2F/" + name).body
+    assert (found["pattern"], found["definition"], found["priority"]) == ("^ui-policed\\.", {"max-length": 7}, 3)
+    guest.wait_text("#policies", name)
+    guest.driver.execute_script("""
+        for (const row of document.querySelectorAll('#policies tbody tr'))
+          if (row.cells[1].innerText === arguments[0]) row.querySelector('button.delete-policy').click();""", name)
+    guest.wait(lambda: api.get("/api/policies/%2F/" + name).status == 404, "policy deleted")
+
+
+def test_names_holding_html_are_shown_as_text(guest, api):
+    name = unique('<img src=x onerror="window.pwned=1"><script>window.pwned=2</script>')
+    assert api.put("/api/queues/%2F/" + segment(name)).status == 201
+    try:
+        guest.open("queues")
+        guest.filter(name[-10:])
+        guest.wait(lambda: name in guest.texts("#queues tbody a"), "the queue's name as text")
+        assert guest.find("#queues tbody img, #queues tbody script") == []
+        guest.click_text("#queues tbody a", name)
+        guest.wait(lambda: guest.text("#queue-name") == name, "the queue page")
+        assert guest.driver.execute_script("return window.pwned === undefined")
+    finally:
+        api.delete("/api/queues/%2F/" + segment(name))
+    guest.open("queues")
+    guest.filter("")
+
+
+def test_a_wrong_password_shows_a_readable_message(ui, api):
+    ui.login("guest", "not-the-password")
+    ui.wait_text("#login-error", "Login failed: wrong username or password")
+    assert not ui.one("#app").is_displayed()
+    assert ui.driver.execute_script("return sessionStorage.length") == 0
+
+
+def test_a_management_user_sees_no_admin_pages(ui, api):
+    name, password = unique("ui-mgmt"), "secret-1"
+    api.put("/api/users/" + name, {"password": password, "tags": "management"})
+    api.put("/api/permissions/%2F/" + name, ALL_PERMISSIONS)
+    try:
+        ui.login(name, password)
+        ui.one("#tab-queues")
+        assert ui.text("#whoami") == name
+        assert ui.find("#tab-admin") == []
+        ui.open("users")
+        ui.wait_text("#view", "Not authorised")
+        ui.open("")
+        ui.wait(lambda: ui.find("#totals td"), "overview for a management user")
+        assert ui.find("#nodes") == []  # node details are for monitoring users, as in RabbitMQ
+        ui.logout()
+        assert ui.driver.execute_script("return sessionStorage.length") == 0
+    finally:
+        api.delete("/api/users/" + name)
+
+
+def test_a_connection_is_shown_and_closed_through_the_ui(guest, broker, api):
+    name = unique("ui-conn")
+    params = pika.URLParameters(broker.url)
+    params.client_properties = {"connection_name": name}
+    connection = pika.BlockingConnection(params)
+    try:
+        connection.channel()
+        guest.open("connections")
+        guest.filter("")
+        found = guest.wait(lambda: next((c for c in api.get("/api/connections").body
+                                         if c["client_properties"].get("connection_name") == name), None),
+                           "the connection in the API")
+        guest.click_text("#connections tbody a", found["name"])
+        guest.wait_text("#view table", name)  # its client properties
+        guest.wait(lambda: guest.texts("#view section table a") == [found["name"] + " (1)"], "its channel")
+        guest.submit("close-connection", {"reason": "closed by the UI test"}, leaves=True)
+        guest.wait(lambda: not connection.is_open or _closed(connection), "the client sees the close")
+    finally:
+        if connection.is_open:
+            connection.close()
+
+
+def _json_file(path):
+    """The JSON in `path` once it is there and whole, else None."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _closed(connection) -> bool:
+    try:
+        connection.process_data_events(time_limit=0.05)
+    except Exception:  # the broker's connection.close arrives as an exception
+        return True
+    return not connection.is_open
+
+
+def test_peek_and_move_show_the_message_states_the_api_reports(guest, api, vhost):
+    source, target = unique("ui-src"), unique("ui-dst")
+    for name in (source, target):
+        api.put("/api/queues/%s/%s" % (segment(vhost), segment(name)))
+    for i in range(3):
+        api.post("/api/exchanges/%s/amq.default/publish" % segment(vhost),
+                 {"routing_key": source, "payload": "m%d" % i, "payload_encoding": "string", "properties": {}})
+    guest.open("queues/%s/%s" % (segment(vhost), segment(source)))
+    states = api.get("/api/queues/%s/%s" % (segment(vhost), segment(source))).body["message_states"]
+    guest.wait(lambda: len(guest.texts("#message-states [data-state]")) == 4, "message states")
+    shown = dict(text.split() for text in guest.texts("#message-states [data-state]"))
+    assert set(shown) == {"alpha", "beta", "gamma", "delta"}
+    assert shown == {s: str(states.get(s, 0)) for s in shown}
+    assert sum(int(n) for n in shown.values()) == 3
+    assert guest.submit("peek-messages", {"count": "2"}) == "2 message(s) at the head; none taken."
+    assert guest.texts("#got-messages .payload") == ["m0", "m1"]
+    assert guest.submit("move-messages", {"destination": target, "count": "2"}) == "Moved 2 message(s)."
+    counts = {name: api.get("/api/queues/%s/%s" % (segment(vhost), segment(name))).body["messages"]
+              for name in (source, target)}
+    assert counts == {source: 1, target: 2}
+
+
+def test_dead_letters_page_shows_the_log_and_replays_a_queue(guest, broker, api, vhost):
+    dead, work = unique("ui-dead"), unique("ui-work")
+    v = segment(vhost)
+    api.put("/api/queues/%s/%s" % (v, dead))
+    api.put("/api/queues/%s/%s" % (v, work), {"arguments": {"x-dead-letter-exchange": "",
+                                                             "x-dead-letter-routing-key": dead}})
+    body = "<b>died</b> " + unique("")
+    api.post("/api/exchanges/%s/amq.default/publish" % v, {"routing_key": work, "payload": body,
+                                                           "payload_encoding": "string",
+                                                           "properties": {"message_id": "m-1"}})
+    with pika.BlockingConnection(pika.URLParameters(broker.url.rstrip("/") + "/" + v)) as connection:
+        channel = connection.channel()
+        method, _props, _body = channel.basic_get(work)
+        channel.basic_reject(method.delivery_tag, requeue=False)
+    guest.driver.execute_script("sessionStorage.setItem('hutch.vhost', arguments[0])", vhost)
+    try:
+        guest.open("dead-letters")
+        guest.wait_text("#dl-latest", body)
+        counts, latest = guest.texts("#dl-counts")[0], guest.texts("#dl-latest")[0]
+        assert "rejected" in counts and work in counts
+        assert '"message_id": "m-1"' in latest
+        assert guest.find("#dl-latest b") == []  # the body is text
+        assert guest.submit("replay", {"source": dead, "destination": work}) == "Replayed 1 message(s)."
+        assert api.get("/api/queues/%s/%s" % (v, work)).body["messages"] == 1
+    finally:
+        guest.driver.execute_script("sessionStorage.removeItem('hutch.vhost')")
+
+
+def test_shovel_and_federation_pages_follow_the_api(guest, api):
+    for route, path in (("shovels", "/api/shovels"), ("federation", "/api/federation-links")):
+        guest.open(route)
+        answer = api.get(path)
+        if answer.status == 404:
+            guest.wait_text("#not-available", "not available on this broker")
+        else:
+            guest.wait(lambda: guest.find("#links table, #links p.muted"), route)
+            assert len(guest.find("#links tbody tr")) == len(answer.body)
+
+
+def test_the_queue_list_pages(guest, api, vhost):
+    v = segment(vhost)
+    names = sorted(unique("ui-page") for _ in range(25))
+    for name in names:
+        api.put("/api/queues/%s/%s" % (v, name))
+    guest.open("queues")
+    guest.filter("ui-page")
+    guest.driver.execute_script("arguments[0].value = '20'; arguments[0].dispatchEvent(new Event('change'))",
+                                guest.one("select[name=page_size]"))
+    guest.wait_text(".pager", "of 2")
+    guest.driver.execute_script("arguments[0].value = '2'; arguments[0].dispatchEvent(new Event('change'))",
+                                guest.one("select[name=page]"))
+    guest.wait(lambda: guest.texts("#queues tbody a") == names[20:], "the second page")
+    guest.one("select[name=page_size]")
+    guest.driver.execute_script("arguments[0].value = '100'; arguments[0].dispatchEvent(new Event('change'))",
+                                guest.one("select[name=page_size]"))
+    guest.filter("")
+
+
+def test_a_binding_added_and_removed_through_the_queue_page(guest, api, vhost):
+    v, name = segment(vhost), unique("ui-bound")
+    api.put("/api/queues/%s/%s" % (v, name))
+    guest.open("queues/%s/%s" % (v, name))
+    assert guest.submit("add-binding", {"source": "amq.direct", "routing_key": "ui.key"}) == "Bound."
+    bound = [b for b in api.get("/api/queues/%s/%s/bindings" % (v, name)).body if b["source"] == "amq.direct"]
+    assert [b["routing_key"] for b in bound] == ["ui.key"]
+    guest.wait(lambda: guest.find(".bindings button.unbind"), "the binding listed")
+    guest.wait(lambda: guest.driver.execute_script(
+        "const b = document.querySelector('.bindings button.unbind'); if (b) b.click(); return !!b"), "unbind")
+    guest.wait(lambda: [b for b in api.get("/api/queues/%s/%s/bindings" % (v, name)).body
+                        if b["source"] == "amq.direct"] == [], "the binding gone")
+
+
+def test_definitions_exported_and_imported_through_the_overview(guest, api, vhost, tmp_path):
+    v = segment(vhost)
+    kept = unique("ui-kept")
+    api.put("/api/queues/%s/%s" % (v, kept))
+    guest.driver.execute_script("sessionStorage.setItem('hutch.vhost', arguments[0])", vhost)
+    try:
+        guest.driver.execute_cdp_cmd("Browser.setDownloadBehavior", {"behavior": "allow",
+                                                                     "downloadPath": str(tmp_path)})
+        guest.open("")
+        assert guest.submit("export-definitions").startswith("Exported virtual host")
+        download = tmp_path / "hutch_definitions.json"
+        exported = guest.wait(lambda: _json_file(download), "the download")
+        assert exported == api.get("/api/definitions/" + v).body
+        added = unique("ui-imported")
+        exported["queues"].append({"name": added, "durable": True, "auto_delete": False, "arguments": {}})
+        upload = tmp_path / "definitions.json"
+        upload.write_text(json.dumps(exported))
+        guest.one("#import-definitions input[name=file]").send_keys(str(upload))
+        assert guest.submit("import-definitions") == "Definitions imported."
+        assert api.get("/api/queues/%s/%s" % (v, added)).status == 200
+    finally:
+        guest.driver.execute_script("sessionStorage.removeItem('hutch.vhost')")
+
+
+def test_policymaker_and_monitoring_views_and_a_user_without_tags_cannot_log_in(ui, api):
+    policymaker, monitor, untagged = unique("ui-pm"), unique("ui-mon"), unique("ui-none")
+    password = "secret-2"
+    api.put("/api/users/" + policymaker, {"password": password, "tags": "policymaker"})
+    api.put("/api/permissions/%2F/" + policymaker, ALL_PERMISSIONS)
+    api.put("/api/users/" + monitor, {"password": password, "tags": "monitoring"})
+    api.put("/api/users/" + untagged, {"password": password, "tags": ""})
+    try:
+        ui.login(monitor, password)
+        ui.wait(lambda: ui.texts("#nodes td")[:1] == [api.get("/api/nodes").body[0]["name"]], "the nodes")
+        ui.one("#tab-admin").click()
+        ui.wait(lambda: ui.texts("#subnav a") == ["Shovels", "Federation"], "the admin tab with link status only")
+        ui.login(policymaker, password)
+        ui.one("#tab-admin").click()
+        ui.wait(lambda: ui.texts("#subnav a") == ["Policies"], "the admin tab with policies only")
+        ui.wait_text("#view h1", "Policies")
+        ui.open("vhosts")
+        ui.wait_text("#view", "Not authorised")
+        ui.login(untagged, password)
+        ui.wait_text("#login-error", "Login failed: Not management user")
+        assert not ui.one("#app").is_displayed()
+    finally:
+        for name in (policymaker, monitor, untagged):
+            api.delete("/api/users/" + name)
+
+
+def test_a_vhost_added_and_deleted_through_the_ui_follows_in_the_selector(guest, api):
+    name = unique("ui-vh")
+    guest.open("vhosts")
+    try:
+        assert guest.submit("add-vhost", {"name": name, "description": "made in the browser"}) == "Virtual host added."
+        assert api.get("/api/vhosts/" + segment(name)).status == 200
+        guest.wait(lambda: name in guest.texts("#vhost-select option"), "the new vhost in the selector")
+        guest.open("vhosts/" + segment(name))
+        guest.submit("delete-vhost", leaves=True)
+        guest.wait(lambda: api.get("/api/vhosts/" + segment(name)).status == 404, "the vhost deleted")
+        guest.wait(lambda: name not in guest.texts("#vhost-select option"), "the vhost gone from the selector")
+    finally:
+        api.delete("/api/vhosts/" + segment(name))

@@ -1,0 +1,89 @@
+"""The screenshots of docs/ui.md: a broker from this checkout with a little
+traffic (queues with messages, a consumer, dead letters of three reasons, a
+policy), shown by the same headless browser as tests/test_ui.py.
+
+    python tests/ui_screenshots.py docs/ui
+"""
+from __future__ import annotations
+
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pika
+
+from browser import Ui
+from conftest import launch
+from http_api import Api
+
+
+def traffic(port: int, stop: threading.Event) -> None:
+    with pika.BlockingConnection(pika.URLParameters("amqp://guest:guest@127.0.0.1:%d/" % port)) as connection:
+        channel = connection.channel()
+        channel.queue_declare("orders.dead")
+        channel.queue_declare("orders", arguments={"x-dead-letter-exchange": "",
+                                                   "x-dead-letter-routing-key": "orders.dead"})
+        channel.queue_declare("invoices", arguments={"x-message-ttl": 50, "x-dead-letter-exchange": "",
+                                                     "x-dead-letter-routing-key": "orders.dead"})
+        channel.queue_declare("audit", arguments={"x-max-length": 5, "x-dead-letter-exchange": "",
+                                                  "x-dead-letter-routing-key": "orders.dead"})
+        channel.queue_declare("events")
+        for i in range(30):
+            time.sleep(0.1)  # dead letters spread over a few seconds, for the charts
+            props = pika.BasicProperties(content_type="application/json", message_id="order-%d" % i)
+            channel.basic_publish("", "orders", b'{"order": %d, "total": 12.5}' % i, props)
+            channel.basic_publish("", "invoices", b"invoice %d" % i)
+            channel.basic_publish("", "audit", b"audit %d" % i)
+        for _ in range(12):
+            method, _props, _body = channel.basic_get("orders")
+            channel.basic_reject(method.delivery_tag, requeue=False)
+        channel.basic_qos(prefetch_count=5)
+        channel.basic_consume("orders", lambda ch, m, p, b: None)  # holds 5 unacked
+        while not stop.is_set():
+            channel.basic_publish("", "events", b"tick")
+            connection.process_data_events(time_limit=0.05)
+
+
+def main(folder: str) -> None:
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    broker = launch(Path(tempfile.mkdtemp(prefix="hutch-shots-")), expect=("AMQP", "HTTP"))
+    stop = threading.Event()
+    worker = threading.Thread(target=traffic, args=(broker.port, stop), daemon=True)
+    ui = None
+    try:
+        worker.start()
+        api = Api(broker.ports["HTTP"])
+        api.put("/api/policies/%2F/short-events", {"pattern": "^events$", "definition": {"max-length": 100000},
+                                                  "apply-to": "queues"})
+        ui = Ui(broker.ports["HTTP"])
+        ui.driver.set_window_size(1200, 820)
+        ui.login("guest", "guest")
+        ui.one("#tab-queues")
+        ui.open("")
+        time.sleep(22)  # four refreshes (every 5 s) for the charts
+        shots = [("overview", ""), ("queues", "queues"), ("queue", "queues/%2F/orders"),
+                 ("connections", "connections"), ("exchanges", "exchanges"), ("dead-letters", "dead-letters"),
+                 ("policies", "policies")]
+        for name, route in shots:
+            if route:  # the overview is open, with its charts filled
+                ui.open(route)
+            ui.wait(lambda: ui.find("#view table"), "a table on #/" + route)
+            if route == "queues/%2F/orders":
+                time.sleep(11)
+            ui.screenshot(str(out / (name + ".png")))
+        ui.login("guest", "wrong")
+        ui.wait_text("#login-error", "Login failed")
+        ui.screenshot(str(out / "login.png"))
+    finally:
+        stop.set()
+        if ui is not None:
+            ui.close()
+        worker.join(5)
+        broker.stop()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "docs/ui")
