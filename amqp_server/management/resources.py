@@ -129,7 +129,7 @@ def _queue_list(req, vhosts) -> list[dict]:
     unacked_bytes = shapes.unacked_bytes_by_queue(connections)
     consumers = shapes.consumers_by_queue(connections)
     return [shapes.queue(req.node.sampler, q, unacked[q], unacked_bytes[q], consumers.get(q, []),
-                         v.policy_for("queue", q.name))
+                         v.policy_for("queue", q.name), v.operator_policy_for("queue", q.name))
             for v in vhosts for q in (v.queues[n] for n in sorted(v.queues))]
 
 
@@ -150,7 +150,8 @@ def queue(req) -> dict:
     connections = req.node.connections
     consumers = shapes.consumers_by_queue(connections).get(q, [])
     out = shapes.queue(req.node.sampler, q, shapes.unacked_by_queue(connections)[q],
-                       shapes.unacked_bytes_by_queue(connections)[q], consumers, v.policy_for("queue", q.name))
+                       shapes.unacked_bytes_by_queue(connections)[q], consumers, v.policy_for("queue", q.name),
+                       v.operator_policy_for("queue", q.name))
     out["consumer_details"] = [shapes.consumer(ch, c) for ch, c in consumers]
     out["deliveries"] = []
     out["incoming"] = []
