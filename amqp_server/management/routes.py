@@ -10,7 +10,7 @@ handlers. Parameters of the component "vhost-limits" are reached through
 from __future__ import annotations
 
 from amqp_server.management import (accounts, clients, dead_letters, definitions, extensions, health, limits,
-                                    mqtt_sessions, operations, overview, parameters, policies, resources,
+                                    links, mqtt_sessions, operations, overview, parameters, policies, resources,
                                     topic_permissions, watermark)
 from amqp_server.management.access import ADMINISTRATOR, MANAGEMENT, MONITORING, POLICYMAKER
 
@@ -107,6 +107,11 @@ _TABLE = [
     ("/api/global-parameters/{name}", {"GET": (parameters.global_parameter, A),
                                        "PUT": (parameters.put_global_parameter, A),
                                        "DELETE": (parameters.delete_global_parameter, A)}),
+    # shovels and federation (the plugins' management routes)
+    ("/api/shovels", {"GET": (links.shovels, M)}),
+    ("/api/shovels/{vhost}", {"GET": (links.shovels, M)}),
+    ("/api/shovels/vhost/{vhost}/{name}", {"GET": (links.shovel, M), "DELETE": (links.delete_shovel, P)}),
+    ("/api/shovels/vhost/{vhost}/{name}/restart", {"DELETE": (links.restart_shovel, P)}),
     # limits
     ("/api/vhost-limits", {"GET": (limits.vhost_limits, M)}),
     ("/api/vhost-limits/{vhost}", {"GET": (limits.vhost_limits, M)}),

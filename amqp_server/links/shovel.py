@@ -1,0 +1,370 @@
+"""A dynamic shovel: consume from a queue on one broker, publish to another,
+as RabbitMQ 3.10's shovel plugin does with the keys of a "shovel" runtime
+parameter (validated by vhosts.parameters).
+
+Theory of operation. One task per shovel runs sessions until it is stopped:
+a session connects to the source and the destination (the first URI of a
+list that answers, tried in random order as RabbitMQ does), declares what
+the definition names (below), consumes and forwards until either connection
+goes away; then the shovel is "terminated" with the reason, waits (the
+reconnect delay, doubled after each failed session up to `MAX_BACKOFF`,
+back to the delay once a session has run), and starts again.
+
+Declarations, as RabbitMQ's shovel: a named queue (src-queue, dest-queue)
+is looked up passively and declared durable only when missing; with
+src-exchange the shovel consumes from an exclusive server-named queue bound
+to it with src-exchange-key. Exchanges are not declared.
+
+Ack modes and what they guarantee (docs/links.md):
+- on-confirm: the source delivery is acked only once the destination has
+  confirmed the publish (for a persistent message, once it is on the
+  destination's disk). Either broker may die at any moment and nothing is
+  lost; a message confirmed whose ack did not reach the source is sent
+  again (a duplicate).
+- on-publish: acked once the publish is written to the destination
+  connection; a message in flight when the destination dies is lost.
+- no-ack: the source forgets each message as it sends it.
+
+Where a message goes: dest-queue (through the default exchange), else
+dest-exchange with dest-exchange-key or the message's own routing key, else
+the exchange and routing key it was published with. dest-publish-properties
+override the message's properties; dest-add-forward-headers adds the
+"x-shovelled" header, dest-add-timestamp-header "x-shovelled-timestamp".
+
+src-delete-after ("queue-length": the messages in the queue when the
+shovel starts, or a number): once that many have been moved the shovel
+deletes its own parameter (`on_done`), so it stops everywhere.
+"""
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+import random
+import time
+from dataclasses import dataclass
+
+from aiormq.exceptions import ChannelNotFoundEntity
+from pamqp import commands as spec
+
+from vhosts.parameters import as_list
+
+from amqp_server.links import client
+
+log = logging.getLogger("hutch.shovel")
+
+MAX_BACKOFF = 30.0  # seconds: the longest wait between two sessions
+DEFAULT_PREFETCH = 1000  # RabbitMQ's src-prefetch-count default
+DEFAULT_RECONNECT_DELAY = 5.0  # seconds, RabbitMQ's default
+
+STARTING, RUNNING, TERMINATED = "starting", "running", "terminated"
+
+
+@dataclass(frozen=True)
+class ShovelSpec:
+    """A validated "shovel" parameter value, with RabbitMQ's defaults and
+    pre-3.7 key names folded in."""
+
+    src_uris: tuple
+    src_queue: str | None
+    src_exchange: str | None
+    src_exchange_key: str
+    prefetch_count: int
+    delete_after: object  # "never", "queue-length" or a count
+    dest_uris: tuple
+    dest_queue: str | None
+    dest_exchange: str | None
+    dest_exchange_key: str | None
+    add_forward_headers: bool
+    add_timestamp_header: bool
+    publish_properties: dict
+    ack_mode: str
+    reconnect_delay: float
+
+    @classmethod
+    def of(cls, value: dict) -> "ShovelSpec":
+        def either(key: str, old: str, default):
+            return value.get(key, value.get(old, default))
+        return cls(
+            src_uris=tuple(as_list(value["src-uri"])),
+            src_queue=value.get("src-queue"),
+            src_exchange=value.get("src-exchange"),
+            src_exchange_key=value.get("src-exchange-key", "#"),
+            prefetch_count=int(either("src-prefetch-count", "prefetch-count", DEFAULT_PREFETCH)),
+            delete_after=either("src-delete-after", "delete-after", "never"),
+            dest_uris=tuple(as_list(value["dest-uri"])),
+            dest_queue=value.get("dest-queue"),
+            dest_exchange=value.get("dest-exchange"),
+            dest_exchange_key=value.get("dest-exchange-key"),
+            add_forward_headers=either("dest-add-forward-headers", "add-forward-headers", False),
+            add_timestamp_header=either("dest-add-timestamp-header", "add-timestamp-header", False),
+            publish_properties=dict(either("dest-publish-properties", "publish-properties", {})),
+            ack_mode=value.get("ack-mode", "on-confirm"),
+            reconnect_delay=float(value.get("reconnect-delay", DEFAULT_RECONNECT_DELAY)),
+        )
+
+
+class SessionEnded(Exception):
+    """Why a session stopped (its text is the status's reason)."""
+
+
+class Shovel:
+    """One running dynamic shovel (see the module docstring)."""
+
+    def __init__(self, vhost: str, name: str, value: dict, local: client.LocalNode, on_done) -> None:
+        self.vhost = vhost
+        self.name = name
+        self.value = value
+        self.spec = ShovelSpec.of(value)
+        self.local = local
+        self.on_done = on_done  # called with no argument once src-delete-after is reached
+        self.state = STARTING
+        self.reason: str | None = None
+        self.since = time.time()
+        self.src_uri = self.spec.src_uris[0]
+        self.dest_uri = self.spec.dest_uris[0]
+        self.transferred = 0  # messages moved (acked at the source, or sent with no-ack) since the start
+        self._task: asyncio.Task | None = None
+        self._remaining: int | None = None  # for src-delete-after
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="shovel %s/%s" % (self.vhost, self.name))
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+
+    def _set(self, state: str, reason: str | None = None) -> None:
+        self.state, self.reason, self.since = state, reason, time.time()
+
+    async def _run(self) -> None:
+        delay = self.spec.reconnect_delay
+        backoff = delay
+        if self.spec.delete_after not in ("never", "queue-length"):
+            self._remaining = int(self.spec.delete_after)
+        while True:
+            self._set(STARTING)
+            ran = False
+            try:
+                ran = await self._session()
+                return  # src-delete-after reached
+            except asyncio.CancelledError:
+                raise
+            except SessionEnded as exc:
+                ran = exc.args[1] if len(exc.args) > 1 else False
+                self._set(TERMINATED, exc.args[0])
+            except Exception as exc:  # noqa: BLE001 - any failure of a peer ends the session, never the broker
+                self._set(TERMINATED, _describe(exc))
+            log.warning("shovel '%s' in vhost '%s' terminated: %s; restarting in %.1f s",
+                        self.name, self.vhost, self.reason, backoff if not ran else delay)
+            if ran:
+                backoff = delay
+            await asyncio.sleep(backoff)
+            backoff = min(max(backoff * 2, 0.1), max(MAX_BACKOFF, delay))
+
+    # -- one session ---------------------------------------------------------------------
+
+    async def _connect(self, uris: tuple, end: str):
+        """A connection to the first of `uris` (in random order) that answers."""
+        order = list(uris)
+        random.shuffle(order)
+        failures = []
+        for uri in order:
+            try:
+                connection = await client.connect(client.resolve(uri, self.local),
+                                                  "Shovel %s (%s)" % (self.name, end))
+            except Exception as exc:  # noqa: BLE001
+                failures.append("%s: %s" % (client.redacted(uri), _describe(exc)))
+                continue
+            return uri, connection
+        raise SessionEnded("cannot connect to the %s: %s" % (end, "; ".join(failures)))
+
+    async def _session(self) -> bool:
+        spec_ = self.spec
+        src = dest = None
+        try:
+            self.src_uri, src = await self._connect(spec_.src_uris, "source")
+            self.dest_uri, dest = await self._connect(spec_.dest_uris, "destination")
+            src_channel = await src.channel(publisher_confirms=False)
+            dest_channel = await dest.channel(publisher_confirms=spec_.ack_mode == "on-confirm")
+            queue, ready = await self._declare_source(src)
+            if spec_.dest_queue is not None:
+                await _ensure_queue(dest, spec_.dest_queue)
+            if spec_.delete_after == "queue-length":
+                if self._remaining is None:
+                    self._remaining = ready
+            if self._remaining is not None and self._remaining <= 0:
+                self.on_done()
+                return True
+            done = asyncio.get_running_loop().create_future()
+            forward = self._forwarder(src_channel, dest_channel, done)
+            await src_channel.basic_qos(prefetch_count=spec_.prefetch_count)
+            await src_channel.basic_consume(queue, forward, no_ack=spec_.ack_mode == "no-ack")
+            self._set(RUNNING)
+            log.info("shovel '%s' in vhost '%s' running: %s -> %s", self.name, self.vhost,
+                     client.redacted(self.src_uri), client.redacted(self.dest_uri))
+            closing = [asyncio.ensure_future(src.closing), asyncio.ensure_future(dest.closing), done]
+            try:
+                finished, _pending = await asyncio.wait(closing, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for future in closing[:2]:
+                    future.cancel()
+            if done in finished and done.exception() is None:
+                self.on_done()
+                return True
+            end = "source" if src.is_closed else "destination" if dest.is_closed else "shovel"
+            cause = done.exception() if done.done() else None
+            raise SessionEnded("%s connection closed%s" % (end, ": " + _describe(cause) if cause else ""), True)
+        finally:
+            for connection in (src, dest):
+                if connection is not None and not connection.is_closed:
+                    try:
+                        await asyncio.wait_for(connection.close(), 5)
+                    except Exception:  # noqa: BLE001 - it is going away anyway
+                        pass
+
+    async def _declare_source(self, connection) -> tuple[str, int]:
+        """The queue to consume from and how many messages it holds."""
+        spec_ = self.spec
+        if spec_.src_queue is not None:
+            return spec_.src_queue, await _ensure_queue(connection, spec_.src_queue)
+        channel = await connection.channel()
+        declared = await channel.queue_declare("", exclusive=True)
+        await channel.queue_bind(declared.queue, spec_.src_exchange, routing_key=spec_.src_exchange_key)
+        return declared.queue, 0
+
+    # -- forwarding ----------------------------------------------------------------------
+
+    def _route(self, delivery) -> tuple[str, str]:
+        spec_ = self.spec
+        if spec_.dest_queue is not None:
+            return "", spec_.dest_queue
+        if spec_.dest_exchange is not None:
+            return spec_.dest_exchange, spec_.dest_exchange_key if spec_.dest_exchange_key is not None \
+                else delivery.routing_key
+        return delivery.exchange, delivery.routing_key
+
+    def _properties(self, properties: spec.Basic.Properties) -> spec.Basic.Properties:
+        spec_ = self.spec
+        if not (spec_.publish_properties or spec_.add_forward_headers or spec_.add_timestamp_header):
+            return properties
+        for key, value in spec_.publish_properties.items():
+            setattr(properties, key, value)
+        if spec_.add_forward_headers or spec_.add_timestamp_header:
+            headers = dict(properties.headers or {})
+            if spec_.add_forward_headers:
+                record = {"shovelled-by": "hutch", "shovel-type": "dynamic", "shovel-name": self.name,
+                          "shovel-vhost": self.vhost, "src-uri": client.redacted(self.src_uri),
+                          "dest-uri": client.redacted(self.dest_uri)}
+                for key, value in (("src-queue", spec_.src_queue), ("src-exchange", spec_.src_exchange),
+                                   ("dest-queue", spec_.dest_queue), ("dest-exchange", spec_.dest_exchange)):
+                    if value is not None:
+                        record[key] = value
+                headers["x-shovelled"] = list(headers.get("x-shovelled") or []) + [record]
+            if spec_.add_timestamp_header:
+                headers["x-shovelled-timestamp"] = int(time.time())
+            properties.headers = headers
+        return properties
+
+    def _forwarder(self, src_channel, dest_channel, done: asyncio.Future):
+        ack_mode = self.spec.ack_mode
+
+        def moved() -> None:
+            self.transferred += 1
+            if self._remaining is not None:
+                self._remaining -= 1
+                if self._remaining <= 0 and not done.done():
+                    done.set_result(None)
+
+        def failed(exc: BaseException) -> None:
+            if not done.done():
+                done.set_exception(exc)
+
+        async def acked_on_confirm(tag: int, confirmation: asyncio.Future) -> None:
+            try:
+                await confirmation
+                await src_channel.basic_ack(tag)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - nacked, or a channel gone: the session ends
+                failed(exc)
+                return
+            moved()
+
+        async def forward(message) -> None:
+            if done.done():
+                return  # past src-delete-after: left unacked, back to the queue at close
+            delivery = message.delivery
+            exchange, routing_key = self._route(delivery)
+            try:
+                confirmation = await client.publish(dest_channel, message.body, exchange, routing_key,
+                                                    self._properties(message.header.properties))
+                if ack_mode == "on-confirm":
+                    await acked_on_confirm(delivery.delivery_tag, confirmation)
+                    return
+                if ack_mode == "on-publish":
+                    await src_channel.basic_ack(delivery.delivery_tag)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001
+                failed(exc)
+                return
+            moved()
+
+        return forward
+
+    # -- status ----------------------------------------------------------------------------
+
+    def status(self) -> dict:
+        """RabbitMQ's /api/shovels entry."""
+        spec_ = self.spec
+        out = {"node": "hutch@localhost", "timestamp": _timestamp(self.since), "name": self.name,
+               "vhost": self.vhost, "type": "dynamic", "state": self.state}
+        if self.state == TERMINATED:
+            out["reason"] = self.reason
+            return out
+        if self.state == STARTING:
+            return out
+        out.update({"src_uri": client.redacted(self.src_uri), "src_protocol": "amqp091",
+                    "dest_protocol": "amqp091", "dest_uri": client.redacted(self.dest_uri)})
+        for key, value in (("src_queue", spec_.src_queue), ("src_exchange", spec_.src_exchange),
+                           ("src_exchange_key", spec_.src_exchange_key if spec_.src_exchange else None),
+                           ("dest_queue", spec_.dest_queue), ("dest_exchange", spec_.dest_exchange),
+                           ("dest_exchange_key", spec_.dest_exchange_key)):
+            if value is not None:
+                out[key] = value
+        return out
+
+
+async def _ensure_queue(connection, queue: str) -> int:
+    """RabbitMQ's shovel: look the queue up passively, declare it durable
+    only when it does not exist. Returns its message count."""
+    channel = await connection.channel()
+    try:
+        declared = await channel.queue_declare(queue, passive=True)
+    except ChannelNotFoundEntity:
+        channel = await connection.channel()
+        declared = await channel.queue_declare(queue, durable=True)
+    finally:
+        if not channel.is_closed:
+            await channel.close()
+    return declared.message_count
+
+
+def _describe(exc: BaseException | None) -> str:
+    text = str(exc) if exc is not None else ""
+    return "%s: %s" % (type(exc).__name__, text) if text else type(exc).__name__
+
+
+def _timestamp(seconds: float) -> str:
+    """RabbitMQ's status timestamp: "2026-11-26 3:36:44" (local time)."""
+    moment = datetime.datetime.fromtimestamp(seconds)
+    return "%d-%02d-%02d %d:%02d:%02d" % (moment.year, moment.month, moment.day, moment.hour, moment.minute,
+                                          moment.second)
