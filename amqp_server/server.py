@@ -8,7 +8,7 @@ import signal
 import sqlite3
 import ssl
 
-from amqp_server import framing
+from amqp_server import NODE, framing
 from amqp_server.alarms import ResourceAlarms
 from amqp_server.config import BrokerConfig
 from amqp_server.links.client import LocalNode
@@ -169,7 +169,9 @@ class BrokerServer:
                 log.info("listening for %s on %s:%d", name, host, bound)
         amqp_port = next(port for protocol, _host, port in self.listeners if protocol == "amqp")
         local_host = "127.0.0.1" if config.bind in ("0.0.0.0", "", "::") else config.bind
-        self.links = Links(self.broker, LocalNode(local_host, amqp_port, config.default_user, config.default_pass))
+        self.links = Links(self.broker, LocalNode(
+            local_host, amqp_port, config.default_user, config.default_pass, NODE,
+            str(self.broker.global_parameters.get("internal_cluster_id", ""))))
         self.management.node.links = self.links
         await self.links.start()
         try:

@@ -34,6 +34,8 @@ class LocalNode:
     port: int
     username: str
     password: str
+    node: str = "hutch@localhost"  # this node's name (amqp_server.NODE), for status and x-received-from
+    cluster_id: str = ""  # the global parameter internal_cluster_id: names what this node leaves upstream
 
 
 def resolve(uri: str, local: LocalNode) -> str:

@@ -38,26 +38,22 @@ deletes its own parameter (`on_done`), so it stops everywhere.
 from __future__ import annotations
 
 import asyncio
-import datetime
 import logging
-import random
 import time
 from dataclasses import dataclass
 
-from aiormq.exceptions import ChannelNotFoundEntity
 from pamqp import commands as spec
 
 from vhosts.parameters import as_list
 
 from amqp_server.links import client
+from amqp_server.links.link import RUNNING, STARTING, Link, ensure_queue, timestamp
 
 log = logging.getLogger("hutch.shovel")
 
-MAX_BACKOFF = 30.0  # seconds: the longest wait between two sessions
 DEFAULT_PREFETCH = 1000  # RabbitMQ's src-prefetch-count default
 DEFAULT_RECONNECT_DELAY = 5.0  # seconds, RabbitMQ's default
-
-STARTING, RUNNING, TERMINATED = "starting", "running", "terminated"
+TERMINATED = "terminated"
 
 
 @dataclass(frozen=True)
@@ -104,137 +100,59 @@ class ShovelSpec:
         )
 
 
-class SessionEnded(Exception):
-    """Why a session stopped (its text is the status's reason)."""
-
-
-class Shovel:
+class Shovel(Link):
     """One running dynamic shovel (see the module docstring)."""
 
+    kind = "shovel"
+
     def __init__(self, vhost: str, name: str, value: dict, local: client.LocalNode, on_done) -> None:
-        self.vhost = vhost
-        self.name = name
-        self.value = value
         self.spec = ShovelSpec.of(value)
-        self.local = local
+        super().__init__(vhost, name, local, self.spec.reconnect_delay)
+        self.value = value
         self.on_done = on_done  # called with no argument once src-delete-after is reached
-        self.state = STARTING
-        self.reason: str | None = None
-        self.since = time.time()
         self.src_uri = self.spec.src_uris[0]
         self.dest_uri = self.spec.dest_uris[0]
         self.transferred = 0  # messages moved (acked at the source, or sent with no-ack) since the start
-        self._task: asyncio.Task | None = None
         self._remaining: int | None = None  # for src-delete-after
-
-    # -- lifecycle -----------------------------------------------------------------
-
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="shovel %s/%s" % (self.vhost, self.name))
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
-
-    def _set(self, state: str, reason: str | None = None) -> None:
-        self.state, self.reason, self.since = state, reason, time.time()
-
-    async def _run(self) -> None:
-        delay = self.spec.reconnect_delay
-        backoff = delay
         if self.spec.delete_after not in ("never", "queue-length"):
             self._remaining = int(self.spec.delete_after)
-        while True:
-            self._set(STARTING)
-            ran = False
-            try:
-                ran = await self._session()
-                return  # src-delete-after reached
-            except asyncio.CancelledError:
-                raise
-            except SessionEnded as exc:
-                ran = exc.args[1] if len(exc.args) > 1 else False
-                self._set(TERMINATED, exc.args[0])
-            except Exception as exc:  # noqa: BLE001 - any failure of a peer ends the session, never the broker
-                self._set(TERMINATED, _describe(exc))
-            log.warning("shovel '%s' in vhost '%s' terminated: %s; restarting in %.1f s",
-                        self.name, self.vhost, self.reason, backoff if not ran else delay)
-            if ran:
-                backoff = delay
-            await asyncio.sleep(backoff)
-            backoff = min(max(backoff * 2, 0.1), max(MAX_BACKOFF, delay))
 
     # -- one session ---------------------------------------------------------------------
 
-    async def _connect(self, uris: tuple, end: str):
-        """A connection to the first of `uris` (in random order) that answers."""
-        order = list(uris)
-        random.shuffle(order)
-        failures = []
-        for uri in order:
-            try:
-                connection = await client.connect(client.resolve(uri, self.local),
-                                                  "Shovel %s (%s)" % (self.name, end))
-            except Exception as exc:  # noqa: BLE001
-                failures.append("%s: %s" % (client.redacted(uri), _describe(exc)))
-                continue
-            return uri, connection
-        raise SessionEnded("cannot connect to the %s: %s" % (end, "; ".join(failures)))
-
-    async def _session(self) -> bool:
+    async def session(self) -> None:
         spec_ = self.spec
         src = dest = None
         try:
-            self.src_uri, src = await self._connect(spec_.src_uris, "source")
-            self.dest_uri, dest = await self._connect(spec_.dest_uris, "destination")
+            self.src_uri, src = await self.connect(spec_.src_uris, "source")
+            self.dest_uri, dest = await self.connect(spec_.dest_uris, "destination")
             src_channel = await src.channel(publisher_confirms=False)
             dest_channel = await dest.channel(publisher_confirms=spec_.ack_mode == "on-confirm")
             queue, ready = await self._declare_source(src)
             if spec_.dest_queue is not None:
-                await _ensure_queue(dest, spec_.dest_queue)
+                await ensure_queue(dest, spec_.dest_queue)
             if spec_.delete_after == "queue-length":
                 if self._remaining is None:
                     self._remaining = ready
             if self._remaining is not None and self._remaining <= 0:
                 self.on_done()
-                return True
+                return
             done = asyncio.get_running_loop().create_future()
             forward = self._forwarder(src_channel, dest_channel, done)
             await src_channel.basic_qos(prefetch_count=spec_.prefetch_count)
             await src_channel.basic_consume(queue, forward, no_ack=spec_.ack_mode == "no-ack")
-            self._set(RUNNING)
+            self.set_state(RUNNING)
             log.info("shovel '%s' in vhost '%s' running: %s -> %s", self.name, self.vhost,
                      client.redacted(self.src_uri), client.redacted(self.dest_uri))
-            closing = [asyncio.ensure_future(src.closing), asyncio.ensure_future(dest.closing), done]
-            try:
-                finished, _pending = await asyncio.wait(closing, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for future in closing[:2]:
-                    future.cancel()
-            if done in finished and done.exception() is None:
-                self.on_done()
-                return True
-            end = "source" if src.is_closed else "destination" if dest.is_closed else "shovel"
-            cause = done.exception() if done.done() else None
-            raise SessionEnded("%s connection closed%s" % (end, ": " + _describe(cause) if cause else ""), True)
+            await self.until_closed([(src, "source"), (dest, "destination")], done)
+            self.on_done()
         finally:
-            for connection in (src, dest):
-                if connection is not None and not connection.is_closed:
-                    try:
-                        await asyncio.wait_for(connection.close(), 5)
-                    except Exception:  # noqa: BLE001 - it is going away anyway
-                        pass
+            await self.close(src, dest)
 
     async def _declare_source(self, connection) -> tuple[str, int]:
         """The queue to consume from and how many messages it holds."""
         spec_ = self.spec
         if spec_.src_queue is not None:
-            return spec_.src_queue, await _ensure_queue(connection, spec_.src_queue)
+            return spec_.src_queue, await ensure_queue(connection, spec_.src_queue)
         channel = await connection.channel()
         declared = await channel.queue_declare("", exclusive=True)
         await channel.queue_bind(declared.queue, spec_.src_exchange, routing_key=spec_.src_exchange_key)
@@ -325,7 +243,7 @@ class Shovel:
     def status(self) -> dict:
         """RabbitMQ's /api/shovels entry."""
         spec_ = self.spec
-        out = {"node": "hutch@localhost", "timestamp": _timestamp(self.since), "name": self.name,
+        out = {"node": self.local.node, "timestamp": timestamp(self.since), "name": self.name,
                "vhost": self.vhost, "type": "dynamic", "state": self.state}
         if self.state == TERMINATED:
             out["reason"] = self.reason
@@ -341,30 +259,3 @@ class Shovel:
             if value is not None:
                 out[key] = value
         return out
-
-
-async def _ensure_queue(connection, queue: str) -> int:
-    """RabbitMQ's shovel: look the queue up passively, declare it durable
-    only when it does not exist. Returns its message count."""
-    channel = await connection.channel()
-    try:
-        declared = await channel.queue_declare(queue, passive=True)
-    except ChannelNotFoundEntity:
-        channel = await connection.channel()
-        declared = await channel.queue_declare(queue, durable=True)
-    finally:
-        if not channel.is_closed:
-            await channel.close()
-    return declared.message_count
-
-
-def _describe(exc: BaseException | None) -> str:
-    text = str(exc) if exc is not None else ""
-    return "%s: %s" % (type(exc).__name__, text) if text else type(exc).__name__
-
-
-def _timestamp(seconds: float) -> str:
-    """RabbitMQ's status timestamp: "2026-11-26 3:36:44" (local time)."""
-    moment = datetime.datetime.fromtimestamp(seconds)
-    return "%d-%02d-%02d %d:%02d:%02d" % (moment.year, moment.month, moment.day, moment.hour, moment.minute,
-                                          moment.second)

@@ -49,3 +49,8 @@ def restart_shovel(req):
     if not req.node.links.restart_shovel(v.name, req.params["name"]):
         raise not_found()
     return NO_CONTENT
+
+
+def federation_links(req) -> list:
+    visible = _visible(req)
+    return present([link for link in req.node.links.federation_status() if link["vhost"] in visible], req.query)

@@ -112,6 +112,8 @@ _TABLE = [
     ("/api/shovels/{vhost}", {"GET": (links.shovels, M)}),
     ("/api/shovels/vhost/{vhost}/{name}", {"GET": (links.shovel, M), "DELETE": (links.delete_shovel, P)}),
     ("/api/shovels/vhost/{vhost}/{name}/restart", {"DELETE": (links.restart_shovel, P)}),
+    ("/api/federation-links", {"GET": (links.federation_links, M)}),
+    ("/api/federation-links/{vhost}", {"GET": (links.federation_links, M)}),
     # limits
     ("/api/vhost-limits", {"GET": (limits.vhost_limits, M)}),
     ("/api/vhost-limits/{vhost}", {"GET": (limits.vhost_limits, M)}),
