@@ -160,33 +160,47 @@ class FederationLink(Link):
         upstream = self.upstream
         cluster_name = str((up.server_properties or {}).get("cluster_name", ""))
         uri = client.redacted(self.uri)
+        publisher = client.Publisher(local_channel)
+
+        def failed(exc: BaseException) -> None:
+            if not done.done():
+                done.set_exception(exc)
+
+        acks = client.Acks(up_channel, failed) if upstream.ack_mode != "no-ack" else None
+
+        def confirmed(tag: int, confirmation: asyncio.Future) -> None:
+            if confirmation.cancelled():
+                failed(RuntimeError("the downstream channel closed before it confirmed"))
+            elif confirmation.exception() is not None:
+                failed(confirmation.exception())
+            else:
+                acks.settle(tag)
 
         async def forward(message) -> None:
             delivery = message.delivery
+            tag = delivery.delivery_tag
+            if acks is not None:
+                acks.delivered(tag)
             properties = message.header.properties
             hops = received_from(properties)
-            try:
-                if len(hops) >= upstream.max_hops or any(
-                        isinstance(hop, dict) and hop.get("cluster-name") == self.local.node for hop in hops):
-                    if upstream.ack_mode != "no-ack":
-                        await up_channel.basic_ack(delivery.delivery_tag)
-                    return
-                entry = {"uri": uri, self.type: self.upstream_name, "redelivered": bool(delivery.redelivered),
-                         "cluster-name": cluster_name}
-                properties.headers = dict(properties.headers or {}, **{"x-received-from": hops + [entry]})
-                if not upstream.trust_user_id:
-                    properties.user_id = None  # the local broker would check it against the link's user
-                exchange, routing_key = self.target(delivery.routing_key)
-                confirmation = await client.publish(local_channel, message.body, exchange, routing_key, properties)
-                if confirmation is not None:
-                    await confirmation
-                if upstream.ack_mode != "no-ack":
-                    await up_channel.basic_ack(delivery.delivery_tag)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - nacked, or a channel gone: the session ends
-                if not done.done():
-                    done.set_exception(exc)
+            if len(hops) >= upstream.max_hops or any(
+                    isinstance(hop, dict) and hop.get("cluster-name") == self.local.node for hop in hops):
+                if acks is not None:
+                    acks.settle(tag)  # dropped: it has been here, or crossed enough links
+                return
+            entry = {"uri": uri, self.type: self.upstream_name, "redelivered": bool(delivery.redelivered),
+                     "cluster-name": cluster_name}
+            properties.headers = dict(properties.headers or {}, **{"x-received-from": hops + [entry]})
+            if not upstream.trust_user_id:
+                properties.user_id = None  # the local broker would check it against the link's user
+            exchange, routing_key = self.target(delivery.routing_key)
+            confirmation = publisher.publish(message.body, exchange, routing_key, properties)
+            if acks is None:
+                return
+            if confirmation is not None:
+                confirmation.add_done_callback(lambda future: confirmed(tag, future))
+            else:
+                acks.settle(tag)
 
         return forward
 

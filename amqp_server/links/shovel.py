@@ -137,13 +137,15 @@ class Shovel(Link):
                 self.on_done()
                 return
             done = asyncio.get_running_loop().create_future()
-            forward = self._forwarder(src_channel, dest_channel, done)
+            forward, acks = self._forwarder(src_channel, dest_channel, done)
             await src_channel.basic_qos(prefetch_count=spec_.prefetch_count)
             await src_channel.basic_consume(queue, forward, no_ack=spec_.ack_mode == "no-ack")
             self.set_state(RUNNING)
             log.info("shovel '%s' in vhost '%s' running: %s -> %s", self.name, self.vhost,
                      client.redacted(self.src_uri), client.redacted(self.dest_uri))
             await self.until_closed([(src, "source"), (dest, "destination")], done)
+            if acks is not None:
+                await acks.sent()  # the last acks reach the source before the connections close
             self.on_done()
         finally:
             await self.close(src, dest)
@@ -192,51 +194,56 @@ class Shovel(Link):
         return properties
 
     def _forwarder(self, src_channel, dest_channel, done: asyncio.Future):
+        """(the consumer callback, its Acks). `done` is resolved once
+        src-delete-after is reached, or failed when the session must end."""
         ack_mode = self.spec.ack_mode
+        publisher = client.Publisher(dest_channel)
+        # src-delete-after: forward no more than what is left to move (what this
+        # session forwards but does not settle is redelivered to the next one)
+        allowed = self._remaining
+        forwarded = 0
 
-        def moved() -> None:
+        def failed(exc: BaseException) -> None:
+            if not done.done():
+                done.set_exception(exc)
+
+        acks = client.Acks(src_channel, failed) if ack_mode != "no-ack" else None
+
+        def moved(tag: int) -> None:
+            if acks is not None:
+                acks.settle(tag)
             self.transferred += 1
             if self._remaining is not None:
                 self._remaining -= 1
                 if self._remaining <= 0 and not done.done():
                     done.set_result(None)
 
-        def failed(exc: BaseException) -> None:
-            if not done.done():
-                done.set_exception(exc)
-
-        async def acked_on_confirm(tag: int, confirmation: asyncio.Future) -> None:
-            try:
-                await confirmation
-                await src_channel.basic_ack(tag)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - nacked, or a channel gone: the session ends
-                failed(exc)
-                return
-            moved()
+        def confirmed(tag: int, confirmation: asyncio.Future) -> None:
+            if confirmation.cancelled():
+                failed(RuntimeError("the destination channel closed before it confirmed"))
+            elif confirmation.exception() is not None:
+                failed(confirmation.exception())  # nacked, or the channel gone
+            else:
+                moved(tag)
 
         async def forward(message) -> None:
-            if done.done():
-                return  # past src-delete-after: left unacked, back to the queue at close
+            nonlocal forwarded
+            if done.done() or (allowed is not None and forwarded >= allowed):
+                return  # left unacked: back to the queue when the session closes
+            forwarded += 1
             delivery = message.delivery
+            tag = delivery.delivery_tag
             exchange, routing_key = self._route(delivery)
-            try:
-                confirmation = await client.publish(dest_channel, message.body, exchange, routing_key,
-                                                    self._properties(message.header.properties))
-                if ack_mode == "on-confirm":
-                    await acked_on_confirm(delivery.delivery_tag, confirmation)
-                    return
-                if ack_mode == "on-publish":
-                    await src_channel.basic_ack(delivery.delivery_tag)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001
-                failed(exc)
-                return
-            moved()
+            confirmation = publisher.publish(message.body, exchange, routing_key,
+                                             self._properties(message.header.properties))
+            if acks is not None:
+                acks.delivered(tag)
+            if confirmation is not None:
+                confirmation.add_done_callback(lambda future: confirmed(tag, future))
+            else:
+                moved(tag)
 
-        return forward
+        return forward, acks
 
     # -- status ----------------------------------------------------------------------------
 
