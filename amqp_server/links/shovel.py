@@ -85,7 +85,7 @@ class ShovelSpec:
             src_uris=tuple(as_list(value["src-uri"])),
             src_queue=value.get("src-queue"),
             src_exchange=value.get("src-exchange"),
-            src_exchange_key=value.get("src-exchange-key", "#"),
+            src_exchange_key=value.get("src-exchange-key", ""),
             prefetch_count=int(either("src-prefetch-count", "prefetch-count", DEFAULT_PREFETCH)),
             delete_after=either("src-delete-after", "delete-after", "never"),
             dest_uris=tuple(as_list(value["dest-uri"])),
@@ -112,7 +112,6 @@ class Shovel(Link):
         self.on_done = on_done  # called with no argument once src-delete-after is reached
         self.src_uri = self.spec.src_uris[0]
         self.dest_uri = self.spec.dest_uris[0]
-        self.transferred = 0  # messages moved (acked at the source, or sent with no-ack) since the start
         self._remaining: int | None = None  # for src-delete-after
         if self.spec.delete_after not in ("never", "queue-length"):
             self._remaining = int(self.spec.delete_after)
@@ -157,7 +156,12 @@ class Shovel(Link):
             return spec_.src_queue, await ensure_queue(connection, spec_.src_queue)
         channel = await connection.channel()
         declared = await channel.queue_declare("", exclusive=True)
-        await channel.queue_bind(declared.queue, spec_.src_exchange, routing_key=spec_.src_exchange_key)
+        # RabbitMQ binds with queue "" and the key as given: an empty key is then the
+        # queue's own name (AMQP's queue.bind shortcut), so only a fanout (or headers)
+        # exchange delivers to a shovel without src-exchange-key
+        await channel.queue_bind(declared.queue, spec_.src_exchange,
+                                 routing_key=spec_.src_exchange_key or declared.queue)
+        await channel.close()
         return declared.queue, 0
 
     # -- forwarding ----------------------------------------------------------------------
@@ -212,7 +216,6 @@ class Shovel(Link):
         def moved(tag: int) -> None:
             if acks is not None:
                 acks.settle(tag)
-            self.transferred += 1
             if self._remaining is not None:
                 self._remaining -= 1
                 if self._remaining <= 0 and not done.done():
