@@ -62,7 +62,8 @@ def test_federated_exchange_receives_only_what_its_bindings_match(broker, api, m
     down_channel.queue_bind("dq", "fx", "a.#")
     federate(api, broker, down, up, "^fx$", **{"max-hops": 1})
     (link,) = wait_for(lambda: links_of(api, down), 30)
-    assert (link["type"], link["exchange"], link["upstream_exchange"], link["upstream"]) == ("exchange", "fx", "fx", "up")
+    assert (link["type"], link["exchange"], link["upstream_exchange"], link["upstream"]) == \
+        ("exchange", "fx", "fx", "up")
     # the downstream's binding reaches the upstream
     wait_for(lambda: any(b["routing_key"] == "a.#" and b["destination"].startswith("federation: fx to ")
                          for b in api.get("/api/bindings/" + segment(up)).body), 30)

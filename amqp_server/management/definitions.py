@@ -104,7 +104,8 @@ def export_all(broker) -> dict:
         "topic_permissions": [topic_permissions.shape(u.name, vhost, rule)
                               for u in users for (vhost, _x), rule in sorted(u.topic_permissions.items())],
         "parameters": [item for v in vhosts for item in _parameters(v)],
-        "global_parameters": [{"name": name, "value": value} for name, value in sorted(broker.global_parameters.items())],
+        "global_parameters": [{"name": name, "value": value}
+                              for name, value in sorted(broker.global_parameters.items())],
         "policies": [item for v in vhosts for item in _policies(v)],
         "queues": [item for v in vhosts for item in _queues(v, True)],
         "exchanges": [item for v in vhosts for item in _exchanges(v, True)],

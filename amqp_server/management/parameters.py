@@ -98,7 +98,8 @@ def delete_parameter(req):
 
 
 def global_parameters(req) -> list:
-    return [{"name": name, "value": sorted_value(value)} for name, value in sorted(req.broker.global_parameters.items())]
+    return [{"name": name, "value": sorted_value(value)}
+            for name, value in sorted(req.broker.global_parameters.items())]
 
 
 def global_parameter(req) -> dict:

@@ -4,4 +4,5 @@ from __future__ import annotations
 from cli.hutchctl import access, dead_letters, links, listings, node, policies, queues
 
 COMMANDS = {command.name: command
-            for module in (listings, access, policies, queues, node, dead_letters, links) for command in module.COMMANDS}
+            for module in (listings, access, policies, queues, node, dead_letters, links)
+            for command in module.COMMANDS}

@@ -164,4 +164,5 @@ def test_federation_policy_keys(both):
     vhost = both[2]
     for definition in ({"federation-upstream": 5}, {"federation-upstream-set": 5},
                        {"federation-upstream-set": "all", "federation-upstream": "x"}):
-        assert same(both, "put", "/api/policies/%s/p" % vhost, {"pattern": "^a", "definition": definition}).status == 400
+        reply = same(both, "put", "/api/policies/%s/p" % vhost, {"pattern": "^a", "definition": definition})
+        assert reply.status == 400
