@@ -15,7 +15,8 @@ exchange if it is missing (passive first, then with the local exchange's
 type) and a durable queue "federation: X to <node> <id>" (with expires as
 x-expires and message-ttl as x-message-ttl), and binds that queue to the
 upstream exchange with the bindings of the local exchange, kept in step
-every `SYNC_INTERVAL`: only messages some local binding matches cross. What
+(the table's version is looked at every `SYNC_INTERVAL`, the bindings
+listed when it changed): only messages some local binding matches cross. What
 arrives is published to the local exchange with its routing key.
 
 Federated queue (`QueueLink`): the link consumes from the upstream queue
@@ -253,6 +254,7 @@ class ExchangeLink(FederationLink):
             arguments["x-message-ttl"] = self.upstream.message_ttl
         await ensure_queue(up, self.queue_name, arguments)
         bound: dict = {}
+        seen = (local, local.table.version)
         await self._sync_bindings(channel, local, bound)
         await channel.basic_consume(self.queue_name, forward, no_ack=self.upstream.ack_mode == "no-ack")
         self.set_state(RUNNING)
@@ -261,7 +263,9 @@ class ExchangeLink(FederationLink):
             local = self.host.exchanges.get(self.name)
             if local is None:
                 return
-            await self._sync_bindings(channel, local, bound)
+            if (local, local.table.version) != seen:  # the bindings (or the exchange) changed
+                seen = (local, local.table.version)
+                await self._sync_bindings(channel, local, bound)
 
     async def _sync_bindings(self, channel, local, bound: dict) -> None:
         """Bind the upstream queue with every binding key (and arguments) of
