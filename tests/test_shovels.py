@@ -192,3 +192,23 @@ def test_shovels_restart_with_the_broker(start_broker, tmp_path):
     channel.basic_publish("", "a", b"through")
     assert drain(channel, "b", 1)[0][2] == b"through"
     connection.close()
+
+
+def test_no_ack_from_a_fanout_exchange_and_a_shovel_imported_with_definitions(broker, api, two_vhosts):
+    """A shovel in an imported definitions document starts; with no
+    src-exchange-key it is bound as RabbitMQ binds it, which a fanout
+    exchange ignores; no-ack moves each message once."""
+    src, dest = two_vhosts
+    connection, channel = channel_in(broker, src)
+    channel.exchange_declare("fan", "fanout")
+    value = {"src-uri": uri(broker, src), "src-exchange": "fan", "dest-uri": uri(broker, dest),
+             "dest-queue": "from-fan", "ack-mode": "no-ack"}
+    document = {"parameters": [{"vhost": src, "component": "shovel", "name": "imported", "value": value}]}
+    assert api.post("/api/definitions", document).status == 204
+    running(api, src, "imported")
+    for i in range(20):
+        channel.basic_publish("fan", "any-key", b"%d" % i)
+    dest_connection, dest_channel = channel_in(broker, dest)
+    assert [body for _m, _p, body in drain(dest_channel, "from-fan", 20)] == [b"%d" % i for i in range(20)]
+    connection.close()
+    dest_connection.close()

@@ -29,10 +29,16 @@ def _shovel_row(status: dict) -> dict:
     return row
 
 
+def _node(ctx: Context, rows: list) -> str:
+    """The node's name, as the banner shows it."""
+    if rows:
+        return rows[0]["node"]
+    return (attempt(ctx.client.get, path("overview")) or {}).get("node", "")
+
+
 def shovel_status(ctx: Context, args: list[str], opts: dict) -> None:
     statuses = attempt(ctx.client.get, path("shovels")) or []
-    node = statuses[0]["node"] if statuses else "the node"
-    ctx.out.banner("Shovel status on node %s" % node)
+    ctx.out.banner("Shovel status on node %s" % _node(ctx, statuses))
     rows = [_shovel_row(status) for status in statuses]
     columns = sorted({column for row in rows for column in row})
     ctx.out.info_items(columns, [[row.get(column, "") for column in columns] for row in rows])
@@ -60,7 +66,10 @@ _FEDERATION_COLUMNS = ("type", "name", "vhost", "exchange", "queue", "upstream_e
 
 def federation_status(ctx: Context, args: list[str], opts: dict) -> None:
     links = attempt(ctx.client.get, path("federation-links")) or []
-    ctx.out.banner("Listing federation links on node %s..." % (links[0]["node"] if links else "the node"))
+    ctx.out.banner("Listing federation links on node %s..." % _node(ctx, links))
+    if not links and ctx.out.formatter == "table":
+        ctx.out.line("[]")  # what rabbitmqctl prints when there are none
+        return
     columns = [column for column in _FEDERATION_COLUMNS if any(column in link for link in links)]
     ctx.out.maps(columns, [[link.get(column, "") for column in columns] for link in links])
 
