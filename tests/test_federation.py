@@ -9,7 +9,7 @@ import pika
 import pytest
 
 from helpers import unique, wait_for
-from http_api import segment
+from http_api import Api, segment
 from hutchctl_targets import hutch_target
 
 pytestmark = pytest.mark.timeout(90)
@@ -162,3 +162,35 @@ def test_links_follow_policies_and_report_errors(broker, api, make_vhost):
     assert api.delete("/api/policies/%s/fed" % segment(down)).status == 204
     wait_for(lambda: api.get("/api/federation-links/" + segment(down)).body == [], 30)
     connection.close()
+
+
+def test_links_between_two_brokers_come_back_with_the_downstream(start_broker):
+    """Hutch to hutch across processes: the federated exchange's link comes
+    back when the downstream restarts (policies and upstreams are durable)."""
+    up = start_broker(expect=("AMQP", "HTTP"))
+    down = start_broker(expect=("AMQP", "HTTP"))
+    api = Api(down.ports["HTTP"])
+    connection = pika.BlockingConnection(pika.URLParameters(down.url))
+    channel = connection.channel()
+    channel.exchange_declare("events", "topic", durable=True)
+    channel.queue_declare("mine", durable=True)
+    channel.queue_bind("mine", "events", "site.#")
+    connection.close()
+    assert api.put("/api/parameters/federation-upstream/%2F/up", {"value": {"uri": up.url}}).status == 201
+    assert api.put("/api/policies/%2F/fed", {"pattern": "^events$", "apply-to": "exchanges",
+                                            "definition": {"federation-upstream": "up"}}).status == 201
+    wait_for(lambda: links_of(api, "/"), 30)
+    down.stop()
+    down = start_broker("--data-dir", str(down.data_dir), expect=("AMQP", "HTTP"))
+    api = Api(down.ports["HTTP"])
+    wait_for(lambda: links_of(api, "/"), 30)
+    up_api = Api(up.ports["HTTP"])
+    wait_for(lambda: any(b["routing_key"] == "site.#" for b in up_api.get("/api/bindings/%2F").body), 30)
+    up_connection, up_channel = channel_in(up, "/")
+    up_channel.exchange_declare("events", "topic", passive=True)  # the link declared it upstream
+    up_channel.basic_publish("events", "site.a", b"crossed", pika.BasicProperties(delivery_mode=2))
+    up_connection.close()
+    down_connection, down_channel = channel_in(down, "/")
+    wait_for(lambda: down_channel.queue_declare("mine", passive=True).method.message_count == 1, 30)
+    assert down_channel.basic_get("mine", auto_ack=True)[2] == b"crossed"
+    down_connection.close()
