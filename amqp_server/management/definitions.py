@@ -32,7 +32,7 @@ from amqp_server.management.http import NO_CONTENT
 from amqp_server.management.node import COMPATIBLE_VERSION
 
 
-VHOST_LIMITS_COMPONENT = "vhost-limits"
+VHOST_LIMITS_COMPONENT = parameters.VHOST_LIMITS
 
 
 def _queues(v, with_vhost: bool) -> list[dict]:
@@ -73,14 +73,6 @@ def _without_vhost(item: dict) -> dict:
     return {key: value for key, value in item.items() if key != "vhost"}
 
 
-def _parameters(v) -> list[dict]:
-    """A vhost's limits, as RabbitMQ exports them, and its runtime parameters."""
-    limits = [{"value": dict(v.limits), "vhost": v.name, "component": VHOST_LIMITS_COMPONENT, "name": "limits"}]
-    return (limits if v.limits else []) + [
-        parameters.shape(v.name, component, name, v.parameters[(component, name)])
-        for component, name in sorted(v.parameters)]
-
-
 def _policies(v) -> list[dict]:
     return [policies.shape(v.policies[name]) for name in sorted(v.policies)]
 
@@ -103,7 +95,7 @@ def export_all(broker) -> dict:
                         for u in users for name, p in sorted(u.permissions.items())],
         "topic_permissions": [topic_permissions.shape(u.name, vhost, rule)
                               for u in users for (vhost, _x), rule in sorted(u.topic_permissions.items())],
-        "parameters": [item for v in vhosts for item in _parameters(v)],
+        "parameters": [item for v in vhosts for item in parameters.vhost_parameters(broker, v)],
         "global_parameters": [{"name": name, "value": value}
                               for name, value in sorted(broker.global_parameters.items())],
         "policies": [item for v in vhosts for item in _policies(v)],
@@ -113,10 +105,10 @@ def export_all(broker) -> dict:
     }
 
 
-def export_vhost(v) -> dict:
+def export_vhost(broker, v) -> dict:
     return {
         "rabbit_version": COMPATIBLE_VERSION,
-        "parameters": _parameters(v),
+        "parameters": parameters.vhost_parameters(broker, v),
         "policies": _policies(v),
         "queues": _queues(v, False),
         "exchanges": _exchanges(v, False),
@@ -129,7 +121,7 @@ def get_definitions(req) -> dict:
 
 
 def get_vhost_definitions(req) -> dict:
-    return export_vhost(req.vhost(req.params["vhost"]))
+    return export_vhost(req.broker, req.vhost(req.params["vhost"]))
 
 
 # -- import -------------------------------------------------------------------

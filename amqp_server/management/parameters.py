@@ -4,7 +4,9 @@
 Runtime parameters need the policymaker tag (as RabbitMQ: they are policy-
 like configuration of a vhost) and, for one vhost, a permission in it;
 listings show the vhosts the user may see. Global parameters are for
-administrators. Values go through `vhosts.Broker.set_parameter`, which
+administrators. A vhost's limits show as RabbitMQ shows them, a parameter
+of component "vhost-limits" named "limits" (read here, set through
+/api/vhost-limits). Values go through `vhosts.Broker.set_parameter`, which
 validates them as RabbitMQ 3.10's plugins do; its error lines come back as
 RabbitMQ's "Validation failed" 400, escaped for HTML as RabbitMQ does.
 """
@@ -31,19 +33,22 @@ def shape(vhost: str, component: str, name: str, value: object) -> dict:
     return {"value": sorted_value(value), "vhost": vhost, "component": component, "name": name}
 
 
-def _listing(req, vhost_names) -> list:
-    component = req.params.get("component")
-    return [shape(*row) for name in vhost_names for row in req.broker.list_parameters(name, component)]
+VHOST_LIMITS = "vhost-limits"
+
+
+def vhost_parameters(broker, v, component: str | None = None) -> list[dict]:
+    """The vhost's parameters (its limits first), of one component or all."""
+    out = []
+    if v.limits and component in (None, VHOST_LIMITS):
+        out.append(shape(v.name, VHOST_LIMITS, "limits", dict(v.limits)))
+    return out + [shape(*row) for row in broker.list_parameters(v.name, component)]
 
 
 def parameters(req) -> list:
     """/api/parameters, /api/parameters/{component} and .../{component}/{vhost}."""
     name = req.params.get("vhost")
-    if name is None:
-        rows = req.broker.list_parameters(component=req.params.get("component"))
-        visible = {v.name for v in access.visible_vhosts(req.user, req.broker)}
-        return [shape(*row) for row in rows if row[0] in visible]
-    return _listing(req, [req.vhost(name).name])
+    vhosts = access.visible_vhosts(req.user, req.broker) if name is None else [req.vhost(name)]
+    return [item for v in vhosts for item in vhost_parameters(req.broker, v, req.params.get("component"))]
 
 
 def _parameter_vhost(req):
@@ -59,6 +64,8 @@ def _parameter_vhost(req):
 def parameter(req) -> dict:
     v = _parameter_vhost(req)
     key = (req.params["component"], req.params["name"])
+    if v is not None and key == (VHOST_LIMITS, "limits") and v.limits:
+        return shape(v.name, *key, dict(v.limits))
     if v is None or key not in v.parameters:
         raise not_found()
     return shape(v.name, *key, v.parameters[key])

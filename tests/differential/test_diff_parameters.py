@@ -125,6 +125,13 @@ def test_lifecycle(both):
     same(both, "get", "/api/parameters/shovel/%s" % vhost)
 
 
+def test_vhost_limits_are_listed_as_parameters(both):
+    vhost = both[2]
+    assert same(both, "put", "/api/vhost-limits/%s/max-queues" % vhost, {"value": 5}).status == 204
+    same(both, "get", "/api/parameters/vhost-limits/%s" % vhost)
+    same(both, "get", "/api/parameters/vhost-limits/%s/limits" % vhost)
+
+
 def test_global_parameters(both):
     name = unique("g")
     assert same(both, "put", "/api/global-parameters/" + name, {"value": {"b": [1, "x"], "a": None}}).status == 201
