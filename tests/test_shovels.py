@@ -172,6 +172,10 @@ def test_unreachable_end_is_terminated_with_a_reason_then_restarted_and_deleted(
     assert deleted.returncode == 0, deleted.stderr
     assert api.get("/api/parameters/shovel/%s/far" % segment(src)).status == 404
     wait_for(lambda: status_of(api, src, "far") is None)
+    put_shovel(api, src, "nowhere", {"src-uri": [], "src-queue": "q", "dest-uri": []})  # RabbitMQ takes it too
+    status = wait_for(lambda: (lambda s: s if s and s["state"] == "terminated" else None)(
+        status_of(api, src, "nowhere")), 30)
+    assert status["reason"] == "cannot connect to the source: no URI given"
     again = hutchctl("delete_shovel", "-p", src, "far")
     assert again.returncode == 69 and "Shovel with the given name was not found" in again.stderr
 

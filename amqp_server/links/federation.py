@@ -115,7 +115,7 @@ class FederationLink(Link):
         super().__init__(vhost.name, name, local, upstream.reconnect_delay)
         self.host = vhost  # the VirtualHost: its exchange's bindings, its queue's demand
         self.upstream = upstream
-        self.uri = upstream.uris[0]
+        self.uri = next(iter(upstream.uris), "")  # RabbitMQ accepts an empty list too
         self.local_connection = ""
         self.id = hashlib.sha1(("%s/%s/%s/%s" % (self.vhost, self.type, name, upstream.name)).encode()
                                ).hexdigest()[:8]

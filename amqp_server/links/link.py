@@ -22,6 +22,7 @@ from amqp_server.links import client
 log = logging.getLogger("hutch.links")
 
 MAX_BACKOFF = 30.0  # seconds: the longest wait between two sessions
+MIN_WAIT = 0.05  # seconds: the shortest (a reconnect-delay of 0 or less must not spin)
 STARTING, RUNNING = "starting", "running"
 
 
@@ -83,7 +84,7 @@ class Link:
                 backoff = self.reconnect_delay
             log.warning("%s '%s' in vhost '%s': %s; reconnecting in %.1f s",
                         self.kind, self.name, self.vhost, reason, backoff)
-            await asyncio.sleep(backoff)
+            await asyncio.sleep(max(backoff, MIN_WAIT))
             backoff = min(max(backoff * 2, 0.1), max(MAX_BACKOFF, self.reconnect_delay))
 
     async def session(self) -> None:
@@ -103,7 +104,7 @@ class Link:
                 failures.append("%s: %s" % (client.redacted(uri), describe(exc)))
                 continue
             return uri, connection
-        raise SessionEnded("cannot connect to the %s: %s" % (end, "; ".join(failures)))
+        raise SessionEnded("cannot connect to the %s: %s" % (end, "; ".join(failures) or "no URI given"))
 
     @staticmethod
     async def until_closed(connections, done: asyncio.Future) -> None:

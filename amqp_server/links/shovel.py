@@ -110,8 +110,8 @@ class Shovel(Link):
         super().__init__(vhost, name, local, self.spec.reconnect_delay)
         self.value = value
         self.on_done = on_done  # called with no argument once src-delete-after is reached
-        self.src_uri = self.spec.src_uris[0]
-        self.dest_uri = self.spec.dest_uris[0]
+        self.src_uri = next(iter(self.spec.src_uris), "")  # RabbitMQ accepts an empty list too
+        self.dest_uri = next(iter(self.spec.dest_uris), "")
         self._remaining: int | None = None  # for src-delete-after
         if self.spec.delete_after not in ("never", "queue-length"):
             self._remaining = int(self.spec.delete_after)
