@@ -176,12 +176,15 @@ def test_cleared_limits_and_runtime_parameters_import(start_broker):
     api.put("/api/vhost-limits/%2F/max-queues", {"value": 10})
     upstream = {"value": {"uri": "amqp://elsewhere"}, "vhost": "/", "component": "federation-upstream", "name": "up"}
     document = {"parameters": [{"value": [], "vhost": "/", "component": "vhost-limits", "name": "limits"}, upstream],
-                "global_parameters": [{"name": "site", "value": {"region": "eu"}}]}
+                "global_parameters": [{"name": "site", "value": {"region": "eu"}},
+                                      {"name": "internal_cluster_id", "value": "another-node"}]}
     assert api.post("/api/definitions", document).status == 204
     assert api.get("/api/vhost-limits/%2F").body == []
     before = api.get("/api/definitions").body
     assert before["parameters"] == [upstream]
     assert {"name": "site", "value": {"region": "eu"}} in before["global_parameters"]
+    own_id = api.get("/api/global-parameters/internal_cluster_id").body["value"]
+    assert own_id.startswith("hutch-cluster-id-")  # the node's own identity is not imported
     refused = api.post("/api/definitions", {"parameters": [dict(upstream, component="nosuch", name="x")]})
     assert (refused.status, refused.body["reason"]) == (400, "Validation failed\n\ncomponent nosuch not found\n")
     operator_policy = {"pattern": "^q", "definition": {"max-length": 3}, "apply-to": "queues", "priority": 1}

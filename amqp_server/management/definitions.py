@@ -15,6 +15,8 @@ parameters, policies, then exchanges, queues, bindings) through the same
 domain calls as AMQP and the management API, each durable change in its own
 store transaction. Parameters of components hutch does not know are
 refused with RabbitMQ's "component ... not found", before anything changes.
+The global parameter internal_cluster_id is the importing node's own and is
+kept (another node's would make two nodes' federation queues one).
 """
 from __future__ import annotations
 
@@ -242,7 +244,8 @@ def apply(broker, body: dict, vhost_name: str | None = None) -> None:
         broker.set_topic_permissions(_known_user(broker, item["user"]), item["vhost"], item["exchange"],
                                      item["write"], item["read"])
     for item in checked["global_parameters"]:
-        broker.set_global_parameter(item["name"], item["value"])
+        if item["name"] != "internal_cluster_id":  # this node's identity (names its federation queues upstream)
+            broker.set_global_parameter(item["name"], item["value"])
     for item in checked["parameters"]:
         if item["component"] == VHOST_LIMITS_COMPONENT:
             broker.set_vhost_limits(item["vhost"], item["value"])
