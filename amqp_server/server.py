@@ -8,9 +8,11 @@ import signal
 import sqlite3
 import ssl
 
-from amqp_server import framing
+from amqp_server import NODE, framing
 from amqp_server.alarms import ResourceAlarms
 from amqp_server.config import BrokerConfig
+from amqp_server.links.client import LocalNode
+from amqp_server.links.supervisor import Links
 from amqp_server.management import ManagementListeners
 from amqp_server.management.listeners import ListenerError
 from amqp_server.mqtt.protocol import MQTTProtocol
@@ -128,6 +130,7 @@ class BrokerServer:
         self.logins = LoginThrottle(config.auth_failure_delay, config.auth_failure_delay_max)
         self.management = ManagementListeners(self.broker, self.connections, config, self.writer, self.monitor,
                                               self.listeners, self.alarms, self.mqtt_sessions, self.logins)
+        self.links: Links | None = None  # once the AMQP listener is open (a link may point at this node)
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -164,6 +167,13 @@ class BrokerServer:
                 host, bound = sock.getsockname()[:2]
                 self.listeners.append((protocols[name], host, bound))
                 log.info("listening for %s on %s:%d", name, host, bound)
+        amqp_port = next(port for protocol, _host, port in self.listeners if protocol == "amqp")
+        local_host = "127.0.0.1" if config.bind in ("0.0.0.0", "", "::") else config.bind
+        self.links = Links(self.broker, LocalNode(
+            local_host, amqp_port, config.default_user, config.default_pass, NODE,
+            str(self.broker.global_parameters.get("internal_cluster_id", ""))))
+        self.management.node.links = self.links
+        await self.links.start()
         try:
             await self.management.start()
         except ListenerError as exc:
@@ -173,6 +183,8 @@ class BrokerServer:
         # Definitions are final from here on: what closing the connections
         # auto-deletes stays stored, exactly as after a crash.
         self.broker.detach_definitions()
+        if self.links is not None:
+            await self.links.stop()
         await self.management.stop()
         self.alarms.stop()
         for server in self.servers:

@@ -52,11 +52,14 @@ def freeze_arguments(arguments: Mapping) -> tuple:
 class BindingTable:
     """Common bind/unbind/listing logic; subclasses add ``route`` and the two index hooks."""
 
-    __slots__ = ("_arguments", "_by_destination")
+    __slots__ = ("_arguments", "_by_destination", "version")
 
     def __init__(self) -> None:
         self._arguments: dict[BindingId, dict] = {}
         self._by_destination: dict[Destination, set[BindingId]] = {}
+        # Bumped by every change: a reader that keeps a copy (a federation
+        # link mirroring the bindings upstream) knows when to look again.
+        self.version = 0
 
     def bind(self, dest: Destination, binding_key: str, arguments: Mapping | None) -> bool:
         """Add a binding; False (and no change) if that exact binding already exists."""
@@ -67,6 +70,7 @@ class BindingTable:
         self._arguments[bid] = args
         self._by_destination.setdefault(dest, set()).add(bid)
         self._attach(bid, args)
+        self.version += 1
         return True
 
     def unbind(self, dest: Destination, binding_key: str, arguments: Mapping | None) -> bool:
@@ -79,6 +83,7 @@ class BindingTable:
         if not same_dest:
             del self._by_destination[dest]
         self._detach(bid)
+        self.version += 1
         return True
 
     def remove_destination(self, dest: Destination) -> int:
@@ -87,6 +92,8 @@ class BindingTable:
         for bid in bids:
             del self._arguments[bid]
             self._detach(bid)
+        if bids:
+            self.version += 1
         return len(bids)
 
     def bindings(self) -> Iterator[tuple[Destination, str, dict]]:

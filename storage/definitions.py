@@ -1,5 +1,6 @@
 """Durable definitions: vhosts, users, permissions, topic permissions, limits,
-policies, exchanges, queues, bindings.
+policies, operator policies, runtime and global parameters, exchanges,
+queues, bindings.
 
 `DefinitionStore(path)` keeps them in one SQLite database (stdlib `sqlite3`) in
 WAL mode with `synchronous=FULL`: a committed change has reached the disk
@@ -17,8 +18,8 @@ Theory of operation:
   AMQP rule (which things are durable, name prefixes, existence). Its only
   logic is cascades: deleting an exchange deletes its bindings as source and
   as destination, deleting a queue deletes the bindings to it, deleting a
-  vhost everything in it and the permissions, topic permissions, limits and
-  policies on it, deleting a user that user's permissions, topic permissions
+  vhost everything in it and the permissions, topic permissions, limits,
+  policies, operator policies and parameters on it, deleting a user that user's permissions, topic permissions
   and limits. There are no foreign keys: a binding's source may be a
   predeclared `amq.*` exchange, which comes from code and is never stored.
 - `load()` returns a plain snapshot (`Definitions`: lists of named tuples)
@@ -38,10 +39,11 @@ writes floats as 32-bit and cannot encode `bytes`. A binding's arguments are
 stored with their top-level keys sorted (their order is not part of the
 binding's identity, as in RabbitMQ), which makes the encoded text a key.
 
-Schema (version 3, in `PRAGMA user_version`; an older file is migrated in
+Schema (version 4, in `PRAGMA user_version`; an older file is migrated in
 place by `_MIGRATIONS`: version 2 added the tables of topic permissions,
 limits and policies, version 3 the vhosts' description and tags, as columns
-with defaults so existing vhosts read back with none):
+with defaults so existing vhosts read back with none, version 4 operator
+policies and runtime and global parameters):
 
     vhosts      (name PK, description, tags: JSON list of str)
     users       (name PK, password_hash, tags: JSON list of str)
@@ -55,6 +57,9 @@ with defaults so existing vhosts read back with none):
     user_limits  (user PK, limits: JSON object)
     policies     (vhost, name, pattern, apply_to, definition: JSON object, priority;
                   PK vhost, name)
+    operator_policies (the columns of policies)
+    parameters   (vhost, component, name, value: JSON; PK vhost, component, name)
+    global_parameters (name PK, value: JSON)
 """
 from __future__ import annotations
 
@@ -67,7 +72,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Iterator, NamedTuple
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 _SCHEMA = """
 CREATE TABLE vhosts (
@@ -151,6 +156,28 @@ CREATE TABLE policies (
 ALTER TABLE vhosts ADD COLUMN description TEXT NOT NULL DEFAULT '';
 ALTER TABLE vhosts ADD COLUMN tags TEXT NOT NULL DEFAULT '[]';
 """,
+    4: """
+CREATE TABLE operator_policies (
+    vhost TEXT NOT NULL,
+    name TEXT NOT NULL,
+    pattern TEXT NOT NULL,
+    apply_to TEXT NOT NULL,
+    definition TEXT NOT NULL,
+    priority INTEGER NOT NULL,
+    PRIMARY KEY (vhost, name)
+);
+CREATE TABLE parameters (
+    vhost TEXT NOT NULL,
+    component TEXT NOT NULL,
+    name TEXT NOT NULL,
+    value TEXT NOT NULL,
+    PRIMARY KEY (vhost, component, name)
+);
+CREATE TABLE global_parameters (
+    name TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+""",
 }
 
 
@@ -191,6 +218,13 @@ class PolicyRow(NamedTuple):
     apply_to: str
     definition: dict
     priority: int
+
+
+class ParameterRow(NamedTuple):
+    vhost: str
+    component: str
+    name: str
+    value: object  # any JSON value
 
 
 class ExchangeRow(NamedTuple):
@@ -235,6 +269,9 @@ class Definitions:
     vhost_limits: dict = field(default_factory=dict)  # vhost -> {limit: value}
     user_limits: dict = field(default_factory=dict)  # user -> {limit: value}
     policies: list = field(default_factory=list)  # of PolicyRow
+    operator_policies: list = field(default_factory=list)  # of PolicyRow
+    parameters: list = field(default_factory=list)  # of ParameterRow
+    global_parameters: dict = field(default_factory=dict)  # name -> JSON value
 
     @property
     def blank(self) -> bool:
@@ -392,6 +429,8 @@ class DefinitionStore:
             ("DELETE FROM topic_permissions WHERE vhost = ?", (name,)),
             ("DELETE FROM vhost_limits WHERE vhost = ?", (name,)),
             ("DELETE FROM policies WHERE vhost = ?", (name,)),
+            ("DELETE FROM operator_policies WHERE vhost = ?", (name,)),
+            ("DELETE FROM parameters WHERE vhost = ?", (name,)),
             ("DELETE FROM bindings WHERE vhost = ?", (name,)),
             ("DELETE FROM queues WHERE vhost = ?", (name,)),
             ("DELETE FROM exchanges WHERE vhost = ?", (name,)),
@@ -463,16 +502,40 @@ class DefinitionStore:
     # -- policies ------------------------------------------------------------
 
     def set_policy(self, vhost: str, name: str, pattern: str, apply_to: str, definition: dict,
-                   priority: int) -> None:
+                   priority: int, table: str = "policies") -> None:
+        """A policy, or (table "operator_policies") an operator policy."""
         self._run((
-            "INSERT INTO policies (vhost, name, pattern, apply_to, definition, priority) VALUES (?, ?, ?, ?, ?, ?) "
+            "INSERT INTO %s (vhost, name, pattern, apply_to, definition, priority) VALUES (?, ?, ?, ?, ?, ?) "
             "ON CONFLICT (vhost, name) DO UPDATE SET pattern = excluded.pattern, apply_to = excluded.apply_to, "
-            "definition = excluded.definition, priority = excluded.priority",
+            "definition = excluded.definition, priority = excluded.priority" % _policy_table(table),
             (vhost, name, pattern, apply_to, json.dumps(definition), priority),
         ))
 
-    def clear_policy(self, vhost: str, name: str) -> None:
-        self._run(("DELETE FROM policies WHERE vhost = ? AND name = ?", (vhost, name)))
+    def clear_policy(self, vhost: str, name: str, table: str = "policies") -> None:
+        self._run(("DELETE FROM %s WHERE vhost = ? AND name = ?" % _policy_table(table), (vhost, name)))
+
+    # -- runtime and global parameters -----------------------------------------
+
+    def set_parameter(self, vhost: str, component: str, name: str, value: object) -> None:
+        self._run((
+            "INSERT INTO parameters (vhost, component, name, value) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT (vhost, component, name) DO UPDATE SET value = excluded.value",
+            (vhost, component, name, json.dumps(value)),
+        ))
+
+    def clear_parameter(self, vhost: str, component: str, name: str) -> None:
+        self._run(("DELETE FROM parameters WHERE vhost = ? AND component = ? AND name = ?",
+                   (vhost, component, name)))
+
+    def set_global_parameter(self, name: str, value: object) -> None:
+        self._run((
+            "INSERT INTO global_parameters (name, value) VALUES (?, ?) "
+            "ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+            (name, json.dumps(value)),
+        ))
+
+    def clear_global_parameter(self, name: str) -> None:
+        self._run(("DELETE FROM global_parameters WHERE name = ?", (name,)))
 
     # -- exchanges, queues, bindings ------------------------------------------
 
@@ -561,6 +624,20 @@ class DefinitionStore:
                     "SELECT vhost, limits FROM vhost_limits ORDER BY rowid")},
                 user_limits={u: json.loads(limits) for u, limits in db.execute(
                     "SELECT user, limits FROM user_limits ORDER BY rowid")},
-                policies=[PolicyRow(v, n, p, a, json.loads(d), prio) for v, n, p, a, d, prio in db.execute(
-                    "SELECT vhost, name, pattern, apply_to, definition, priority FROM policies ORDER BY rowid")],
+                policies=self._policies("policies"),
+                operator_policies=self._policies("operator_policies"),
+                parameters=[ParameterRow(v, c, n, json.loads(value)) for v, c, n, value in db.execute(
+                    "SELECT vhost, component, name, value FROM parameters ORDER BY rowid")],
+                global_parameters={n: json.loads(value) for n, value in db.execute(
+                    "SELECT name, value FROM global_parameters ORDER BY rowid")},
             )
+
+    def _policies(self, table: str) -> list:
+        return [PolicyRow(v, n, p, a, json.loads(d), prio) for v, n, p, a, d, prio in self._db.execute(
+            "SELECT vhost, name, pattern, apply_to, definition, priority FROM %s ORDER BY rowid" % table)]
+
+
+def _policy_table(table: str) -> str:
+    if table not in ("policies", "operator_policies"):
+        raise ValueError("no policy table %r" % table)
+    return table

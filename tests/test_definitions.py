@@ -26,6 +26,7 @@ from storage.definitions import (
     DefinitionStore,
     ExchangeRow,
     PermissionRow,
+    SCHEMA_VERSION,
     QueueRow,
     UserRow,
     decode_table,
@@ -129,7 +130,7 @@ def test_fresh_store_is_blank_and_in_wal_mode(store, path):
     assert store._db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
     other = sqlite3.connect(path)
     assert other.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert other.execute("PRAGMA user_version").fetchone()[0] == 3
+    assert other.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     other.close()
 
 
@@ -148,7 +149,7 @@ def test_a_version_1_file_is_migrated_and_keeps_its_definitions(path):
     assert d.vhosts == ["/"] and d.queues == [QueueRow("/", "q", True, False, {})]
     assert d.topic_permissions == [definitions.TopicPermissionRow("u", "/", "amq.topic", "^a", "^b")]
     assert d.vhost_metadata == {"/": definitions.VhostMetadata("", [])}
-    assert store._db.execute("PRAGMA user_version").fetchone()[0] == 3
+    assert store._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     store.close()
 
 
@@ -167,7 +168,7 @@ def test_a_version_2_file_is_migrated_and_its_vhosts_get_empty_metadata(path):
     assert d.vhosts == ["/", "described"] and [p.name for p in d.policies] == ["p"]
     assert d.vhost_metadata == {"/": definitions.VhostMetadata("", []),
                                 "described": definitions.VhostMetadata("for tests", ["qa", "blue"])}
-    assert store._db.execute("PRAGMA user_version").fetchone()[0] == 3
+    assert store._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     store.close()
 
 

@@ -451,6 +451,66 @@ def test_set_policy_reports_bad_json_and_invalid_definitions(target, vhost):
     assert target.ok("list_policies", "-p", vhost, "-q") == "\n"
 
 
+def test_operator_policies_cap_policies_and_arguments(target, vhost):
+    """The smaller of argument, policy and operator policy wins (RabbitMQ's
+    precedence): an operator policy cannot raise a limit, only lower it."""
+    target.ok("set_policy", "-p", vhost, "--apply-to", "queues", "p", "^cap", '{"max-length": 5}')
+    out = target.ok("set_operator_policy", "-p", vhost, "--apply-to", "queues", "op", "^cap", '{"max-length": 3}')
+    assert out == ('Setting operator policy override "op" for pattern "^cap" to "{"max-length": 3}" '
+                   'with priority "0" for vhost "%s" ...\n' % vhost)
+    assert target.ok("list_operator_policies", "-p", vhost, "-s") == \
+        '%s\top\t^cap\tqueues\t{"max-length":3}\t0\n' % vhost
+    connection = target.connect(vhost)
+    channel = connection.channel()
+    channel.confirm_delivery()
+    for queue, arguments in (("cap.a", {}), ("cap.b", {"x-max-length": 2})):
+        channel.queue_declare(queue, arguments=arguments)
+        for i in range(6):
+            channel.basic_publish("", queue, b"%d" % i)
+    assert channel.queue_declare("cap.a", passive=True).method.message_count == 3  # the operator policy's
+    assert channel.queue_declare("cap.b", passive=True).method.message_count == 2  # the argument's
+    target.ok("set_operator_policy", "-p", vhost, "op", "^cap", '{"max-length": 50}')
+    for i in range(6):
+        channel.basic_publish("", "cap.a", b"%d" % i)
+    assert channel.queue_declare("cap.a", passive=True).method.message_count == 5  # the policy's now
+    connection.close()
+    assert target.ok("clear_operator_policy", "-p", vhost, "op") == \
+        'Clearing operator policy "op" on vhost "%s" ...\n' % vhost
+    again = target.run("clear_operator_policy", "-p", vhost, "op")
+    assert (again.returncode, again.stderr) == (69, "Error:\nParameter does not exist\n")
+    invalid = target.run("set_operator_policy", "-p", vhost, "op", ".*", '{"overflow": "reject-publish"}')
+    assert (invalid.returncode, invalid.stderr) == (
+        69, 'Error:\nValidation failed\n\n[{<<"overflow">>,<<"reject-publish">>}] are not recognised policy '
+            'settings\n')
+
+
+def test_runtime_and_global_parameters(target, vhost):
+    value = '{"uri": "amqp://upstream.example", "max-hops": 2}'
+    out = target.ok("set_parameter", "-p", vhost, "federation-upstream", "up", value)
+    assert out == ('Setting runtime parameter "up" for component "federation-upstream" to "%s" in vhost "%s" ...\n'
+                   % (value, vhost))
+    assert target.ok("list_parameters", "-p", vhost, "-s") == \
+        'federation-upstream\tup\t{"max-hops":2,"uri":"amqp://upstream.example"}\n'
+    invalid = target.run("set_parameter", "-p", vhost, "shovel", "s", '{"src-uri": "amqp://"}')
+    assert (invalid.returncode, invalid.stderr) == (
+        69, "Error:\nValidation failed\n\nMust specify 'src-exchange' or 'src-queue'\n"
+            'Key "dest-uri" not found in s\n')
+    bad_json = target.run("set_parameter", "-p", vhost, "shovel", "s", "notjson")
+    assert (bad_json.returncode, bad_json.stderr) == (69, "Error:\nJSON decoding error. Reason: badarg\n")
+    assert target.ok("clear_parameter", "-p", vhost, "federation-upstream", "up") == \
+        'Clearing runtime parameter "up" for component "federation-upstream" on vhost "%s" ...\n' % vhost
+    again = target.run("clear_parameter", "-p", vhost, "federation-upstream", "up")
+    assert (again.returncode, again.stderr) == (69, "Error:\nParameter does not exist\n")
+    assert target.ok("list_parameters", "-p", vhost, "-q") == "\n"
+    name = unique("global")
+    assert target.ok("set_global_parameter", name, '{"b": 1, "a": [true]}') == \
+        'Setting global runtime parameter "%s" to "{"b": 1, "a": [true]}" ...\n' % name
+    listed = target.ok("list_global_parameters", "-s").splitlines()
+    assert '%s\t{"a":[true],"b":1}' % name in listed
+    assert any(line.startswith("internal_cluster_id\t") for line in listed)
+    assert target.ok("clear_global_parameter", name) == 'Clearing global runtime parameter "%s" ...\n' % name
+
+
 # -- queues -------------------------------------------------------------------------------------
 
 def fill(target, vhost, queue, count):

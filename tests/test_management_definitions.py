@@ -166,15 +166,31 @@ def test_bad_documents_change_nothing(start_broker):
     assert api.get("/api/definitions").body == before
 
 
-def test_cleared_limits_and_other_plugins_parameters_import(start_broker):
-    """RabbitMQ exports limits all cleared as [], and parameters of plugins
-    hutch lacks (federation, shovels): accepted, the plugins' ones not kept."""
+def test_cleared_limits_and_runtime_parameters_import(start_broker):
+    """RabbitMQ exports limits all cleared as []; runtime parameters (here a
+    federation upstream) and global parameters are kept, exported and
+    durable, as are operator policies; a parameter of a component hutch does not know is refused with
+    RabbitMQ's reason and changes nothing."""
     broker = start_broker(expect=("AMQP", "HTTP"))
     api = http(broker)
     api.put("/api/vhost-limits/%2F/max-queues", {"value": 10})
-    document = {"parameters": [
-        {"value": [], "vhost": "/", "component": "vhost-limits", "name": "limits"},
-        {"value": {"uri": "amqp://elsewhere"}, "vhost": "/", "component": "federation-upstream", "name": "up"}]}
+    upstream = {"value": {"uri": "amqp://elsewhere"}, "vhost": "/", "component": "federation-upstream", "name": "up"}
+    document = {"parameters": [{"value": [], "vhost": "/", "component": "vhost-limits", "name": "limits"}, upstream],
+                "global_parameters": [{"name": "site", "value": {"region": "eu"}},
+                                      {"name": "internal_cluster_id", "value": "another-node"}]}
     assert api.post("/api/definitions", document).status == 204
     assert api.get("/api/vhost-limits/%2F").body == []
-    assert api.get("/api/definitions").body["parameters"] == []
+    before = api.get("/api/definitions").body
+    assert before["parameters"] == [upstream]
+    assert {"name": "site", "value": {"region": "eu"}} in before["global_parameters"]
+    own_id = api.get("/api/global-parameters/internal_cluster_id").body["value"]
+    assert own_id.startswith("hutch-cluster-id-")  # the node's own identity is not imported
+    refused = api.post("/api/definitions", {"parameters": [dict(upstream, component="nosuch", name="x")]})
+    assert (refused.status, refused.body["reason"]) == (400, "Validation failed\n\ncomponent nosuch not found\n")
+    operator_policy = {"pattern": "^q", "definition": {"max-length": 3}, "apply-to": "queues", "priority": 1}
+    assert api.put("/api/operator-policies/%2F/cap", operator_policy).status == 201
+    broker.stop()
+    again = http(start_broker("--data-dir", str(broker.data_dir), expect=("AMQP", "HTTP")))
+    assert again.get("/api/operator-policies/%2F/cap").body == dict(operator_policy, vhost="/", name="cap")
+    assert again.get("/api/definitions").body["parameters"] == [upstream]
+    assert again.get("/api/global-parameters/site").body == {"value": {"region": "eu"}, "name": "site"}

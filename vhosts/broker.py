@@ -8,25 +8,33 @@ memory. The default vhost and user are created only on a blank store, as
 RabbitMQ seeds only a fresh node's database: deleting the default user stays
 deleted across restarts. Without a store (None) nothing is kept.
 
-Administration (vhosts, users, permissions, topic permissions, limits) is a
-set of plain methods here, for the management API and tests; unknown names
+Administration (vhosts, users, permissions, topic permissions, limits,
+policies, operator policies, runtime and global parameters) is a set of
+plain methods here, for the management API and tests; unknown names
 raise LookupError and invalid values ValueError, with rabbitmqctl's words.
 
 Open connections register here (`open_vhost` / `connection_closed`) so that
 limits can count them and deleting a vhost or a user closes theirs (320, as
 RabbitMQ). A connection is any object with `user`, `vhost`, `channels` and
 `force_close(reason)` (amqp_server.connection.Connection).
+
+Runtime parameters (vhosts.parameters) describe shovels and federation
+upstreams; what runs them (amqp_server.links) follows them through
+`on_parameter_changed`, called after every change has been stored, and
+through `on_policies_changed` for the federation policy keys.
 """
 from __future__ import annotations
 
 import contextlib
 import logging
+import secrets
 from collections.abc import Callable
 
 from vhosts.dead_letter_recorder import DeadLetterRecorder
 from vhosts.errors import NOT_ALLOWED, AMQPError
 from vhosts.stats import Churn
-from vhosts.policies import Policy
+from vhosts.parameters import validate as validate_parameter
+from vhosts.policies import OperatorPolicy, Policy
 from vhosts.users import (
     USER_LIMITS,
     VHOST_LIMITS,
@@ -65,6 +73,12 @@ class Broker:
         # Called with a vhost's name once it is deleted: front ends drop
         # what they keep per vhost (MQTT's retained messages and sessions).
         self.on_vhost_deleted: list[Callable[[str], None]] = []
+        # name -> JSON value (RabbitMQ's global runtime parameters)
+        self.global_parameters: dict[str, object] = {}
+        # Called with (vhost, component, name, value or None when cleared).
+        self.on_parameter_changed: list[Callable[[str, str, str, object], None]] = []
+        # Called with a vhost's name when its policies or operator policies change.
+        self.on_policies_changed: list[Callable[[str], None]] = []
         stored = definitions.load() if definitions is not None else None
         if stored is not None and not stored.blank:
             self._restore(stored)
@@ -74,6 +88,9 @@ class Broker:
                 if default_user:
                     self.put_user(default_user, hash_password(default_pass), ["administrator"])
                     self.set_permissions(default_user, default_vhost, Permission())
+        if "internal_cluster_id" not in self.global_parameters:
+            # RabbitMQ seeds one at first start; tools read it to tell clusters apart.
+            self.set_global_parameter("internal_cluster_id", "hutch-cluster-id-" + secrets.token_urlsafe(16))
         for vhost in self.vhosts.values():
             vhost.storage_ready()
         self._started = True
@@ -114,14 +131,20 @@ class Broker:
         for name, limits in stored.vhost_limits.items():
             if name in self.vhosts:
                 self.vhosts[name].limits = limits
-        for row in stored.policies:
+        for rows, kind, attribute in ((stored.policies, Policy, "policies"),
+                                      (stored.operator_policies, OperatorPolicy, "operator_policies")):
+            for row in rows:
+                if row.vhost in self.vhosts:
+                    try:
+                        policy = kind(row.vhost, row.name, row.pattern, row.definition, row.priority, row.apply_to)
+                    except ValueError as exc:
+                        log.warning("not restoring policy '%s' in vhost '%s': %s", row.name, row.vhost, exc)
+                        continue
+                    getattr(self.vhosts[row.vhost], attribute)[row.name] = policy
+        for row in stored.parameters:
             if row.vhost in self.vhosts:
-                try:
-                    policy = Policy(row.vhost, row.name, row.pattern, row.definition, row.priority, row.apply_to)
-                except ValueError as exc:
-                    log.warning("not restoring policy '%s' in vhost '%s': %s", row.name, row.vhost, exc)
-                    continue
-                self.vhosts[row.vhost].policies[row.name] = policy
+                self.vhosts[row.vhost].parameters[(row.component, row.name)] = row.value
+        self.global_parameters.update(stored.global_parameters)
         for name, vhost in self.vhosts.items():
             vhost.restore(
                 [row for row in stored.exchanges if row.vhost == name],
@@ -166,6 +189,9 @@ class Broker:
                 self.definitions.delete_vhost(name)
         vhost.definitions = None
         del self.vhosts[name]
+        for component, parameter in list(vhost.parameters):
+            for notify in self.on_parameter_changed:
+                notify(name, component, parameter, None)
         for user in self.users.values():
             user.permissions.pop(name, None)
             for key in [key for key in user.topic_permissions if key[0] == name]:
@@ -291,30 +317,84 @@ class Broker:
     # -- policies --------------------------------------------------------------
 
     def set_policy(self, vhost: str, name: str, pattern: str, definition: dict, priority: int = 0,
-                   apply_to: str = "all") -> Policy:
-        """Add or replace a policy (ValueError with rabbitmqctl's reason when
-        invalid) and apply it at once to existing queues and exchanges."""
+                   apply_to: str = "all", operator: bool = False) -> Policy:
+        """Add or replace a policy, or (`operator`) an operator policy
+        (ValueError with rabbitmqctl's reason when invalid), and apply it at
+        once to existing queues and exchanges."""
         target = self._vhost(vhost)
-        policy = Policy(vhost, name, pattern, definition, priority, apply_to)
+        policy = (OperatorPolicy if operator else Policy)(vhost, name, pattern, definition, priority, apply_to)
+        table = "operator_policies" if operator else "policies"
         if self.definitions is not None:
-            self.definitions.set_policy(vhost, name, pattern, apply_to, policy.definition, priority)
-        target.policies[name] = policy
-        target.apply_policies()
+            self.definitions.set_policy(vhost, name, pattern, apply_to, policy.definition, priority, table)
+        getattr(target, table)[name] = policy
+        self._policies_changed(target)
         return policy
 
-    def clear_policy(self, vhost: str, name: str) -> None:
+    def clear_policy(self, vhost: str, name: str, operator: bool = False) -> None:
         target = self._vhost(vhost)
-        if name not in target.policies:
+        table = "operator_policies" if operator else "policies"
+        if name not in getattr(target, table):
             raise LookupError("Parameter does not exist")
         if self.definitions is not None:
-            self.definitions.clear_policy(vhost, name)
-        del target.policies[name]
-        target.apply_policies()
+            self.definitions.clear_policy(vhost, name, table)
+        del getattr(target, table)[name]
+        self._policies_changed(target)
 
-    def list_policies(self, vhost: str | None = None) -> list[Policy]:
-        """Every policy, or those of one vhost."""
+    def _policies_changed(self, target: VirtualHost) -> None:
+        target.apply_policies()
+        for notify in self.on_policies_changed:
+            notify(target.name)
+
+    def list_policies(self, vhost: str | None = None, operator: bool = False) -> list[Policy]:
+        """Every policy (or operator policy), or those of one vhost."""
         vhosts = [self._vhost(vhost)] if vhost is not None else self.vhosts.values()
-        return [policy for v in vhosts for policy in v.policies.values()]
+        table = "operator_policies" if operator else "policies"
+        return [policy for v in vhosts for policy in getattr(v, table).values()]
+
+    # -- runtime and global parameters -----------------------------------------
+
+    def set_parameter(self, vhost: str, component: str, name: str, value: object) -> None:
+        """Add or replace a runtime parameter: ValueError whose text is
+        RabbitMQ's error lines when the value is invalid (vhosts.parameters)."""
+        target = self._vhost(vhost)
+        errors = validate_parameter(component, name, value)
+        if errors:
+            raise ValueError("\n".join(errors))
+        if self.definitions is not None:
+            self.definitions.set_parameter(vhost, component, name, value)
+        target.parameters[(component, name)] = value
+        for notify in self.on_parameter_changed:
+            notify(vhost, component, name, value)
+
+    def clear_parameter(self, vhost: str, component: str, name: str) -> None:
+        target = self._vhost(vhost)
+        if (component, name) not in target.parameters:
+            raise LookupError("Parameter does not exist")
+        if self.definitions is not None:
+            self.definitions.clear_parameter(vhost, component, name)
+        del target.parameters[(component, name)]
+        for notify in self.on_parameter_changed:
+            notify(vhost, component, name, None)
+
+    def list_parameters(self, vhost: str | None = None, component: str | None = None) -> list[tuple]:
+        """(vhost, component, name, value) of every parameter, or those of a
+        vhost and component, in RabbitMQ's order (by name)."""
+        vhosts = [self._vhost(vhost)] if vhost is not None else self.vhosts.values()
+        found = [(v.name, c, n, value) for v in vhosts for (c, n), value in v.parameters.items()
+                 if component in (None, c)]
+        return sorted(found, key=lambda row: (row[2], row[1], row[0]))
+
+    def set_global_parameter(self, name: str, value: object) -> None:
+        if self.definitions is not None:
+            self.definitions.set_global_parameter(name, value)
+        self.global_parameters[name] = value
+
+    def clear_global_parameter(self, name: str) -> None:
+        if name not in self.global_parameters:
+            raise LookupError("Parameter does not exist")
+        if self.definitions is not None:
+            self.definitions.clear_global_parameter(name)
+        del self.global_parameters[name]
 
     # -- connections ---------------------------------------------------------
 

@@ -10,6 +10,16 @@ order, which nothing can rely on; this one is at least deterministic). Definitio
 error texts. How a policy combines with a queue's own x-arguments is the
 queue's business (`Queue.apply_policy`); for exchanges, the
 "alternate-exchange" argument wins over the policy's (`Exchange.alternate_exchange`).
+
+Operator policies (`OperatorPolicy`, RabbitMQ's operator policy overrides)
+are a second set, chosen the same way, which only an administrator sets and
+which only caps a queue's numeric limits (`OPERATOR_KEYS`); `effective`
+combines the two definitions as RabbitMQ's rabbit_policy does: for each such
+key the smaller value wins, and the queue's own x-arguments are then held
+to the result the same way (vhosts.queue_arguments.effective).
+
+The keys "federation-upstream" and "federation-upstream-set" name what
+federates an exchange or queue (amqp_server.links.federation).
 """
 from __future__ import annotations
 
@@ -36,6 +46,8 @@ def _overflow(value: object) -> bool:
     return isinstance(value, str) and value in OVERFLOW
 
 
+
+
 # key -> (validator, what a failing value is not: "<value> is not a valid <what>")
 DEFINITION_KEYS = {
     "alternate-exchange": (_string, "alternate exchange name"),
@@ -47,7 +59,15 @@ DEFINITION_KEYS = {
     "max-length-bytes": (_at_least(0), "maximum length in bytes"),
     "overflow": (_overflow, "overflow value"),
     "delivery-limit": (_at_least(0), "delivery limit"),
+    "federation-upstream": (_string, "federation upstream name"),
+    "federation-upstream-set": (_string, "federation upstream set name"),
 }
+
+# What an operator policy may set (RabbitMQ 3.10's list); each caps the
+# queue's own setting (the smaller value wins).
+OPERATOR_KEYS = {key: DEFINITION_KEYS[key] for key in (
+    "expires", "message-ttl", "max-length", "max-length-bytes", "delivery-limit")}
+OPERATOR_WITHOUT_EFFECT = frozenset({"max-in-memory-length", "max-in-memory-bytes"})
 
 
 # Keys RabbitMQ 3.10 recognises for features hutch does not have (mirroring,
@@ -60,20 +80,24 @@ WITHOUT_EFFECT = frozenset({
 })
 
 
-def validate_definition(definition: object) -> dict:
+def validate_definition(definition: object, keys: dict = DEFINITION_KEYS,
+                        without_effect: frozenset = WITHOUT_EFFECT) -> dict:
     """The definition, or ValueError with rabbitmqctl's reason."""
     if not isinstance(definition, dict) or not definition:
         raise ValueError("no policy provided")
-    unknown = [(k, v) for k, v in definition.items() if k not in DEFINITION_KEYS and k not in WITHOUT_EFFECT]
+    unknown = [(k, v) for k, v in definition.items() if k not in keys and k not in without_effect]
     if unknown:
         raise ValueError("[%s] are not recognised policy settings"
                          % ",".join("{%s,%s}" % (erl_term(k), erl_term(v)) for k, v in unknown))
     for key, value in definition.items():
-        if key in WITHOUT_EFFECT:
+        if key in without_effect:
             continue
-        check, what = DEFINITION_KEYS[key]
+        check, what = keys[key]
         if not check(value):
             raise ValueError("%s is not a valid %s" % (erl_term(value), what))
+    if "federation-upstream" in definition and "federation-upstream-set" in definition:
+        raise ValueError("cannot specify federation-upstream, federation-upstream-set or "
+                         "federation-upstream-pattern together")
     return dict(definition)
 
 
@@ -96,11 +120,35 @@ class Policy:
             self._regex = re.compile(self.pattern)
         except re.error as exc:
             raise ValueError("pattern should be regular expression but is invalid: %s" % exc) from None
-        self.definition = validate_definition(self.definition)
+        self.definition = self._validate(self.definition)
+
+    @staticmethod
+    def _validate(definition: object) -> dict:
+        return validate_definition(definition)
 
     def applies(self, kind: str, name: str) -> bool:
         """`kind`: "queue" or "exchange"."""
         return self.apply_to in ("all", kind + "s") and self._regex.search(name) is not None
+
+
+class OperatorPolicy(Policy):
+    """An operator policy override: only `OPERATOR_KEYS`."""
+
+    @staticmethod
+    def _validate(definition: object) -> dict:
+        return validate_definition(definition, OPERATOR_KEYS, OPERATOR_WITHOUT_EFFECT)
+
+
+def effective(policy: Policy | None, operator_policy: Policy | None) -> dict | None:
+    """The definition a queue or exchange runs with: the policy's, each
+    operator key capped by the operator policy's (the smaller wins)."""
+    if operator_policy is None:
+        return policy.definition if policy is not None else None
+    merged = dict(policy.definition) if policy is not None else {}
+    for key, value in operator_policy.definition.items():
+        if key in OPERATOR_KEYS:
+            merged[key] = min(merged[key], value) if key in merged else value
+    return merged
 
 
 def matching(policies, kind: str, name: str) -> Policy | None:

@@ -61,7 +61,7 @@ from vhosts.errors import (
 from vhosts.delayed import DELAYED, Delayer, check_delayed_type, delay_of
 from vhosts.exchange import PREDECLARED, TRACE_EXCHANGE, Exchange
 from vhosts.move import move
-from vhosts.policies import Policy, matching
+from vhosts.policies import Policy, effective, matching
 from vhosts.queue import DURABLE_PENDING, REJECTED, Queue
 from vhosts.queue_arguments import max_priority, validate as validate_queue_arguments
 from vhosts.users import limit_reached
@@ -135,6 +135,10 @@ class VirtualHost:
         self.limits: dict = {}
         # name -> Policy; set by the Broker, which calls apply_policies after a change.
         self.policies: dict[str, Policy] = {}
+        # name -> OperatorPolicy, the same way (vhosts.policies: they cap queue limits).
+        self.operator_policies: dict[str, Policy] = {}
+        # (component, name) -> JSON value: runtime parameters (vhosts.parameters); kept by the Broker.
+        self.parameters: dict[tuple[str, str], object] = {}
         self._bound_from: dict[Destination, set[str]] = {}
         # The names of the x-delayed-message exchanges, which publish looks
         # up first, and what holds their delayed messages.
@@ -200,9 +204,12 @@ class VirtualHost:
         """The policy that applies to the queue or exchange (`kind`) `name`."""
         return matching(self.policies.values(), kind, name) if self.policies else None
 
+    def operator_policy_for(self, kind: str, name: str) -> Policy | None:
+        """The operator policy that applies to the queue or exchange `name`."""
+        return matching(self.operator_policies.values(), kind, name) if self.operator_policies else None
+
     def _definition_for(self, kind: str, name: str) -> dict | None:
-        policy = self.policy_for(kind, name)
-        return policy.definition if policy is not None else None
+        return effective(self.policy_for(kind, name), self.operator_policy_for(kind, name))
 
     def apply_policies(self) -> None:
         """Give every queue and exchange the policy that now applies to it."""

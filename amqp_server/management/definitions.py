@@ -6,33 +6,35 @@ vhosts (with their description and tags in a "metadata" object, the shape
 of RabbitMQ 3.11 and later; import also takes them as top-level keys, as
 RabbitMQ does), permissions, topic permissions, vhost limits (as RabbitMQ exports
 them: a "parameters" entry of component "vhost-limits" named "limits"),
-policies, non-exclusive queues, exchanges other than the predeclared ones,
+runtime parameters (shovels, federation upstreams and sets), global
+parameters, policies, non-exclusive queues, exchanges other than the predeclared ones,
 and the explicit bindings. Import accepts hutch's own export and
 RabbitMQ's: every entry is checked before anything is changed, then applied
 in the order RabbitMQ uses (users, vhosts, permissions, topic permissions,
 parameters, policies, then exchanges, queues, bindings) through the same
 domain calls as AMQP and the management API, each durable change in its own
-store transaction. Global parameters and parameters of other components
-(federation, shovels: plugins hutch does not have) are accepted and
-reported in the log, not kept.
+store transaction. Parameters of components hutch does not know are
+refused with RabbitMQ's "component ... not found", before anything changes.
+The global parameter internal_cluster_id is the importing node's own and is
+kept (another node's would make two nodes' federation queues one).
 """
 from __future__ import annotations
 
-import logging
 
 from routing import Destination
 from vhosts.errors import AMQPError
 from vhosts.policies import Policy
 from vhosts.users import USER_LIMITS, VHOST_LIMITS, Permission, check_limits, check_pattern, hash_password
 
-from amqp_server.management import accounts, policies, resources, topic_permissions
+from vhosts.parameters import validate as validate_parameter
+
+from amqp_server.management import accounts, parameters, policies, resources, topic_permissions
 from amqp_server.management.errors import ApiError, bad_request
 from amqp_server.management.http import NO_CONTENT
 from amqp_server.management.node import COMPATIBLE_VERSION
 
-log = logging.getLogger("hutch.management")
 
-VHOST_LIMITS_COMPONENT = "vhost-limits"
+VHOST_LIMITS_COMPONENT = parameters.VHOST_LIMITS
 
 
 def _queues(v, with_vhost: bool) -> list[dict]:
@@ -73,13 +75,6 @@ def _without_vhost(item: dict) -> dict:
     return {key: value for key, value in item.items() if key != "vhost"}
 
 
-def _parameters(v) -> list[dict]:
-    """A vhost's limits, as RabbitMQ exports them."""
-    if not v.limits:
-        return []
-    return [{"value": dict(v.limits), "vhost": v.name, "component": VHOST_LIMITS_COMPONENT, "name": "limits"}]
-
-
 def _policies(v) -> list[dict]:
     return [policies.shape(v.policies[name]) for name in sorted(v.policies)]
 
@@ -102,8 +97,9 @@ def export_all(broker) -> dict:
                         for u in users for name, p in sorted(u.permissions.items())],
         "topic_permissions": [topic_permissions.shape(u.name, vhost, rule)
                               for u in users for (vhost, _x), rule in sorted(u.topic_permissions.items())],
-        "parameters": [item for v in vhosts for item in _parameters(v)],
-        "global_parameters": [],
+        "parameters": [item for v in vhosts for item in parameters.vhost_parameters(broker, v)],
+        "global_parameters": [{"name": name, "value": value}
+                              for name, value in sorted(broker.global_parameters.items())],
         "policies": [item for v in vhosts for item in _policies(v)],
         "queues": [item for v in vhosts for item in _queues(v, True)],
         "exchanges": [item for v in vhosts for item in _exchanges(v, True)],
@@ -111,10 +107,10 @@ def export_all(broker) -> dict:
     }
 
 
-def export_vhost(v) -> dict:
+def export_vhost(broker, v) -> dict:
     return {
         "rabbit_version": COMPATIBLE_VERSION,
-        "parameters": _parameters(v),
+        "parameters": parameters.vhost_parameters(broker, v),
         "policies": _policies(v),
         "queues": _queues(v, False),
         "exchanges": _exchanges(v, False),
@@ -127,7 +123,7 @@ def get_definitions(req) -> dict:
 
 
 def get_vhost_definitions(req) -> dict:
-    return export_vhost(req.vhost(req.params["vhost"]))
+    return export_vhost(req.broker, req.vhost(req.params["vhost"]))
 
 
 # -- import -------------------------------------------------------------------
@@ -167,11 +163,11 @@ def _check(body: dict, vhost_name: str | None, known_vhosts: set) -> dict:
         elif "password" in user:
             _text(user, "password")
         _valid(check_limits, user.get("limits") or {}, USER_LIMITS)
-    ignored = [item for item in checked["parameters"] if item.get("component") != VHOST_LIMITS_COMPONENT]
-    if ignored:
-        log.warning("definitions import: parameters of %s not imported (hutch has no such plugins)",
-                    ", ".join(sorted({str(item.get("component")) for item in ignored})))
-    checked["parameters"] = [item for item in checked["parameters"] if item not in ignored]
+    checked["global_parameters"] = [] if vhost_name is not None else _section(body, "global_parameters")
+    for item in checked["global_parameters"]:
+        _text(item, "name")
+        if "value" not in item:
+            raise bad_request("[{key_missing,value}]")
     for name in ("permissions", "topic_permissions", "parameters", "policies", "exchanges", "queues", "bindings"):
         for item in checked[name]:
             target = item.get("vhost")
@@ -187,6 +183,12 @@ def _check(body: dict, vhost_name: str | None, known_vhosts: set) -> dict:
             _valid(check_pattern, item[key])
     for item in checked["parameters"]:
         value = item.get("value")
+        component = _text(item, "component")
+        if component != VHOST_LIMITS_COMPONENT:
+            errors = validate_parameter(component, _text(item, "name"), value)
+            if errors:
+                raise bad_request("Validation failed\n\n%s\n" % "\n".join(errors))
+            continue
         if value == []:  # how RabbitMQ exports limits that were all cleared
             item["value"] = value = {}
         if not isinstance(value, dict):
@@ -225,8 +227,6 @@ def _known_user(broker, name: str) -> str:
 def apply(broker, body: dict, vhost_name: str | None = None) -> None:
     """Import `body` (a definitions document) into `broker`."""
     checked = _check(body, vhost_name, set(broker.vhosts))
-    if body.get("global_parameters"):
-        log.warning("definitions import: global_parameters not imported (hutch has none)")
     for user in checked["users"]:
         if "password_hash" in user:
             password_hash = accounts.imported_hash(user)
@@ -243,8 +243,14 @@ def apply(broker, body: dict, vhost_name: str | None = None) -> None:
     for item in checked["topic_permissions"]:
         broker.set_topic_permissions(_known_user(broker, item["user"]), item["vhost"], item["exchange"],
                                      item["write"], item["read"])
+    for item in checked["global_parameters"]:
+        if item["name"] != "internal_cluster_id":  # this node's identity (names its federation queues upstream)
+            broker.set_global_parameter(item["name"], item["value"])
     for item in checked["parameters"]:
-        broker.set_vhost_limits(item["vhost"], item["value"])
+        if item["component"] == VHOST_LIMITS_COMPONENT:
+            broker.set_vhost_limits(item["vhost"], item["value"])
+        else:
+            broker.set_parameter(item["vhost"], item["component"], item["name"], item["value"])
     for item in checked["policies"]:
         broker.set_policy(item["vhost"], item["name"], item["pattern"], item["definition"], item.get("priority", 0),
                           item.get("apply-to", "all"))

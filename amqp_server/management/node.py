@@ -30,6 +30,7 @@ class Node:
     listeners: list = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
     stopping: asyncio.Event = field(default_factory=asyncio.Event)  # set when the listeners close
+    links: object = None  # amqp_server.links.supervisor.Links, once the broker has started it
 
     @property
     def uptime_ms(self) -> int:

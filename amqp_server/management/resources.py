@@ -136,7 +136,7 @@ def queues(req) -> list:
     def shape(pair) -> dict:
         v, q = pair
         return shapes.queue(req.node.sampler, q, unacked[q], unacked_bytes[q], consumers.get(q, []),
-                            v.policy_for("queue", q.name))
+                            v.policy_for("queue", q.name), v.operator_policy_for("queue", q.name))
 
     return present([(v, v.queues[n]) for v in vhosts for n in sorted(v.queues)], req.query, shape,
                    lambda pair: pair[1].name)
@@ -155,7 +155,8 @@ def queue(req) -> dict:
     connections = req.node.connections
     consumers = shapes.consumers_by_queue(connections).get(q, [])
     out = shapes.queue(req.node.sampler, q, shapes.unacked_by_queue(connections)[q],
-                       shapes.unacked_bytes_by_queue(connections)[q], consumers, v.policy_for("queue", q.name))
+                       shapes.unacked_bytes_by_queue(connections)[q], consumers, v.policy_for("queue", q.name),
+                       v.operator_policy_for("queue", q.name))
     out["consumer_details"] = [shapes.consumer(ch, c) for ch, c in consumers]
     out["deliveries"] = []
     out["incoming"] = []

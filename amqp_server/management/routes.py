@@ -4,17 +4,18 @@ Patterns are tuples of path segments; "{name}" matches any one segment
 (percent-decoded). The first matching pattern wins, so fixed segments
 (`/api/users/without-permissions`) come before placeholders. The tag is
 the least a user needs (`access`); vhost visibility is checked by the
-handlers. Not here: operator policies, parameters and global parameters
-(hutch has none; vhost limits are reached through /api/vhost-limits).
+handlers. Parameters of the component "vhost-limits" are reached through
+/api/vhost-limits, as in RabbitMQ.
 """
 from __future__ import annotations
 
 from amqp_server.management import (accounts, clients, dead_letters, definitions, extensions, health, limits,
-                                    mqtt_sessions, operations, overview, policies, resources, topic_permissions,
-                                    watermark)
-from amqp_server.management.access import ADMINISTRATOR, MANAGEMENT, MONITORING
+                                    links, mqtt_sessions, operations, overview, parameters, policies, resources,
+                                    topic_permissions, watermark)
+from amqp_server.management.access import ADMINISTRATOR, MANAGEMENT, MONITORING, POLICYMAKER
 
-M, MON, A = MANAGEMENT, MONITORING, ADMINISTRATOR
+M, MON, P, A = MANAGEMENT, MONITORING, POLICYMAKER, ADMINISTRATOR
+_op = policies.operator
 
 
 def _p(path: str) -> tuple[str, ...]:
@@ -91,6 +92,28 @@ _TABLE = [
     ("/api/policies/{vhost}", {"GET": (policies.policies, M)}),
     ("/api/policies/{vhost}/{name}", {"GET": (policies.policy, M), "PUT": (policies.put_policy, M),
                                       "DELETE": (policies.delete_policy, M)}),
+    ("/api/operator-policies", {"GET": (_op(policies.policies), A)}),
+    ("/api/operator-policies/{vhost}", {"GET": (_op(policies.policies), A)}),
+    ("/api/operator-policies/{vhost}/{name}", {"GET": (_op(policies.policy), A), "PUT": (_op(policies.put_policy), A),
+                                               "DELETE": (_op(policies.delete_policy), A)}),
+    # runtime and global parameters (the policymaker rule of single parameters is in the handlers)
+    ("/api/parameters", {"GET": (parameters.parameters, P)}),
+    ("/api/parameters/{component}", {"GET": (parameters.parameters, P)}),
+    ("/api/parameters/{component}/{vhost}", {"GET": (parameters.parameters, P)}),
+    ("/api/parameters/{component}/{vhost}/{name}", {"GET": (parameters.parameter, P),
+                                                    "PUT": (parameters.put_parameter, P),
+                                                    "DELETE": (parameters.delete_parameter, P)}),
+    ("/api/global-parameters", {"GET": (parameters.global_parameters, A)}),
+    ("/api/global-parameters/{name}", {"GET": (parameters.global_parameter, A),
+                                       "PUT": (parameters.put_global_parameter, A),
+                                       "DELETE": (parameters.delete_global_parameter, A)}),
+    # shovels and federation (the plugins' management routes)
+    ("/api/shovels", {"GET": (links.shovels, M)}),
+    ("/api/shovels/{vhost}", {"GET": (links.shovels, M)}),
+    ("/api/shovels/vhost/{vhost}/{name}", {"GET": (links.shovel, M), "DELETE": (links.delete_shovel, P)}),
+    ("/api/shovels/vhost/{vhost}/{name}/restart", {"DELETE": (links.restart_shovel, P)}),
+    ("/api/federation-links", {"GET": (links.federation_links, M)}),
+    ("/api/federation-links/{vhost}", {"GET": (links.federation_links, M)}),
     # limits
     ("/api/vhost-limits", {"GET": (limits.vhost_limits, M)}),
     ("/api/vhost-limits/{vhost}", {"GET": (limits.vhost_limits, M)}),

@@ -150,8 +150,11 @@ def default_exchange(vhost_name: str, user_name: str) -> dict:
             "type": "direct", "user_who_performed_action": user_name, "vhost": vhost_name}
 
 
-def queue(sampler, q, unacked: int, unacked_bytes: int, consumers: list, policy=None) -> dict:
-    """`policy`: the `vhosts.policies.Policy` that applies, if any."""
+def queue(sampler, q, unacked: int, unacked_bytes: int, consumers: list, policy=None,
+          operator_policy=None) -> dict:
+    """`policy`, `operator_policy`: the `vhosts.policies.Policy` and
+    `OperatorPolicy` that apply, if any (the queue runs with their
+    combination, `q.policy`)."""
     states = q.backing.state_counts()
     ready = q.message_count
     exclusive_tag = next((c.tag for _ch, c in consumers if c.exclusive), None)
@@ -162,7 +165,7 @@ def queue(sampler, q, unacked: int, unacked_bytes: int, consumers: list, policy=
         "consumer_capacity": 1.0 if q.consumers else 0,
         "consumer_utilisation": 1.0 if q.consumers else None,
         "durable": q.durable,
-        "effective_policy_definition": dict(policy.definition) if policy is not None else {},
+        "effective_policy_definition": dict(q.policy or {}),
         "exclusive": q.exclusive_owner is not None,
         **_owner(q.exclusive_owner),
         "exclusive_consumer_tag": exclusive_tag,
@@ -177,7 +180,7 @@ def queue(sampler, q, unacked: int, unacked_bytes: int, consumers: list, policy=
         "message_states": states,
         "name": q.name,
         "node": NODE,
-        "operator_policy": None,
+        "operator_policy": operator_policy.name if operator_policy is not None else None,
         "policy": policy.name if policy is not None else None,
         "single_active_consumer_tag": None,
         "state": "running",

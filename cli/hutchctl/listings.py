@@ -36,8 +36,13 @@ def _tags(row: dict) -> Atoms:
     return Atoms(tags)
 
 
+def _compact(name: str) -> Callable[[dict], str]:
+    """A JSON field as rabbitmqctl prints it: compact JSON text."""
+    return lambda row: json.dumps(row.get(name), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
 def _definition(row: dict) -> str:
-    return json.dumps(row.get("definition") or {}, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return _compact("definition")(row) if row.get("definition") else "{}"
 
 
 @dataclass(frozen=True)
@@ -57,6 +62,7 @@ class Listing:
     # hutch's API extension read (docs/cli.md): the vhost is looked up first, so that a 404 (or
     # RabbitMQ's 400 for /api/hutch/ paths) afterwards says the broker has no such endpoint
     extension: str | None = None
+    keep: Callable[[Context, dict], bool] | None = None  # which of the records listed to show
 
     def run(self, ctx: Context, args: list[str], opts: dict) -> None:
         named, columns = args[:len(self.positional)], args[len(self.positional):]
@@ -80,6 +86,8 @@ class Listing:
             if self.missing is not None:
                 raise error(self.missing.format(**fields)) from None
             records = []  # a vhost that does not exist lists nothing, as in rabbitmqctl
+        if self.keep is not None:
+            records = [record for record in records if self.keep(ctx, record)]
         getters = [self.sources.get(column) or _field(column) for column in columns]
         rows = [[get(record) for get in getters] for record in records]
         if self.maps:
@@ -194,6 +202,22 @@ LISTINGS = (
         ("vhost", "name", "pattern", "apply-to", "definition", "priority"),
         _in_vhost("policies"), {"definition": _definition}, maps=True, selectable=False,
     ), "Lists all policies in a virtual host"),
+    (Listing(
+        "list_operator_policies", 'Listing operator policy overrides for vhost "{vhost}" ...',
+        ("vhost", "name", "pattern", "apply-to", "definition", "priority"),
+        ("vhost", "name", "pattern", "apply-to", "definition", "priority"),
+        _in_vhost("operator-policies"), {"definition": _definition}, maps=True, selectable=False,
+    ), "Lists operator policy overrides for a virtual host"),
+    (Listing(
+        "list_parameters", 'Listing runtime parameters for vhost "{vhost}" ...',
+        ("component", "name", "value"), ("component", "name", "value"),
+        lambda ctx, named: path("parameters"), {"value": _compact("value")}, maps=True, selectable=False,
+        keep=lambda ctx, row: row.get("vhost") == ctx.vhost,  # the API lists parameters by component, not vhost
+    ), "Lists runtime parameters for a virtual host"),
+    (Listing(
+        "list_global_parameters", "Listing global runtime parameters ...", ("name", "value"), ("name", "value"),
+        lambda ctx, named: path("global-parameters"), {"value": _compact("value")}, maps=True, selectable=False,
+    ), "Lists global runtime parameters"),
     (Listing(
         "list_mqtt_sessions", "Listing MQTT sessions for vhost {vhost} ...",
         ("vhost", "client_id", "connected", "clean_session", "connection", "user", "protocol", "subscriptions",
