@@ -17,7 +17,9 @@ Theory of operation:
 - Output: frames are appended to `_out`; the protocol writes them once per
   loop turn (`take_output`). `output_paused` is true while the socket is
   paused or `_out` is long, and consumers on this connection then receive
-  nothing until `output_resumed` dispatches again.
+  nothing until `output_resumed` dispatches again. After acks
+  (`acks_handled`) the protocol holds the output until their records are
+  written to the OS (amqp_server.protocol).
 - Credit flow: when something this connection publishes into cannot keep
   up (a queue whose consumers are output-bound, see vhosts.queue; the disk
   writer with too much queued, see storage.writer), it is added to
@@ -172,6 +174,9 @@ class Connection:
         self._told_blocked = False
         self._header = b""
         self._out: list[bytes] = []
+        # Acks (or nack/reject without requeue) handled since the last write:
+        # the protocol writes nothing more until their records reach the OS.
+        self.acks_handled = False
         self._confirming: set[Channel] = set()
         self.socket_paused = False
         self._received_since_tick = True

@@ -135,7 +135,7 @@ class BrokerServer:
         logins = self.logins
 
         def factory() -> AMQPProtocol:
-            return AMQPProtocol(self.broker, config, self.connections, self.alarms, logins)
+            return AMQPProtocol(self.broker, config, self.connections, self.alarms, logins, self.writer)
 
         def mqtt_factory() -> MQTTProtocol:
             return MQTTProtocol(self.broker, config, self.mqtt_sessions, self.connections, self.alarms, logins)

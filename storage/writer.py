@@ -1,17 +1,29 @@
-"""Group commit: one thread does every file write and sync, in batches.
+"""Group commit: one thread writes every file, a second syncs, in batches.
 
 Theory of operation:
 - The event loop calls `append(file, data, done)` and `run(fn, done)`; both
   only put a job on a queue (no file I/O on the loop).
-- The writer thread takes *everything* pending, performs the jobs in
-  submission order, then syncs each file it appended to once (`os.fsync` in
-  durability "fsync", a flush to the OS in "flush"), and only then hands the
-  batch's `done` callbacks back to the loop, in submission order. A file's
-  appends between two `run` jobs go out as one write (in the order the files
-  were first appended to): one system call for many small records. A confirm
-  that waits for `done` therefore never precedes the sync of its bytes, and
-  the cost of one fsync is shared by every write that arrived meanwhile.
-- Reads go to a second thread (`read`), so a deep queue being read back never
+- The writer thread takes *everything* pending and performs the jobs in
+  submission order: a file's appends between two `run` jobs go out as one
+  write (in the order the files were first appended to): one system call for
+  many small records. It then hands the written files and the batch's `done`
+  callbacks to the sync thread and takes the next batch at once, so a write
+  never waits behind a sync.
+- The sync thread takes every batch handed over, syncs each file they wrote
+  once (`os.fsync` in durability "fsync"; nothing more in "flush", where the
+  write was the hand-over to the OS), and only then hands their `done`
+  callbacks back to the loop, in submission order. A confirm that waits for
+  `done` therefore never precedes the sync of its bytes, and the cost of one
+  fsync is shared by every write that arrived meanwhile.
+- A `run` job may close, rename or delete files: the writer waits until the
+  sync thread has synced everything written before it (a barrier), then runs
+  it; its `done` follows the same path as the callbacks of appends.
+- `written` counts the appends the writer has handed to the OS (failed ones
+  included: nothing more will happen to them); `submitted` counts those
+  queued. `when_written(mark, callback)` tells the loop when the first
+  `mark` appends are written, without waiting for a sync: the connection's
+  output waits on it after acks (amqp_server.protocol, docs/storage.md).
+- Reads go to a third thread (`read`), so a deep queue being read back never
   waits behind, or delays, a batch of writes.
 - `AppendFile.size` is advanced on the loop at submission, so the offset of
   a record is known before it is written.
@@ -88,10 +100,18 @@ class GroupCommitWriter:
         self.loop = loop
         self.durability = durability
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        # Writer -> sync thread: (files written, failed file ids, callbacks,
+        # bytes) per batch, a barrier (threading.Event), or _STOP.
+        self._to_sync: queue.SimpleQueue = queue.SimpleQueue()
         self._reads: queue.SimpleQueue = queue.SimpleQueue()
         self.batches = 0  # how many group commits ran (metrics, tests)
+        self.submitted = 0  # appends queued (loop thread only)
+        self.written = 0  # appends handed to the OS (writer thread only)
+        # (mark, callback) of `when_written`; the writer thread only reads
+        # whether it is empty.
+        self._written_waiters: list = []
         # Syncs of a batch's files and the seconds they took (metrics; written
-        # by the writer thread only).
+        # by the sync thread only).
         self.fsync_count = 0
         self.fsync_seconds = 0.0
         # `run`/`read` jobs whose `done` has not run on the loop yet: their
@@ -104,8 +124,10 @@ class GroupCommitWriter:
         self.backlog_low = BACKLOG_LOW
         self.flow_waiters: set = set()
         self._thread = threading.Thread(target=self._write_loop, name="hutch-writer", daemon=True)
+        self._syncer = threading.Thread(target=self._sync_loop, name="hutch-syncer", daemon=True)
         self._reader = threading.Thread(target=self._read_loop, name="hutch-reader", daemon=True)
         self._thread.start()
+        self._syncer.start()
         self._reader.start()
 
     # -- on the event loop ---------------------------------------------------
@@ -115,8 +137,30 @@ class GroupCommitWriter:
         offset = file.size
         file.size += len(data)
         self.pending_bytes += len(data) + JOB_OVERHEAD
+        self.submitted += 1
         self._jobs.put((file, data, done))
         return offset
+
+    def when_written(self, mark: int, callback: Callable[[], None]) -> bool:
+        """True when the first `mark` appends are written to the OS; else
+        False, and `callback()` runs on the loop once they are."""
+        if self.written >= mark:
+            return True
+        waiter = (mark, callback)
+        self._written_waiters.append(waiter)
+        # The writer may have passed `mark` before it could see the waiter.
+        if self.written >= mark:
+            self._written_waiters.remove(waiter)
+            return True
+        return False
+
+    def _wake_written(self) -> None:
+        written = self.written
+        due = [w for w in self._written_waiters if w[0] <= written]
+        if due:
+            self._written_waiters = [w for w in self._written_waiters if w[0] > written]
+            for _mark, callback in due:
+                callback()
 
     @property
     def backlogged(self) -> bool:
@@ -157,6 +201,7 @@ class GroupCommitWriter:
         self._jobs.put(_STOP)
         self._reads.put(_STOP)
         self._thread.join()
+        self._syncer.join()
         self._reader.join()
 
     # -- on the threads ------------------------------------------------------
@@ -174,30 +219,32 @@ class GroupCommitWriter:
                 batch.pop()
                 stopping = True
             self._commit(batch)
+        self._to_sync.put(_STOP)
 
     def _commit(self, batch: list) -> None:
-        """Invariant: a `done` of an append fires only when its bytes were
-        written and (in fsync mode) synced; a failed write or sync withholds
-        the confirms of that file's appends in the batch (they never come:
-        the client sees no confirm rather than a false one)."""
+        """Write a batch (writer thread) and hand it to the sync thread."""
         touched: dict[int, AppendFile] = {}
         failed: set[int] = set()
         callbacks: list = []
         appends: dict[int, tuple[AppendFile, list]] = {}  # not written yet
-        written = 0
+        written = count = 0
         for file, payload, done in batch:
             if file is None:
                 # A job may close, rename or delete files: what was appended
                 # before it must be written and synced first, or its `done`
                 # would lie.
                 failed |= self._write(appends, touched)
-                failed |= self._sync(touched)
-                touched.clear()
+                self._written_out(count, touched, failed, callbacks, written)
+                touched, failed, callbacks, written, count = {}, set(), [], 0, 0
+                synced = threading.Event()
+                self._to_sync.put(synced)
+                synced.wait()
                 result = _call(payload)
                 if done is not None:
                     callbacks.append((done, (result,), _JOB))
                 continue
             written += len(payload) + JOB_OVERHEAD
+            count += 1
             key = id(file)
             pending = appends.get(key)
             if pending is None:
@@ -207,14 +254,56 @@ class GroupCommitWriter:
             if done is not None:
                 callbacks.append((done, (), key))
         failed |= self._write(appends, touched)
-        failed |= self._sync(touched)
+        self._written_out(count, touched, failed, callbacks, written)
         self.batches += 1
-        if failed:
-            callbacks = [c for c in callbacks if c[2] not in failed]
-        if written:
-            callbacks.append((self._written, (written,), None))
-        if callbacks:
-            self._deliver(callbacks)
+
+    def _written_out(self, count: int, touched: dict, failed: set, callbacks: list, written: int) -> None:
+        """`count` more appends are written: tell the loop if it waits for
+        that, and give the rest to the sync thread."""
+        if count:
+            self.written += count
+            if self._written_waiters:
+                self._call_on_loop(self._wake_written)
+        if touched or failed or callbacks or written:
+            self._to_sync.put((touched, failed, callbacks, written))
+
+    def _sync_loop(self) -> None:
+        """Invariant: a `done` of an append fires only when its bytes were
+        written and (in fsync mode) synced; a failed write or sync withholds
+        the confirms of that file's appends (they never come: the client
+        sees no confirm rather than a false one)."""
+        stopping = False
+        while not stopping:
+            items = [self._to_sync.get()]
+            while True:
+                try:
+                    items.append(self._to_sync.get_nowait())
+                except queue.Empty:
+                    break
+            touched: dict[int, AppendFile] = {}
+            failed: set[int] = set()
+            callbacks: list = []
+            written = 0
+            barriers = []
+            for item in items:
+                if item is _STOP:
+                    stopping = True
+                elif isinstance(item, threading.Event):
+                    barriers.append(item)  # always last: the writer waits on it
+                else:
+                    touched.update(item[0])
+                    failed |= item[1]
+                    callbacks += item[2]
+                    written += item[3]
+            failed |= self._sync(touched)
+            if failed:
+                callbacks = [c for c in callbacks if c[2] not in failed]
+            if written:
+                callbacks.append((self._written, (written,), None))
+            if callbacks:
+                self._deliver(callbacks)
+            for barrier in barriers:
+                barrier.set()
 
     @staticmethod
     def _write(appends: dict, touched: dict[int, AppendFile]) -> set[int]:
@@ -262,8 +351,11 @@ class GroupCommitWriter:
                     self.in_flight -= 1
                 done(*args)
 
+        self._call_on_loop(fire)
+
+    def _call_on_loop(self, fn: Callable[[], None]) -> None:
         try:
-            self.loop.call_soon_threadsafe(fire)
+            self.loop.call_soon_threadsafe(fn)
         except RuntimeError:
             pass  # the loop is closed: nobody is waiting any more
 
