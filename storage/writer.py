@@ -1,29 +1,25 @@
-"""Group commit: one thread writes every file, a second syncs, in batches.
+"""Group commit: one thread does every file write and sync, in batches.
 
 Theory of operation:
 - The event loop calls `append(file, data, done)` and `run(fn, done)`; both
   only put a job on a queue (no file I/O on the loop).
-- The writer thread takes *everything* pending and performs the jobs in
-  submission order: a file's appends between two `run` jobs go out as one
-  write (in the order the files were first appended to): one system call for
-  many small records. It then hands the written files and the batch's `done`
-  callbacks to the sync thread and takes the next batch at once, so a write
-  never waits behind a sync.
-- The sync thread takes every batch handed over, syncs each file they wrote
-  once (`os.fsync` in durability "fsync"; nothing more in "flush", where the
-  write was the hand-over to the OS), and only then hands their `done`
-  callbacks back to the loop, in submission order. A confirm that waits for
-  `done` therefore never precedes the sync of its bytes, and the cost of one
-  fsync is shared by every write that arrived meanwhile.
-- A `run` job may close, rename or delete files: the writer waits until the
-  sync thread has synced everything written before it (a barrier), then runs
-  it; its `done` follows the same path as the callbacks of appends.
-- `written` counts the appends the writer has handed to the OS (failed ones
-  included: nothing more will happen to them); `submitted` counts those
-  queued. `when_written(mark, callback)` tells the loop when the first
-  `mark` appends are written, without waiting for a sync: the connection's
-  output waits on it after acks (amqp_server.protocol, docs/storage.md).
-- Reads go to a third thread (`read`), so a deep queue being read back never
+- The writer thread takes *everything* pending, performs the jobs in
+  submission order, then syncs each file it appended to once (`os.fsync` in
+  durability "fsync", a flush to the OS in "flush"), and only then hands the
+  batch's `done` callbacks back to the loop, in submission order. A file's
+  appends between two `run` jobs go out as one write (in the order the files
+  were first appended to): one system call for many small records. A confirm
+  that waits for `done` therefore never precedes the sync of its bytes, and
+  the cost of one fsync is shared by every write that arrived meanwhile.
+- `written` counts the appends the thread has handed to the OS (failed ones
+  included: nothing more will happen to them), `submitted` those queued.
+  `when_written(mark, callback)` tells the loop when the first `mark`
+  appends are written, before their sync: the connection's output waits on
+  it after acks (amqp_server.protocol, docs/storage.md "Acks"). Writing and
+  syncing stay on one thread: a second thread for the syncs would let a
+  write overtake a sync in progress, but its hand-over cost 20 % more broker
+  CPU per message at a moderate persistent rate (docs/benchmarks.md).
+- Reads go to a second thread (`read`), so a deep queue being read back never
   waits behind, or delays, a batch of writes.
 - `AppendFile.size` is advanced on the loop at submission, so the offset of
   a record is known before it is written.
@@ -100,9 +96,6 @@ class GroupCommitWriter:
         self.loop = loop
         self.durability = durability
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        # Writer -> sync thread: (files written, failed file ids, callbacks,
-        # bytes) per batch, a barrier (threading.Event), or _STOP.
-        self._to_sync: queue.SimpleQueue = queue.SimpleQueue()
         self._reads: queue.SimpleQueue = queue.SimpleQueue()
         self.batches = 0  # how many group commits ran (metrics, tests)
         self.submitted = 0  # appends queued (loop thread only)
@@ -111,7 +104,7 @@ class GroupCommitWriter:
         # whether it is empty.
         self._written_waiters: list = []
         # Syncs of a batch's files and the seconds they took (metrics; written
-        # by the sync thread only).
+        # by the writer thread only).
         self.fsync_count = 0
         self.fsync_seconds = 0.0
         # `run`/`read` jobs whose `done` has not run on the loop yet: their
@@ -124,10 +117,8 @@ class GroupCommitWriter:
         self.backlog_low = BACKLOG_LOW
         self.flow_waiters: set = set()
         self._thread = threading.Thread(target=self._write_loop, name="hutch-writer", daemon=True)
-        self._syncer = threading.Thread(target=self._sync_loop, name="hutch-syncer", daemon=True)
         self._reader = threading.Thread(target=self._read_loop, name="hutch-reader", daemon=True)
         self._thread.start()
-        self._syncer.start()
         self._reader.start()
 
     # -- on the event loop ---------------------------------------------------
@@ -201,7 +192,6 @@ class GroupCommitWriter:
         self._jobs.put(_STOP)
         self._reads.put(_STOP)
         self._thread.join()
-        self._syncer.join()
         self._reader.join()
 
     # -- on the threads ------------------------------------------------------
@@ -219,10 +209,12 @@ class GroupCommitWriter:
                 batch.pop()
                 stopping = True
             self._commit(batch)
-        self._to_sync.put(_STOP)
 
     def _commit(self, batch: list) -> None:
-        """Write a batch (writer thread) and hand it to the sync thread."""
+        """Invariant: a `done` of an append fires only when its bytes were
+        written and (in fsync mode) synced; a failed write or sync withholds
+        the confirms of that file's appends in the batch (they never come:
+        the client sees no confirm rather than a false one)."""
         touched: dict[int, AppendFile] = {}
         failed: set[int] = set()
         callbacks: list = []
@@ -234,11 +226,10 @@ class GroupCommitWriter:
                 # before it must be written and synced first, or its `done`
                 # would lie.
                 failed |= self._write(appends, touched)
-                self._written_out(count, touched, failed, callbacks, written)
-                touched, failed, callbacks, written, count = {}, set(), [], 0, 0
-                synced = threading.Event()
-                self._to_sync.put(synced)
-                synced.wait()
+                self._written_out(count)
+                count = 0
+                failed |= self._sync(touched)
+                touched.clear()
                 result = _call(payload)
                 if done is not None:
                     callbacks.append((done, (result,), _JOB))
@@ -254,56 +245,22 @@ class GroupCommitWriter:
             if done is not None:
                 callbacks.append((done, (), key))
         failed |= self._write(appends, touched)
-        self._written_out(count, touched, failed, callbacks, written)
+        self._written_out(count)
+        failed |= self._sync(touched)
         self.batches += 1
+        if failed:
+            callbacks = [c for c in callbacks if c[2] not in failed]
+        if written:
+            callbacks.append((self._written, (written,), None))
+        if callbacks:
+            self._deliver(callbacks)
 
-    def _written_out(self, count: int, touched: dict, failed: set, callbacks: list, written: int) -> None:
-        """`count` more appends are written: tell the loop if it waits for
-        that, and give the rest to the sync thread."""
+    def _written_out(self, count: int) -> None:
+        """`count` more appends are written: wake the loop if it waits."""
         if count:
             self.written += count
             if self._written_waiters:
                 self._call_on_loop(self._wake_written)
-        if touched or failed or callbacks or written:
-            self._to_sync.put((touched, failed, callbacks, written))
-
-    def _sync_loop(self) -> None:
-        """Invariant: a `done` of an append fires only when its bytes were
-        written and (in fsync mode) synced; a failed write or sync withholds
-        the confirms of that file's appends (they never come: the client
-        sees no confirm rather than a false one)."""
-        stopping = False
-        while not stopping:
-            items = [self._to_sync.get()]
-            while True:
-                try:
-                    items.append(self._to_sync.get_nowait())
-                except queue.Empty:
-                    break
-            touched: dict[int, AppendFile] = {}
-            failed: set[int] = set()
-            callbacks: list = []
-            written = 0
-            barriers = []
-            for item in items:
-                if item is _STOP:
-                    stopping = True
-                elif isinstance(item, threading.Event):
-                    barriers.append(item)  # always last: the writer waits on it
-                else:
-                    touched.update(item[0])
-                    failed |= item[1]
-                    callbacks += item[2]
-                    written += item[3]
-            failed |= self._sync(touched)
-            if failed:
-                callbacks = [c for c in callbacks if c[2] not in failed]
-            if written:
-                callbacks.append((self._written, (written,), None))
-            if callbacks:
-                self._deliver(callbacks)
-            for barrier in barriers:
-                barrier.set()
 
     @staticmethod
     def _write(appends: dict, touched: dict[int, AppendFile]) -> set[int]:
