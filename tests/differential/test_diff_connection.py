@@ -351,3 +351,15 @@ def test_update_secret_that_no_longer_matches_closes_the_connection(broker, rabb
         "not-the-password"))
     assert hutch == [("closed", "ConnectionNotAllowed", "NOT_ALLOWED - New secret was refused by one of the backends")]
     assert rabbitmq == ["UpdateSecretOk", "DeclareOk"]
+
+
+def test_close_ok_to_the_brokers_close_ends_the_connection_at_once(both):
+    """The other closing path: the broker's Close, the client's Close-Ok,
+    then both brokers close the socket without waiting for the client."""
+    def script(c):
+        c.send_frame(commands.Basic.Qos(prefetch_count=1), 5)  # unopened channel: 504
+        observed = c.observe_close()  # answers Close-Ok
+        return observed + [c.at_eof(1.0)]
+    hutch, rabbit = both(script)
+    assert hutch == rabbit
+    assert rabbit[0][2] == 504 and rabbit[-1] is True
