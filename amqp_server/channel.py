@@ -355,6 +355,8 @@ class Channel(Deliveries):
         )
 
     def _flow(self, method) -> None:
+        if not method.active and not self.connection.config.channel_flow_pause:
+            raise AMQPError(NOT_IMPLEMENTED, "active=false")  # RabbitMQ's answer, a connection error
         self.flow_active = bool(method.active)
         self.send_method(commands.Channel.FlowOk(active=self.flow_active))
         if self.flow_active:

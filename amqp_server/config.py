@@ -132,6 +132,13 @@ class BrokerConfig:
     # capped by auth_failure_delay_max (beyond RabbitMQ).
     auth_failure_delay: float = 0.1
     auth_failure_delay_max: float = 5.0
+    # Seconds a closing connection waits for the client: for its Close-Ok to
+    # our Connection.Close, or to close the socket after our Close-Ok; the
+    # negotiated heartbeat when that is shorter. [RabbitMQ's fixed ?CLOSING_TIMEOUT]
+    closing_timeout: float = 30.0
+    # channel.flow(active=false) pauses the channel's deliveries as the AMQP
+    # spec says; off: refused with 540 NOT_IMPLEMENTED as RabbitMQ does.
+    channel_flow_pause: bool = False
     default_user: str = "guest"
     default_pass: str = "guest"
     default_vhost: str = "/"

@@ -3,14 +3,23 @@
 Theory of operation:
 - States, in order: HEADER (waiting for the 8-byte protocol header), START_OK,
   TUNE_OK, OPEN_WAIT (waiting for connection.open), RUNNING, then CLOSING
-  (we sent Connection.Close: discard everything until Close-Ok) and CLOSED.
+  and CLOSED (the socket is closed). CLOSING is RabbitMQ's "closed": the
+  connection's resources are released and everything read is discarded. We
+  enter it by sending Connection.Close (a Close-Ok from the client then
+  closes the socket) or by answering the client's Close with Close-Ok (we
+  then wait for the client to close the socket, as RabbitMQ does: a client
+  that reads our EOF before it has closed reports a spurious reset). Either
+  way `closing_timeout` bounds the wait (the negotiated heartbeat when it is
+  shorter, RabbitMQ's rule).
 - Input: `received` feeds the frame reader and handles at most INPUT_BUDGET
   payload bytes per turn; if more is buffered, reading pauses and resumes on
   the next loop turn so one busy connection cannot starve the others.
 - Output: frames are appended to `_out`; the protocol writes them once per
   loop turn (`take_output`). `output_paused` is true while the socket is
   paused or `_out` is long, and consumers on this connection then receive
-  nothing until `output_resumed` dispatches again.
+  nothing until `output_resumed` dispatches again. After acks
+  (`acks_handled`) the protocol holds the output until their records are
+  written to the OS (amqp_server.protocol).
 - Credit flow: when something this connection publishes into cannot keep
   up (a queue whose consumers are output-bound, see vhosts.queue; the disk
   writer with too much queued, see storage.writer), it is added to
@@ -80,20 +89,26 @@ HEADER, START_OK, TUNE_OK, OPEN_WAIT, RUNNING, CLOSING, CLOSED = (
 INPUT_BUDGET = 128 * 1024
 OUTPUT_HIGH = 1024  # queued writes (a delivery, or a frame) before consumers on this connection wait
 HANDSHAKE_TIMEOUT = 10.0
-CLOSE_OK_TIMEOUT = 3.0
 CHANNEL_OPEN = (20 << 16 | 10).to_bytes(4, "big")
 
-# What hutch implements, and only that (clients switch features on these).
+# What RabbitMQ 3.10 announces, all of which hutch implements (clients
+# switch features on these; tests/differential/test_diff_connection.py
+# compares them with the reference).
 CAPABILITIES = {
     "publisher_confirms": True,
     "exchange_exchange_bindings": True,
     "basic.nack": True,
     "consumer_cancel_notify": True,
+    "connection.blocked": True,
+    "consumer_priorities": True,
     "authentication_failure_close": True,
     "per_consumer_qos": True,
-    "consumer_priorities": True,
-    "connection.blocked": True,
+    "direct_reply_to": True,
 }
+# Clients read `version` as RabbitMQ's to decide what the broker can do, so
+# it names the RabbitMQ release whose behaviour hutch follows; hutch's own
+# version is in `information`.
+RABBITMQ_VERSION = "3.10.8"
 MECHANISMS = "PLAIN AMQPLAIN"
 
 
@@ -111,10 +126,10 @@ def server_properties() -> dict:
         "capabilities": CAPABILITIES,
         "cluster_name": "hutch@" + platform.node(),
         "copyright": "hutch contributors",
-        "information": "hutch, an AMQP 0-9-1 broker",
+        "information": "hutch %s, an AMQP 0-9-1 broker" % hutch_version,
         "platform": "Python " + platform.python_version(),
         "product": "hutch",
-        "version": hutch_version,
+        "version": RABBITMQ_VERSION,
     }
 
 
@@ -159,6 +174,9 @@ class Connection:
         self._told_blocked = False
         self._header = b""
         self._out: list[bytes] = []
+        # Acks (or nack/reject without requeue) handled since the last write:
+        # the protocol writes nothing more until their records reach the OS.
+        self.acks_handled = False
         self._confirming: set[Channel] = set()
         self.socket_paused = False
         self._received_since_tick = True
@@ -436,17 +454,23 @@ class Connection:
         index = method.index
         try:
             if state is CLOSING:
+                # RabbitMQ's "closed" state: a Close is answered, a Close-Ok
+                # ends the wait, anything else is discarded.
                 if isinstance(method, commands.Connection.Close):
                     self.send_method(0, commands.Connection.CloseOk())
-                    self._shutdown()
                 elif isinstance(method, commands.Connection.CloseOk):
                     self._shutdown()
                 return
             if isinstance(method, commands.Connection.Close):
                 for channel in list(self._confirming):
                     self.flush_confirms_of(channel)
+                self._release()
+                self.state = CLOSING
                 self.send_method(0, commands.Connection.CloseOk())
-                self._shutdown()
+                self._wait_for_close()
+                return
+            if isinstance(method, commands.Connection.UpdateSecret) and state is RUNNING:
+                self._update_secret(method)
                 return
             expected = {
                 START_OK: commands.Connection.StartOk,
@@ -522,6 +546,20 @@ class Connection:
                 heartbeat=self.config.heartbeat,
             ),
         )
+
+    def _update_secret(self, method) -> None:
+        """RabbitMQ 3.8+ (OAuth 2 token refresh): the new secret must still
+        log in as this connection's user. RabbitMQ's internal backend ignores
+        the secret; a refusing backend closes with 530 and this text."""
+        secret = method.new_secret
+        if isinstance(secret, (bytes, bytearray)):
+            secret = secret.decode("utf-8", "replace")
+        user = self.user
+        if self.broker.authenticate(user.name, secret or "", self._from_loopback()) is not user:
+            log.warning("secret update refused for user '%s' from %s", user.name, self.peer)
+            raise AMQPError(NOT_ALLOWED, "New secret was refused by one of the backends")
+        log.info("user '%s' from %s updated its secret, reason: %s", user.name, self.peer, method.reason)
+        self.send_method(0, commands.Connection.UpdateSecretOk())
 
     def _refuse_login(self, mechanism: str) -> None:
         if self.state is CLOSED:
@@ -623,8 +661,17 @@ class Connection:
                 method_id=error.method_id,
             ),
         )
+        self._wait_for_close()
+
+    def _wait_for_close(self) -> None:
+        """Closing: the socket is closed when the client's Close-Ok comes or
+        the client closes it, or after closing_timeout seconds (the heartbeat
+        when it is shorter: RabbitMQ's rule)."""
+        timeout = self.config.closing_timeout
+        if 0 < self.heartbeat < timeout:
+            timeout = self.heartbeat
         self._timer.cancel()
-        self._timer = self.io.call_later(CLOSE_OK_TIMEOUT, self._shutdown)
+        self._timer = self.io.call_later(timeout, self._shutdown)
 
     def _release(self) -> None:
         self.broker.connection_closed(self)

@@ -281,6 +281,9 @@ class Deliveries:
             self.settle(settled, outcome)
 
     def settle(self, settled: list[tuple], outcome: str) -> None:
+        if outcome is not REQUEUE:
+            # What the client sees next must not precede these acks' records.
+            self.connection.acks_handled = True
         by_queue: dict = {}
         freed = False
         for _tag, queue, entry, consumer in settled:

@@ -3,6 +3,13 @@
 Writes are batched: the connection appends frames and calls `wake`, and one
 `call_soon` per loop turn writes everything with a single `writelines`.
 
+Acks before replies: when the client's acks were handled since the last
+write (`Connection.acks_handled`), the write waits until the disk writer has
+handed every record queued so far -- the acks' among them -- to the OS
+(`GroupCommitWriter.when_written`; no fsync). A client that sees any later
+frame on this connection thus knows its acks survive a crash of the broker
+process (docs/storage.md, "Acks").
+
 Reads land in one buffer shared by every connection: asyncio asks for it,
 fills it and hands it over in one synchronous step (get_buffer, recv_into,
 buffer_updated), and the connection's reader copies what it keeps before
@@ -20,6 +27,7 @@ from amqp_server.alarms import ResourceAlarms
 from amqp_server.config import BrokerConfig
 from amqp_server.connection import Connection
 from amqp_server.login_throttle import LoginThrottle
+from storage.writer import GroupCommitWriter
 from vhosts import Broker
 
 READ_SIZE = 256 * 1024  # asyncio's own read size
@@ -28,8 +36,9 @@ _read_buffer = memoryview(bytearray(READ_SIZE))
 
 class AMQPProtocol(asyncio.BufferedProtocol):
     def __init__(self, broker: Broker, config: BrokerConfig, connections: set, alarms: ResourceAlarms,
-                 logins: LoginThrottle) -> None:
+                 logins: LoginThrottle, writer: GroupCommitWriter) -> None:
         self.broker = broker
+        self.writer = writer
         self.logins = logins
         self.config = config
         self.connections = connections
@@ -38,6 +47,7 @@ class AMQPProtocol(asyncio.BufferedProtocol):
         self.transport: asyncio.Transport | None = None
         self.connection: Connection | None = None
         self._flush_scheduled = False
+        self._closing = False  # close the transport once the output is written
 
     # -- asyncio.BufferedProtocol --------------------------------------------
 
@@ -79,14 +89,21 @@ class AMQPProtocol(asyncio.BufferedProtocol):
         transport = self.transport
         if transport is None or transport.is_closing():
             return
-        out = self.connection.take_output()
+        connection = self.connection
+        if connection.acks_handled:
+            connection.acks_handled = False
+            if not self.writer.when_written(self.writer.submitted, self.wake):
+                return
+        out = connection.take_output()
         if out:
             transport.writelines(out)
+        if self._closing:
+            transport.close()
 
     def close(self) -> None:
-        """Write whatever is pending, then close."""
+        """Write whatever is pending (after the acks' records), then close."""
+        self._closing = True
         self._flush()
-        self.transport.close()
 
     def call_later(self, delay: float, callback) -> asyncio.TimerHandle:
         return self.loop.call_later(delay, callback)

@@ -138,10 +138,11 @@ class BrokerServer:
         logins = self.logins
 
         def factory() -> AMQPProtocol:
-            return AMQPProtocol(self.broker, config, self.connections, self.alarms, logins)
+            return AMQPProtocol(self.broker, config, self.connections, self.alarms, logins, self.writer)
 
         def mqtt_factory() -> MQTTProtocol:
-            return MQTTProtocol(self.broker, config, self.mqtt_sessions, self.connections, self.alarms, logins)
+            return MQTTProtocol(self.broker, config, self.mqtt_sessions, self.connections, self.alarms, logins,
+                                self.writer)
 
         self.alarms.start()
         listeners = [("AMQP", config.port, None, factory)]

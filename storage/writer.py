@@ -11,6 +11,14 @@ Theory of operation:
   were first appended to): one system call for many small records. A confirm
   that waits for `done` therefore never precedes the sync of its bytes, and
   the cost of one fsync is shared by every write that arrived meanwhile.
+- `written` counts the appends the thread has handed to the OS (failed ones
+  included: nothing more will happen to them), `submitted` those queued.
+  `when_written(mark, callback)` tells the loop when the first `mark`
+  appends are written, before their sync: the connection's output waits on
+  it after acks (amqp_server.protocol, docs/storage.md "Acks"). Writing and
+  syncing stay on one thread: a second thread for the syncs would let a
+  write overtake a sync in progress, but its hand-over cost 20 % more broker
+  CPU per message at a moderate persistent rate (docs/benchmarks.md).
 - Reads go to a second thread (`read`), so a deep queue being read back never
   waits behind, or delays, a batch of writes.
 - `AppendFile.size` is advanced on the loop at submission, so the offset of
@@ -90,6 +98,11 @@ class GroupCommitWriter:
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._reads: queue.SimpleQueue = queue.SimpleQueue()
         self.batches = 0  # how many group commits ran (metrics, tests)
+        self.submitted = 0  # appends queued (loop thread only)
+        self.written = 0  # appends handed to the OS (writer thread only)
+        # (mark, callback) of `when_written`; the writer thread only reads
+        # whether it is empty.
+        self._written_waiters: list = []
         # Syncs of a batch's files and the seconds they took (metrics; written
         # by the writer thread only).
         self.fsync_count = 0
@@ -115,8 +128,30 @@ class GroupCommitWriter:
         offset = file.size
         file.size += len(data)
         self.pending_bytes += len(data) + JOB_OVERHEAD
+        self.submitted += 1
         self._jobs.put((file, data, done))
         return offset
+
+    def when_written(self, mark: int, callback: Callable[[], None]) -> bool:
+        """True when the first `mark` appends are written to the OS; else
+        False, and `callback()` runs on the loop once they are."""
+        if self.written >= mark:
+            return True
+        waiter = (mark, callback)
+        self._written_waiters.append(waiter)
+        # The writer may have passed `mark` before it could see the waiter.
+        if self.written >= mark:
+            self._written_waiters.remove(waiter)
+            return True
+        return False
+
+    def _wake_written(self) -> None:
+        written = self.written
+        due = [w for w in self._written_waiters if w[0] <= written]
+        if due:
+            self._written_waiters = [w for w in self._written_waiters if w[0] > written]
+            for _mark, callback in due:
+                callback()
 
     @property
     def backlogged(self) -> bool:
@@ -184,13 +219,15 @@ class GroupCommitWriter:
         failed: set[int] = set()
         callbacks: list = []
         appends: dict[int, tuple[AppendFile, list]] = {}  # not written yet
-        written = 0
+        written = count = 0
         for file, payload, done in batch:
             if file is None:
                 # A job may close, rename or delete files: what was appended
                 # before it must be written and synced first, or its `done`
                 # would lie.
                 failed |= self._write(appends, touched)
+                self._written_out(count)
+                count = 0
                 failed |= self._sync(touched)
                 touched.clear()
                 result = _call(payload)
@@ -198,6 +235,7 @@ class GroupCommitWriter:
                     callbacks.append((done, (result,), _JOB))
                 continue
             written += len(payload) + JOB_OVERHEAD
+            count += 1
             key = id(file)
             pending = appends.get(key)
             if pending is None:
@@ -207,6 +245,7 @@ class GroupCommitWriter:
             if done is not None:
                 callbacks.append((done, (), key))
         failed |= self._write(appends, touched)
+        self._written_out(count)
         failed |= self._sync(touched)
         self.batches += 1
         if failed:
@@ -215,6 +254,13 @@ class GroupCommitWriter:
             callbacks.append((self._written, (written,), None))
         if callbacks:
             self._deliver(callbacks)
+
+    def _written_out(self, count: int) -> None:
+        """`count` more appends are written: wake the loop if it waits."""
+        if count:
+            self.written += count
+            if self._written_waiters:
+                self._call_on_loop(self._wake_written)
 
     @staticmethod
     def _write(appends: dict, touched: dict[int, AppendFile]) -> set[int]:
@@ -262,8 +308,11 @@ class GroupCommitWriter:
                     self.in_flight -= 1
                 done(*args)
 
+        self._call_on_loop(fire)
+
+    def _call_on_loop(self, fn: Callable[[], None]) -> None:
         try:
-            self.loop.call_soon_threadsafe(fire)
+            self.loop.call_soon_threadsafe(fn)
         except RuntimeError:
             pass  # the loop is closed: nobody is waiting any more
 

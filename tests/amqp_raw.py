@@ -169,8 +169,9 @@ class RawClient:
     def expect_connection_close(self, timeout: float | None = None, closed_within: float | None = 2.0):
         """Read the server's Connection.Close (no other frame may come first)
         and answer Close-Ok; then, unless `closed_within` is None, check the
-        server closes the socket within that many seconds (it waits up to 3 s
-        for a Close-Ok, so a short limit proves the Close-Ok was read)."""
+        server closes the socket within that many seconds (it waits up to
+        closing_timeout, 30 s, for a Close-Ok, so a short limit proves the
+        Close-Ok was read)."""
         channel, value = self.read_frame(timeout)
         assert channel == 0 and isinstance(value, commands.Connection.Close), "expected Connection.Close, got %r" % (value,)
         self.send_frame(commands.Connection.CloseOk())

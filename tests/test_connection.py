@@ -18,7 +18,9 @@ from helpers import assert_serves, connect, unique, wait_for
 
 pytestmark = pytest.mark.usefixtures("still_serving")
 
+# RabbitMQ 3.10's (tests/differential/test_diff_connection.py compares them).
 CAPABILITIES = {
+    "direct_reply_to": True,
     "publisher_confirms": True,
     "exchange_exchange_bindings": True,
     "basic.nack": True,
@@ -84,8 +86,9 @@ def test_start_offers_version_mechanisms_locales_and_capabilities(raw):
     assert sorted(start.mechanisms.split()) == ["AMQPLAIN", "PLAIN"]
     assert start.locales == "en_US"
     props = start.server_properties
-    assert props["capabilities"] == CAPABILITIES  # exactly what hutch implements
+    assert props["capabilities"] == CAPABILITIES
     assert props["product"] == "hutch"
+    assert props["version"] == "3.10.8"  # clients read it as RabbitMQ's version
     for key in ("version", "platform", "copyright", "information", "cluster_name"):
         assert isinstance(props[key], str) and props[key], key
 

@@ -20,7 +20,7 @@ from pamqp import commands
 from pika.exceptions import ConnectionClosedByBroker
 
 from amqp_raw import CLIENT_CAPABILITIES, RawClient
-from helpers import confirm_channel, declare, pump, ready, unique, wait_for
+from helpers import confirm_channel, connect, declare, pump, ready, unique, wait_for
 
 SERVER_TAG = re.compile(r"^amq\.ctag-[A-Za-z0-9_-]{22}$")
 
@@ -381,12 +381,11 @@ def test_unacked_requeued_when_connection_closes(broker, conn):
 # -- channel.flow -------------------------------------------------------------
 
 
-def test_channel_flow_pauses_and_resumes_deliveries(conn):
-    """hutch implements channel.flow as the AMQP 0-9-1 spec describes it.
-
-    Documented difference: RabbitMQ refuses flow(active=false) with
-    540 NOT_IMPLEMENTED "active=false" and closes the connection.
-    """
+def test_channel_flow_pauses_and_resumes_deliveries(start_broker):
+    """With channel_flow_pause, channel.flow works as the AMQP 0-9-1 spec
+    describes it. By default RabbitMQ's answer, 540 NOT_IMPLEMENTED
+    "active=false" (tests/differential/test_diff_connection.py)."""
+    conn = connect(start_broker("--channel-flow-pause", "true").port)
     ch = conn.channel()
     q = declare(ch)
     seen = []
@@ -402,3 +401,4 @@ def test_channel_flow_pauses_and_resumes_deliveries(conn):
     pump(conn, lambda: len(seen) == 3)
     assert seen == [b"0", b"1", b"2"]
     assert ready(ch, q) == 0
+    conn.close()

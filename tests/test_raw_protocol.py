@@ -141,7 +141,9 @@ def test_stream_error(raw, sent, expected):
 
 
 def test_server_closes_the_socket_if_close_ok_never_comes(raw):
-    raw.handshake()
+    """Within the negotiated heartbeat (RabbitMQ's rule; 30 s without one,
+    test_closing_timeout_is_a_setting)."""
+    raw.handshake(heartbeat=1)
     raw.send(b"\x01\x00\x00\x00\x00\x00\x04abcd\x00")
     _, close = raw.read_frame()
     assert close.reply_code == 501
@@ -302,6 +304,60 @@ def test_client_close_while_server_closing_gets_close_ok(raw):
     assert isinstance(close, commands.Connection.Close) and close.reply_code == 501
     raw.send_frame(commands.Connection.Close(reply_code=200, reply_text="bye", class_id=0, method_id=0))
     raw.expect(commands.Connection.CloseOk, 0)
+
+
+# -- closing: the client closes the socket, within a timeout -----------------------------------
+
+
+def _client_close(client: RawClient) -> None:
+    client.send_frame(commands.Connection.Close(reply_code=200, reply_text="bye", class_id=0, method_id=0))
+    client.expect(commands.Connection.CloseOk, 0)
+
+
+def test_after_close_ok_the_socket_waits_for_the_client(raw):
+    """As RabbitMQ: Close-Ok, then the client closes the socket (a broker
+    that closed first would race the client's own close); what the client
+    still sends is read and discarded."""
+    raw.handshake()
+    raw.open_channel(1)
+    _client_close(raw)
+    raw.send_frame(commands.Queue.Declare(queue=unique("q")), 1)
+    raw.send_frame(commands.Connection.Close(reply_code=200, reply_text="again", class_id=0, method_id=0))
+    raw.expect(commands.Connection.CloseOk, 0)  # RabbitMQ answers a Close while closed, too
+    assert raw.collect(0.5) == [TIMEOUT]  # nothing else, socket still open
+    raw.send_frame(commands.Connection.CloseOk())  # a Close-Ok ends the wait
+    raw.wait_closed(2.0)
+
+
+def test_a_client_that_never_closes_is_disconnected_after_its_heartbeat(raw):
+    """RabbitMQ's timeout: the negotiated heartbeat when it is under 30 s."""
+    raw.handshake(heartbeat=1)
+    _client_close(raw)
+    assert raw.is_open(0.5)
+    raw.wait_closed(5.0)
+
+
+def test_closing_timeout_is_a_setting(start_broker):
+    """Without a heartbeat the wait is closing_timeout (RabbitMQ: 30 s), for
+    a client that never closes after our Close-Ok and for one that never
+    answers our Close."""
+    broker = start_broker("--closing-timeout", "1")
+    with RawClient.connected(broker.port) as quiet, RawClient.connected(broker.port) as mute:
+        _client_close(quiet)
+        mute.send_frame(commands.Basic.Qos(prefetch_count=1), 5)  # unopened channel: 504
+        assert mute.expect(commands.Connection.Close, 0).reply_code == 504
+        assert quiet.is_open(0.3) and mute.is_open(0.1)
+        quiet.wait_closed(5.0)
+        mute.wait_closed(5.0)
+
+
+def test_update_secret_that_does_not_log_in_closes_with_530(raw):
+    raw.handshake()
+    raw.send_frame(commands.Connection.UpdateSecret(new_secret="guest", reason="refresh"))
+    raw.expect(commands.Connection.UpdateSecretOk, 0)
+    raw.send_frame(commands.Connection.UpdateSecret(new_secret="stale", reason="refresh"))
+    close = raw.expect_connection_close()
+    assert close_info(close) == (530, "NOT_ALLOWED - New secret was refused by one of the backends", 10, 70)
 
 
 # -- channels: close, Close-Ok, reopen ---------------------------------------------------------

@@ -10,8 +10,8 @@ from amqp_server.protocol import AMQPProtocol
 
 
 class MQTTProtocol(AMQPProtocol):
-    def __init__(self, broker, config, sessions: Sessions, connections: set, alarms, logins) -> None:
-        super().__init__(broker, config, connections, alarms, logins)
+    def __init__(self, broker, config, sessions: Sessions, connections: set, alarms, logins, writer) -> None:
+        super().__init__(broker, config, connections, alarms, logins, writer)
         self.sessions = sessions
 
     def connection_made(self, transport: asyncio.Transport) -> None:

@@ -98,6 +98,9 @@ class MQTTConnection:
         self.will: tuple | None = None
         self.channels: dict = {}  # MQTT has none (the API and the channel limits count them)
         self.recv_oct = self.recv_cnt = self.send_oct = self.send_cnt = 0
+        # PUBACK/PUBREC acked a delivery since the last write: as over AMQP,
+        # the next write waits for the ack's record (amqp_server.protocol).
+        self.acks_handled = False
         self.consumers: dict[int, Consumer] = {}
         self.unacked: dict[int, tuple] = {}
         self._next_pid = 1
@@ -606,6 +609,7 @@ class MQTTConnection:
         queue.stats.ack += 1
         self.vhost.stats.ack += 1
         queue.ack((entry,))
+        self.acks_handled = True
         queue.dispatch()
 
     def _release(self) -> None:

@@ -3,8 +3,12 @@
 forbidden frame sequence, and how the socket ends, must be the same."""
 from __future__ import annotations
 
+import asyncio
 import socket
+from urllib.parse import urlparse
 
+import aiormq
+import aiormq.exceptions
 import pika
 import pytest
 from pamqp import body as pbody, commands, frame, header as pheader
@@ -253,3 +257,109 @@ def test_wrong_protocol_header_gets_ours(broker, rabbitmq_url, greeting):
                 data += chunk
             seen.append(data)
     assert seen[0] == seen[1] == b"AMQP\x00\x00\x09\x01"
+
+
+# -- issue 18: what clients read and write on a running connection ----------------------------
+
+
+def test_server_properties_clients_read_match(both):
+    """Everything a client switches on (capabilities, version) is RabbitMQ's;
+    `product` stays honest."""
+    seen = []
+    both(lambda c: seen.append(c.start.server_properties) or [])
+    hutch, rabbit = seen
+    assert hutch["capabilities"] == rabbit["capabilities"]
+    assert hutch["version"] == rabbit["version"]
+    assert (hutch["product"], rabbit["product"]) == ("hutch", "RabbitMQ")
+
+
+def test_channel_flow_active_false_is_not_implemented(both):
+    def script(c):
+        c.open_channel(1)
+        c.send_frame(commands.Channel.Flow(active=False), 1)
+        return c.observe_close()
+    hutch, rabbit = both(script)
+    assert hutch == rabbit == [("Connection.Close", 0, 540, "NOT_IMPLEMENTED - active=false", 20, 20)]
+
+
+def test_channel_flow_active_true_is_answered(both):
+    def script(c):
+        c.open_channel(1)
+        c.send_frame(commands.Channel.Flow(active=True), 1)
+        channel, reply = c.read_frame()
+        return [type(reply).__name__, channel, reply.active]
+    hutch, rabbit = both(script)
+    assert hutch == rabbit == ["FlowOk", 1, True]
+
+
+def test_socket_stays_open_after_close_ok_until_the_client_closes(both):
+    """Both brokers answer Close with Close-Ok and leave the socket to the
+    client (RabbitMQ: for up to 30 s); what the client still sends is read
+    and ignored."""
+    def script(c):
+        c.open_channel(1)
+        c.send_frame(commands.Connection.Close(reply_code=200, reply_text="bye", class_id=0, method_id=0), 0)
+        channel, reply = c.read_frame()
+        c.send_frame(commands.Queue.Declare(queue="", exclusive=True), 1)  # discarded
+        return [type(reply).__name__, channel, c.is_open(0.5), c.buf]
+    hutch, rabbit = both(script)
+    assert hutch == rabbit == ["CloseOk", 0, True, b""]
+
+
+async def _update_secret(url: str, secret: str) -> list:
+    """What aiormq observes of connection.update-secret with `secret`, then
+    of a queue.declare on the same connection."""
+    connection = await aiormq.connect(url)
+    seen = []
+    try:
+        try:
+            reply = await asyncio.wait_for(connection.update_secret(secret, reason="token refresh"), WAIT_SECONDS)
+            seen.append(type(reply).__name__)
+            channel = await connection.channel()
+            declared = await channel.queue_declare(exclusive=True)
+            seen.append(type(declared).__name__)
+        except aiormq.exceptions.AMQPConnectionError as exc:
+            seen.append(("closed", type(exc).__name__, str(exc)))
+    finally:
+        if not connection.is_closed:
+            await connection.close()
+    return seen
+
+
+def _amqp_url(host: str, port: int, user: str, password: str) -> str:
+    return "amqp://%s:%s@%s:%d/" % (user, password, host, port)
+
+
+def test_update_secret_with_the_users_password(broker, rabbitmq_url):
+    rabbit = pika.URLParameters(rabbitmq_url)
+    urls = [broker.url, _amqp_url(rabbit.host, rabbit.port, rabbit.credentials.username,
+                                  rabbit.credentials.password)]
+    hutch, rabbitmq = (asyncio.run(_update_secret(url, urlparse(url).password)) for url in urls)
+    assert hutch == rabbitmq == ["UpdateSecretOk", "DeclareOk"]
+
+
+def test_update_secret_that_no_longer_matches_closes_the_connection(broker, rabbitmq_url):
+    """hutch checks the new secret against the connection's user and refuses
+    a wrong one with what RabbitMQ sends when a backend refuses it (530 and
+    its text, from rabbit_reader). Documented difference: RabbitMQ 3.10's
+    internal backend ignores the new secret and answers update-secret-ok to
+    any; only token backends (OAuth 2) refuse."""
+    rabbit = pika.URLParameters(rabbitmq_url)
+    hutch = asyncio.run(_update_secret(broker.url, "not-the-password"))
+    rabbitmq = asyncio.run(_update_secret(
+        _amqp_url(rabbit.host, rabbit.port, rabbit.credentials.username, rabbit.credentials.password),
+        "not-the-password"))
+    assert hutch == [("closed", "ConnectionNotAllowed", "NOT_ALLOWED - New secret was refused by one of the backends")]
+    assert rabbitmq == ["UpdateSecretOk", "DeclareOk"]
+
+
+def test_close_ok_to_the_brokers_close_ends_the_connection_at_once(both):
+    """The other closing path: the broker's Close, the client's Close-Ok,
+    then both brokers close the socket without waiting for the client."""
+    def script(c):
+        c.send_frame(commands.Basic.Qos(prefetch_count=1), 5)  # unopened channel: 504
+        observed = c.observe_close()  # answers Close-Ok
+        return observed + [c.at_eof(1.0)]
+    hutch, rabbit = both(script)
+    assert hutch == rabbit
+    assert rabbit[0][2] == 504 and rabbit[-1] is True
