@@ -690,31 +690,30 @@ def test_the_readme_sequence_runs(target, tmp_path):
             in exported["permissions"]
         assert [p["name"] for p in exported["policies"] if p["vhost"] == vhost] == ["cap"]
     finally:
-        target.run("delete_vhost", vhost)
-        target.run("delete_user", user)
+        target.http("DELETE", "/api/vhosts/" + vhost)
+        target.http("DELETE", "/api/users/" + user)
 
 
 def test_an_administrator_sets_policies_where_it_has_no_permissions(target):
     name = unique("nop")
-    target.ok("add_vhost", name)
+    assert target.http("PUT", "/api/vhosts/" + name, {}) == 201
     try:
-        target.ok("clear_permissions", "-p", name, "guest")
+        assert target.http("DELETE", "/api/permissions/%s/guest" % name) == 204
         target.ok("set_policy", "-p", name, "cap", "^w", '{"max-length":5}')
-        policies = rows_of_json(target.ok("list_policies", "-p", name, "--formatter", "json"))
-        assert [(p["name"], json.loads(p["definition"])) for p in policies] == [("cap", {"max-length": 5})]
+        assert target.http("GET", "/api/policies/%s/cap" % name) == 200
         target.ok("clear_policy", "-p", name, "cap")
+        assert target.http("GET", "/api/policies/%s/cap" % name) == 404
     finally:
-        target.run("delete_vhost", name)
+        target.http("DELETE", "/api/vhosts/" + name)
 
 
 def test_not_authorised_is_told_from_refused_credentials(target):
     """Both are HTTP 401 on RabbitMQ; only a failed login challenges the
     credentials again. Both exit 77 (EX_NOPERM), each with its own message."""
     vhost, user = unique("na"), unique("pm")
-    target.ok("add_vhost", vhost)
-    target.ok("add_user", user, "pw")
+    assert target.http("PUT", "/api/vhosts/" + vhost, {}) == 201
+    assert target.http("PUT", "/api/users/" + user, {"password": "pw", "tags": "policymaker"}) == 201
     try:
-        target.ok("set_user_tags", user, "policymaker")
         as_user = {"HUTCH_USERNAME": user, "HUTCH_PASSWORD": "pw"}
         for argv in (["set_policy", "-p", vhost, "cap", "^w", '{"max-length":5}'], ["list_queues", "-p", vhost]):
             result = target.run(*argv, env=as_user)
@@ -726,5 +725,5 @@ def test_not_authorised_is_told_from_refused_credentials(target):
         assert refused.returncode == 77
         assert "refused the credentials of user '%s'" % user in refused.stderr
     finally:
-        target.run("delete_vhost", vhost)
-        target.run("delete_user", user)
+        target.http("DELETE", "/api/vhosts/" + vhost)
+        target.http("DELETE", "/api/users/" + user)
