@@ -398,3 +398,4 @@ def test_a_busy_http_port_stops_the_broker_with_a_message(tmp_path):
     assert result.returncode == 1
     assert "cannot listen for HTTP on 127.0.0.1:%d" % port in result.stderr
     assert "Traceback" not in result.stderr
+    assert not (tmp_path / "data").exists()  # the failed start removed the data directory it created
