@@ -20,6 +20,7 @@ from amqp_server.mqtt.retained import RetainedMessages
 from amqp_server.mqtt.sessions import Sessions
 from amqp_server.login_throttle import LoginThrottle
 from amqp_server.protocol import AMQPProtocol
+from storage.data_directory import DataDirectory
 from storage.dead_letter_log import DeadLetterLogSettings
 from storage.definitions import DefinitionStore
 from storage.memory_monitor import MemoryMonitor, budget_bytes
@@ -43,11 +44,17 @@ def tls_context(config: BrokerConfig) -> ssl.SSLContext:
     return context
 
 
+def open_data_directory(path: str) -> DataDirectory:
+    try:
+        return DataDirectory.open(path)
+    except OSError as exc:
+        raise ListenError("cannot create the data directory %s: %s" % (path, exc.strerror or exc)) from None
+
+
 def open_definitions(data_dir: str) -> DefinitionStore:
-    """DATA_DIR/definitions.db (docs/storage.md), creating the directories."""
+    """DATA_DIR/definitions.db (docs/storage.md)."""
     path = os.path.join(data_dir, "definitions.db")
     try:
-        os.makedirs(data_dir, exist_ok=True)
         return DefinitionStore(path)
     except (OSError, sqlite3.Error) as exc:
         raise ListenError("cannot open the definitions store %s: %s" % (path, exc)) from None
@@ -59,14 +66,31 @@ CLEAN_SHUTDOWN = "clean_shutdown"
 class BrokerServer:
     def __init__(self, config: BrokerConfig) -> None:
         """Opens and recovers the data directory (blocking: before serving).
-        Must run inside the event loop (the writer hands results back to it)."""
+        Must run inside the event loop (the writer hands results back to it).
+        If this fails, nothing stays open and a data directory this start
+        created is removed (`abandon`)."""
         self.config = config
+        self.data_directory = open_data_directory(config.data_dir)
+        self.definitions: DefinitionStore | None = None
+        self.writer: GroupCommitWriter | None = None
+        self.mqtt_store: MQTTStore | None = None
+        try:
+            self._open(config)
+        except BaseException:
+            self.abandon()
+            raise
+
+    def _open(self, config: BrokerConfig) -> None:
         self.definitions = open_definitions(config.data_dir)
         marker = os.path.join(config.data_dir, CLEAN_SHUTDOWN)
         clean = os.path.exists(marker)
         if clean:
             os.remove(marker)
             log.info("clean-shutdown marker found in %s: loading the recovery summaries", config.data_dir)
+        elif self.data_directory.created is not None:
+            log.info("created a new data directory %s", config.data_dir)
+        elif self.data_directory.new:
+            log.info("data directory %s is empty: starting a new one there", config.data_dir)
         else:
             log.info("no clean-shutdown marker in %s: checking every store and index file", config.data_dir)
         settings = config.storage
@@ -89,16 +113,11 @@ class BrokerServer:
             directory = os.path.join(config.data_dir, "vhosts", dir_name(vhost))
             return VhostStorage(directory, self.writer, self.monitor, storage_settings)
 
-        try:
-            self.broker = Broker(
-                config.default_user, config.default_pass, config.default_vhost, config.loopback_users,
-                definitions=self.definitions,
-                message_storage=message_storage,
-            )
-        except BaseException:
-            self.definitions.close()
-            self.writer.stop()
-            raise
+        self.broker = Broker(
+            config.default_user, config.default_pass, config.default_vhost, config.loopback_users,
+            definitions=self.definitions,
+            message_storage=message_storage,
+        )
         log.info(
             "definitions from %s: %d vhosts, %d users, %d exchanges, %d queues, %d bindings",
             self.definitions.path, len(self.broker.vhosts), len(self.broker.users),
@@ -120,8 +139,6 @@ class BrokerServer:
         try:
             self.mqtt_store = MQTTStore(os.path.join(config.data_dir, "mqtt.db"))
         except sqlite3.Error as exc:
-            self.definitions.close()
-            self.writer.stop()
             raise ListenError("cannot open the MQTT store: %s" % exc) from None
         self.mqtt_sessions = Sessions(RetainedMessages(self.mqtt_store, self.writer), self.mqtt_store, self.writer)
         self.broker.on_vhost_deleted.append(self.mqtt_sessions.forget_vhost)
@@ -131,6 +148,16 @@ class BrokerServer:
         self.management = ManagementListeners(self.broker, self.connections, config, self.writer, self.monitor,
                                               self.listeners, self.alarms, self.mqtt_sessions, self.logins)
         self.links: Links | None = None  # once the AMQP listener is open (a link may point at this node)
+
+    def abandon(self) -> None:
+        """After a failed start: close what is open, and remove the data
+        directory if this start created it (storage.data_directory)."""
+        for store in (self.definitions, self.mqtt_store):
+            if store is not None:
+                store.close()
+        if self.writer is not None:
+            self.writer.stop()
+        self.data_directory.remove_created()
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -221,8 +248,7 @@ async def serve(config: BrokerConfig) -> None:
     try:
         await server.start()
     except BaseException:
-        server.definitions.close()
-        server.writer.stop()
+        server.abandon()
         raise
     await stop.wait()
     log.info("shutting down")
@@ -246,5 +272,5 @@ def run(config: BrokerConfig) -> None:
 
 class ListenError(Exception):
     """The broker cannot start: a listener could not be opened (port in use,
-    bad address, TLS files), the definitions store could not be opened, or
-    uvloop was asked for and is not installed."""
+    bad address, TLS files), the data directory could not be created or its
+    definitions store opened, or uvloop was asked for and is not installed."""

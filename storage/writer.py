@@ -7,8 +7,14 @@ Theory of operation:
   submission order, then syncs each file it appended to once (`os.fsync` in
   durability "fsync", a flush to the OS in "flush"), and only then hands the
   batch's `done` callbacks back to the loop, in submission order. A file's
-  appends between two `run` jobs go out as one write (in the order the files
-  were first appended to): one system call for many small records. A confirm
+  appends between two `run` jobs go out as one write: one system call for
+  many small records. Files that hold message bodies (`AppendFile.bodies`:
+  the message stores) are written before the others, which may hold records
+  referring to those bodies (queue indexes); otherwise in the order the
+  files were first appended to. So a process killed between two writes
+  never leaves an index record whose body was not written (the body of a
+  small message appended to an index before a large one went to the store
+  would otherwise put that index's write first). A confirm
   that waits for `done` therefore never precedes the sync of its bytes, and
   the cost of one fsync is shared by every write that arrived meanwhile.
 - `written` counts the appends the thread has handed to the OS (failed ones
@@ -52,19 +58,22 @@ BACKLOG_LOW = 16 * 1024 * 1024
 class AppendFile:
     """A file only ever appended to, through the writer thread."""
 
-    __slots__ = ("path", "size", "_fd", "sync")
+    __slots__ = ("path", "size", "_fd", "sync", "bodies")
 
-    def __init__(self, path: str, size: int | None = None, sync: bool = True) -> None:
+    def __init__(self, path: str, size: int | None = None, sync: bool = True, bodies: bool = False) -> None:
         """`size`: the current size when the caller knows it (a new file: 0),
         so that constructing one on the loop does no file I/O. `sync`: False
         for a file that never has to survive a restart (a non-durable
-        queue's index, the transient store): never fsynced."""
+        queue's index, the transient store): never fsynced. `bodies`: it
+        holds message bodies that records in other files refer to, so a
+        batch writes it first."""
         self.path = path
         if size is None:
             size = os.path.getsize(path) if os.path.exists(path) else 0
         self.size = size
         self._fd: int | None = None
         self.sync = sync
+        self.bodies = bodies
 
     def _write(self, data: bytes) -> None:
         if self._fd is None:
@@ -264,10 +273,11 @@ class GroupCommitWriter:
 
     @staticmethod
     def _write(appends: dict, touched: dict[int, AppendFile]) -> set[int]:
-        """Write each file's pending appends with one call, then forget them;
-        returns the ids of the files whose write failed."""
+        """Write each file's pending appends with one call, body files first
+        (see the module's docstring), then forget them; returns the ids of
+        the files whose write failed."""
         failed: set[int] = set()
-        for key, (file, payloads) in appends.items():
+        for key, (file, payloads) in sorted(appends.items(), key=lambda item: not item[1][0].bodies):
             try:
                 file._write(payloads[0] if len(payloads) == 1 else b"".join(payloads))
                 touched[key] = file

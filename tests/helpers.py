@@ -68,6 +68,22 @@ def pump(connection, predicate):
     return wait_for(check)
 
 
+def pump_while_progressing(connection, progress, target: int, stall: float = 30.0) -> None:
+    """Let a pika connection dispatch callbacks until `progress()` (a count
+    that grows, e.g. of messages received) reaches `target`. The bound is on
+    a stall, not on the whole transfer: it fails only when the count stays
+    the same for `stall` seconds, so a long transfer on a loaded machine
+    passes and a stuck one fails."""
+    last, since = progress(), time.monotonic()
+    while last < target:
+        connection.process_data_events(time_limit=0.05)
+        now = progress()
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since > stall:
+            raise AssertionError("stuck at %d of %d for %.0fs" % (now, target, stall))
+
+
 # -- queues and messages -------------------------------------------------------
 
 

@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,6 +89,19 @@ class Target:
         result = self.run(*args)
         assert result.returncode == 0, (args, result.returncode, result.stdout, result.stderr)
         return result.stdout
+
+    def http(self, method: str, path: str, body=None) -> int:
+        """The status of one management API call as guest (set-up and
+        clean-up without a hutchctl process each)."""
+        request = urllib.request.Request(self.api_url + path, method=method,
+                                         data=None if body is None else json.dumps(body).encode())
+        request.add_header("Authorization", "Basic " + base64.b64encode(b"guest:guest").decode())
+        request.add_header("Content-Type", "application/json")
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return response.status
+        except urllib.error.HTTPError as error:
+            return error.code
 
     def connect(self, vhost: str = "/", username: str = "guest", password: str = "guest"):
         params = pika.URLParameters(self.amqp_url)

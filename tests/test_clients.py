@@ -2,6 +2,9 @@
 AMQPLAIN login by default) and kombu on top of it."""
 from __future__ import annotations
 
+import socket
+import time
+
 import amqp
 import kombu
 
@@ -36,3 +39,40 @@ def test_kombu_simple_queue_round_trip(broker):
         assert message.payload == {"task": "add", "args": [2, 3]}
         message.ack()
         queue.close()
+
+
+def test_kombu_topic_exchange_and_an_rpc_round_trip(broker):
+    """kombu's own patterns: a consumer on a topic exchange answers requests
+    on the reply_to queue with their correlation_id (kombu's RPC example)."""
+    url = "amqp://guest:guest@127.0.0.1:%d//" % broker.port
+    exchange = kombu.Exchange(unique("rpc"), type="topic", auto_delete=True)
+    requests = kombu.Queue(unique("requests"), exchange, routing_key="math.*", auto_delete=True)
+    replies = kombu.Queue(unique("replies"), exclusive=True, auto_delete=True)
+    with kombu.Connection(url) as server, kombu.Connection(url) as client:
+        def answer(body, message):
+            with kombu.Producer(server.channel()) as producer:
+                producer.publish({"sum": sum(body["args"])}, routing_key=message.properties["reply_to"],
+                                 correlation_id=message.properties["correlation_id"])
+            message.ack()
+
+        answered = {}
+
+        def on_reply(body, message):
+            answered[message.properties["correlation_id"]] = body
+            message.ack()
+
+        with kombu.Consumer(server, [requests], callbacks=[answer]), \
+                kombu.Consumer(client, [replies], callbacks=[on_reply]):
+            producer = kombu.Producer(client)
+            for n in range(3):
+                producer.publish({"args": [n, 10]}, exchange=exchange, routing_key="math.add", declare=[exchange],
+                                 reply_to=replies.name, correlation_id="c%d" % n)
+            producer.publish({"args": [0]}, exchange=exchange, routing_key="other.add")  # routed nowhere
+            deadline = time.monotonic() + 10
+            while len(answered) < 3 and time.monotonic() < deadline:
+                for connection in (server, client):
+                    try:
+                        connection.drain_events(timeout=0.05)
+                    except socket.timeout:
+                        pass
+    assert answered == {"c0": {"sum": 10}, "c1": {"sum": 11}, "c2": {"sum": 12}}

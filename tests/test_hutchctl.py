@@ -11,6 +11,7 @@ only touched there (and by uniquely named users).
 from __future__ import annotations
 
 import json
+import shlex
 
 import pika
 import pytest
@@ -18,7 +19,7 @@ from pika.exceptions import ChannelClosedByBroker, ConnectionClosedByBroker, Pro
     ProbableAuthenticationError
 
 from helpers import unique, wait_for
-from hutchctl_targets import RABBITMQ_AMQP, hutch_target, rabbitmq_target, rabbitmqctl
+from hutchctl_targets import RABBITMQ_AMQP, ROOT, hutch_target, rabbitmq_target, rabbitmqctl
 
 # the management API publishes statistics (message counts, connections) every few seconds
 STATS = 30.0
@@ -698,3 +699,91 @@ def test_set_disk_free_limit_validates_its_arguments(target, args, code, reason)
     result = target.run("set_disk_free_limit", *args)
     assert result.returncode == code
     assert result.stderr.startswith("Error (argument validation): %s\n" % reason)
+
+
+# -- the README's own sequence, and who may do what -------------------------------------------
+
+def readme_sequence() -> list[list[str]]:
+    """The hutchctl commands of the README's CLI example, one argv each
+    (`&&` chains split, comments dropped), in order."""
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("`hutchctl` is rabbitmqctl over the management HTTP API", 1)[1]
+    block = block.split("```sh\n", 1)[1].split("```", 1)[0]
+    commands = []
+    for line in block.splitlines():
+        words = shlex.split(line, comments=True)
+        while words:
+            command, words = (words[:words.index("&&")], words[words.index("&&") + 1:]) if "&&" in words \
+                else (words, [])
+            assert command[0] == "hutchctl", line
+            commands.append(command[1:] + (["# hutch"] if "# hutch:" in line else []))
+    return commands
+
+
+def test_the_readme_sequence_runs(target, tmp_path):
+    """As a new user types it, with fresh names for its vhost and user (the
+    brokers are shared): the creating user gets full permissions on the new
+    vhost, so it may declare the queues and set the policy there."""
+    vhost, user = unique("orders"), unique("app")
+    renames = {"orders": vhost, "app": user, "/tmp/defs.json": str(tmp_path / "defs.json")}
+    commands = [[renames.get(word, word) for word in argv] for argv in readme_sequence()]
+    assert [next(w for i, w in enumerate(argv) if w[0] != "-" and argv[i - 1] != "-p") for argv in commands] == [
+        "list_queues", "add_vhost", "add_user", "set_permissions", "set_policy",
+        "peek", "move", "trace_on", "export_definitions"]
+    try:
+        for argv in commands:
+            if argv[-1] == "# hutch":
+                if not target.is_hutch:
+                    continue  # hutch's own commands: RabbitMQ's API has no such endpoint
+                argv = argv[:-1]
+            if "peek" in argv:  # the queues of the example, declared by the vhost's creator
+                connection = target.connect(vhost)
+                connection.channel().queue_declare("work.dlq", durable=True)
+                connection.channel().queue_declare("work", durable=True)
+                connection.close()
+            result = target.run(*argv)
+            assert result.returncode == 0, (argv, result.returncode, result.stderr)
+        exported = json.loads((tmp_path / "defs.json").read_text())
+        assert {"vhost": vhost, "user": "guest", "configure": ".*", "write": ".*", "read": ".*"} \
+            in exported["permissions"]
+        assert {"vhost": vhost, "user": user, "configure": "^app\\.", "write": ".*", "read": ".*"} \
+            in exported["permissions"]
+        assert [p["name"] for p in exported["policies"] if p["vhost"] == vhost] == ["cap"]
+    finally:
+        target.http("DELETE", "/api/vhosts/" + vhost)
+        target.http("DELETE", "/api/users/" + user)
+
+
+def test_an_administrator_sets_policies_where_it_has_no_permissions(target):
+    name = unique("nop")
+    assert target.http("PUT", "/api/vhosts/" + name, {}) == 201
+    try:
+        assert target.http("DELETE", "/api/permissions/%s/guest" % name) == 204
+        target.ok("set_policy", "-p", name, "cap", "^w", '{"max-length":5}')
+        assert target.http("GET", "/api/policies/%s/cap" % name) == 200
+        target.ok("clear_policy", "-p", name, "cap")
+        assert target.http("GET", "/api/policies/%s/cap" % name) == 404
+    finally:
+        target.http("DELETE", "/api/vhosts/" + name)
+
+
+def test_not_authorised_is_told_from_refused_credentials(target):
+    """Both are HTTP 401 on RabbitMQ; only a failed login challenges the
+    credentials again. Both exit 77 (EX_NOPERM), each with its own message."""
+    vhost, user = unique("na"), unique("pm")
+    assert target.http("PUT", "/api/vhosts/" + vhost, {}) == 201
+    assert target.http("PUT", "/api/users/" + user, {"password": "pw", "tags": "policymaker"}) == 201
+    try:
+        as_user = {"HUTCH_USERNAME": user, "HUTCH_PASSWORD": "pw"}
+        for argv in (["set_policy", "-p", vhost, "cap", "^w", '{"max-length":5}'], ["list_queues", "-p", vhost]):
+            result = target.run(*argv, env=as_user)
+            assert result.returncode == 77, (argv, result.stderr)
+            assert ("accepted the credentials of user '%s' but did not authorise this operation" % user) \
+                in result.stderr, result.stderr
+            assert "refused the credentials" not in result.stderr
+        refused = target.run("list_queues", "-p", vhost, env={**as_user, "HUTCH_PASSWORD": "wrong"})
+        assert refused.returncode == 77
+        assert "refused the credentials of user '%s'" % user in refused.stderr
+    finally:
+        target.http("DELETE", "/api/vhosts/" + vhost)
+        target.http("DELETE", "/api/users/" + user)

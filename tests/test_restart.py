@@ -327,7 +327,7 @@ def test_an_unusable_data_dir_is_reported(tmp_path):
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=30,
     )
     assert result.returncode == 1
-    assert "cannot open the definitions store" in result.stderr
+    assert "cannot create the data directory %s: Not a directory" % (blocker / "data") in result.stderr
     assert "Traceback" not in result.stderr
 
 

@@ -149,3 +149,27 @@ def test_server_reports_bad_config_without_traceback(tmp_path):
     assert result.stderr.startswith("hutch-server: ")
     assert "unknown setting 'tls.cerfile'" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def readme_settings() -> set[str]:
+    """The keys the README's settings table names: `a.b`, `.c` after a
+    section key (`a.c`), and `_suffix` after a key (`a.b_suffix`)."""
+    readme = (ROOT / "README.md").read_text()
+    table = readme.split("| setting | flag | environment | default |", 1)[1].split("\n\n", 1)[0]
+    named = set()
+    for row in table.splitlines()[2:]:
+        last = ""
+        for name in re.findall(r"`([a-z_.]+)`", row.split("|")[1]):
+            if name.startswith("."):
+                name = last.rsplit(".", 1)[0] + name
+            elif name.startswith("_"):
+                name = last + name
+            named.add(name)
+            last = name
+    return named
+
+
+def test_every_setting_is_in_the_readme_table():
+    from cli.settings import _leaves
+
+    assert sorted(s.key for s in _leaves(BrokerConfig) if s.key not in readme_settings()) == []

@@ -162,20 +162,28 @@ class Broker:
 
     # -- vhosts, users, permissions ---------------------------------------------
 
-    def add_vhost(self, name: str, description: str = "", tags: list = ()) -> VirtualHost:
+    def add_vhost(self, name: str, description: str = "", tags: list = (),
+                  acting_user: str | None = None) -> VirtualHost:
         """The vhost, created if new, with this description and these tags
-        (replacing what it had, as RabbitMQ's PUT /api/vhosts/{vhost} does)."""
+        (replacing what it had, as RabbitMQ's PUT /api/vhosts/{vhost} does).
+        The acting user, when it is a broker user, gets full permissions on a
+        vhost this creates (RabbitMQ's put_vhost does so for the API's user,
+        not for an existing vhost nor for definitions loaded at boot)."""
         tags = list(tags)
         vhost = self.vhosts.get(name)
         if vhost is not None and vhost.description == description and vhost.tags == tags:
             return vhost
-        if self.definitions is not None:
-            self.definitions.upsert_vhost(name, description, tags)
-        if vhost is None:
-            vhost = self.vhosts[name] = self._new_vhost(name)
-            if self._started:
-                vhost.storage_ready()
-        vhost.description, vhost.tags = description, tags
+        created = vhost is None
+        with self._transaction():
+            if self.definitions is not None:
+                self.definitions.upsert_vhost(name, description, tags)
+            if created:
+                vhost = self.vhosts[name] = self._new_vhost(name)
+                if self._started:
+                    vhost.storage_ready()
+            vhost.description, vhost.tags = description, tags
+            if created and acting_user in self.users:
+                self.set_permissions(acting_user, name, Permission())
         return vhost
 
     def delete_vhost(self, name: str) -> None:

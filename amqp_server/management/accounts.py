@@ -43,13 +43,14 @@ def put_vhost(req):
     as RabbitMQ); "tracing" turns the firehose on or off
     (amqp_server.firehose), absent leaves it as it is. A default queue type
     is accepted and not kept: RabbitMQ 3.10 reports "undefined" whatever
-    was sent, and hutch has classic queues only."""
+    was sent, and hutch has classic queues only. The user who creates it
+    gets full permissions on it, as on RabbitMQ."""
     body = req.body()
     tracing = _tracing(body.get("tracing"))
     description, tags = vhost_metadata(body)
     name = req.params["vhost"]
     existed = name in req.broker.vhosts
-    found = req.broker.add_vhost(name, description, tags)
+    found = req.broker.add_vhost(name, description, tags, acting_user=req.user.name)
     if tracing is not None:
         found.tracing = tracing
     return NO_CONTENT if existed else CREATED

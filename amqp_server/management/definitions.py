@@ -224,8 +224,10 @@ def _known_user(broker, name: str) -> str:
     return name
 
 
-def apply(broker, body: dict, vhost_name: str | None = None) -> None:
-    """Import `body` (a definitions document) into `broker`."""
+def apply(broker, body: dict, vhost_name: str | None = None, acting_user: str | None = None) -> None:
+    """Import `body` (a definitions document) into `broker`; the acting user
+    (of an API import) gets full permissions on each vhost it creates, as on
+    RabbitMQ, before the document's own permissions are applied."""
     checked = _check(body, vhost_name, set(broker.vhosts))
     for user in checked["users"]:
         if "password_hash" in user:
@@ -236,7 +238,7 @@ def apply(broker, body: dict, vhost_name: str | None = None) -> None:
         if user.get("limits"):
             broker.set_user_limits(user["name"], user["limits"])
     for item in checked["vhosts"]:
-        broker.add_vhost(item["name"], *accounts.vhost_metadata(item))
+        broker.add_vhost(item["name"], *accounts.vhost_metadata(item), acting_user=acting_user)
     for item in checked["permissions"]:
         broker.set_permissions(_known_user(broker, item["user"]), item["vhost"],
                                Permission(item["configure"], item["write"], item["read"]))
@@ -277,7 +279,7 @@ def apply(broker, body: dict, vhost_name: str | None = None) -> None:
 
 
 def post_definitions(req):
-    apply(req.broker, _document(req))
+    apply(req.broker, _document(req), acting_user=req.user.name)
     return NO_CONTENT
 
 

@@ -3,8 +3,8 @@
 
 Listing needs only the management tag and shows the policies of the vhosts
 the user may see; reading, setting or clearing one policy needs the
-policymaker (or administrator) tag and a permission in its vhost, refused
-with RabbitMQ's "User not authorised to access object". Changes go through
+administrator tag, or the policymaker tag and a permission in its vhost,
+refused with RabbitMQ's "User not authorised to access object". Changes go through
 `vhosts.Broker.set_policy` / `clear_policy`, which store them and apply
 them at once to existing queues and exchanges. Operator policies are for
 administrators only (the route's tag); RabbitMQ does not escape their
@@ -44,9 +44,12 @@ def operator(handler):
 
 
 def _policy_vhost(req):
-    """The vhost of a single-policy route, for a policymaker with a
-    permission in it (a vhost that does not exist is the handler's 404)."""
+    """The vhost of a single-policy route, for an administrator, or a
+    policymaker with a permission in it (RabbitMQ's is_authorized_policies;
+    a vhost that does not exist is the handler's 404)."""
     name = req.params["vhost"]
+    if access.has(req.user, access.ADMINISTRATOR):
+        return req.broker.vhosts.get(name)
     if not access.has(req.user, access.POLICYMAKER) or (
             name in req.broker.vhosts and name not in req.user.permissions):
         raise not_authorised("User not authorised to access object")

@@ -24,7 +24,14 @@ class TimedOut(Exception):
 
 
 class Refused(Exception):
-    """The API rejected our credentials (HTTP 401)."""
+    """The API rejected our credentials: a 401 that challenges them again
+    (WWW-Authenticate), as RabbitMQ's "Login failed" does."""
+
+
+class NotAuthorised(Exception):
+    """The credentials are good but the user may not do this: a 403, or
+    RabbitMQ's 401 "not_authorised" answered without a challenge (its
+    management API uses 401 for both; only a failed login challenges)."""
 
 
 class ApiError(Exception):
@@ -110,6 +117,8 @@ def _api_error(exc: urllib.error.HTTPError) -> Exception:
     error = str(payload.get("error", exc.reason))
     # RabbitMQ HTML-escapes the reason (`&lt;&lt;"a"&gt;&gt;` for <<"a">>)
     reason = html.unescape(str(payload.get("reason", error))).strip()
-    if exc.code == 401:
+    if exc.code == 401 and exc.headers.get("WWW-Authenticate"):
         return Refused(reason)
+    if exc.code in (401, 403):
+        return NotAuthorised(reason)
     return ApiError(exc.code, error, reason)

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Mapping
 
 from cli.hutchctl import exit_codes, options
-from cli.hutchctl.client import ApiError, ManagementClient, Refused, TimedOut, Unreachable
+from cli.hutchctl.client import ApiError, ManagementClient, NotAuthorised, Refused, TimedOut, Unreachable
 from cli.hutchctl.command import BadArgument, Command, Context, Failure
 from cli.hutchctl.formatters import Output
 from cli.hutchctl.registry import COMMANDS
@@ -130,6 +130,10 @@ def _run(argv: list[str], environ: Mapping[str, str]) -> int:
     except Refused as exc:
         sys.stderr.write(f"Error: the broker at {client.url} refused the credentials of user "
                          f"'{settings['username']}': {exc}\n")
+        return exit_codes.NOPERM
+    except NotAuthorised as exc:
+        sys.stderr.write(f"Error: the broker at {client.url} accepted the credentials of user "
+                         f"'{settings['username']}' but did not authorise this operation: {exc}\n")
         return exit_codes.NOPERM
     except ApiError as exc:
         sys.stderr.write(f"Error:\n{exc.reason}\n")
