@@ -70,7 +70,7 @@ from storage.message import EXPIRATION_BIT, EXPIRATION_BYTE
 from vhosts.clock import Clock, LoopClock
 from vhosts.consumer import Consumer
 from vhosts.message_expiry import MessageExpiry
-from vhosts.queue_arguments import QueueSettings, effective
+from vhosts.queue_arguments import QueueSettings, consumer_priority, effective
 from vhosts.stats import MessageStats
 
 FLOW_HIGH = 2000
@@ -179,9 +179,23 @@ class Queue:
         if backing.delta_expiry:  # recovered messages with an expiry wait on disk
             self.expiry.arm()
 
+    kind = "classic"  # the queue type the management API shows (quorum queues are served as classic)
+
     @property
     def message_count(self) -> int:
         return self.backing.ready
+
+    @property
+    def size(self) -> int:
+        """Body bytes of the ready messages."""
+        return self.backing.ready_bytes
+
+    def state_counts(self) -> dict[str, int]:
+        return self.backing.state_counts()
+
+    def peek(self, count: int, done: Callable[[list[QueueEntry] | Exception], None]) -> None:
+        """The first `count` ready entries, left in place (BackingQueue.peek)."""
+        self.backing.peek(count, done)
 
     @property
     def consumer_count(self) -> int:
@@ -474,6 +488,13 @@ class Queue:
             self.dispatch()
         elif self.expiry.items:
             self._expire_due()
+
+    def accept_consumer(self, no_ack: bool, prefetch_count: int, arguments: dict) -> int:
+        """Check a basic.consume's arguments; its priority (x-priority)."""
+        return consumer_priority(self.vhost, self.name, arguments)
+
+    def check_return(self) -> None:
+        """A client's basic.nack or basic.reject: a classic queue takes it."""
 
     def add_consumer(self, consumer: Consumer) -> None:
         if self._unused_timer is not None:

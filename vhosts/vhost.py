@@ -44,6 +44,7 @@ import routing
 from routing import Destination
 from storage import MemoryQueue, Message, QueueEntry
 from storage.priority_queue import PriorityQueue, level_name
+from storage.stream_log import LogSettings
 from vhosts.access import Access
 from vhosts.clock import Clock, LoopClock
 from vhosts.dead_letter import Death, dead_lettered, is_cycle, routing_keys as death_routing_keys
@@ -52,6 +53,7 @@ from vhosts.errors import (
     AMQPError,
     COMMAND_INVALID,
     NOT_FOUND,
+    NOT_IMPLEMENTED,
     PRECONDITION_FAILED,
     RESOURCE_LOCKED,
     erl_binary,
@@ -64,6 +66,8 @@ from vhosts.move import move
 from vhosts.policies import Policy, matching
 from vhosts.queue import DURABLE_PENDING, REJECTED, Queue
 from vhosts.queue_arguments import max_priority, validate as validate_queue_arguments
+from vhosts.stream_arguments import STREAM, queue_type, retention, validate_stream
+from vhosts.stream_queue import StreamQueue
 from vhosts.users import limit_reached
 from vhosts.stats import Churn, MessageStats
 
@@ -86,6 +90,8 @@ QUEUE_EQUIVALENT_ARGS = (
     "x-delivery-limit",
     "x-queue-master-locator",
     "x-quorum-initial-group-size",
+    "x-max-age",
+    "x-stream-max-segment-size-bytes",
 )
 EXCHANGE_EQUIVALENT_ARGS = ("alternate-exchange",)
 # Every exchange type that can be declared: routing's, and the delayed-message one.
@@ -476,13 +482,16 @@ class VirtualHost:
             q = self.queue(name, owner)
             q.touch()  # any declare renews an x-expires lease, as in RabbitMQ
             return q
+        arguments = arguments or {}
+        kind = queue_type(name, self.name, arguments) if name not in self.queues else None
         if not name:
+            if kind == STREAM:
+                raise AMQPError(PRECONDITION_FAILED, "Cannot declare a server-named queue for type rabbit_stream_queue")
             name = new_queue_name()
         elif name.startswith("amq."):
             raise AMQPError(ACCESS_REFUSED, "queue name '%s' contains reserved prefix 'amq.*'" % name)
         if access is not None:
             access.check("queue", name, "configure")
-        arguments = arguments or {}
         self.churn.queue_declared += 1
         q = self.queues.get(name)
         if q is None:
@@ -498,7 +507,10 @@ class VirtualHost:
                 access.check("exchange", dlx, "write")
             # As RabbitMQ: arguments are validated for a new queue; an existing
             # one only checks them for equivalence.
-            validate_queue_arguments(name, self.name, arguments)
+            if kind == STREAM:
+                validate_stream(name, self.name, durable, exclusive, auto_delete, arguments)
+            else:
+                validate_queue_arguments(name, self.name, arguments)
             q = self._new_queue(name, durable, owner if exclusive else None, auto_delete, arguments)
             q.apply_policy(self._definition_for("queue", name))
             if self.definitions is not None and self._stored(q):
@@ -519,13 +531,23 @@ class VirtualHost:
         return q
 
     def _new_queue(self, name: str, durable: bool, exclusive_owner: object | None, auto_delete: bool,
-                   arguments: dict, restoring: bool = False) -> Queue:
-        """A new queue object (declared, or restored at start). Its messages
+                   arguments: dict, restoring: bool = False) -> Queue | StreamQueue:
+        """A new queue object (declared, or restored at start): a stream
+        queue keeps its messages in a log of its own (vhosts.stream_queue).
+        Otherwise its messages
         live in the message storage, which pages them to disk under memory
         pressure; only a durable, non-exclusive queue keeps persistent
         messages across restarts (exclusive queues are never recovered).
         A priority queue has one backing queue per priority level."""
         storage = self.message_storage
+        if arguments.get("x-queue-type") == STREAM:
+            if storage is None:
+                raise AMQPError(NOT_IMPLEMENTED, "stream queues need a data directory")
+            policy = self._definition_for("queue", name)
+            limits = retention(arguments, policy)
+            log = storage.stream_log(name, LogSettings(limits.segment_bytes, limits.max_bytes, limits.max_age),
+                                     restoring)
+            return StreamQueue(name, self.name, log, arguments, self.clock, policy)
 
         def backing_for(stored_as: str):
             if storage is None:
@@ -661,7 +683,7 @@ class VirtualHost:
         if count <= 0:
             return []
         peeked = asyncio.get_running_loop().create_future()
-        q.backing.peek(count, lambda result: peeked.done() or peeked.set_result(result))
+        q.peek(count, lambda result: peeked.done() or peeked.set_result(result))
         result = await peeked
         if isinstance(result, Exception):
             raise result
