@@ -186,6 +186,11 @@ class Queue:
         return self.backing.ready
 
     @property
+    def delete_ok_count(self) -> int:
+        """The message count of a queue.delete-ok: the messages dropped."""
+        return self.backing.ready
+
+    @property
     def size(self) -> int:
         """Body bytes of the ready messages."""
         return self.backing.ready_bytes

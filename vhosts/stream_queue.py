@@ -68,6 +68,7 @@ class StreamQueue:
                  "_wake_armed")
 
     kind = "stream"
+    delete_ok_count = 0  # RabbitMQ 3.10's queue.delete-ok of a stream
     exclusive_owner = None
     auto_delete = False
     backed_up = False  # the writer's backlog paces its publishers (vhosts.vhost.publish)

@@ -66,7 +66,7 @@ from vhosts.move import move
 from vhosts.policies import Policy, matching
 from vhosts.queue import DURABLE_PENDING, REJECTED, Queue
 from vhosts.queue_arguments import max_priority, validate as validate_queue_arguments
-from vhosts.stream_arguments import STREAM, queue_type, retention, validate_stream
+from vhosts.stream_arguments import CLASSIC, STREAM, queue_type, retention, validate_stream
 from vhosts.stream_queue import StreamQueue
 from vhosts.users import limit_reached
 from vhosts.stats import Churn, MessageStats
@@ -111,6 +111,13 @@ def _check_x_match(value: object) -> None:
         PRECONDITION_FAILED,
         "Invalid x-match field type %s (value %s); expected longstr" % (field_type(value), fmt_value(value)),
     )
+
+
+def _classic_by_default(current: dict, received: dict) -> tuple[dict, dict]:
+    """As RabbitMQ, no x-queue-type is equivalent to x-queue-type classic."""
+    if current.get("x-queue-type", CLASSIC) == received.get("x-queue-type", CLASSIC) == CLASSIC:
+        return {**current, "x-queue-type": CLASSIC}, {**received, "x-queue-type": CLASSIC}
+    return current, received
 
 
 def new_queue_name() -> str:
@@ -526,7 +533,7 @@ class VirtualHost:
             raise self._inequivalent("queue", name, "auto_delete", auto_delete, q.auto_delete)
         if (q.exclusive_owner is not None) != exclusive:
             raise self._locked(name)
-        self._check_args("queue", name, QUEUE_EQUIVALENT_ARGS, q.arguments, arguments)
+        self._check_args("queue", name, QUEUE_EQUIVALENT_ARGS, *_classic_by_default(q.arguments, arguments))
         q.touch()
         return q
 
@@ -591,7 +598,7 @@ class VirtualHost:
         """Delete `q` unconditionally (exclusive owner gone, auto-delete, ...)."""
         if self.queues.get(q.name) is not q:
             return 0
-        count = q.message_count
+        count = q.delete_ok_count
         with self._transaction():
             if self.definitions is not None and self._stored(q):
                 self.definitions.delete_queue(self.name, q.name)  # and the bindings to it
