@@ -192,7 +192,8 @@ async def _publish_until_killed(broker: BrokerProcess, start_id: int, kill_after
         if len([c for c in confirmed if c >= start_id]) >= kill_after:
             os.kill(broker.process.pid, signal.SIGKILL)
             killed = True
-    await asyncio.wait(window, timeout=10)
+    if window:
+        await asyncio.wait(window, timeout=10)
     broker.process.wait(10)
     return next_id
 
@@ -224,3 +225,64 @@ def test_sigkill_cycles_under_confirmed_publishing_keep_every_confirmed_record_o
     assert ids == sorted(set(ids))  # publish order kept, nothing twice
     assert set(confirmed) <= set(ids), sorted(set(confirmed) - set(ids))[:10]
     assert all(b == b"%010d" % n + b"-" * (n % 300) for n, (_o, b) in zip(ids, got))
+
+
+def test_filtering_as_rabbitmq_3_13(conn):
+    name = unique("stream-filter")
+    channel = conn.channel()
+    declare_stream(channel, name)
+    channel.confirm_delivery()
+    for i, value in enumerate(["red", "blue", None, "red", "green", None]):
+        headers = {"x-stream-filter-value": value} if value else {}
+        channel.basic_publish("", name, b"%d" % i, pika.BasicProperties(headers=headers))
+
+    def filtered(count, **arguments):
+        ch = conn.channel()
+        ch.basic_qos(prefetch_count=10)
+        got = []
+        ch.basic_consume(name, lambda c, m, p, b: got.append(b),
+                         arguments={"x-stream-offset": "first", **arguments})
+        wait_for(lambda: conn.process_data_events(0.02) or len(got) >= count)
+        conn.process_data_events(0.2)  # and nothing more
+        ch.close()
+        return got
+
+    assert filtered(2, **{"x-stream-filter": "red"}) == [b"0", b"3"]
+    assert filtered(2, **{"x-stream-filter": ["blue", "green"], "x-stream-match-unfiltered": False}) == \
+        [b"1", b"4"]
+    assert filtered(4, **{"x-stream-filter": ["blue", "green"], "x-stream-match-unfiltered": True}) == \
+        [b"1", b"2", b"4", b"5"]
+    assert filtered(6) == [b"%d" % i for i in range(6)]
+    bad = conn.channel()
+    bad.basic_qos(prefetch_count=10)
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker, match="invalid arg 'x-stream-filter'"):
+        bad.basic_consume(name, lambda *a: None, arguments={"x-stream-filter": 5})
+    channel.queue_delete(name)
+
+
+def test_super_streams_with_hutchctl(broker, conn, api):
+    name = unique("super")
+    env = {"HUTCH_URL": "http://127.0.0.1:%d" % broker.ports["HTTP"], "HUTCH_USERNAME": "guest",
+           "HUTCH_PASSWORD": "guest"}
+    added = hutchctl("add_super_stream", name, "--partitions", "3", "--max-age", "7D", env=env)
+    assert added.returncode == 0, added.stderr
+    assert "Super stream %s was created" % name in added.stdout
+    assert api.get("/api/exchanges/%2F/" + name).body["arguments"] == {"x-super-stream": True}
+    bindings = sorted((b["routing_key"], b["destination"], b["arguments"]["x-stream-partition-order"])
+                      for b in api.get("/api/exchanges/%%2F/%s/bindings/source" % name).body)
+    assert bindings == [(str(i), "%s-%d" % (name, i), i) for i in range(3)]
+    for i in range(3):
+        partition = api.get("/api/queues/%%2F/%s-%d" % (name, i)).body
+        assert partition["type"] == "stream" and partition["arguments"]["x-max-age"] == "7D"
+    channel = conn.channel()
+    channel.confirm_delivery()
+    channel.basic_publish(name, "1", b"to partition 1")
+    assert read(conn, "%s-1" % name, 1) == [(0, b"to partition 1")]
+    again = hutchctl("add_super_stream", name, "--partitions", "2", env=env)
+    assert again.returncode != 0 and "already exists" in again.stderr
+    usage = hutchctl("add_super_stream", name, env=env)
+    assert usage.returncode != 0 and "--partitions or --routing-keys" in usage.stderr
+    deleted = hutchctl("delete_super_stream", name, env=env)
+    assert deleted.returncode == 0, deleted.stderr
+    assert api.get("/api/exchanges/%2F/" + name).status == 404
+    assert all(api.get("/api/queues/%%2F/%s-%d" % (name, i)).status == 404 for i in range(3))

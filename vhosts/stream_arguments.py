@@ -149,3 +149,21 @@ def check_consumer_arguments(queue: str, vhost: str, arguments: dict) -> None:
         if key in arguments:
             raise AMQPError(PRECONDITION_FAILED, "invalid arg '%s' for queue '%s' in vhost '%s' of queue type "
                             "rabbit_stream_queue" % (key, queue, vhost))
+
+
+def filters_of(queue: str, vhost: str, arguments: dict) -> tuple[frozenset[bytes] | None, bool]:
+    """A basic.consume's filter (RabbitMQ 3.13): x-stream-filter, one value
+    or a list of them (None: no filtering), and x-stream-match-unfiltered."""
+    where = "for queue '%s' in vhost '%s'" % (queue, vhost)
+    value = arguments.get("x-stream-filter")
+    unfiltered = arguments.get("x-stream-match-unfiltered", False)
+    if not isinstance(unfiltered, bool):
+        raise AMQPError(PRECONDITION_FAILED, "invalid arg 'x-stream-match-unfiltered' %s: {unacceptable_type,%s}"
+                        % (where, field_type(unfiltered)))
+    if value is None:
+        return None, unfiltered
+    values = value if isinstance(value, list) else [value]
+    if not values or not all(isinstance(v, (str, bytes)) for v in values):
+        raise AMQPError(PRECONDITION_FAILED, "invalid arg 'x-stream-filter' %s: {unacceptable_type,%s}"
+                        % (where, field_type(value)))
+    return frozenset(v.encode("utf-8") if isinstance(v, str) else v for v in values), unfiltered

@@ -25,12 +25,21 @@ Theory of operation
   yet written), an offset (below the first kept one: the first kept one),
   or a time (a timestamp or an interval such as "1h": the first record
   appended at or after it, looked up on the reader thread).
+- Filtering (RabbitMQ 3.13): a publish's `x-stream-filter-value` header is
+  stored at the head of its record; a consumer with `x-stream-filter` (one
+  value or a list) gets exactly the records with one of those values, plus
+  the records without a value when `x-stream-match-unfiltered` is true.
+  RabbitMQ skips whole chunks by a Bloom filter and may deliver records
+  that do not match (its clients filter again); hutch's filter is exact and
+  decodes no message it skips, which a client filtering again cannot tell
+  from RabbitMQ's.
 - Retention (x-max-length-bytes, x-max-age, x-stream-max-segment-size-bytes
   and their policies) is the log's; a policy change applies at once.
   A reader left behind by retention continues at the first kept offset.
 """
 from __future__ import annotations
 
+import struct
 from collections import deque
 from typing import Callable, Iterable
 
@@ -43,23 +52,32 @@ from vhosts.errors import NOT_IMPLEMENTED, PRECONDITION_FAILED, AMQPError
 from vhosts.queue import ACCEPTED, DURABLE_PENDING
 from vhosts.queue_arguments import NO_SETTINGS
 from vhosts.stats import MessageStats
-from vhosts.stream_arguments import (FIRST, LAST, NEXT, OFFSET, check_consumer_arguments, retention,
-                                     start_of)
+from vhosts.stream_arguments import (FIRST, LAST, NEXT, OFFSET, check_consumer_arguments, filters_of,
+                                     retention, start_of)
 
 READ_RECORDS = 256
 READ_BYTES = 1024 * 1024
+FILTER_VALUE = "x-stream-filter-value"
+_FILTER_LENGTH = struct.Struct(">H")
 
 
 class _Reader:
     """One consumer's place in the stream."""
 
-    __slots__ = ("consumer", "next", "buffer", "reading")
+    __slots__ = ("consumer", "next", "buffer", "reading", "filters", "unfiltered")
 
-    def __init__(self, consumer: Consumer) -> None:
+    def __init__(self, consumer: Consumer, filters: frozenset[bytes] | None, unfiltered: bool) -> None:
         self.consumer = consumer
         self.next = -1  # -1: where to start is being looked up
         self.buffer: deque[QueueEntry] = deque()
         self.reading = False
+        self.filters = filters  # None: every record
+        self.unfiltered = unfiltered  # with filters: also the records without a filter value
+
+    def wants(self, value: bytes) -> bool:
+        if self.filters is None:
+            return True
+        return value in self.filters if value else self.unfiltered
 
 
 class StreamQueue:
@@ -116,14 +134,15 @@ class StreamQueue:
     def peek(self, count: int, done: Callable[[list[QueueEntry] | Exception], None]) -> None:
         """The first `count` records kept, as entries."""
         def entries(records: list | Exception) -> None:
-            done(records if isinstance(records, Exception) else [_entry(*r) for r in records])
+            done(records if isinstance(records, Exception)
+                 else [_entry(offset, payload, decode_filter(payload)[1]) for offset, _t, payload in records])
         self.log.read(self.log.first_offset, count, entries, READ_BYTES)
 
     # -- publish ---------------------------------------------------------------
 
     def publish(self, message: Message, on_durable: Callable[[], None] | None = None) -> int:
         self.stats.publish += 1
-        self.log.append(message.to_bytes(), None, _Durable(self, on_durable))
+        self.log.append(encode(message), None, _Durable(self, on_durable))
         return DURABLE_PENDING if on_durable is not None else ACCEPTED
 
     def throttle(self, publisher) -> None:
@@ -144,6 +163,7 @@ class StreamQueue:
         """Check a basic.consume as RabbitMQ 3.10 does; its priority (none)."""
         start_of(self.name, self.vhost, arguments, 0)
         check_consumer_arguments(self.name, self.vhost, arguments)
+        filters_of(self.name, self.vhost, arguments)
         if not prefetch_count:
             raise AMQPError(PRECONDITION_FAILED, "consumer prefetch count is not set for 'queue '%s' in vhost '%s''"
                             % (self.name, self.vhost))
@@ -158,7 +178,7 @@ class StreamQueue:
     def add_consumer(self, consumer: Consumer) -> None:
         self.consumers.append(consumer)
         self.had_consumers = True
-        reader = self._readers[consumer] = _Reader(consumer)
+        reader = self._readers[consumer] = _Reader(consumer, *filters_of(self.name, self.vhost, consumer.arguments))
         where, value = start_of(self.name, self.vhost, consumer.arguments, self.clock.now() / 1000)
         log = self.log
         if where == FIRST:
@@ -214,7 +234,11 @@ class StreamQueue:
                 return
             reader.next = self.log.first_offset
         else:
-            reader.buffer.extend(_entry(*record) for record in records)
+            wants, buffer = reader.wants, reader.buffer
+            for offset, _timestamp, payload in records:
+                value, at = decode_filter(payload)
+                if wants(value):
+                    buffer.append(_entry(offset, payload, at))
             reader.next = records[-1][0] + 1
         self.dispatch()
 
@@ -266,9 +290,27 @@ class StreamQueue:
         return consumers
 
 
-def _entry(offset: int, _timestamp: int, payload: bytes) -> QueueEntry:
+def encode(message: Message) -> bytes:
+    """A record's payload: the filter value (u16 length, UTF-8; empty: none),
+    then the message (`Message.to_bytes`). The filter value comes first so
+    a filtering reader skips a record without decoding its message."""
+    value = b""
+    if FILTER_VALUE.encode() in message.header:  # decode the properties only when it may be there
+        found = (message.headers or {}).get(FILTER_VALUE)
+        if isinstance(found, (str, bytes)):
+            value = (found.encode("utf-8") if isinstance(found, str) else found)[:0xFFFF]
+    return b"".join((_FILTER_LENGTH.pack(len(value)), value, message.to_bytes()))
+
+
+def decode_filter(payload: bytes) -> tuple[bytes, int]:
+    """A record's filter value and where its message starts."""
+    length = _FILTER_LENGTH.unpack_from(payload)[0]
+    return payload[2:2 + length], 2 + length
+
+
+def _entry(offset: int, payload: bytes, at: int) -> QueueEntry:
     """A record as a delivery: its message with the x-stream-offset header."""
-    message = Message.from_bytes(payload)
+    message = Message.from_bytes(payload[at:])
     header = message.header_with({"x-stream-offset": encode_value(offset)})
     return QueueEntry(offset, Message(message.exchange, message.routing_key, header, message.body))
 
