@@ -286,3 +286,24 @@ def test_super_streams_with_hutchctl(broker, conn, api):
     assert deleted.returncode == 0, deleted.stderr
     assert api.get("/api/exchanges/%2F/" + name).status == 404
     assert all(api.get("/api/queues/%%2F/%s-%d" % (name, i)).status == 404 for i in range(3))
+
+
+def test_the_stream_endpoint_of_the_management_api(conn, api):
+    name, classic = unique("stream-http"), unique("classic-http")
+    channel = conn.channel()
+    declare_stream(channel, name)
+    channel.queue_declare(classic)
+    channel.confirm_delivery()
+    channel.basic_publish("", name, b"\x00\xffbytes", pika.BasicProperties(message_id="m1", headers={"k": "v"}))
+    channel.basic_publish("", name, b"second")
+    page = api.get("/api/hutch/streams/%%2F/%s?start=1&limit=5" % name)
+    assert page.status == 200 and page.body["first_offset"] == 0 and page.body["next_offset"] == 2
+    assert [r["offset"] for r in page.body["records"]] == [1]
+    first = api.get("/api/hutch/streams/%%2F/%s?limit=1" % name).body["records"][0]
+    assert first["routing_key"] == name and first["body"] == "AP9ieXRlcw=="
+    assert first["properties"]["message_id"] == "m1" and first["properties"]["headers"] == {"k": "v"}
+    refused = api.get("/api/hutch/streams/%%2F/%s" % classic)
+    assert refused.status == 400 and "is not a stream" in refused.body["reason"]
+    assert api.get("/api/hutch/streams/%2F/no-such-queue").status == 404
+    channel.queue_delete(name)
+    channel.queue_delete(classic)

@@ -69,6 +69,7 @@ from storage.backing_queue import READY
 from storage.message import EXPIRATION_BIT, EXPIRATION_BYTE
 from vhosts.clock import Clock, LoopClock
 from vhosts.consumer import Consumer
+from vhosts.errors import PRECONDITION_FAILED, AMQPError
 from vhosts.message_expiry import MessageExpiry
 from vhosts.queue_arguments import QueueSettings, consumer_priority, effective
 from vhosts.stats import MessageStats
@@ -497,6 +498,10 @@ class Queue:
     def accept_consumer(self, no_ack: bool, prefetch_count: int, arguments: dict) -> int:
         """Check a basic.consume's arguments; its priority (x-priority)."""
         return consumer_priority(self.vhost, self.name, arguments)
+
+    def read_log(self, start: int, limit: int, done, max_bytes: int) -> None:
+        """Only a stream is read by offset."""
+        raise AMQPError(PRECONDITION_FAILED, "queue '%s' in vhost '%s' is not a stream" % (self.name, self.vhost))
 
     def check_return(self) -> None:
         """A client's basic.nack or basic.reject: a classic queue takes it."""

@@ -138,6 +138,26 @@ class StreamQueue:
                  else [_entry(offset, payload, decode_filter(payload)[1]) for offset, _t, payload in records])
         self.log.read(self.log.first_offset, count, entries, READ_BYTES)
 
+    def read_log(self, start: int, limit: int, done: Callable[[list | Exception], None], max_bytes: int) -> None:
+        """Records from offset `start` (the first kept when lower) for
+        readers outside AMQP (the management API's stream endpoint, Spark):
+        `done` gets [(offset, timestamp in ms, Message)] on the loop."""
+        def decoded(records: list | Exception) -> None:
+            if isinstance(records, Exception):
+                done(records)
+                return
+            done([(offset, stamp, Message.from_bytes(payload[decode_filter(payload)[1]:]))
+                  for offset, stamp, payload in records])
+        self.log.read(start, limit, decoded, max_bytes)
+
+    @property
+    def first_offset(self) -> int:
+        return self.log.first_offset
+
+    @property
+    def next_offset(self) -> int:
+        return self.log.next_offset
+
     # -- publish ---------------------------------------------------------------
 
     def publish(self, message: Message, on_durable: Callable[[], None] | None = None) -> int:
