@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import datetime
 import re
-from dataclasses import dataclass
 
+from storage.stream_log import LogSettings
 from vhosts.errors import PRECONDITION_FAILED, AMQPError, field_type
 
 CLASSIC, QUORUM, STREAM = "classic", "quorum", "stream"
 QUEUE_TYPES = (CLASSIC, QUORUM, STREAM)
-DEFAULT_SEGMENT_BYTES = 500_000_000  # RabbitMQ's stream default
+DEFAULT_SEGMENT_BYTES = LogSettings.segment_bytes  # RabbitMQ's stream default, 500,000,000
 MAX_SEGMENT_BYTES = 3_000_000_000
 # Arguments RabbitMQ knows for other queue types only, in its order.
 NOT_FOR_STREAMS = (
@@ -94,14 +94,7 @@ def validate_stream(queue: str, vhost: str, durable: bool, exclusive: bool, auto
         raise AMQPError(PRECONDITION_FAILED, "Exceeded max value for x-stream-max-segment-size-bytes")
 
 
-@dataclass(frozen=True, slots=True)
-class Retention:
-    max_bytes: int = 0  # 0: no limit
-    max_age: int = 0  # seconds; 0: no limit
-    segment_bytes: int = DEFAULT_SEGMENT_BYTES
-
-
-def retention(arguments: dict, policy: dict | None) -> Retention:
+def retention(arguments: dict, policy: dict | None) -> LogSettings:
     """The limits a stream applies: argument and policy (`max-length-bytes`,
     `max-age`, `stream-max-segment-size-bytes`), the smaller winning. A
     policy value that is not valid is ignored."""
@@ -111,11 +104,11 @@ def retention(arguments: dict, policy: dict | None) -> Retention:
         values = [v for v in values if isinstance(v, int) and not isinstance(v, bool) and v > 0]
         return min(values) if values else 0
 
-    return Retention(
-        smaller(arguments.get("x-max-length-bytes"), policy.get("max-length-bytes")),
-        smaller(duration(arguments.get("x-max-age")), duration(policy.get("max-age"))),
-        smaller(arguments.get("x-stream-max-segment-size-bytes"), policy.get("stream-max-segment-size-bytes"))
-        or DEFAULT_SEGMENT_BYTES,
+    return LogSettings(
+        segment_bytes=smaller(arguments.get("x-stream-max-segment-size-bytes"),
+                              policy.get("stream-max-segment-size-bytes")) or DEFAULT_SEGMENT_BYTES,
+        max_bytes=smaller(arguments.get("x-max-length-bytes"), policy.get("max-length-bytes")),
+        max_age=smaller(duration(arguments.get("x-max-age")), duration(policy.get("max-age"))),
     )
 
 

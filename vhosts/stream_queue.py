@@ -45,7 +45,7 @@ from typing import Callable, Iterable
 
 from storage import Message, QueueEntry
 from storage.message import encode_value
-from storage.stream_log import LogSettings, StreamLog
+from storage.stream_log import StreamLog
 from vhosts.clock import Clock, LoopClock
 from vhosts.consumer import Consumer
 from vhosts.errors import NOT_IMPLEMENTED, PRECONDITION_FAILED, AMQPError
@@ -297,8 +297,7 @@ class StreamQueue:
 
     def apply_policy(self, definition: dict | None) -> None:
         self.policy = definition
-        limits = retention(self.arguments, definition)
-        self.log.configure(LogSettings(limits.segment_bytes, limits.max_bytes, limits.max_age))
+        self.log.configure(retention(self.arguments, definition))
 
     def delete(self) -> list[Consumer]:
         """Remove the log's files; returns the consumers to notify."""

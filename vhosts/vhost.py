@@ -44,7 +44,6 @@ import routing
 from routing import Destination
 from storage import MemoryQueue, Message, QueueEntry
 from storage.priority_queue import PriorityQueue, level_name
-from storage.stream_log import LogSettings
 from vhosts.access import Access
 from vhosts.clock import Clock, LoopClock
 from vhosts.dead_letter import Death, dead_lettered, is_cycle, routing_keys as death_routing_keys
@@ -539,10 +538,9 @@ class VirtualHost:
 
     def _new_queue(self, name: str, durable: bool, exclusive_owner: object | None, auto_delete: bool,
                    arguments: dict, restoring: bool = False) -> Queue | StreamQueue:
-        """A new queue object (declared, or restored at start): a stream
-        queue keeps its messages in a log of its own (vhosts.stream_queue).
-        Otherwise its messages
-        live in the message storage, which pages them to disk under memory
+        """A new queue object (declared, or restored at start). A stream
+        keeps its messages in a log of its own (vhosts.stream_queue); the
+        others in the message storage, which pages them to disk under memory
         pressure; only a durable, non-exclusive queue keeps persistent
         messages across restarts (exclusive queues are never recovered).
         A priority queue has one backing queue per priority level."""
@@ -551,9 +549,7 @@ class VirtualHost:
             if storage is None:
                 raise AMQPError(NOT_IMPLEMENTED, "stream queues need a data directory")
             policy = self._definition_for("queue", name)
-            limits = retention(arguments, policy)
-            log = storage.stream_log(name, LogSettings(limits.segment_bytes, limits.max_bytes, limits.max_age),
-                                     restoring)
+            log = storage.stream_log(name, retention(arguments, policy), restoring)
             return StreamQueue(name, self.name, log, arguments, self.clock, policy)
 
         def backing_for(stored_as: str):
