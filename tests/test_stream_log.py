@@ -258,3 +258,21 @@ def test_property_whatever_was_durable_before_a_torn_write_survives_in_order(tmp
             assert await append_all(again, [b"next"]) == [len(got)]
 
     asyncio.run(scenario())
+
+
+async def test_damage_found_by_a_reader_costs_at_most_an_index_interval(tmp_path, caplog):
+    async with running_writer() as writer:
+        log = open_log(tmp_path / "s", writer, segment_bytes=20000)
+        await append_all(log, [payload(i) for i in range(600)])
+        await settle(writer)
+        sealed = tmp_path / "s" / segment_names(str(tmp_path / "s"))[0]
+        data = bytearray(sealed.read_bytes())
+        record_size = len(data) // (log.snapshot()[0][1].base)
+        data[5 * record_size + 30] ^= 0xFF  # damage after recovery, in a segment no scan looks at
+        sealed.write_bytes(bytes(data))
+        with caplog.at_level(logging.ERROR, logger="hutch.storage"):
+            offsets = [o for o, _t, _p in read_all(log)]
+        assert "corrupt record" in caplog.text
+        assert offsets[:5] == [0, 1, 2, 3, 4] and 5 not in offsets
+        assert offsets == sorted(offsets) and offsets[-1] == 599
+        assert 600 - len(offsets) <= INDEX_INTERVAL // record_size + 1
