@@ -24,6 +24,7 @@ import base64
 import datetime
 import decimal
 import json
+import os
 import struct
 import time
 from dataclasses import dataclass
@@ -179,7 +180,17 @@ class DeadLetterLog:
                                                              settings.retention_seconds), clock)
 
     def recover(self) -> None:
-        """Load the log from disk (blocking, before the broker serves)."""
+        """Load the log from disk (blocking, before the broker serves).
+        Segments of hutch's first dead-letter log format (`<offset>.dlog`)
+        are taken over by renaming them: their records are byte for byte
+        the engine's (offset and time first), and their indexes are built
+        by the engine's recovery (a rename at start-up, before the writer
+        has anything of this log queued)."""
+        if os.path.isdir(self.directory):
+            for name in os.listdir(self.directory):
+                if name.endswith(".dlog"):
+                    path = os.path.join(self.directory, name)
+                    os.rename(path, path[:-len(".dlog")] + ".log")
         self._log.recover()
 
     def close(self) -> None:

@@ -256,3 +256,26 @@ async def test_a_read_stops_after_max_bytes_but_returns_at_least_one(tmp_path, w
     fut = asyncio.get_running_loop().create_future()
     log.read(0, 100, fut.set_result, max_bytes=1)
     assert [r.offset for r in await fut] == [0]
+
+
+async def test_segments_of_the_first_format_are_taken_over(tmp_path, writer):
+    """Before the log engine, segments were `<offset>.dlog` files of records
+    (offset, time ms, death count, body size, metadata length, flags, JSON, body)."""
+    import json
+    import struct
+    directory = tmp_path / "dead_letters"
+    directory.mkdir()
+    meta = json.dumps({"vhost": "/", "queue": "q", "reason": "expired", "exchange": "ex", "routing_keys": ["k"],
+                       "dead_letter_exchange": None, "dead_letter_routing_key": None, "delivery_count": 0,
+                       "content_type": None, "message_id": "old", "correlation_id": None, "app_id": None,
+                       "timestamp": None, "headers": None}).encode()
+    old = b"".join(record.encode(struct.pack(">QQIIIB", offset, 1700000000000 + offset, 1, 4, len(meta), 1)
+                                 + meta + b"body") for offset in (7, 8))
+    (directory / ("%020d.dlog" % 7)).write_bytes(old)
+    log = open_log(tmp_path, writer)
+    assert (log.first_offset, log.next_offset) == (7, 9)
+    got = await read(log, 0)
+    assert [(r.offset, r.message_id, r.reason, r.body, r.time) for r in got] == [
+        (7, "old", "expired", b"body", 1700000000.007), (8, "old", "expired", b"body", 1700000000.008)]
+    assert await append_all(log, [dead(9)]) == [9]
+    assert segment_files(log) == ["%020d.log" % 7]
