@@ -20,13 +20,17 @@ Invariants:
   recovery, at most INDEX_INTERVAL bytes).
 - `durable_size` (advanced on the loop by the log once the writer has synced)
   bounds every read: a reader never sees bytes that a crash could replace.
-- Recovery: a sealed segment whose indexes check out (entries increasing,
-  inside the file, and the bytes after the last entry a run of valid records
-  to the end) is loaded from its indexes and the short tail; any other
-  segment, and always the newest, is scanned record by record in chunks (a
-  torn tail is truncated and logged, a corrupt region skipped and logged) and
-  its index files rewritten. File changes go through the group-commit writer
-  (`run` jobs, ahead of any later append in writer order).
+- Recovery: a segment whose indexes check out (entries increasing, inside
+  the file, and the bytes after the last entry a run of valid records to the
+  end of the file) is loaded from its indexes and that short tail, so a
+  restart costs O(index entries), not O(bytes); a torn tail (a write cut
+  short by a crash) fails the tail check. Any other segment is scanned record
+  by record in chunks (a torn tail is truncated and logged, a corrupt region
+  skipped and logged) and its index files rewritten. An index entry never
+  names a record that was not written: a batch writes the `.log` before the
+  `.index` (the writer writes files in the order they were first appended
+  to, and a record is appended before its index entry). File changes go
+  through the group-commit writer (`run` jobs, ahead of any later append).
 """
 from __future__ import annotations
 
@@ -154,10 +158,9 @@ class Segment:
     # -- recovery (blocking, before the broker serves) -----------------------
 
     @classmethod
-    def recover(cls, directory: str, base: int, sync: bool, newest: bool,
-                writer: GroupCommitWriter) -> "Segment":
+    def recover(cls, directory: str, base: int, sync: bool, writer: GroupCommitWriter) -> "Segment":
         segment = cls(directory, base, sync, _sizes(directory, base))
-        if newest or not segment._load_indexes():
+        if not segment._load_indexes():
             segment._scan(writer)
         return segment
 
@@ -192,6 +195,7 @@ class Segment:
         if position != size or last < self.index_offsets[-1] or (self.time_offsets and self.time_offsets[-1] > last):
             return False
         self.next, self.max_timestamp = last + 1, max_timestamp
+        self._since_index = size - self.index_positions[-1]
         return True
 
     def _scan(self, writer: GroupCommitWriter) -> None:

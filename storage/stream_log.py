@@ -81,8 +81,7 @@ class StreamLog:
         if not os.path.isdir(self.directory):
             return
         bases = sorted(int(m.group(1)) for m in map(_LOG_NAME.match, os.listdir(self.directory)) if m)
-        self._segments = [Segment.recover(self.directory, base, self._sync, i == len(bases) - 1, self._writer)
-                          for i, base in enumerate(bases)]
+        self._segments = [Segment.recover(self.directory, base, self._sync, self._writer) for base in bases]
         if self._segments:
             self._next_offset = self.next_offset = self._segments[-1].next
 
