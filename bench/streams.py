@@ -30,7 +30,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import aiormq  # noqa: E402
 
-from harness import RssSampler, answers_amqp_uri, cpu_seconds, fresh_hutch, log, machine, rabbitmq_pid, revision  # noqa: E402
+from harness import (RssSampler, answers_amqp_uri, cpu_seconds, fresh_hutch, log, machine,  # noqa: E402
+                     rabbitmq_pid, revision)
 from results_table import Metric, Row, table  # noqa: E402
 
 STREAM = {"x-queue-type": "stream"}
