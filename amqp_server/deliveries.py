@@ -23,7 +23,6 @@ from amqp_server.framing import named_method
 from storage.message import encode_value
 from vhosts import Consumer
 from vhosts.errors import (
-    ACCESS_REFUSED,
     AMQPError,
     NOT_ALLOWED,
     NOT_FOUND,
@@ -158,9 +157,7 @@ class Deliveries:
         queue = self.vhost.queue(name, self.connection)
         tag = method.consumer_tag or new_consumer_tag()
         arguments = method.arguments or {}
-        priority = queue.accept_consumer(method.no_ack, self.prefetch_count, arguments)
-        if queue.exclusive_consumer or (method.exclusive and (queue.consumers or queue.single_active)):
-            raise AMQPError(ACCESS_REFUSED, "queue '%s' in vhost '%s' in exclusive use" % (queue.name, queue.vhost))
+        priority = queue.accept_consumer(method.no_ack, self.prefetch_count, method.exclusive, arguments)
         consumer = Consumer(
             tag, queue, self, method.no_ack, method.exclusive, self.prefetch_count, arguments, priority
         )

@@ -69,7 +69,7 @@ from storage.backing_queue import READY
 from storage.message import EXPIRATION_BIT, EXPIRATION_BYTE
 from vhosts.clock import Clock, LoopClock
 from vhosts.consumer import Consumer
-from vhosts.errors import PRECONDITION_FAILED, AMQPError
+from vhosts.errors import ACCESS_REFUSED, PRECONDITION_FAILED, AMQPError
 from vhosts.message_expiry import MessageExpiry
 from vhosts.queue_arguments import QueueSettings, consumer_priority, effective
 from vhosts.stats import MessageStats
@@ -495,9 +495,12 @@ class Queue:
         elif self.expiry.items:
             self._expire_due()
 
-    def accept_consumer(self, no_ack: bool, prefetch_count: int, arguments: dict) -> int:
-        """Check a basic.consume's arguments; its priority (x-priority)."""
-        return consumer_priority(self.vhost, self.name, arguments)
+    def accept_consumer(self, no_ack: bool, prefetch_count: int, exclusive: bool, arguments: dict) -> int:
+        """Check a basic.consume (its arguments, then exclusivity); its priority (x-priority)."""
+        priority = consumer_priority(self.vhost, self.name, arguments)
+        if self.exclusive_consumer or (exclusive and (self.consumers or self.single_active)):
+            raise AMQPError(ACCESS_REFUSED, "queue '%s' in vhost '%s' in exclusive use" % (self.name, self.vhost))
+        return priority
 
     def read_log(self, start: int, limit: int, done, max_bytes: int) -> None:
         """Only a stream is read by offset."""

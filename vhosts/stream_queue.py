@@ -100,7 +100,7 @@ class StreamQueue:
         self.arguments = arguments
         self.log = log
         self.consumers: deque[Consumer] = deque()
-        self.exclusive_consumer = False  # an exclusive consumer does not keep others off a stream
+        self.exclusive_consumer = False  # as RabbitMQ 3.10, an exclusive consumer keeps no one off a stream
         self.single_active = False
         self.active = None
         self.had_consumers = False
@@ -179,8 +179,9 @@ class StreamQueue:
 
     # -- consumers ---------------------------------------------------------------
 
-    def accept_consumer(self, no_ack: bool, prefetch_count: int, arguments: dict) -> int:
-        """Check a basic.consume as RabbitMQ 3.10 does; its priority (none)."""
+    def accept_consumer(self, no_ack: bool, prefetch_count: int, exclusive: bool, arguments: dict) -> int:
+        """Check a basic.consume as RabbitMQ 3.10 does (which lets an
+        exclusive consumer share a stream); its priority (none)."""
         start_of(self.name, self.vhost, arguments, 0)
         check_consumer_arguments(self.name, self.vhost, arguments)
         filters_of(self.name, self.vhost, arguments)

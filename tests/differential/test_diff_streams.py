@@ -133,7 +133,8 @@ def test_reading_from_offsets_with_credit_and_independent_consumers(differ):
         op("basic.qos", on="1.4", prefetch_count=10),
         op("basic.consume", on="1.4", queue="{s}", consumer_tag="next"),
         op("basic.qos", on="1.5", prefetch_count=10),
-        op("basic.consume", on="1.5", queue="{s}", consumer_tag="far", arguments={"x-stream-offset": 100}),
+        op("basic.consume", on="1.5", queue="{s}", consumer_tag="far", exclusive=True,  # shares the stream
+           arguments={"x-stream-offset": 100}),
         op("queue.bind", on="2.1", queue="{s}", exchange="amq.direct", routing_key="{rk}"),
         op("publish_confirmed", on="2.1", exchange="amq.direct", routing_key="{rk}", body="routed"),
         op("basic.publish", on="2.2", exchange="amq.direct", routing_key="{nowhere}", body="lost", mandatory=True),
