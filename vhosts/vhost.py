@@ -114,6 +114,8 @@ def _check_x_match(value: object) -> None:
 
 def _classic_by_default(current: dict, received: dict) -> tuple[dict, dict]:
     """As RabbitMQ, no x-queue-type is equivalent to x-queue-type classic."""
+    if ("x-queue-type" in current) == ("x-queue-type" in received):
+        return current, received  # the common case: compared as they are
     if current.get("x-queue-type", CLASSIC) == received.get("x-queue-type", CLASSIC) == CLASSIC:
         return {**current, "x-queue-type": CLASSIC}, {**received, "x-queue-type": CLASSIC}
     return current, received
