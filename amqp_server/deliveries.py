@@ -24,9 +24,7 @@ from amqp_server import direct_reply_to, fastpath, firehose
 from amqp_server.framing import named_method
 from storage.message import encode_value
 from vhosts import Consumer
-from vhosts.queue_arguments import consumer_priority
 from vhosts.errors import (
-    ACCESS_REFUSED,
     AMQPError,
     NOT_ALLOWED,
     NOT_FOUND,
@@ -169,9 +167,7 @@ class Deliveries:
         queue = self.vhost.queue(name, self.connection)
         tag = method.consumer_tag or new_consumer_tag()
         arguments = method.arguments or {}
-        priority = consumer_priority(queue.vhost, queue.name, arguments)
-        if queue.exclusive_consumer or (method.exclusive and (queue.consumers or queue.single_active)):
-            raise AMQPError(ACCESS_REFUSED, "queue '%s' in vhost '%s' in exclusive use" % (queue.name, queue.vhost))
+        priority = queue.accept_consumer(method.no_ack, self.prefetch_count, method.exclusive, arguments)
         consumer = Consumer(
             tag, queue, self, method.no_ack, method.exclusive, self.prefetch_count, arguments, priority
         )
@@ -276,6 +272,8 @@ class Deliveries:
 
     def _reject(self, tag: int, multiple: bool, requeue: bool) -> None:
         settled = self._take(tag, multiple)
+        for queue in {item[1] for item in settled}:
+            queue.check_return()  # a stream refuses (and the connection closes)
         outcome = REQUEUE if requeue else DISCARD
         if not self.defer_settlement(settled, outcome):
             self.settle(settled, outcome)

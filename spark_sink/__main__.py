@@ -3,7 +3,8 @@
 Jobs: by-reason, by-queue, by-exchange, by-routing-key (per time window),
 reasons, breakdown, top-queues, delivery-counts, samples, export (the raw
 records), report (HTML with charts), stream (keeps the aggregates and the
-report up to date). docs/analytics.md has examples.
+report up to date). docs/analytics.md has examples. `export --stream NAME`
+exports a stream queue's records instead (docs/streams.md).
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--url", default=os.environ.get("HUTCH_URL", DEFAULT_URL),
                         help="management API base URL (default %(default)s)")
     parser.add_argument("--vhost", default="/")
+    parser.add_argument("--stream", help="export: this stream queue's records instead of the dead-letter log")
     parser.add_argument("--username", default=os.environ.get("HUTCH_USERNAME", "guest"))
     parser.add_argument("--password", default=os.environ.get("HUTCH_PASSWORD", "guest"))
     parser.add_argument("--master", default="local[*]",
@@ -55,6 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     if (fmt == "html") != (args.job == "report"):
         print("spark_sink: the report job writes html, and only it does", file=sys.stderr)
         return 2
+    if args.stream is not None and args.job != "export":
+        print("spark_sink: --stream goes with the export job only", file=sys.stderr)
+        return 2
     if (fmt != "table" or args.job == "stream") and not args.output:
         print("spark_sink: --output is needed for %s" % ("stream" if args.job == "stream" else fmt), file=sys.stderr)
         return 2
@@ -80,6 +85,8 @@ def _run(spark, args: argparse.Namespace, fmt: str) -> int:
     options = jobs.JobOptions(window=args.window, top=args.top, samples=args.samples)
     source = {"url": args.url, "vhost": args.vhost, "username": args.username, "password": args.password,
               "startingOffsets": args.starting_offsets}
+    if args.stream is not None:
+        source["stream"] = args.stream
     try:
         if args.job == "stream":
             if args.max_records_per_trigger:

@@ -1,7 +1,9 @@
-"""HTTP client of the broker's dead-letter log (stdlib only: it runs on
-Spark executors as well as on the driver).
+"""HTTP client of the broker's offset-addressed logs, the dead-letter log
+and any stream queue (stdlib only: it runs on Spark executors as well as on
+the driver).
 
     GET {url}/api/hutch/dead-letters/{vhost}?start=N&limit=M
+    GET {url}/api/hutch/streams/{vhost}/{stream}?start=N&limit=M
     -> {"first_offset": F, "next_offset": X, "records": [{"offset": ..., ...}, ...]}
 
 Offsets below `first_offset` were deleted by retention; `next_offset` is the
@@ -26,9 +28,15 @@ class DeadLetterLogError(RuntimeError):
 
 
 class DeadLetterClient:
+    """Reads the dead-letter log of `vhost`, or the stream queue `stream` there."""
+
     def __init__(self, url: str = DEFAULT_URL, vhost: str = "/", username: str = "guest",
-                 password: str = "guest", timeout: float = 30.0) -> None:
-        self.endpoint = "%s/api/hutch/dead-letters/%s" % (url.rstrip("/"), urllib.parse.quote(vhost, safe=""))
+                 password: str = "guest", timeout: float = 30.0, stream: str | None = None) -> None:
+        where = urllib.parse.quote(vhost, safe="")
+        if stream is None:
+            self.endpoint = "%s/api/hutch/dead-letters/%s" % (url.rstrip("/"), where)
+        else:
+            self.endpoint = "%s/api/hutch/streams/%s/%s" % (url.rstrip("/"), where, urllib.parse.quote(stream, safe=""))
         token = base64.b64encode(("%s:%s" % (username, password)).encode("utf-8")).decode("ascii")
         self._auth = "Basic " + token
         self.timeout = timeout

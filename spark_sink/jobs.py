@@ -98,12 +98,14 @@ def samples(df: DataFrame, n: int) -> DataFrame:
 
 
 def export(df: DataFrame, fmt: str) -> DataFrame:
-    """The records themselves; CSV cannot hold arrays or bytes, so there the
-    routing keys are comma-joined and the body is base64."""
+    """The records themselves (of the dead-letter log or a stream); CSV
+    cannot hold arrays or bytes, so there the routing keys are comma-joined
+    and the body is base64."""
     if fmt != "csv":
         return df.orderBy("offset")
-    return (df.withColumn("routing_keys", F.concat_ws(",", "routing_keys"))
-            .withColumn("body", F.base64("body")).orderBy("offset"))
+    if "routing_keys" in df.columns:
+        df = df.withColumn("routing_keys", F.concat_ws(",", "routing_keys"))
+    return df.withColumn("body", F.base64("body")).orderBy("offset")
 
 
 def _by(column: str) -> Callable[[DataFrame, JobOptions], DataFrame]:

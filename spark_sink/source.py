@@ -3,9 +3,12 @@
     spark.dataSource.register(DeadLetterSource)
     spark.read.format("hutch-dead-letters").option("url", ...).load()
     spark.readStream.format("hutch-dead-letters").option(...).load()
+    spark.read.format("hutch-dead-letters").option("stream", "orders").load()
 
 Options (case-insensitive): url (management API, default
 http://127.0.0.1:15672), vhost ("/"), username/password ("guest"),
+stream (read that stream queue instead of the dead-letter log: columns
+STREAM_SCHEMA, offsets the stream's),
 startingOffsets (earliest, latest or an offset; default earliest),
 endingOffsets (batch only: latest or an offset), maxRecordsPerTrigger
 (streaming), recordsPerPartition (default 10000), pageSize (records per HTTP
@@ -59,6 +62,42 @@ SCHEMA = StructType([
 ])
 
 
+# A stream queue's records (GET /api/hutch/streams/{vhost}/{stream}).
+STREAM_SCHEMA = StructType([
+    StructField("offset", LongType(), False),
+    StructField("time", TimestampType(), False),  # when the broker appended it
+    StructField("exchange", StringType(), False),
+    StructField("routing_key", StringType(), False),
+    StructField("content_type", StringType(), True),
+    StructField("content_encoding", StringType(), True),
+    StructField("delivery_mode", IntegerType(), True),
+    StructField("priority", IntegerType(), True),
+    StructField("correlation_id", StringType(), True),
+    StructField("reply_to", StringType(), True),
+    StructField("expiration", StringType(), True),
+    StructField("message_id", StringType(), True),
+    StructField("timestamp", TimestampType(), True),
+    StructField("type", StringType(), True),
+    StructField("user_id", StringType(), True),
+    StructField("app_id", StringType(), True),
+    StructField("headers", StringType(), True),  # the headers table as JSON text
+    StructField("body", BinaryType(), False),
+])
+
+
+def stream_row(record: dict) -> tuple:
+    """One stream record of the HTTP API as a row of STREAM_SCHEMA."""
+    props = record["properties"]
+    return (
+        record["offset"], _utc(record["time"]), record["exchange"], record["routing_key"],
+        props.get("content_type"), props.get("content_encoding"), props.get("delivery_mode"), props.get("priority"),
+        props.get("correlation_id"), props.get("reply_to"), props.get("expiration"), props.get("message_id"),
+        _utc(props.get("timestamp")), props.get("type"), props.get("user_id"), props.get("app_id"),
+        None if props.get("headers") is None else json.dumps(props["headers"], sort_keys=True),
+        base64.b64decode(record["body"]),
+    )
+
+
 def _utc(seconds: float | None) -> datetime.datetime | None:
     if seconds is None:
         return None
@@ -96,6 +135,7 @@ class _Options:
         self.vhost = lower.get("vhost", "/")
         self.username = lower.get("username", "guest")
         self.password = lower.get("password", "guest")
+        self.stream = lower.get("stream")
         self.starting = lower.get("startingoffsets", "earliest")
         self.ending = lower.get("endingoffsets", "latest")
         self.max_per_trigger = _positive(lower, "maxrecordspertrigger", None)
@@ -103,7 +143,7 @@ class _Options:
         self.page_size = _positive(lower, "pagesize", PAGE_SIZE)
 
     def client(self) -> DeadLetterClient:
-        return DeadLetterClient(self.url, self.vhost, self.username, self.password)
+        return DeadLetterClient(self.url, self.vhost, self.username, self.password, stream=self.stream)
 
     def resolve(self, spec: str, first: int, next_: int) -> int:
         """An offset option ("earliest", "latest" or a number) as an offset."""
@@ -125,8 +165,9 @@ class _Options:
         return [OffsetRange(s, min(s + step, end)) for s in range(start, end, step)]
 
     def read(self, partition: OffsetRange) -> Iterator[tuple]:
+        row = to_row if self.stream is None else stream_row
         for record in self.client().records(partition.start, partition.end, self.page_size):
-            yield to_row(record)
+            yield row(record)
 
 
 def _positive(options: dict, key: str, default: int | None) -> int | None:
@@ -144,7 +185,7 @@ class DeadLetterSource(DataSource):
         return NAME
 
     def schema(self) -> StructType:
-        return SCHEMA
+        return STREAM_SCHEMA if _Options(self.options).stream is not None else SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return BatchReader(_Options(self.options))

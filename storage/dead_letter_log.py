@@ -7,70 +7,36 @@ every dying message here (docs/analytics.md), whether or not its queue has a
 dead-letter exchange.
 
 Theory of operation
-- Segment files `<first offset, 20 digits>.dlog` in `directory`, each a run
-  of `record.encode(body)` frames; a body is `_HEAD` (offset, time in ms,
-  death count, body size, metadata length, flags), the metadata as JSON, then
-  the message body when bodies are kept. Only the newest segment (`_active`)
-  is appended to; it rolls when the next record would take it past
-  `segment_bytes`.
-- `append` runs on the event loop: it encodes, hands the bytes to the
-  group-commit writer (never blocks) and returns the record's offset. Its
-  `on_durable` runs on the loop once the writer has written and synced the
-  batch holding the record; the dead-letter path waits for it before the
+- The records live in a `storage.stream_log.StreamLog` (segments with offset
+  and time indexes, retention by size and age, recovery; its invariants are
+  this log's): each record's payload is `_HEAD` (death count, body size,
+  metadata length, flags), the metadata as JSON, then the message body when
+  bodies are kept; the log's timestamp is when the message died, so
+  `retention_seconds` counts from the death.
+- `append` runs on the event loop and never blocks; its `on_durable` runs
+  once the record is on disk. The dead-letter path waits for it before the
   message leaves its queue, so a record of a message that left survives
   kill -9.
-- Invariant 1: offsets are assigned on the loop in append order, so they
-  increase by one per record; across restarts `recover` continues after the
-  newest record found, and never below the newest segment's first offset
-  (a segment file is created, by a writer job, before its first record, and
-  older segments are deleted only by writer jobs queued after that record:
-  the newest file on disk always names where to continue).
-- Invariant 2: readers only see offsets below `next_offset`, which advances
-  in the writer's completion callbacks (submission order) together with the
-  segment's `durable_size`: what a reader gets is on disk and can never be
-  replaced by a different record after a crash (deterministic replay).
-- Reads run on the writer's reader thread (`read`) or any thread
-  (`read_records`): each segment keeps a sparse index (every SPARSE-th
-  record's byte position) so a read seeks near its start. Segment lists are
-  replaced, never mutated in place, so a reader works on a consistent list;
-  a file deleted under a reader only ends that reader's segment early.
-- Retention (`retain`, run on every append and read): whole non-active
-  segments are deleted, oldest first, while the log is over
-  `retention_bytes`, or while the oldest segment's newest record is older
-  than `retention_seconds` (0 disables either limit). The active segment is
-  never deleted, as in RabbitMQ streams.
-- Recovery scans every segment (`record.scan_file`): a torn tail is
-  truncated and logged, a corrupt record in the middle is skipped and logged
-  (its offset becomes a gap; offsets are stored in the records).
 """
 from __future__ import annotations
 
 import base64
-import bisect
 import datetime
 import decimal
 import json
-import logging
 import os
-import re
 import struct
 import time
 from dataclasses import dataclass
 from typing import Callable
 
-from storage import record
 from storage.message import Message
-from storage.msg_store import _fsync_dir
-from storage.writer import AppendFile, GroupCommitWriter
+from storage.stream_log import LogSettings, StreamLog
+from storage.writer import GroupCommitWriter
 
-log = logging.getLogger("hutch.storage")
-
-# offset, time (ms since the epoch), death count, body size, metadata length, flags
-_HEAD = struct.Struct(">QQIIIB")
-_LENGTH = struct.Struct(">I")
+# death count, body size, metadata length, flags (offset and time are the log's)
+_HEAD = struct.Struct(">IIIB")
 _HAS_BODY = 1
-SPARSE = 64
-_NAME = re.compile(r"^(\d{20})\.dlog$")
 
 
 @dataclass
@@ -172,7 +138,7 @@ def from_message(message: Message, vhost: str, queue: str, reason: str, when: fl
     )
 
 
-def _encode(dead: DeadLetter, offset: int, include_body: bool) -> bytes:
+def _encode(dead: DeadLetter, include_body: bool) -> bytes:
     meta = json.dumps({
         "vhost": dead.vhost,
         "queue": dead.queue,
@@ -191,12 +157,11 @@ def _encode(dead: DeadLetter, offset: int, include_body: bool) -> bytes:
     }, separators=(",", ":")).encode("utf-8")
     body = dead.body if include_body and dead.body is not None else b""
     flags = _HAS_BODY if include_body and dead.body is not None else 0
-    head = _HEAD.pack(offset, round(dead.time * 1000), dead.death_count, dead.body_size, len(meta), flags)
-    return record.encode(b"".join((head, meta, body)))
+    return b"".join((_HEAD.pack(dead.death_count, dead.body_size, len(meta), flags), meta, body))
 
 
-def _decode(data: bytes) -> DeadLetter:
-    offset, time_ms, death_count, body_size, meta_len, flags = _HEAD.unpack_from(data)
+def _decode(offset: int, time_ms: int, data: bytes) -> DeadLetter:
+    death_count, body_size, meta_len, flags = _HEAD.unpack_from(data)
     start = _HEAD.size
     meta = json.loads(data[start:start + meta_len])
     body = data[start + meta_len:] if flags & _HAS_BODY else None
@@ -204,253 +169,63 @@ def _decode(data: bytes) -> DeadLetter:
                       offset=offset, **meta)
 
 
-class _Segment:
-    __slots__ = ("first", "file", "mark_offsets", "mark_positions", "next", "durable_size", "last_time")
-
-    def __init__(self, first: int, file: AppendFile) -> None:
-        self.first = first
-        self.file = file
-        # Sparse index: every SPARSE-th record's offset and byte position.
-        self.mark_offsets: list[int] = []
-        self.mark_positions: list[int] = []
-        self.next = first  # offset after the last record appended
-        self.durable_size = file.size  # bytes on disk (the reader's limit)
-        self.last_time = 0.0  # when the newest record died
-
-    def note(self, offset: int, position: int, when: float) -> None:
-        if not self.mark_offsets or offset - self.mark_offsets[-1] >= SPARSE:
-            self.mark_offsets.append(offset)
-            self.mark_positions.append(position)
-        self.next = offset + 1
-        self.last_time = max(self.last_time, when)
-
-
 class DeadLetterLog:
+    """The dead-letter records of one vhost in a `StreamLog`."""
+
     def __init__(self, directory: str, writer: GroupCommitWriter, settings: DeadLetterLogSettings,
                  clock: Callable[[], float] = time.time) -> None:
         self.directory = directory
         self.settings = settings
-        self._writer = writer
-        self._clock = clock
-        self._segments: list[_Segment] = []
-        self._next_offset = 0  # the next offset to assign (loop only)
-        self.next_offset = 0  # offsets below are on disk (invariant 2)
-        self.deleted_segments = 0
-
-    # -- start-up (blocking) -------------------------------------------------
+        self._log = StreamLog(directory, writer, LogSettings(settings.segment_bytes, settings.retention_bytes,
+                                                             settings.retention_seconds), clock)
 
     def recover(self) -> None:
-        """Scan the segments on disk (before the broker serves)."""
-        os.makedirs(self.directory, exist_ok=True)
-        names = sorted(n for n in os.listdir(self.directory) if _NAME.match(n))
-        segments = []
-        for name in names:
-            path = os.path.join(self.directory, name)
-            records, _report = record.scan_file(path)
-            segment = _Segment(int(name[:20]), AppendFile(path))
-            for position, body in records:
-                offset, time_ms = _HEAD.unpack_from(body)[:2]
-                segment.note(offset, position, time_ms / 1000)
-            segments.append(segment)
-        self._segments = segments
-        if segments:
-            self._next_offset = self.next_offset = segments[-1].next
-
-    # -- on the event loop ---------------------------------------------------
+        """Load the log from disk (blocking, before the broker serves).
+        Segments of hutch's first dead-letter log format (`<offset>.dlog`)
+        are taken over by renaming them: their records are byte for byte
+        the engine's (offset and time first), and their indexes are built
+        by the engine's recovery (a rename at start-up, before the writer
+        has anything of this log queued)."""
+        if os.path.isdir(self.directory):
+            for name in os.listdir(self.directory):
+                if name.endswith(".dlog"):
+                    path = os.path.join(self.directory, name)
+                    os.rename(path, path[:-len(".dlog")] + ".log")
+        self._log.recover()
 
     def close(self) -> None:
-        """Close the segment files (writer thread, after what is queued); the
-        log is not used afterwards (its vhost is being deleted)."""
-        for segment in self._segments:
-            self._writer.run(segment.file.close)
-        self._segments = []
+        """Close the files (after what is queued); its vhost is being deleted."""
+        self._log.close()
 
     @property
     def first_offset(self) -> int:
         """The oldest offset still kept (== next_offset when the log is empty)."""
-        segments = self._segments
-        for segment in segments:
-            if segment.mark_offsets:
-                return segment.mark_offsets[0]
-        return self.next_offset
+        return self._log.first_offset
+
+    @property
+    def next_offset(self) -> int:
+        """Offsets below are on disk and readable."""
+        return self._log.next_offset
 
     @property
     def size(self) -> int:
-        """Bytes in the log's files (what retention_bytes limits)."""
-        return sum(s.file.size for s in self._segments)
+        return self._log.size
+
+    @property
+    def deleted_segments(self) -> int:
+        return self._log.deleted_segments
 
     def append(self, dead: DeadLetter, on_durable: Callable[[], None] | None = None) -> int:
-        """Queue `dead` for the log; returns its offset. `on_durable` runs on
-        the loop once the record is on disk (never, if the write fails)."""
-        offset = self._next_offset
-        self._next_offset += 1
-        dead.offset = offset
-        data = _encode(dead, offset, self.settings.include_bodies)
-        segment = self._segments[-1] if self._segments else None
-        rolled = segment is None or (segment.next > segment.first
-                                     and segment.file.size + len(data) > self.settings.segment_bytes)
-        if rolled:
-            segment = self._roll(offset)
-        durable = _Durable(self, segment, offset + 1, segment.file.size + len(data), on_durable)
-        position = self._writer.append(segment.file, data, durable)
-        segment.note(offset, position, dead.time)
-        if rolled or len(self._segments) > 1:
-            self.retain()
-        return offset
-
-    def _durable(self, segment: _Segment, next_offset: int, size: int) -> None:
-        segment.durable_size = size
-        self.next_offset = next_offset
-
-    def _roll(self, first: int) -> _Segment:
-        path = os.path.join(self.directory, "%020d.dlog" % first)
-        sync = self._writer.durability == "fsync"
-        directory = self.directory
-        old = self._segments[-1] if self._segments else None
-
-        def create() -> None:
-            os.makedirs(directory, exist_ok=True)
-            os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o644))
-            if sync:
-                _fsync_dir(directory)
-
-        self._writer.run(create)
-        if old is not None:
-            self._writer.run(old.file.close)  # after its last append (writer order)
-        segment = _Segment(first, AppendFile(path, 0))
-        self._segments = self._segments + [segment]
-        return segment
-
-    def retain(self) -> None:
-        """Delete whole old segments beyond the size or age limit (the
-        active one stays)."""
-        settings = self.settings
-        segments = self._segments
-        total = self.size
-        cutoff = self._clock() - settings.retention_seconds
-        drop = 0
-        while drop < len(segments) - 1:
-            oldest = segments[drop]
-            over_size = settings.retention_bytes and total > settings.retention_bytes
-            too_old = settings.retention_seconds and oldest.last_time < cutoff
-            if not (over_size or too_old):
-                break
-            total -= oldest.file.size
-            drop += 1
-        if not drop:
-            return
-        self._segments = segments[drop:]
-        for old in segments[:drop]:
-            self._writer.run(_deleter(old.file), self._deleted)
-
-    def _deleted(self, result: object) -> None:
-        if isinstance(result, Exception):
-            log.error("could not delete a dead-letter log segment: %s", result)
-        else:
-            self.deleted_segments += 1
+        """Queue `dead` for the log, stamped with when it died; returns its
+        offset. `on_durable` runs on the loop once the record is on disk."""
+        dead.offset = self._log.append(_encode(dead, self.settings.include_bodies), dead.time, on_durable)
+        return dead.offset
 
     def read(self, start: int, max_records: int, done: Callable[[list[DeadLetter] | Exception], None],
              max_bytes: int = 0) -> None:
         """Records from offset `start` on (at most `max_records`, and once
-        past `max_bytes` of bodies no more; 0: no byte limit), read on the
-        reader thread; `done` gets them (or an exception) on the loop."""
-        self.retain()
-        segments, limit = self._segments, self.next_offset
-        self._writer.read(lambda: read_records(segments, start, max_records, limit, max_bytes), done)
-
-
-class _Durable:
-    """The writer's `done` for one append (invariant 2)."""
-
-    __slots__ = ("log", "segment", "next_offset", "size", "then")
-
-    def __init__(self, log_: DeadLetterLog, segment: _Segment, next_offset: int, size: int,
-                 then: Callable[[], None] | None) -> None:
-        self.log = log_
-        self.segment = segment
-        self.next_offset = next_offset
-        self.size = size  # the segment's size with this record
-        self.then = then
-
-    def __call__(self) -> None:
-        self.log._durable(self.segment, self.next_offset, self.size)
-        if self.then is not None:
-            self.then()
-
-
-def _deleter(file: AppendFile) -> Callable[[], None]:
-    def delete() -> None:
-        file.close()
-        os.unlink(file.path)
-    return delete
-
-
-def read_records(segments: list[_Segment], start: int, max_records: int, limit: int,
-                 max_bytes: int = 0) -> list[DeadLetter]:
-    """Blocking: records with offsets in [start, limit), at most `max_records`
-    (fewer once their bodies pass `max_bytes`, when set)."""
-    out = _Batch(max_records, max_bytes)
-    firsts = [s.first for s in segments]
-    index = max(bisect.bisect_right(firsts, start) - 1, 0)
-    for segment in segments[index:]:
-        if out.full or segment.first >= limit:
-            break
-        _read_segment(segment, start, limit, out)
-    return out.records
-
-
-class _Batch:
-    """What one read has collected, and whether it is enough."""
-
-    __slots__ = ("records", "max_records", "max_bytes", "bytes")
-
-    def __init__(self, max_records: int, max_bytes: int) -> None:
-        self.records: list[DeadLetter] = []
-        self.max_records = max_records
-        self.max_bytes = max_bytes
-        self.bytes = 0
-
-    @property
-    def full(self) -> bool:
-        return len(self.records) >= self.max_records or bool(self.max_bytes) and self.bytes >= self.max_bytes
-
-    def take(self, body: bytes, start: int, limit: int) -> bool:
-        """Add the record if it is in range; False once past the range or full."""
-        offset = _HEAD.unpack_from(body)[0]
-        if offset >= limit or self.full:
-            return False
-        if offset >= start:
-            self.records.append(_decode(body))
-            self.bytes += len(body)
-        return True
-
-
-def _read_segment(segment: _Segment, start: int, limit: int, out: _Batch) -> None:
-    """Read record by record from the sparse-index mark at or before `start`,
-    up to the durable size; a record that does not check out (damage found
-    at recovery) switches to `record.scan` of the rest, which skips it."""
-    if not segment.mark_positions:
-        return
-    mark = max(bisect.bisect_right(segment.mark_offsets, start) - 1, 0)
-    position, end = segment.mark_positions[mark], segment.durable_size
-    try:
-        with open(segment.file.path, "rb") as f:
-            f.seek(position)
-            while position + record.OVERHEAD <= end and not out.full:
-                head = f.read(_LENGTH.size)
-                size = _LENGTH.unpack(head)[0] + record.OVERHEAD
-                blob = head + f.read(min(size, end - position) - len(head))
-                records, _report = record.scan(blob)
-                if size <= end - position and len(records) == 1 and records[0][0] == 0:
-                    if not out.take(records[0][1], start, limit):
-                        return
-                    position += size
-                    continue
-                f.seek(position)
-                for _pos, body in record.scan(f.read(end - position), segment.file.path)[0]:
-                    if not out.take(body, start, limit):
-                        return
-                return
-    except FileNotFoundError:
-        return  # deleted by retention meanwhile
-
+        past `max_bytes` no more; 0: no byte limit), read on the reader
+        thread; `done` gets them (or an exception) on the loop."""
+        def decoded(records: list | Exception) -> None:
+            done(records if isinstance(records, Exception) else [_decode(*r) for r in records])
+        self._log.read(start, max_records, decoded, max_bytes)

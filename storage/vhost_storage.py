@@ -36,6 +36,7 @@ from storage.delayed_store import DelayedStore
 from storage.dead_letter_log import DeadLetterLog, DeadLetterLogSettings
 from storage.msg_store import MessageStore
 from storage.queue_index import QueueIndex
+from storage.stream_log import LogSettings, StreamLog
 from storage.variable_queue import VariableQueue
 from storage.writer import GroupCommitWriter
 
@@ -87,6 +88,7 @@ class VhostStorage:
             self.dead_letters.recover()
         self._refcounts: Counter = Counter()
         self._recovered: set[str] = set()
+        self._recovered_streams: set[str] = set()
         self._from_summary: dict[str, QueueIndex] = {}  # recovered from their summaries, by directory
         # By directory: whose summaries a clean stop writes (a deleted queue's
         # entry goes with its last reference).
@@ -129,6 +131,17 @@ class VhostStorage:
         self._durable[name] = backing
         return backing
 
+    def stream_log(self, queue: str, settings: LogSettings, restoring: bool = False) -> StreamLog:
+        """The log of a stream queue (docs/streams.md); at start (`restoring`)
+        recovered from its files. A new stream's directory is made by the
+        writer before its first segment."""
+        name = dir_name(queue)
+        stream = StreamLog(os.path.join(self.directory, "streams", name), self.writer, settings)
+        if restoring:
+            stream.recover()
+            self._recovered_streams.add(name)
+        return stream
+
     def delayed_store(self) -> DelayedStore:
         """Where the delayed messages of this vhost's durable delayed-message
         exchanges are kept (`recover` it at start)."""
@@ -156,6 +169,11 @@ class VhostStorage:
             if entry not in self._recovered:
                 shutil.rmtree(os.path.join(queues_dir, entry), ignore_errors=True)
         self._recovered.clear()
+        streams_dir = os.path.join(self.directory, "streams")
+        for entry in os.listdir(streams_dir) if os.path.isdir(streams_dir) else ():
+            if entry not in self._recovered_streams:  # its queue was deleted while its files were being removed
+                shutil.rmtree(os.path.join(streams_dir, entry), ignore_errors=True)
+        self._recovered_streams.clear()
 
     def destroy(self) -> None:
         """The vhost is deleted: remove its directory (its queues were deleted first)."""

@@ -81,7 +81,7 @@ async def settle(writer: GroupCommitWriter) -> None:
 
 
 def segment_files(log: DeadLetterLog) -> list[str]:
-    return sorted(n for n in os.listdir(log.directory) if n.endswith(".dlog"))
+    return sorted(n for n in os.listdir(log.directory) if n.endswith(".log"))
 
 
 async def test_offsets_start_at_zero_and_records_read_back_whole(tmp_path, writer):
@@ -140,7 +140,7 @@ async def test_segments_roll_and_reads_cross_them(tmp_path, writer):
     await append_all(log, [dead(i) for i in range(200)])
     files = segment_files(log)
     assert len(files) > 5
-    assert files[0] == "%020d.dlog" % 0
+    assert files[0] == "%020d.log" % 0
     assert all(os.path.getsize(os.path.join(log.directory, f)) <= 2048 for f in files)
     assert [r.offset for r in await read(log, 37, 150)] == list(range(37, 187))
 
@@ -158,6 +158,7 @@ async def test_torn_tail_is_truncated_logged_and_offsets_continue(tmp_path, writ
             again = open_log(tmp_path, writer2)
         assert "torn tail" in caplog.text
         assert again.next_offset == 9
+        await settle(writer2)  # the truncation is a writer job
         assert os.path.getsize(path) < size - 7
         assert await append_all(again, [dead(42)]) == [9]
         got = await read(again, 0)
@@ -191,7 +192,7 @@ async def test_retention_by_size_deletes_whole_old_segments(tmp_path, writer):
     assert sum(os.path.getsize(os.path.join(log.directory, f)) for f in files) <= 6000 + 2048
     assert log.deleted_segments > 0
     first = log.first_offset
-    assert first > 0 and files[0] == "%020d.dlog" % first
+    assert first > 0 and files[0] == "%020d.log" % first
     got = await read(log, 0, 1000)
     assert [r.offset for r in got] == list(range(first, 300))
 
@@ -255,3 +256,26 @@ async def test_a_read_stops_after_max_bytes_but_returns_at_least_one(tmp_path, w
     fut = asyncio.get_running_loop().create_future()
     log.read(0, 100, fut.set_result, max_bytes=1)
     assert [r.offset for r in await fut] == [0]
+
+
+async def test_segments_of_the_first_format_are_taken_over(tmp_path, writer):
+    """Before the log engine, segments were `<offset>.dlog` files of records
+    (offset, time ms, death count, body size, metadata length, flags, JSON, body)."""
+    import json
+    import struct
+    directory = tmp_path / "dead_letters"
+    directory.mkdir()
+    meta = json.dumps({"vhost": "/", "queue": "q", "reason": "expired", "exchange": "ex", "routing_keys": ["k"],
+                       "dead_letter_exchange": None, "dead_letter_routing_key": None, "delivery_count": 0,
+                       "content_type": None, "message_id": "old", "correlation_id": None, "app_id": None,
+                       "timestamp": None, "headers": None}).encode()
+    old = b"".join(record.encode(struct.pack(">QQIIIB", offset, 1700000000000 + offset, 1, 4, len(meta), 1)
+                                 + meta + b"body") for offset in (7, 8))
+    (directory / ("%020d.dlog" % 7)).write_bytes(old)
+    log = open_log(tmp_path, writer)
+    assert (log.first_offset, log.next_offset) == (7, 9)
+    got = await read(log, 0)
+    assert [(r.offset, r.message_id, r.reason, r.body, r.time) for r in got] == [
+        (7, "old", "expired", b"body", 1700000000.007), (8, "old", "expired", b"body", 1700000000.008)]
+    assert await append_all(log, [dead(9)]) == [9]
+    assert segment_files(log) == ["%020d.log" % 7]

@@ -27,6 +27,7 @@ import re
 from dataclasses import dataclass, field
 
 from vhosts.errors import erl_term
+from vhosts.stream_arguments import duration
 
 APPLY_TO = ("queues", "exchanges", "all")
 OVERFLOW = ("drop-head", "reject-publish", "reject-publish-dlx")
@@ -61,6 +62,8 @@ DEFINITION_KEYS = {
     "delivery-limit": (_at_least(0), "delivery limit"),
     "federation-upstream": (_string, "federation upstream name"),
     "federation-upstream-set": (_string, "federation upstream set name"),
+    "max-age": (lambda value: duration(value) is not None, "max age"),
+    "stream-max-segment-size-bytes": (_at_least(0), "segment size"),
 }
 
 # What an operator policy may set (RabbitMQ 3.10's list); each caps the
@@ -71,12 +74,12 @@ OPERATOR_WITHOUT_EFFECT = frozenset({"max-in-memory-length", "max-in-memory-byte
 
 
 # Keys RabbitMQ 3.10 recognises for features hutch does not have (mirroring,
-# lazy mode, quorum queues, streams): accepted, so that definitions exported
-# from RabbitMQ import, and without effect.
+# lazy mode, quorum queues): accepted, so that definitions exported from
+# RabbitMQ import, and without effect.
 WITHOUT_EFFECT = frozenset({
     "ha-mode", "ha-params", "ha-sync-mode", "ha-sync-batch-size", "ha-promote-on-shutdown",
     "ha-promote-on-failure", "queue-mode", "queue-master-locator", "max-in-memory-length",
-    "max-in-memory-bytes", "max-age", "stream-max-segment-size-bytes",
+    "max-in-memory-bytes",
 })
 
 

@@ -69,8 +69,9 @@ from storage.backing_queue import READY
 from storage.message import EXPIRATION_BIT, EXPIRATION_BYTE
 from vhosts.clock import Clock, LoopClock
 from vhosts.consumer import Consumer
+from vhosts.errors import ACCESS_REFUSED, PRECONDITION_FAILED, AMQPError
 from vhosts.message_expiry import MessageExpiry
-from vhosts.queue_arguments import QueueSettings, effective
+from vhosts.queue_arguments import QueueSettings, consumer_priority, effective
 from vhosts.stats import MessageStats
 
 FLOW_HIGH = 2000
@@ -179,9 +180,28 @@ class Queue:
         if backing.delta_expiry:  # recovered messages with an expiry wait on disk
             self.expiry.arm()
 
+    kind = "classic"  # the queue type the management API shows (quorum queues are served as classic)
+
     @property
     def message_count(self) -> int:
         return self.backing.ready
+
+    @property
+    def delete_ok_count(self) -> int:
+        """The message count of a queue.delete-ok: the messages dropped."""
+        return self.backing.ready
+
+    @property
+    def size(self) -> int:
+        """Body bytes of the ready messages."""
+        return self.backing.ready_bytes
+
+    def state_counts(self) -> dict[str, int]:
+        return self.backing.state_counts()
+
+    def peek(self, count: int, done: Callable[[list[QueueEntry] | Exception], None]) -> None:
+        """The first `count` ready entries, left in place (BackingQueue.peek)."""
+        self.backing.peek(count, done)
 
     @property
     def consumer_count(self) -> int:
@@ -474,6 +494,20 @@ class Queue:
             self.dispatch()
         elif self.expiry.items:
             self._expire_due()
+
+    def accept_consumer(self, no_ack: bool, prefetch_count: int, exclusive: bool, arguments: dict) -> int:
+        """Check a basic.consume (its arguments, then exclusivity); its priority (x-priority)."""
+        priority = consumer_priority(self.vhost, self.name, arguments)
+        if self.exclusive_consumer or (exclusive and (self.consumers or self.single_active)):
+            raise AMQPError(ACCESS_REFUSED, "queue '%s' in vhost '%s' in exclusive use" % (self.name, self.vhost))
+        return priority
+
+    def read_log(self, start: int, limit: int, done, max_bytes: int) -> None:
+        """Only a stream is read by offset."""
+        raise AMQPError(PRECONDITION_FAILED, "queue '%s' in vhost '%s' is not a stream" % (self.name, self.vhost))
+
+    def check_return(self) -> None:
+        """A client's basic.nack or basic.reject: a classic queue takes it."""
 
     def add_consumer(self, consumer: Consumer) -> None:
         if self._unused_timer is not None:

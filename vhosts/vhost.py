@@ -52,6 +52,7 @@ from vhosts.errors import (
     AMQPError,
     COMMAND_INVALID,
     NOT_FOUND,
+    NOT_IMPLEMENTED,
     PRECONDITION_FAILED,
     RESOURCE_LOCKED,
     erl_binary,
@@ -64,6 +65,8 @@ from vhosts.move import move
 from vhosts.policies import Policy, effective, matching
 from vhosts.queue import DURABLE_PENDING, REJECTED, Queue
 from vhosts.queue_arguments import max_priority, validate as validate_queue_arguments
+from vhosts.stream_arguments import CLASSIC, STREAM, queue_type, retention, validate_stream
+from vhosts.stream_queue import StreamQueue
 from vhosts.users import limit_reached
 from vhosts.stats import Churn, MessageStats
 
@@ -86,6 +89,8 @@ QUEUE_EQUIVALENT_ARGS = (
     "x-delivery-limit",
     "x-queue-master-locator",
     "x-quorum-initial-group-size",
+    "x-max-age",
+    "x-stream-max-segment-size-bytes",
 )
 EXCHANGE_EQUIVALENT_ARGS = ("alternate-exchange",)
 # Every exchange type that can be declared: routing's, and the delayed-message one.
@@ -105,6 +110,15 @@ def _check_x_match(value: object) -> None:
         PRECONDITION_FAILED,
         "Invalid x-match field type %s (value %s); expected longstr" % (field_type(value), fmt_value(value)),
     )
+
+
+def _classic_by_default(current: dict, received: dict) -> tuple[dict, dict]:
+    """As RabbitMQ, no x-queue-type is equivalent to x-queue-type classic."""
+    if ("x-queue-type" in current) == ("x-queue-type" in received):
+        return current, received  # the common case: compared as they are
+    if current.get("x-queue-type", CLASSIC) == received.get("x-queue-type", CLASSIC) == CLASSIC:
+        return {**current, "x-queue-type": CLASSIC}, {**received, "x-queue-type": CLASSIC}
+    return current, received
 
 
 def new_queue_name() -> str:
@@ -489,13 +503,16 @@ class VirtualHost:
             q = self.queue(name, owner)
             q.touch()  # any declare renews an x-expires lease, as in RabbitMQ
             return q
+        arguments = arguments or {}
+        kind = queue_type(name, self.name, arguments) if name not in self.queues else None
         if not name:
+            if kind == STREAM:
+                raise AMQPError(PRECONDITION_FAILED, "Cannot declare a server-named queue for type rabbit_stream_queue")
             name = new_queue_name()
         elif name.startswith("amq."):
             raise AMQPError(ACCESS_REFUSED, "queue name '%s' contains reserved prefix 'amq.*'" % name)
         if access is not None:
             access.check("queue", name, "configure")
-        arguments = arguments or {}
         self.churn.queue_declared += 1
         q = self.queues.get(name)
         if q is None:
@@ -511,7 +528,10 @@ class VirtualHost:
                 access.check("exchange", dlx, "write")
             # As RabbitMQ: arguments are validated for a new queue; an existing
             # one only checks them for equivalence.
-            validate_queue_arguments(name, self.name, arguments)
+            if kind == STREAM:
+                validate_stream(name, self.name, durable, exclusive, auto_delete, arguments)
+            else:
+                validate_queue_arguments(name, self.name, arguments)
             q = self._new_queue(name, durable, owner if exclusive else None, auto_delete, arguments)
             q.apply_policy(self._definition_for("queue", name))
             if self.definitions is not None and self._stored(q):
@@ -527,18 +547,25 @@ class VirtualHost:
             raise self._inequivalent("queue", name, "auto_delete", auto_delete, q.auto_delete)
         if (q.exclusive_owner is not None) != exclusive:
             raise self._locked(name)
-        self._check_args("queue", name, QUEUE_EQUIVALENT_ARGS, q.arguments, arguments)
+        self._check_args("queue", name, QUEUE_EQUIVALENT_ARGS, *_classic_by_default(q.arguments, arguments))
         q.touch()
         return q
 
     def _new_queue(self, name: str, durable: bool, exclusive_owner: object | None, auto_delete: bool,
-                   arguments: dict, restoring: bool = False) -> Queue:
-        """A new queue object (declared, or restored at start). Its messages
-        live in the message storage, which pages them to disk under memory
+                   arguments: dict, restoring: bool = False) -> Queue | StreamQueue:
+        """A new queue object (declared, or restored at start). A stream
+        keeps its messages in a log of its own (vhosts.stream_queue); the
+        others in the message storage, which pages them to disk under memory
         pressure; only a durable, non-exclusive queue keeps persistent
         messages across restarts (exclusive queues are never recovered).
         A priority queue has one backing queue per priority level."""
         storage = self.message_storage
+        if arguments.get("x-queue-type") == STREAM:
+            if storage is None:
+                raise AMQPError(NOT_IMPLEMENTED, "stream queues need a data directory")
+            policy = self._definition_for("queue", name)
+            log = storage.stream_log(name, retention(arguments, policy), restoring)
+            return StreamQueue(name, self.name, log, arguments, self.clock, policy)
 
         def backing_for(stored_as: str):
             if storage is None:
@@ -582,7 +609,7 @@ class VirtualHost:
         """Delete `q` unconditionally (exclusive owner gone, auto-delete, ...)."""
         if self.queues.get(q.name) is not q:
             return 0
-        count = q.message_count
+        count = q.delete_ok_count
         with self._transaction():
             if self.definitions is not None and self._stored(q):
                 self.definitions.delete_queue(self.name, q.name)  # and the bindings to it
@@ -674,7 +701,7 @@ class VirtualHost:
         if count <= 0:
             return []
         peeked = asyncio.get_running_loop().create_future()
-        q.backing.peek(count, lambda result: peeked.done() or peeked.set_result(result))
+        q.peek(count, lambda result: peeked.done() or peeked.set_result(result))
         result = await peeked
         if isinstance(result, Exception):
             raise result

@@ -29,8 +29,8 @@ QUEUE_FAMILIES = (
      lambda q, unacked, states: unacked),
     ("rabbitmq_queue_messages", GAUGE, "Sum of ready and unacknowledged messages - total queue depth",
      lambda q, unacked, states: q.message_count + unacked),
-    ("rabbitmq_queue_messages_ready_bytes", GAUGE, "Size in bytes of ready messages",
-     lambda q, unacked, states: q.backing.ready_bytes),
+    ("rabbitmq_queue_messages_ready_bytes", GAUGE, "Size in bytes of ready messages (of a stream: its segments)",
+     lambda q, unacked, states: q.size),
     ("rabbitmq_queue_messages_paged_out", GAUGE, "Messages paged out to disk",
      lambda q, unacked, states: states.get("delta", 0)),
     ("rabbitmq_queue_consumers", GAUGE, "Consumers on a queue", lambda q, unacked, states: len(q.consumers)),
@@ -126,7 +126,7 @@ def render(node, per_object: bool = False) -> str:
     queues = [q for v in vhosts for q in v.queues.values()]
     connections = [c for c in list(node.connections) if c.vhost is not None]
     unacked = shapes.unacked_by_queue(node.connections)
-    states = {q: q.backing.state_counts() for q in queues}
+    states = {q: q.state_counts() for q in queues}
     out = Exposition()
     out.one("rabbitmq_build_info", UNTYPED, "RabbitMQ & Erlang/OTP version info", 1,
             {"rabbitmq_version": COMPATIBLE_VERSION, "prometheus_plugin_version": COMPATIBLE_VERSION,
@@ -167,6 +167,9 @@ def render(node, per_object: bool = False) -> str:
     else:
         samples = [({"state": s}, sum(states[q].get(s, 0) for q in queues)) for s in STATES]
     out.family("hutch_queue_messages_state", GAUGE, help_states, samples)
+    if per_object:
+        out.family("hutch_queue_info", GAUGE, "Queue type (label type: classic or stream)",
+                   [({"vhost": q.vhost, "queue": q.name, "type": q.kind}, 1) for q in queues])
     _store_metrics(out, vhosts)
     _writer_metrics(out, node)
     _mqtt_metrics(out, node, vhosts)

@@ -10,7 +10,7 @@ handlers. Parameters of the component "vhost-limits" are reached through
 from __future__ import annotations
 
 from amqp_server.management import (accounts, clients, dead_letters, definitions, extensions, health, limits,
-                                    links, mqtt_sessions, operations, overview, parameters, policies, resources,
+                                    links, mqtt_sessions, operations, overview, parameters, policies, resources, streams,
                                     topic_permissions, watermark)
 from amqp_server.management.access import ADMINISTRATOR, MANAGEMENT, MONITORING, POLICYMAKER
 
@@ -139,6 +139,7 @@ _TABLE = [
     ("/api/health/checks/port-listener/{port}", {"GET": (health.port_listener, M)}),
     ("/api/health/checks/protocol-listener/{protocol}", {"GET": (health.protocol_listener, M)}),
     ("/api/hutch/dead-letters/{vhost}", {"GET": (dead_letters.dead_letters, M)}),
+    ("/api/hutch/streams/{vhost}/{name}", {"GET": (streams.stream_records, M)}),
     ("/api/hutch/mqtt/sessions", {"GET": (mqtt_sessions.sessions, M)}),
     ("/api/hutch/mqtt/sessions/{vhost}", {"GET": (mqtt_sessions.sessions, M)}),
     ("/api/hutch/mqtt/sessions/{vhost}/{client_id}", {"GET": (mqtt_sessions.session, M),

@@ -155,7 +155,7 @@ def queue(sampler, q, unacked: int, unacked_bytes: int, consumers: list, policy=
     """`policy`, `operator_policy`: the `vhosts.policies.Policy` and
     `OperatorPolicy` that apply, if any (the queue runs with their
     combination, `q.policy`)."""
-    states = q.backing.state_counts()
+    states = q.state_counts()
     ready = q.message_count
     exclusive_tag = next((c.tag for _ch, c in consumers if c.exclusive), None)
     out = {
@@ -170,8 +170,8 @@ def queue(sampler, q, unacked: int, unacked_bytes: int, consumers: list, policy=
         **_owner(q.exclusive_owner),
         "exclusive_consumer_tag": exclusive_tag,
         "head_message_timestamp": None,
-        "message_bytes": q.backing.ready_bytes + unacked_bytes,
-        "message_bytes_ready": q.backing.ready_bytes,
+        "message_bytes": q.size + unacked_bytes,
+        "message_bytes_ready": q.size,
         "message_bytes_unacknowledged": unacked_bytes,
         "messages_paged_out": states.get("delta", 0),
         "messages_ram": ready - states.get("delta", 0),
@@ -184,7 +184,7 @@ def queue(sampler, q, unacked: int, unacked_bytes: int, consumers: list, policy=
         "policy": policy.name if policy is not None else None,
         "single_active_consumer_tag": None,
         "state": "running",
-        "type": "classic",
+        "type": q.kind,
         "vhost": q.vhost,
         **counts(sampler, q, ready, unacked),
     }

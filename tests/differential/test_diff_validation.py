@@ -40,6 +40,10 @@ def domain(rabbitmq_url) -> Broker:
     {"dead-letter-routing-key": True},
     {"alternate-exchange": 1},
     {"delivery-limit": "x"},
+    {"max-age": "1x"},
+    {"max-age": "0s"},
+    {"stream-max-segment-size-bytes": -1},
+    {"stream-max-segment-size-bytes": "a"},
 ])
 def test_policy_definitions(domain, definition):
     name = unique("diff-policy")

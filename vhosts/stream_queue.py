@@ -1,0 +1,351 @@
+"""A stream queue: an append-only log that every consumer reads on its own
+(RabbitMQ 3.10's stream queues over AMQP 0-9-1; docs/streams.md).
+
+It offers the interface of `vhosts.queue.Queue` that the channel, the vhost
+and the management API use, so none of them asks what type a queue is; what
+a stream does not do it answers as RabbitMQ does (basic.get, nack/reject,
+purge: 540 NOT_IMPLEMENTED).
+
+Theory of operation
+- `publish` appends the message (`Message.to_bytes`) to the queue's
+  `storage.stream_log.StreamLog`; the publisher's `on_durable` (its confirm)
+  runs once the record is on disk, whatever the message's delivery mode.
+- Each consumer has a `_Reader`: the next offset it will read and a buffer
+  of entries read from the log. `dispatch` delivers from each buffer while
+  the consumer's channel can take more (basic.qos prefetch is the credit:
+  an ack frees it and removes nothing), and refills an empty buffer with one
+  log read on the reader thread (READ_RECORDS records or READ_BYTES bytes at
+  most, so RAM per consumer is bounded however long the stream). Records
+  become readable once durable (the log's invariant 2), and each durable
+  batch wakes the readers once (`_wake`, one loop callback per turn).
+- A delivered entry's message carries an `x-stream-offset` header (long)
+  with its offset; the entry's seq is the offset.
+- Where a consumer starts (x-stream-offset): first, last (the newest
+  record: hutch's chunk is one record), next (default: the first offset not
+  yet written), an offset (below the first kept one: the first kept one),
+  or a time (a timestamp or an interval such as "1h": the first record
+  appended at or after it, looked up on the reader thread).
+- Filtering (RabbitMQ 3.13): a publish's `x-stream-filter-value` header is
+  stored at the head of its record; a consumer with `x-stream-filter` (one
+  value or a list) gets exactly the records with one of those values, plus
+  the records without a value when `x-stream-match-unfiltered` is true.
+  RabbitMQ skips whole chunks by a Bloom filter and may deliver records
+  that do not match (its clients filter again); hutch's filter is exact and
+  decodes no message it skips, which a client filtering again cannot tell
+  from RabbitMQ's.
+- Retention (x-max-length-bytes, x-max-age, x-stream-max-segment-size-bytes
+  and their policies) is the log's; a policy change applies at once.
+  A reader left behind by retention continues at the first kept offset.
+"""
+from __future__ import annotations
+
+import struct
+from collections import deque
+from typing import Callable, Iterable
+
+from storage import Message, QueueEntry
+from storage.message import encode_value
+from storage.stream_log import StreamLog
+from vhosts.clock import Clock, LoopClock
+from vhosts.consumer import Consumer
+from vhosts.errors import NOT_IMPLEMENTED, PRECONDITION_FAILED, AMQPError
+from vhosts.queue import ACCEPTED, DURABLE_PENDING
+from vhosts.queue_arguments import NO_SETTINGS
+from vhosts.stats import MessageStats
+from vhosts.stream_arguments import (FIRST, LAST, NEXT, OFFSET, check_consumer_arguments, filters_of,
+                                     retention, start_of)
+
+READ_RECORDS = 256
+READ_BYTES = 1024 * 1024
+FILTER_VALUE = "x-stream-filter-value"
+_FILTER_LENGTH = struct.Struct(">H")
+
+
+class _Reader:
+    """One consumer's place in the stream."""
+
+    __slots__ = ("consumer", "next", "buffer", "reading", "filters", "unfiltered")
+
+    def __init__(self, consumer: Consumer, filters: frozenset[bytes] | None, unfiltered: bool) -> None:
+        self.consumer = consumer
+        self.next = -1  # -1: where to start is being looked up
+        self.buffer: deque[QueueEntry] = deque()
+        self.reading = False
+        self.filters = filters  # None: every record
+        self.unfiltered = unfiltered  # with filters: also the records without a filter value
+
+    def wants(self, value: bytes) -> bool:
+        if self.filters is None:
+            return True
+        return value in self.filters if value else self.unfiltered
+
+
+class StreamQueue:
+    __slots__ = ("name", "vhost", "durable", "arguments", "log", "consumers", "exclusive_consumer", "single_active",
+                 "active", "had_consumers", "deleted", "flow_waiters", "policy", "stats", "clock", "_readers",
+                 "_wake_armed")
+
+    kind = "stream"
+    delete_ok_count = 0  # RabbitMQ 3.10's queue.delete-ok of a stream
+    exclusive_owner = None
+    auto_delete = False
+    backed_up = False  # the writer's backlog paces its publishers (vhosts.vhost.publish)
+    settings = NO_SETTINGS  # no TTL, length limit or dead-lettering of a classic queue applies
+
+    def __init__(self, name: str, vhost: str, log: StreamLog, arguments: dict, clock: Clock | None = None,
+                 policy: dict | None = None) -> None:
+        self.name = name
+        self.vhost = vhost
+        self.durable = True
+        self.arguments = arguments
+        self.log = log
+        self.consumers: deque[Consumer] = deque()
+        self.exclusive_consumer = False  # as RabbitMQ 3.10, an exclusive consumer keeps no one off a stream
+        self.single_active = False
+        self.active = None
+        self.had_consumers = False
+        self.deleted = False
+        self.flow_waiters: set = set()
+        self.stats = MessageStats()
+        self.clock = clock or LoopClock()
+        self._readers: dict[Consumer, _Reader] = {}
+        self._wake_armed = False
+        self.policy = None
+        self.apply_policy(policy)
+
+    # -- what the management API shows ----------------------------------------
+
+    @property
+    def message_count(self) -> int:
+        return self.log.next_offset - self.log.first_offset
+
+    @property
+    def consumer_count(self) -> int:
+        return len(self.consumers)
+
+    @property
+    def size(self) -> int:
+        """Bytes of the stream's segments."""
+        return self.log.size
+
+    def state_counts(self) -> dict[str, int]:
+        return {}
+
+    def peek(self, count: int, done: Callable[[list[QueueEntry] | Exception], None]) -> None:
+        """The first `count` records kept, as entries."""
+        def entries(records: list | Exception) -> None:
+            done(records if isinstance(records, Exception)
+                 else [_entry(offset, payload, decode_filter(payload)[1]) for offset, _t, payload in records])
+        self.log.read(self.log.first_offset, count, entries, READ_BYTES)
+
+    def read_log(self, start: int, limit: int, done: Callable[[list | Exception], None], max_bytes: int) -> None:
+        """Records from offset `start` (the first kept when lower) for
+        readers outside AMQP (the management API's stream endpoint, Spark):
+        `done` gets [(offset, timestamp in ms, Message)] on the loop."""
+        def decoded(records: list | Exception) -> None:
+            if isinstance(records, Exception):
+                done(records)
+                return
+            done([(offset, stamp, Message.from_bytes(payload[decode_filter(payload)[1]:]))
+                  for offset, stamp, payload in records])
+        self.log.read(start, limit, decoded, max_bytes)
+
+    @property
+    def first_offset(self) -> int:
+        return self.log.first_offset
+
+    @property
+    def next_offset(self) -> int:
+        return self.log.next_offset
+
+    # -- publish ---------------------------------------------------------------
+
+    def publish(self, message: Message, on_durable: Callable[[], None] | None = None) -> int:
+        self.stats.publish += 1
+        self.log.append(encode(message), None, _Durable(self, on_durable))
+        return DURABLE_PENDING if on_durable is not None else ACCEPTED
+
+    def throttle(self, publisher) -> None:
+        """Never asked: a stream is never `backed_up`."""
+
+    def _durable(self) -> None:
+        if self._readers and not self._wake_armed:
+            self._wake_armed = True
+            self.clock.call_later(0, self._wake)
+
+    def _wake(self) -> None:
+        self._wake_armed = False
+        self.dispatch()
+
+    # -- consumers ---------------------------------------------------------------
+
+    def accept_consumer(self, no_ack: bool, prefetch_count: int, exclusive: bool, arguments: dict) -> int:
+        """Check a basic.consume as RabbitMQ 3.10 does (which lets an
+        exclusive consumer share a stream); its priority (none)."""
+        start_of(self.name, self.vhost, arguments, 0)
+        check_consumer_arguments(self.name, self.vhost, arguments)
+        filters_of(self.name, self.vhost, arguments)
+        if not prefetch_count:
+            raise AMQPError(PRECONDITION_FAILED, "consumer prefetch count is not set for 'queue '%s' in vhost '%s''"
+                            % (self.name, self.vhost))
+        if no_ack:
+            raise AMQPError(NOT_IMPLEMENTED, "automatic acknowledgement not supported by stream queues %s"
+                            % self._named())
+        return 0
+
+    def _named(self) -> str:
+        return "queue '%s' in vhost '%s'" % (self.name, self.vhost)
+
+    def add_consumer(self, consumer: Consumer) -> None:
+        self.consumers.append(consumer)
+        self.had_consumers = True
+        reader = self._readers[consumer] = _Reader(consumer, *filters_of(self.name, self.vhost, consumer.arguments))
+        where, value = start_of(self.name, self.vhost, consumer.arguments, self.clock.now() / 1000)
+        log = self.log
+        if where == FIRST:
+            reader.next = log.first_offset
+        elif where == LAST:
+            reader.next = max(log.next_offset - 1, log.first_offset)
+        elif where == NEXT:
+            reader.next = log.next_offset
+        elif where == OFFSET:
+            reader.next = max(value, log.first_offset)
+        else:
+            reader.reading = True
+            log.find_time(value, lambda found: self._started(reader, found))
+            return
+        self.dispatch()
+
+    def _started(self, reader: _Reader, found: int | Exception) -> None:
+        reader.reading = False
+        reader.next = self.log.first_offset if isinstance(found, Exception) else found
+        self.dispatch()
+
+    def remove_consumer(self, consumer: Consumer) -> bool:
+        """Never auto-deleted: False."""
+        if self._readers.pop(consumer, None) is not None:
+            self.consumers.remove(consumer)
+        return False
+
+    # -- dispatch ----------------------------------------------------------------
+
+    def dispatch(self, now: int = 0) -> None:
+        for reader in list(self._readers.values()):
+            consumer = reader.consumer
+            channel = consumer.channel
+            buffer = reader.buffer
+            while buffer and channel.can_deliver(consumer):
+                channel.deliver(consumer, self, buffer.popleft())
+            if not buffer and not reader.reading and 0 <= reader.next < self.log.next_offset:
+                self._read(reader)
+
+    def _read(self, reader: _Reader) -> None:
+        reader.reading = True
+        self.log.read(reader.next, READ_RECORDS, lambda records: self._records(reader, records), READ_BYTES)
+
+    def _records(self, reader: _Reader, records: list | Exception) -> None:
+        reader.reading = False
+        if self._readers.get(reader.consumer) is not reader:
+            return  # the consumer went meanwhile
+        if isinstance(records, Exception):
+            return  # logged by the reader; the next wake tries again
+        if not records:
+            # Retention dropped what it was to read: go on at the first kept record.
+            if reader.next >= self.log.first_offset:
+                return
+            reader.next = self.log.first_offset
+        else:
+            wants, buffer = reader.wants, reader.buffer
+            for offset, _timestamp, payload in records:
+                value, at = decode_filter(payload)
+                if wants(value):
+                    buffer.append(_entry(offset, payload, at))
+            reader.next = records[-1][0] + 1
+        self.dispatch()
+
+    # -- settlement: acks give credit (the channel counts it), nothing is removed --
+
+    def ack(self, entries: Iterable[QueueEntry]) -> None:
+        pass
+
+    def requeue(self, entries: Iterable[QueueEntry]) -> None:
+        """A channel closing with deliveries outstanding: nothing to give back."""
+
+    def reject(self, entries: list[QueueEntry]) -> None:
+        """Discarding is forgetting: nothing to do."""
+
+    def check_return(self) -> None:
+        """A client's basic.nack or basic.reject: refused as RabbitMQ 3.10 does."""
+        raise AMQPError(NOT_IMPLEMENTED, "basic.nack and basic.reject not supported by stream queues %s"
+                        % self._named())
+
+    def get(self) -> QueueEntry | None:
+        raise AMQPError(NOT_IMPLEMENTED, "basic.get not supported by stream queues %s" % self._named())
+
+    def when_available(self, callback: Callable[[], None]) -> None:
+        """Never asked: `get` refuses first."""
+
+    def purge(self) -> int:
+        raise AMQPError(NOT_IMPLEMENTED, "queue.purge not supported by stream queues %s" % self._named())
+
+    def touch(self) -> None:
+        """No x-expires on a stream."""
+
+    def release_waiters(self) -> None:
+        """No publisher ever waits on a stream itself."""
+
+    # -- policies and deletion ------------------------------------------------------
+
+    def apply_policy(self, definition: dict | None) -> None:
+        self.policy = definition
+        self.log.configure(retention(self.arguments, definition))
+
+    def delete(self) -> list[Consumer]:
+        """Remove the log's files; returns the consumers to notify."""
+        self.deleted = True
+        self.log.delete()
+        consumers = list(self.consumers)
+        self.consumers.clear()
+        self._readers.clear()
+        return consumers
+
+
+def encode(message: Message) -> bytes:
+    """A record's payload: the filter value (u16 length, UTF-8; empty: none),
+    then the message (`Message.to_bytes`). The filter value comes first so
+    a filtering reader skips a record without decoding its message."""
+    value = b""
+    if FILTER_VALUE.encode() in message.header:  # decode the properties only when it may be there
+        found = (message.headers or {}).get(FILTER_VALUE)
+        if isinstance(found, (str, bytes)):
+            value = (found.encode("utf-8") if isinstance(found, str) else found)[:0xFFFF]
+    return b"".join((_FILTER_LENGTH.pack(len(value)), value, message.to_bytes()))
+
+
+def decode_filter(payload: bytes) -> tuple[bytes, int]:
+    """A record's filter value and where its message starts."""
+    length = _FILTER_LENGTH.unpack_from(payload)[0]
+    return payload[2:2 + length], 2 + length
+
+
+def _entry(offset: int, payload: bytes, at: int) -> QueueEntry:
+    """A record as a delivery: its message with the x-stream-offset header."""
+    message = Message.from_bytes(payload[at:])
+    header = message.header_with({"x-stream-offset": encode_value(offset)})
+    return QueueEntry(offset, Message(message.exchange, message.routing_key, header, message.body))
+
+
+class _Durable:
+    """The log's `on_durable` of one publish: the publisher's confirm, then
+    the readers are woken."""
+
+    __slots__ = ("queue", "then")
+
+    def __init__(self, queue: StreamQueue, then: Callable[[], None] | None) -> None:
+        self.queue = queue
+        self.then = then
+
+    def __call__(self) -> None:
+        if self.then is not None:
+            self.then()
+        self.queue._durable()
