@@ -23,6 +23,7 @@ from amqp_server.framing import named_method
 from storage.message import encode_value
 from vhosts import Consumer
 from vhosts.queue_arguments import consumer_priority
+from vhosts.queue_types import QUORUM
 from vhosts.errors import (
     ACCESS_REFUSED,
     AMQPError,
@@ -160,6 +161,9 @@ class Deliveries:
         tag = method.consumer_tag or new_consumer_tag()
         arguments = method.arguments or {}
         priority = consumer_priority(queue.vhost, queue.name, arguments)
+        if self.global_prefetch and queue.queue_type == QUORUM:
+            raise AMQPError(NOT_IMPLEMENTED, "queue '%s' in vhost '%s' does not support global qos" % (
+                queue.name, queue.vhost))
         if queue.exclusive_consumer or (method.exclusive and (queue.consumers or queue.single_active)):
             raise AMQPError(ACCESS_REFUSED, "queue '%s' in vhost '%s' in exclusive use" % (queue.name, queue.vhost))
         consumer = Consumer(
@@ -221,7 +225,8 @@ class Deliveries:
                 message_count=queue.message_count,
             ),
             message,
-            message.header if not entry.deliveries else _counted(entry),
+            # A quorum queue counts deliveries on basic.get from the first one, as RabbitMQ 3.10.
+            _counted(entry) if entry.deliveries or queue.queue_type == QUORUM else message.header,
         )
 
     def _get_again(self, method) -> None:

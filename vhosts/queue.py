@@ -71,6 +71,7 @@ from vhosts.clock import Clock, LoopClock
 from vhosts.consumer import Consumer
 from vhosts.message_expiry import MessageExpiry
 from vhosts.queue_arguments import QueueSettings, effective
+from vhosts.queue_types import queue_type
 from vhosts.stats import MessageStats
 
 FLOW_HIGH = 2000
@@ -111,6 +112,7 @@ class Queue:
         "get_waiters",
         "policy",
         "single_active",
+        "queue_type",
         "active",
         "_pick",
         "stats",
@@ -160,6 +162,7 @@ class Queue:
         # basic.get calls waiting for messages the backing queue reads back from disk.
         self.get_waiters: list = []
         self.single_active = self.arguments.get("x-single-active-consumer") is True
+        self.queue_type = queue_type(self.arguments)
         self.active: Consumer | None = None
         self._pick = self._single_active if self.single_active else self._round_robin
         self.stats = MessageStats()

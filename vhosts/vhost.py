@@ -64,6 +64,7 @@ from vhosts.move import move
 from vhosts.policies import Policy, matching
 from vhosts.queue import DURABLE_PENDING, REJECTED, Queue
 from vhosts.queue_arguments import max_priority, validate as validate_queue_arguments
+from vhosts.queue_types import check_declare as check_queue_type, check_server_named
 from vhosts.users import limit_reached
 from vhosts.stats import Churn, MessageStats
 
@@ -477,6 +478,7 @@ class VirtualHost:
             q.touch()  # any declare renews an x-expires lease, as in RabbitMQ
             return q
         if not name:
+            check_server_named(arguments or {})
             name = new_queue_name()
         elif name.startswith("amq."):
             raise AMQPError(ACCESS_REFUSED, "queue name '%s' contains reserved prefix 'amq.*'" % name)
@@ -499,6 +501,7 @@ class VirtualHost:
             # As RabbitMQ: arguments are validated for a new queue; an existing
             # one only checks them for equivalence.
             validate_queue_arguments(name, self.name, arguments)
+            check_queue_type(name, self.name, durable, exclusive, auto_delete, arguments)
             q = self._new_queue(name, durable, owner if exclusive else None, auto_delete, arguments)
             q.apply_policy(self._definition_for("queue", name))
             if self.definitions is not None and self._stored(q):

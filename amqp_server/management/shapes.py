@@ -181,7 +181,7 @@ def queue(sampler, q, unacked: int, unacked_bytes: int, consumers: list, policy=
         "policy": policy.name if policy is not None else None,
         "single_active_consumer_tag": None,
         "state": "running",
-        "type": "classic",
+        "type": q.queue_type,
         "vhost": q.vhost,
         **counts(sampler, q, ready, unacked),
     }
