@@ -15,6 +15,9 @@ Theory of operation:
   waits behind, or delays, a batch of writes.
 - `AppendFile.size` is advanced on the loop at submission, so the offset of
   a record is known before it is written.
+- Fencing (a cluster's leader, docs/cluster.md): while `promising` is set and
+  returns False, no batch's callbacks fire, so no confirm leaves a node that
+  may no longer be the leader. None (a single node): not consulted.
 - Backpressure: `pending_bytes` (data plus JOB_OVERHEAD per append; changed
   on the loop only: added at
   submission, subtracted when a batch's completion reaches the loop) above
@@ -103,6 +106,8 @@ class GroupCommitWriter:
         self.backlog_high = BACKLOG_HIGH
         self.backlog_low = BACKLOG_LOW
         self.flow_waiters: set = set()
+        # A cluster leader's lease check (None: a single node, never fenced).
+        self.promising: Callable[[], bool] | None = None
         self._thread = threading.Thread(target=self._write_loop, name="hutch-writer", daemon=True)
         self._reader = threading.Thread(target=self._read_loop, name="hutch-reader", daemon=True)
         self._thread.start()
@@ -257,6 +262,9 @@ class GroupCommitWriter:
 
     def _deliver(self, callbacks: list) -> None:
         def fire() -> None:
+            if self.promising is not None and not self.promising():
+                log.warning("not the leader any more: %d storage callbacks withheld", len(callbacks))
+                return
             for done, args, file in callbacks:
                 if file is _JOB:  # the `done` of a `run` or `read`
                     self.in_flight -= 1

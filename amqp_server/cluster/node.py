@@ -1,0 +1,140 @@
+"""A cluster node's life: join, follow or lead, and stop.
+
+Theory of operation:
+- At start the node reaches etcd (retrying and saying so while it cannot),
+  takes its lease (`LeaseKeeper`) and registers under `nodes/<name>`.
+- It may become the leader only when it is *eligible*: etcd's `in_sync`
+  list is absent (a new cluster) or names it. Eligible and leaderless, it
+  campaigns; the etcd transaction lets exactly one node win.
+- The leader opens the data directory exactly as a restart after a crash
+  does (`BrokerServer`), with the storage writer gated on the lease
+  (fencing: no durability reply after the lease's local deadline), records
+  itself in `in_sync`, and serves.
+- A node that loses its lease (leader or not) re-executes itself: every
+  socket closes at once, nothing more is promised, and the fresh process
+  rejoins as a follower of whoever leads now.
+- A clean stop (SIGTERM) revokes the lease, so a successor need not wait
+  for it to run out.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import sys
+
+from amqp_server.cluster.etcd import Etcd, EtcdUnavailable
+from amqp_server.cluster.lease import LeaseKeeper
+from amqp_server.config import BrokerConfig
+from amqp_server.server import BrokerServer
+
+log = logging.getLogger("hutch.cluster")
+
+POLL_SECONDS = 0.25  # how often a follower looks at the leader key
+
+
+class ClusterNode:
+    def __init__(self, config: BrokerConfig) -> None:
+        self.config = config
+        cluster = config.cluster
+        self.name = cluster.node_name or socket.gethostname()
+        self.advertise = cluster.advertise or socket.gethostname()
+        timeout = max(0.5, cluster.lease_ttl / 4)
+        self.etcd = Etcd(cluster.etcd, cluster.etcd_prefix, timeout)
+        self.keeper = LeaseKeeper(lambda: Etcd(cluster.etcd, cluster.etcd_prefix, timeout), cluster.lease_ttl,
+                                  self.fence)
+        self.role = "joining"
+        self.leader: str | None = None
+        self.server: BrokerServer | None = None
+
+    # -- membership ----------------------------------------------------------
+
+    def describe(self) -> dict:
+        """What `nodes/<name>` holds: how the others reach this node."""
+        ports = {protocol: port for protocol, _host, port in (self.server.listeners if self.server else ())}
+        return {"advertise": self.advertise, "replication_port": self.config.cluster.replication_port,
+                "role": self.role, "ports": ports, "pid": os.getpid()}
+
+    async def register(self) -> None:
+        await self.etcd.register(self.name, self.describe(), self.keeper.lease_id)
+
+    async def eligible(self) -> bool:
+        names = await self.etcd.in_sync()
+        return names is None or self.name in names
+
+    # -- the roles -----------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        log.info("cluster node %s: reaching etcd at %s", self.name, self.etcd.urls())
+        await self.etcd.connect()
+        await self.keeper.start()
+        await self._retrying(self.register)
+        self.role = "follower"
+        while not stop.is_set():
+            try:
+                self.leader = await self.etcd.leader()
+                if self.leader is None and await self.eligible():
+                    if await self.etcd.campaign(self.name, self.keeper.lease_id):
+                        await self._lead()
+                        break
+            except EtcdUnavailable as exc:
+                log.warning("etcd unreachable: %s", exc)
+            try:
+                await asyncio.wait_for(stop.wait(), POLL_SECONDS)
+            except asyncio.TimeoutError:
+                pass
+        await stop.wait()
+
+    async def _lead(self) -> None:
+        self.role = "leader"
+        self.leader = self.name
+        log.info("cluster node %s: elected leader", self.name)
+        self.server = BrokerServer(self.config)
+        self.server.writer.promising = self.keeper.valid
+        await self.server.start()
+        await self._retrying(lambda: self.etcd.set_in_sync(self.name, [self.name]))
+        await self._retrying(self.register)
+
+    async def _retrying(self, call) -> object:
+        while True:
+            try:
+                return await call()
+            except EtcdUnavailable as exc:
+                log.warning("etcd unreachable: %s; retrying", exc)
+                await asyncio.sleep(0.5)
+
+    # -- stopping ------------------------------------------------------------
+
+    def fence(self, why: str) -> None:
+        """Stop serving at once and rejoin (called from the lease thread)."""
+        log.error("cluster node %s: %s; stopping at once and rejoining as a follower", self.name, why)
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        os.execv(sys.executable, sys.orig_argv)
+
+    async def stop(self) -> None:
+        if self.server is not None:
+            await self.server.stop()
+        self.keeper.stop(revoke=True)
+        await self.etcd.close()
+
+
+async def serve_node(config: BrokerConfig) -> None:
+    """Run a cluster node until SIGINT/SIGTERM."""
+    node = ClusterNode(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    running = loop.create_task(node.run(stop))
+    await stop.wait()
+    log.info("shutting down")
+    if not running.done():
+        running.cancel()
+    try:
+        await running
+    except asyncio.CancelledError:
+        pass
+    await node.stop()
