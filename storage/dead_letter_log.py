@@ -58,7 +58,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from storage import record
+from storage import files, record
 from storage.message import Message
 from storage.msg_store import _fsync_dir
 from storage.writer import AppendFile, GroupCommitWriter
@@ -309,8 +309,7 @@ class DeadLetterLog:
         old = self._segments[-1] if self._segments else None
 
         def create() -> None:
-            os.makedirs(directory, exist_ok=True)
-            os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o644))
+            files.create(path)
             if sync:
                 _fsync_dir(directory)
 
@@ -381,7 +380,7 @@ class _Durable:
 def _deleter(file: AppendFile) -> Callable[[], None]:
     def delete() -> None:
         file.close()
-        os.unlink(file.path)
+        files.remove(file.path)
     return delete
 
 

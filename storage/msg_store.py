@@ -69,7 +69,7 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Callable
 
-from storage import summary
+from storage import files as data_files, summary
 from storage.record import OVERHEAD, scan_file
 from storage.writer import AppendFile, GroupCommitWriter
 
@@ -467,7 +467,7 @@ class MessageStore:
         directory = self.directory
 
         def create() -> None:
-            os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o644))
+            data_files.create(path)
             if sync:
                 _fsync_dir(directory)
 
@@ -513,7 +513,7 @@ class MessageStore:
 
         def delete() -> None:
             with lock:  # invariant 6
-                os.unlink(path)
+                data_files.remove(path)
 
         self._writer.run(delete, self._deleted)
 
@@ -569,7 +569,7 @@ class MessageStore:
             finally:
                 os.close(src)
             with self._lock:  # invariant 6: swap file and offsets at once
-                os.replace(tmp, path)
+                data_files.replace(tmp, path)
                 for entry, offset in zip(snapshot, offsets):
                     entry.offset = offset
         except BaseException:

@@ -48,7 +48,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
-from storage import record, summary
+from storage import files as data_files, record, summary
 from storage.writer import AppendFile, GroupCommitWriter
 
 log = logging.getLogger("hutch.storage")
@@ -477,7 +477,7 @@ class QueueIndex:
         if self._deleted:
             return
         self._deleted = True
-        files = [seg.file for seg in self._segments.values()]
+        segment_files = [seg.file for seg in self._segments.values()]
         self._segments.clear()
         self._open.clear()
         self._last = None
@@ -487,7 +487,8 @@ class QueueIndex:
         directory = self.directory
 
         def job() -> None:
-            for file in files:
+            data_files.removed(directory)  # a follower removes the whole directory
+            for file in segment_files:
                 file.close()
             try:
                 names = os.listdir(directory)
@@ -640,7 +641,7 @@ class QueueIndex:
         def job() -> None:
             file.close()
             try:
-                os.unlink(file.path)
+                data_files.remove(file.path)
             except FileNotFoundError:
                 return
             if fsync:  # so a crash cannot bring the acked segment back

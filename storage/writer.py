@@ -15,9 +15,11 @@ Theory of operation:
   waits behind, or delays, a batch of writes.
 - `AppendFile.size` is advanced on the loop at submission, so the offset of
   a record is known before it is written.
-- Fencing (a cluster's leader, docs/cluster.md): while `promising` is set and
-  returns False, no batch's callbacks fire, so no confirm leaves a node that
-  may no longer be the leader. None (a single node): not consulted.
+- A cluster's leader (docs/cluster.md) sets `gate`: the writer thread hands
+  each batch's callbacks to `gate(fire)` instead of the loop, and the gate
+  runs `fire` once the in-sync followers hold everything written so far and
+  the leader's lease is valid (so no confirm leaves a stale leader). None on
+  a single node: the callbacks go straight to the loop.
 - Backpressure: `pending_bytes` (data plus JOB_OVERHEAD per append; changed
   on the loop only: added at
   submission, subtracted when a batch's completion reaches the loop) above
@@ -33,6 +35,8 @@ import queue
 import threading
 import time
 from typing import Callable
+
+from storage import files
 
 log = logging.getLogger("hutch.storage")
 
@@ -68,6 +72,9 @@ class AppendFile:
         while view:
             written = os.write(self._fd, view)
             view = view[written:]
+        if files.hook is not None:
+            end = os.lseek(self._fd, 0, os.SEEK_CUR)
+            files.hook.file_changed(files.APPEND, self.path, end - len(data), data)
 
     def _sync(self) -> None:
         if self._fd is not None and self.sync:
@@ -106,8 +113,8 @@ class GroupCommitWriter:
         self.backlog_high = BACKLOG_HIGH
         self.backlog_low = BACKLOG_LOW
         self.flow_waiters: set = set()
-        # A cluster leader's lease check (None: a single node, never fenced).
-        self.promising: Callable[[], bool] | None = None
+        # A cluster leader's replication gate (see the module docstring).
+        self.gate: Callable[[Callable[[], None]], None] | None = None
         self._thread = threading.Thread(target=self._write_loop, name="hutch-writer", daemon=True)
         self._reader = threading.Thread(target=self._read_loop, name="hutch-reader", daemon=True)
         self._thread.start()
@@ -258,18 +265,19 @@ class GroupCommitWriter:
             if job is _STOP:
                 return
             fn, done = job
-            self._deliver([(done, (_call(fn),), _JOB)])
+            self._deliver([(done, (_call(fn),), _JOB)], gated=False)
 
-    def _deliver(self, callbacks: list) -> None:
+    def _deliver(self, callbacks: list, gated: bool = True) -> None:
         def fire() -> None:
-            if self.promising is not None and not self.promising():
-                log.warning("not the leader any more: %d storage callbacks withheld", len(callbacks))
-                return
             for done, args, file in callbacks:
                 if file is _JOB:  # the `done` of a `run` or `read`
                     self.in_flight -= 1
                 done(*args)
 
+        gate = self.gate
+        if gate is not None and gated:
+            gate(fire)
+            return
         try:
             self.loop.call_soon_threadsafe(fire)
         except RuntimeError:

@@ -6,10 +6,14 @@ Theory of operation:
 - It may become the leader only when it is *eligible*: etcd's `in_sync`
   list is absent (a new cluster) or names it. Eligible and leaderless, it
   campaigns; the etcd transaction lets exactly one node win.
+- A follower keeps its data directory a copy of the leader's
+  (replication.Follower), reconnecting whenever the leader changes.
 - The leader opens the data directory exactly as a restart after a crash
-  does (`BrokerServer`), with the storage writer gated on the lease
-  (fencing: no durability reply after the lease's local deadline), records
-  itself in `in_sync`, and serves.
+  does (`BrokerServer`), records itself alone in `in_sync`, starts the
+  replication stream (replication.Replicator: the storage writer's gate, so
+  no durability reply leaves before the in-sync followers hold it or after
+  the lease's local deadline) and serves; followers join `in_sync` once
+  they hold everything confirmed.
 - A node that loses its lease (leader or not) re-executes itself: every
   socket closes at once, nothing more is promised, and the fresh process
   rejoins as a follower of whoever leads now.
@@ -27,8 +31,9 @@ import sys
 
 from amqp_server.cluster.etcd import Etcd, EtcdUnavailable
 from amqp_server.cluster.lease import LeaseKeeper
+from amqp_server.cluster.replication import Follower, Replicator
 from amqp_server.config import BrokerConfig
-from amqp_server.server import BrokerServer
+from amqp_server.server import CLEAN_SHUTDOWN, BrokerServer
 
 log = logging.getLogger("hutch.cluster")
 
@@ -48,6 +53,10 @@ class ClusterNode:
         self.role = "joining"
         self.leader: str | None = None
         self.server: BrokerServer | None = None
+        self.replicator: Replicator | None = None
+        self.follower = Follower(self.name, config.data_dir, config.storage.durability == "fsync")
+        self._following: asyncio.Task | None = None
+        self._followed: str | None = None
 
     # -- membership ----------------------------------------------------------
 
@@ -68,17 +77,25 @@ class ClusterNode:
 
     async def run(self, stop: asyncio.Event) -> None:
         log.info("cluster node %s: reaching etcd at %s", self.name, self.etcd.urls())
+        # Only the node that stopped cleanly may trust its marker; a copy is changed under it.
+        marker = os.path.join(self.config.data_dir, CLEAN_SHUTDOWN)
+        if os.path.exists(marker):
+            os.remove(marker)
+        os.makedirs(self.config.data_dir, exist_ok=True)
         await self.etcd.connect()
         await self.keeper.start()
-        await self._retrying(self.register)
         self.role = "follower"
+        await self._retrying(self.register)
         while not stop.is_set():
             try:
                 self.leader = await self.etcd.leader()
-                if self.leader is None and await self.eligible():
-                    if await self.etcd.campaign(self.name, self.keeper.lease_id):
+                if self.leader is None:
+                    await self._unfollow()
+                    if await self.eligible() and await self.etcd.campaign(self.name, self.keeper.lease_id):
                         await self._lead()
                         break
+                elif self.leader != self.name:
+                    await self._follow(self.leader)
             except EtcdUnavailable as exc:
                 log.warning("etcd unreachable: %s", exc)
             try:
@@ -87,15 +104,57 @@ class ClusterNode:
                 pass
         await stop.wait()
 
+    async def _follow(self, leader: str) -> None:
+        """Make sure a replication connection to `leader` runs."""
+        if self._followed == leader and self._following is not None and not self._following.done():
+            return
+        await self._unfollow()
+        info = (await self.etcd.nodes()).get(leader)
+        if info is None:
+            return
+        self._followed = leader
+        self._following = asyncio.get_running_loop().create_task(
+            self._replicate(leader, info["advertise"], info["replication_port"]))
+
+    async def _replicate(self, leader: str, host: str, port: int) -> None:
+        try:
+            log.info("following %s at %s:%d", leader, host, port)
+            await self.follower.follow(host, port)
+            log.info("replication connection to %s ended", leader)
+        except (OSError, ValueError) as exc:
+            log.warning("replication from %s: %s", leader, exc)
+            await asyncio.sleep(POLL_SECONDS)
+
+    async def _unfollow(self) -> None:
+        task, self._following, self._followed = self._following, None, None
+        if task is not None and not task.done():
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+
     async def _lead(self) -> None:
         self.role = "leader"
         self.leader = self.name
         log.info("cluster node %s: elected leader", self.name)
+        cluster = self.config.cluster
         self.server = BrokerServer(self.config)
-        self.server.writer.promising = self.keeper.valid
-        await self.server.start()
+        server = self.server
+        self.replicator = Replicator(
+            asyncio.get_running_loop(), self.config.data_dir, server.writer, server.definitions, server.mqtt_store,
+            self.keeper.valid, cluster.min_in_sync_replicas or 0, cluster.max_lag_bytes, cluster.max_lag_seconds,
+            self.record_in_sync)
         await self._retrying(lambda: self.etcd.set_in_sync(self.name, [self.name]))
+        await self.replicator.start(self.config.bind, cluster.replication_port)
+        await server.start()
         await self._retrying(self.register)
+
+    async def record_in_sync(self, followers: list[str]) -> None:
+        """etcd's in-sync set: this leader and `followers` (retried until it is
+        written or the lease, and with it this process, ends)."""
+        if not await self._retrying(lambda: self.etcd.set_in_sync(self.name, [self.name] + followers)):
+            self.fence("another node holds the leader key")
 
     async def _retrying(self, call) -> object:
         while True:
@@ -115,6 +174,9 @@ class ClusterNode:
         os.execv(sys.executable, sys.orig_argv)
 
     async def stop(self) -> None:
+        await self._unfollow()
+        if self.replicator is not None:
+            self.replicator.stop()
         if self.server is not None:
             await self.server.stop()
         self.keeper.stop(revoke=True)
