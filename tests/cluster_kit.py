@@ -179,3 +179,114 @@ def etcd_get(url: str, key: str) -> bytes | None:
 def leader_of(etcd: EtcdProcess, nodes: list[Node]) -> Node | None:
     name = etcd_get(etcd.url, "hutch/leader")
     return next((n for n in nodes if name is not None and n.name == name.decode()), None)
+
+
+def in_sync(etcd: EtcdProcess) -> list[str]:
+    import json
+
+    value = etcd_get(etcd.url, "hutch/in_sync")
+    return json.loads(value) if value else []
+
+
+QUEUE = "cluster-load"
+ARGUMENTS = {"x-queue-type": "quorum"}
+
+
+class Load:
+    """A confirmed persistent publisher and a consumer (manual acks), each a
+    thread with its own pika connection to any node of `urls`, reconnecting
+    to the next node whenever its connection ends. Bodies are the message
+    numbers; `confirmed` holds those the cluster confirmed, `received`
+    every delivery (duplicates included)."""
+
+    def __init__(self, urls: list[str]) -> None:
+        self.urls = urls
+        self.confirmed: list[int] = []
+        self.received: list[int] = []
+        self.reconnects = 0
+        self._stop_publishing = threading.Event()
+        self._stop_consuming = threading.Event()
+        self._threads = [threading.Thread(target=self._publish, daemon=True),
+                         threading.Thread(target=self._consume, daemon=True)]
+
+    def start(self) -> "Load":
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def _connect(self, turn: int):
+        import pika
+
+        params = pika.URLParameters(self.urls[turn % len(self.urls)])
+        params.socket_timeout = 5
+        params.blocked_connection_timeout = 10
+        params.heartbeat = 5
+        connection = pika.BlockingConnection(params)
+        channel = connection.channel()
+        channel.queue_declare(QUEUE, durable=True, arguments=ARGUMENTS)
+        return connection, channel
+
+    def _publish(self) -> None:
+        import pika
+
+        number, turn = 0, 0
+        properties = pika.BasicProperties(delivery_mode=2)
+        while not self._stop_publishing.is_set():
+            try:
+                connection, channel = self._connect(turn)
+                channel.confirm_delivery()
+                while not self._stop_publishing.is_set():
+                    number += 1
+                    channel.basic_publish("", QUEUE, b"%d" % number, properties)
+                    self.confirmed.append(number)
+                connection.close()
+            except Exception:  # noqa: BLE001 - any failure: that publish is unconfirmed; next node
+                turn += 1
+                self.reconnects += 1
+                time.sleep(0.1)
+
+    def _consume(self) -> None:
+        turn = 0
+        while not self._stop_consuming.is_set():
+            try:
+                connection, channel = self._connect(turn)
+                channel.basic_qos(prefetch_count=50)
+
+                def on_message(ch, method, _properties, body):
+                    self.received.append(int(body))
+                    ch.basic_ack(method.delivery_tag)
+
+                channel.basic_consume(QUEUE, on_message)
+                while not self._stop_consuming.is_set():
+                    connection.process_data_events(time_limit=0.1)
+                connection.close()
+            except Exception:  # noqa: BLE001 - reconnect to the next node
+                turn += 1
+                self.reconnects += 1
+                time.sleep(0.1)
+
+    def progress(self, more: int, timeout: float, what: str) -> None:
+        """Until `more` further messages are confirmed."""
+        target = len(self.confirmed) + more
+        until(lambda: len(self.confirmed) >= target, timeout, what)
+
+    def stop_publishing(self) -> set[int]:
+        """The numbers confirmed, once the publisher has stopped."""
+        self._stop_publishing.set()
+        self._threads[0].join(30)
+        return set(self.confirmed)
+
+    def stop_consuming(self) -> None:
+        self._stop_consuming.set()
+        self._threads[1].join(30)
+
+    def finish(self, timeout: float) -> tuple[set[int], int]:
+        """Stop publishing; wait until every confirmed message was received.
+        Returns (confirmed but never received, duplicate deliveries)."""
+        confirmed = self.stop_publishing()
+        try:
+            until(lambda: confirmed <= set(self.received), timeout, "every confirmed message to be consumed")
+        except AssertionError:
+            pass
+        self.stop_consuming()
+        return confirmed - set(self.received), len(self.received) - len(set(self.received))

@@ -31,9 +31,10 @@ import sys
 
 from amqp_server.cluster.etcd import Etcd, EtcdUnavailable
 from amqp_server.cluster.lease import LeaseKeeper
+from amqp_server.cluster.proxy import Proxy
 from amqp_server.cluster.replication import Follower, Replicator
 from amqp_server.config import BrokerConfig
-from amqp_server.server import CLEAN_SHUTDOWN, BrokerServer
+from amqp_server.server import CLEAN_SHUTDOWN, BrokerServer, ListenError
 
 log = logging.getLogger("hutch.cluster")
 
@@ -57,6 +58,8 @@ class ClusterNode:
         self.follower = Follower(self.name, config.data_dir, config.storage.durability == "fsync")
         self._following: asyncio.Task | None = None
         self._followed: str | None = None
+        self._leader_info: dict = {}  # nodes/<leader> of the leader followed
+        self.proxy = Proxy(self._leader_address)
 
     # -- membership ----------------------------------------------------------
 
@@ -85,6 +88,7 @@ class ClusterNode:
         await self.etcd.connect()
         await self.keeper.start()
         self.role = "follower"
+        await self._forward()
         await self._retrying(self.register)
         while not stop.is_set():
             try:
@@ -105,14 +109,17 @@ class ClusterNode:
         await stop.wait()
 
     async def _follow(self, leader: str) -> None:
-        """Make sure a replication connection to `leader` runs."""
+        """Make sure a replication connection to `leader` runs, and know
+        where its listeners are (it registers them once they are open)."""
+        info = (await self.etcd.nodes()).get(leader)
         if self._followed == leader and self._following is not None and not self._following.done():
+            self._leader_info = info or {}
             return
         await self._unfollow()
-        info = (await self.etcd.nodes()).get(leader)
         if info is None:
             return
         self._followed = leader
+        self._leader_info = info
         self._following = asyncio.get_running_loop().create_task(
             self._replicate(leader, info["advertise"], info["replication_port"]))
 
@@ -125,7 +132,33 @@ class ClusterNode:
             log.warning("replication from %s: %s", leader, exc)
             await asyncio.sleep(POLL_SECONDS)
 
+    async def _forward(self) -> None:
+        """Listen where the broker would, forwarding to the leader."""
+        config = self.config
+        listeners = [("amqp", config.bind, config.port)]
+        if config.tls.enabled:
+            listeners.append(("amqp/ssl", config.bind, config.tls.port))
+        if config.mqtt.enabled:
+            listeners.append(("mqtt", config.bind, config.mqtt.port))
+            if config.tls.enabled:
+                listeners.append(("mqtt/ssl", config.bind, config.mqtt.tls_port))
+        if config.management.enabled:
+            listeners.append(("http", config.management.bind, config.management.port))
+        for protocol, bind, port in listeners:
+            try:
+                await self.proxy.listen(protocol, bind, port)
+            except OSError as exc:
+                raise ListenError("cannot listen for %s on %s:%d: %s" % (protocol, bind, port,
+                                                                        exc.strerror or exc)) from None
+
+    def _leader_address(self, protocol: str) -> tuple[str, int] | None:
+        info = self._leader_info
+        port = info.get("ports", {}).get(protocol)
+        return (info["advertise"], port) if port else None
+
     async def _unfollow(self) -> None:
+        self.proxy.close_all()  # their leader is gone or changed: the clients reconnect
+        self._leader_info = {}
         task, self._following, self._followed = self._following, None, None
         if task is not None and not task.done():
             task.cancel()
@@ -138,6 +171,7 @@ class ClusterNode:
         self.role = "leader"
         self.leader = self.name
         log.info("cluster node %s: elected leader", self.name)
+        await self.proxy.stop()
         cluster = self.config.cluster
         self.server = BrokerServer(self.config)
         server = self.server
@@ -175,6 +209,7 @@ class ClusterNode:
 
     async def stop(self) -> None:
         await self._unfollow()
+        await self.proxy.stop()
         if self.replicator is not None:
             self.replicator.stop()
         if self.server is not None:
@@ -191,7 +226,12 @@ async def serve_node(config: BrokerConfig) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     running = loop.create_task(node.run(stop))
-    await stop.wait()
+    stopping = loop.create_task(stop.wait())
+    await asyncio.wait((running, stopping), return_when=asyncio.FIRST_COMPLETED)
+    if running.done() and running.exception() is not None:
+        stopping.cancel()
+        await node.stop()
+        raise running.exception()  # a listener that cannot open: reported by cli.server
     log.info("shutting down")
     if not running.done():
         running.cancel()
