@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -290,3 +292,33 @@ class Load:
             pass
         self.stop_consuming()
         return confirmed - set(self.received), len(self.received) - len(set(self.received))
+
+
+# -- shared by the cluster test modules ----------------------------------------
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    """(etcd, [n1, n2, n3]) with a leader serving and every node in sync."""
+    etcd = EtcdProcess(tmp_path).start()
+    nodes = make_nodes(tmp_path, etcd.url, 3)
+    try:
+        for node in nodes:
+            node.start()
+        until(lambda: len(in_sync(etcd)) == 3, 60, "three nodes in sync")
+        yield etcd, nodes
+    finally:
+        for node in nodes:
+            node.stop()
+        etcd.stop()
+
+
+def new_leader(etcd: EtcdProcess, nodes: list[Node], old: Node) -> Node:
+    """The node elected after `old`, once it serves."""
+    def other():
+        leader = leader_of(etcd, nodes)
+        return leader if leader is not old else None
+
+    leader = until(other, 30, "another node to be elected")
+    until(leader.serving, 30, "the new leader to serve")
+    return leader

@@ -13,32 +13,9 @@ import time
 import pika
 import pytest
 
-from cluster_kit import EtcdProcess, Load, etcd_get, in_sync, leader_of, make_nodes, until
+from cluster_kit import Load, cluster, etcd_get, in_sync, leader_of, new_leader, until  # noqa: F401 - cluster is a fixture
 
 pytestmark = pytest.mark.timeout(150)
-
-
-@pytest.fixture
-def cluster(tmp_path):
-    """(etcd, [n1, n2, n3]) with a leader serving and every node in sync."""
-    etcd = EtcdProcess(tmp_path).start()
-    nodes = make_nodes(tmp_path, etcd.url, 3)
-    try:
-        for node in nodes:
-            node.start()
-        until(lambda: len(in_sync(etcd)) == 3, 60, "three nodes in sync")
-        yield etcd, nodes
-    finally:
-        for node in nodes:
-            node.stop()
-        etcd.stop()
-
-
-def new_leader(etcd, nodes, old) -> object:
-    leader = until(lambda: (lambda n: n if n is not None and n is not old else None)(leader_of(etcd, nodes)),
-                   30, "another node to be elected")
-    until(leader.serving, 30, "the new leader to serve")
-    return leader
 
 
 def assert_nothing_lost(load: Load) -> int:

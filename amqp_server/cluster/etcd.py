@@ -10,7 +10,10 @@ Keys, under the configured prefix (`hutch/` by default):
   confirmed (the leader first). Written only by the leader, in a transaction
   that checks it still is the leader; only a node on that list may be
   elected. Absent in a new cluster: then any node may be.
-- `forgotten/<name>`: a node removed with `hutchctl forget_cluster_node`.
+- `members/<name>`: every node that ever joined (no lease: it stays while
+  the node is stopped) until `hutchctl forget_cluster_node` removes it;
+- `transfer`: the node a planned hand-over (`hutchctl transfer_leadership`)
+  is for, on a short lease: while it exists only that node campaigns.
 
 Every call has a timeout; a node that cannot reach any of the URLs raises
 `EtcdUnavailable`, and `connect` keeps trying (logging why) until one answers.
@@ -137,7 +140,25 @@ class Etcd:
         return await self._call(txn)
 
     async def register(self, name: str, info: dict, lease_id: int) -> None:
-        await self._call(lambda c: c.put(self.key("nodes", name), json.dumps(info).encode(), lease=lease_id))
+        value = json.dumps(info).encode()
+        await self._call(lambda c: c.put(self.key("nodes", name), value, lease=lease_id))
+        await self._call(lambda c: c.put(self.key("members", name), value))
+
+    async def members(self) -> dict[str, dict]:
+        prefix = self.key("members", "")
+        got = await self._call(lambda c: c.get_prefix(prefix))
+        return {kv.key[len(prefix):].decode(): json.loads(kv.value) for kv in got}
+
+    async def transfer_to(self) -> str | None:
+        got = await self._call(lambda c: c.get(self.key("transfer")))
+        return got.value.decode() if got is not None else None
+
+    async def set_transfer(self, name: str, ttl: int) -> None:
+        lease = await self._call(lambda c: c.lease(ttl))
+        await self._call(lambda c: c.put(self.key("transfer"), name.encode(), lease=lease.id))
+
+    async def clear_transfer(self) -> None:
+        await self._call(lambda c: c.delete(self.key("transfer")))
 
     async def nodes(self) -> dict[str, dict]:
         prefix = self.key("nodes", "")
@@ -160,10 +181,10 @@ class Etcd:
 
         return await self._call(txn)
 
-    async def forget(self, name: str) -> None:
-        """Remove a node from the in-sync set and the membership."""
+    async def forget(self, leader: str, name: str) -> None:
+        """Remove a stopped node from the members and the in-sync set."""
         names = await self.in_sync()
         if names is not None and name in names:
             names.remove(name)
-            await self._call(lambda c: c.put(self.key("in_sync"), json.dumps(names).encode()))
-        await self._call(lambda c: c.delete(self.key("nodes", name)))
+            await self.set_in_sync(leader, names)
+        await self._call(lambda c: c.delete(self.key("members", name)))

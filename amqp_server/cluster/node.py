@@ -29,16 +29,25 @@ import signal
 import socket
 import sys
 
+from aiohttp import web
+
 from amqp_server.cluster.etcd import Etcd, EtcdUnavailable
 from amqp_server.cluster.lease import LeaseKeeper
 from amqp_server.cluster.proxy import Proxy
 from amqp_server.cluster.replication import Follower, Replicator
 from amqp_server.config import BrokerConfig
+from amqp_server.management import prometheus
 from amqp_server.server import CLEAN_SHUTDOWN, BrokerServer, ListenError
 
 log = logging.getLogger("hutch.cluster")
 
 POLL_SECONDS = 0.25  # how often a follower looks at the leader key
+MEMBERS_SECONDS = 1.0  # how often the leader refreshes what it reports of the others
+TRANSFER_SECONDS = 10  # a planned hand-over's etcd key lives this long at most
+
+
+class ClusterError(ValueError):
+    """A cluster operation refused; the message is for the operator."""
 
 
 class ClusterNode:
@@ -60,6 +69,12 @@ class ClusterNode:
         self._followed: str | None = None
         self._leader_info: dict = {}  # nodes/<leader> of the leader followed
         self.proxy = Proxy(self._leader_address)
+        # The leader's view of the others, refreshed every MEMBERS_SECONDS.
+        self.members: dict[str, dict] = {}
+        self.running: dict[str, dict] = {}
+        self.in_sync: list[str] = []
+        self._tasks: list[asyncio.Task] = []
+        self._metrics: web.AppRunner | None = None  # a follower's /metrics
 
     # -- membership ----------------------------------------------------------
 
@@ -95,7 +110,11 @@ class ClusterNode:
                 self.leader = await self.etcd.leader()
                 if self.leader is None:
                     await self._unfollow()
-                    if await self.eligible() and await self.etcd.campaign(self.name, self.keeper.lease_id):
+                    transfer = await self.etcd.transfer_to()
+                    if transfer in (None, self.name) and await self.eligible() and \
+                            await self.etcd.campaign(self.name, self.keeper.lease_id):
+                        if transfer is not None:
+                            await self.etcd.clear_transfer()
                         await self._lead()
                         break
                 elif self.leader != self.name:
@@ -144,12 +163,21 @@ class ClusterNode:
                 listeners.append(("mqtt/ssl", config.bind, config.mqtt.tls_port))
         if config.management.enabled:
             listeners.append(("http", config.management.bind, config.management.port))
-        for protocol, bind, port in listeners:
-            try:
+        try:
+            for protocol, bind, port in listeners:
                 await self.proxy.listen(protocol, bind, port)
-            except OSError as exc:
-                raise ListenError("cannot listen for %s on %s:%d: %s" % (protocol, bind, port,
-                                                                        exc.strerror or exc)) from None
+            if config.prometheus.enabled:  # a follower's own metrics, not the leader's
+                protocol, bind, port = "http/prometheus", config.prometheus.bind, config.prometheus.port
+                self._metrics = web.AppRunner(prometheus.follower_app(self._follower_metrics), access_log=None,
+                                              handle_signals=False)
+                await self._metrics.setup()
+                await web.TCPSite(self._metrics, bind, port, reuse_address=True).start()
+        except OSError as exc:
+            raise ListenError("cannot listen for %s on %s:%d: %s" % (protocol, bind, port,
+                                                                    exc.strerror or exc)) from None
+
+    def _follower_metrics(self) -> str:
+        return prometheus.render_follower(self.name, self.follower.state, self.follower.position, self.leader)
 
     def _leader_address(self, protocol: str) -> tuple[str, int] | None:
         info = self._leader_info
@@ -172,9 +200,11 @@ class ClusterNode:
         self.leader = self.name
         log.info("cluster node %s: elected leader", self.name)
         await self.proxy.stop()
+        await self._stop_metrics()
         cluster = self.config.cluster
         self.server = BrokerServer(self.config)
         server = self.server
+        server.management.node.cluster = self
         self.replicator = Replicator(
             asyncio.get_running_loop(), self.config.data_dir, server.writer, server.definitions, server.mqtt_store,
             self.keeper.valid, cluster.min_in_sync_replicas or 0, cluster.max_lag_bytes, cluster.max_lag_seconds,
@@ -183,6 +213,78 @@ class ClusterNode:
         await self.replicator.start(self.config.bind, cluster.replication_port)
         await server.start()
         await self._retrying(self.register)
+        self._tasks.append(asyncio.get_running_loop().create_task(self._watch_members()))
+
+    async def _watch_members(self) -> None:
+        while True:
+            try:
+                self.members = await self.etcd.members()
+                self.running = await self.etcd.nodes()
+                self.in_sync = await self.etcd.in_sync() or []
+            except EtcdUnavailable as exc:
+                log.warning("etcd unreachable: %s", exc)
+            await asyncio.sleep(MEMBERS_SECONDS)
+
+    # -- operating (the leader's management API) ------------------------------
+
+    def status(self) -> dict:
+        """rabbitmqctl cluster_status's facts: every member, running or not,
+        its role and, for a follower, its replication state and lag."""
+        links = {f["name"]: f for f in (self.replicator.followers() if self.replicator else ())}
+        nodes = []
+        for name in sorted(set(self.members) | set(self.running) | {self.name}):
+            entry = {"name": name, "running": name in self.running or name == self.name,
+                     "in_sync": name in self.in_sync or name == self.name}
+            if name == self.name:
+                entry.update(role="leader", state="leading", lag_bytes=0, lag_seconds=0.0)
+            else:
+                link = links.get(name)
+                entry.update(role="follower", state=link["state"] if link else
+                             ("not connected" if entry["running"] else "stopped"),
+                             lag_bytes=link["lag_bytes"] if link else None,
+                             lag_seconds=link["lag_seconds"] if link else None)
+            nodes.append(entry)
+        return {"leader": self.name, "nodes": nodes, "in_sync": [self.name] + [
+            n for n in self.in_sync if n != self.name]}
+
+    async def forget(self, name: str) -> None:
+        try:
+            await self._forget(name)
+        except EtcdUnavailable as exc:
+            raise ClusterError("etcd unreachable: %s" % exc) from None
+
+    async def _forget(self, name: str) -> None:
+        if name == self.name:
+            raise ClusterError("%s is the leader: transfer the leadership first" % name)
+        if name not in self.members:
+            raise ClusterError("%s is not a member of the cluster" % name)
+        if name in await self.etcd.nodes():
+            raise ClusterError("%s is running: stop it before forgetting it" % name)
+        await self.etcd.forget(self.name, name)
+        self.members.pop(name, None)
+
+    async def transfer(self, name: str) -> None:
+        """Hand the leadership to `name` without losing a confirm: it must be
+        in sync; the clients are disconnected, every change held until the
+        followers have it, then this node resigns and rejoins as a follower."""
+        links = {f["name"]: f for f in self.replicator.followers()}
+        if name == self.name:
+            raise ClusterError("%s already leads" % name)
+        if links.get(name, {}).get("state") != "in sync":
+            raise ClusterError("%s is not an in-sync follower" % name)
+        try:
+            await self.etcd.set_transfer(name, TRANSFER_SECONDS)
+        except EtcdUnavailable as exc:
+            raise ClusterError("etcd unreachable: %s" % exc) from None
+        log.info("cluster node %s: handing the leadership to %s", self.name, name)
+        asyncio.get_running_loop().create_task(self._hand_over())
+
+    async def _hand_over(self) -> None:
+        await asyncio.sleep(0.1)  # the API's reply goes out first
+        await self.server.stop()  # clients closed; the writer drains through the followers' acknowledgements
+        self.replicator.stop()
+        await self.etcd.resign(self.name)
+        self.fence("the leadership was handed over")
 
     async def record_in_sync(self, followers: list[str]) -> None:
         """etcd's in-sync set: this leader and `followers` (retried until it is
@@ -207,7 +309,15 @@ class ClusterNode:
             handler.flush()
         os.execv(sys.executable, sys.orig_argv)
 
+    async def _stop_metrics(self) -> None:
+        runner, self._metrics = self._metrics, None
+        if runner is not None:
+            await runner.cleanup()
+
     async def stop(self) -> None:
+        await self._stop_metrics()
+        for task in self._tasks:
+            task.cancel()
         await self._unfollow()
         await self.proxy.stop()
         if self.replicator is not None:

@@ -22,17 +22,23 @@ log = logging.getLogger("hutch.cluster")
 class _Side(asyncio.Protocol):
     """One end of a pipe; `peer` is the other end's transport."""
 
-    def __init__(self, pipe: "_Pipe") -> None:
+    def __init__(self, pipe: "_Pipe", client: bool) -> None:
         self.pipe = pipe
+        self.client = client
         self.transport = None
         self.peer: "_Side | None" = None
+        self.early: list[bytes] = []  # what a client sent before the leader was reached
 
     def connection_made(self, transport) -> None:
         self.transport = transport
+        if self.client:
+            transport.pause_reading()  # until the leader is reached
 
     def data_received(self, data: bytes) -> None:
         if self.peer is not None and self.peer.transport is not None:
             self.peer.transport.write(data)
+        else:
+            self.early.append(data)
 
     def eof_received(self):
         if self.peer is not None and self.peer.transport is not None and self.peer.transport.can_write_eof():
@@ -55,8 +61,8 @@ class _Side(asyncio.Protocol):
 class _Pipe:
     def __init__(self, proxy: "Proxy") -> None:
         self.proxy = proxy
-        self.client = _Side(self)
-        self.upstream = _Side(self)
+        self.client = _Side(self, True)
+        self.upstream = _Side(self, False)
         self.closed = False
 
     def close(self) -> None:
@@ -97,7 +103,6 @@ class Proxy:
         client = pipe.client.transport
         if client is None or pipe.closed:
             return
-        client.pause_reading()
         target = self.target(protocol)
         if target is None:
             pipe.close()
@@ -112,6 +117,9 @@ class Proxy:
             pipe.upstream.transport.close()
             return
         pipe.client.peer, pipe.upstream.peer = pipe.upstream, pipe.client
+        if pipe.client.early:
+            pipe.upstream.transport.write(b"".join(pipe.client.early))
+            pipe.client.early.clear()
         client.resume_reading()
 
     def close_all(self) -> None:
