@@ -13,7 +13,8 @@ import time
 import pika
 import pytest
 
-from cluster_kit import Load, cluster, etcd_get, in_sync, leader_of, new_leader, until  # noqa: F401 - cluster is a fixture
+from cluster_kit import (EtcdProcess, Load, cluster, etcd_get, in_sync, leader_of, make_nodes,  # noqa: F401
+                         new_leader, until)
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -99,3 +100,31 @@ def test_a_killed_follower_catches_up_and_can_then_take_over(cluster):
             left.add(int(body))
     missing = confirmed - set(load.received) - left
     assert not missing, "%d confirmed messages missing on the caught-up follower" % len(missing)
+
+
+def test_replies_wait_for_an_in_sync_follower_until_it_is_dropped(tmp_path):
+    """A stalled in-sync follower holds declare-oks and confirms back until
+    the leader has removed it from etcd's in-sync set (max_lag_seconds 1)."""
+    etcd = EtcdProcess(tmp_path).start()
+    nodes = make_nodes(tmp_path, etcd.url, 2, "--cluster-max-lag-seconds", "1")
+    try:
+        for node in nodes:
+            node.start()
+        until(lambda: len(in_sync(etcd)) == 2, 60, "two nodes in sync")
+        leader = leader_of(etcd, nodes)
+        (follower,) = [n for n in nodes if n is not leader]
+        with pika.BlockingConnection(pika.URLParameters(leader.url)) as connection:
+            channel = connection.channel()
+            channel.confirm_delivery()
+            follower.signal(signal.SIGSTOP)
+            stalled_at = time.monotonic()
+            channel.queue_declare("held", durable=True)
+            assert time.monotonic() - stalled_at >= 0.9
+            assert follower.name not in in_sync(etcd), "a reply went out while a stalled follower was in sync"
+            channel.basic_publish("", "held", b"m", pika.BasicProperties(delivery_mode=2))
+        follower.signal(signal.SIGCONT)
+        until(lambda: len(in_sync(etcd)) == 2, 60, "the follower to be in sync again")
+    finally:
+        for node in nodes:
+            node.stop()
+        etcd.stop()

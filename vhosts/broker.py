@@ -61,6 +61,10 @@ class Broker:
         self.connections: set = set()  # open ones (see the module docstring)
         # vhost name -> `storage.vhost_storage.VhostStorage` (None: all in memory)
         self.message_storage = message_storage
+        # A cluster's leader: barrier(done) calls done once the in-sync
+        # followers hold every definition change made so far (the replies
+        # to declares, binds and deletes wait for it). None: a single node.
+        self.definitions_barrier = None
         self._started = False  # vhosts added later get their storage ready at once
         # Called with a vhost's name once it is deleted: front ends drop
         # what they keep per vhost (MQTT's retained messages and sessions).

@@ -205,6 +205,8 @@ class ClusterNode:
         self.server = BrokerServer(self.config)
         server = self.server
         server.management.node.cluster = self
+        # writer jobs complete in order, through the replication gate, after the definitions' record
+        server.broker.definitions_barrier = lambda done: server.writer.run(_nothing, lambda _result: done())
         self.replicator = Replicator(
             asyncio.get_running_loop(), self.config.data_dir, server.writer, server.definitions, server.mqtt_store,
             self.keeper.valid, cluster.min_in_sync_replicas or 0, cluster.max_lag_bytes, cluster.max_lag_seconds,
@@ -326,6 +328,10 @@ class ClusterNode:
             await self.server.stop()
         self.keeper.stop(revoke=True)
         await self.etcd.close()
+
+
+def _nothing() -> None:
+    return None
 
 
 async def serve_node(config: BrokerConfig) -> None:
