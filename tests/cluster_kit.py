@@ -204,6 +204,7 @@ class Load:
     def __init__(self, urls: list[str]) -> None:
         self.urls = urls
         self.confirmed: list[int] = []
+        self.confirm_times: list[float] = []  # time.monotonic() of each confirm (bench/cluster.py)
         self.received: list[int] = []
         self.reconnects = 0
         self._stop_publishing = threading.Event()
@@ -240,6 +241,7 @@ class Load:
                 while not self._stop_publishing.is_set():
                     number += 1
                     channel.basic_publish("", QUEUE, b"%d" % number, properties)
+                    self.confirm_times.append(time.monotonic())
                     self.confirmed.append(number)
                 connection.close()
             except Exception:  # noqa: BLE001 - any failure: that publish is unconfirmed; next node
