@@ -128,3 +128,37 @@ def test_replies_wait_for_an_in_sync_follower_until_it_is_dropped(tmp_path):
         for node in nodes:
             node.stop()
         etcd.stop()
+
+
+def test_min_in_sync_replicas_withholds_confirms_while_too_few_followers_are_in_sync(tmp_path):
+    etcd = EtcdProcess(tmp_path).start()
+    nodes = make_nodes(tmp_path, etcd.url, 2, "--cluster-min-in-sync-replicas", "1")
+    try:
+        for node in nodes:
+            node.start()
+        until(lambda: len(in_sync(etcd)) == 2, 60, "two nodes in sync")
+        leader = leader_of(etcd, nodes)
+        (follower,) = [n for n in nodes if n is not leader]
+        connection = pika.BlockingConnection(pika.URLParameters(leader.url))
+        channel = connection.channel()
+        channel.confirm_delivery()
+        channel.queue_declare("min-isr", durable=True)
+        follower.kill()
+        until(lambda: follower.name not in in_sync(etcd), 30, "the follower to leave the in-sync set")
+        confirmed = threading.Event()
+
+        def publish():
+            channel.basic_publish("", "min-isr", b"m", pika.BasicProperties(delivery_mode=2))
+            confirmed.set()
+
+        publisher = threading.Thread(target=publish)
+        publisher.start()
+        assert not confirmed.wait(1.5), "confirmed with no follower in sync"
+        follower.start()
+        assert confirmed.wait(60), "no confirm once the follower was back in sync"
+        publisher.join(10)
+        connection.close()
+    finally:
+        for node in nodes:
+            node.stop()
+        etcd.stop()

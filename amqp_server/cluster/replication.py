@@ -309,24 +309,34 @@ class Replicator:
 
         def capture():
             # On the writer thread, between batches: no file is half written.
-            mqtt = mqtt_store._db.serialize() if mqtt_store is not None else None
-            with self._lock:
-                point = link.snapshot_end = self.position
-                link.backlog = []  # gets the records after `point` only (FollowerLink.send)
-                self.links.append(link)
-            return point, replica.sizes(self.root), mqtt
+            # The result goes straight to the loop, not through the gate: a
+            # follower's snapshot must not wait for followers.
+            try:
+                mqtt = mqtt_store._db.serialize() if mqtt_store is not None else None
+                with self._lock:
+                    point = link.snapshot_end = self.position
+                    link.backlog = []  # gets the records after `point` only (FollowerLink.send)
+                    self.links.append(link)
+                result = (point, replica.sizes(self.root), mqtt)
+            except Exception as exc:  # noqa: BLE001 - handed to the loop, which drops the follower
+                result = exc
+            self.loop.call_soon_threadsafe(captured, result)
 
         def captured(result):
             if isinstance(result, Exception) or link.state == "closed":
+                log.warning("follower %s: no snapshot: %s", link.name, result if isinstance(result, Exception)
+                            else "disconnected")
                 if link in self.links:
                     self.links.remove(link)
+                if link.transport is not None:
+                    link.transport.close()
                 return
             point, sizes, mqtt = result
             definitions = self.definitions._db.serialize()  # on the loop that owns it; newer than `point` at worst
             self.loop.run_in_executor(None, self._send_snapshot, link, point, sizes, theirs,
                                       {"definitions.db": definitions, "mqtt.db": mqtt})
 
-        self.writer.run(capture, captured)
+        self.writer.run(capture)
 
     def _send_snapshot(self, link: FollowerLink, point: int, sizes: dict, theirs: dict, databases: dict) -> None:
         """On a worker thread: read and queue the differences."""
@@ -357,6 +367,8 @@ class Replicator:
         oldest = self.waiting[0] if self.waiting else None
         out = []
         for link in self.links:
+            if link.name is None:
+                continue  # connected, not introduced yet
             behind = oldest is not None and link.acked < oldest[0]
             out.append({"name": link.name, "state": link.state, "acknowledged": link.acked,
                         "lag_bytes": max(self.position - link.acked, 0),
