@@ -321,6 +321,14 @@ def cluster(tmp_path):
         for node in nodes:
             node.stop()
         etcd.stop()
+        print_logs(nodes)
+
+
+def print_logs(nodes: list[Node]) -> None:
+    """The nodes' logs, in the captured output pytest shows for a failed test."""
+    for node in nodes:
+        print("===== %s" % node.name)
+        print(node.log[-20000:])
 
 
 def new_leader(etcd: EtcdProcess, nodes: list[Node], old: Node) -> Node:

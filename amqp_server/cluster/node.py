@@ -72,7 +72,6 @@ class ClusterNode:
         # The leader's view of the others, refreshed every MEMBERS_SECONDS.
         self.members: dict[str, dict] = {}
         self.running: dict[str, dict] = {}
-        self.in_sync: list[str] = []
         self._tasks: list[asyncio.Task] = []
         self._metrics: web.AppRunner | None = None  # a follower's /metrics
 
@@ -222,7 +221,6 @@ class ClusterNode:
             try:
                 self.members = await self.etcd.members()
                 self.running = await self.etcd.nodes()
-                self.in_sync = await self.etcd.in_sync() or []
             except EtcdUnavailable as exc:
                 log.warning("etcd unreachable: %s", exc)
             await asyncio.sleep(MEMBERS_SECONDS)
@@ -233,10 +231,11 @@ class ClusterNode:
         """rabbitmqctl cluster_status's facts: every member, running or not,
         its role and, for a follower, its replication state and lag."""
         links = {f["name"]: f for f in (self.replicator.followers() if self.replicator else ())}
+        in_sync = self.replicator.in_sync if self.replicator else []  # this leader's own record, not etcd's copy
         nodes = []
         for name in sorted(set(self.members) | set(self.running) | {self.name}):
             entry = {"name": name, "running": name in self.running or name == self.name,
-                     "in_sync": name in self.in_sync or name == self.name}
+                     "in_sync": name in in_sync or name == self.name}
             if name == self.name:
                 entry.update(role="leader", state="leading", lag_bytes=0, lag_seconds=0.0)
             else:
@@ -246,8 +245,7 @@ class ClusterNode:
                              lag_bytes=link["lag_bytes"] if link else None,
                              lag_seconds=link["lag_seconds"] if link else None)
             nodes.append(entry)
-        return {"leader": self.name, "nodes": nodes, "in_sync": [self.name] + [
-            n for n in self.in_sync if n != self.name]}
+        return {"leader": self.name, "nodes": nodes, "in_sync": [self.name] + in_sync}
 
     async def forget(self, name: str) -> None:
         try:

@@ -166,6 +166,7 @@ class Replicator:
         self._changing = asyncio.Lock()
         self._checker: asyncio.Task | None = None
         self.server: asyncio.Server | None = None
+        self.stopping = False
 
     async def start(self, bind: str, port: int) -> None:
         self.server = await self.loop.create_server(lambda: FollowerLink(self), bind, port, reuse_address=True)
@@ -177,6 +178,9 @@ class Replicator:
         self.writer.gate = self.gate
 
     def stop(self) -> None:
+        """The leader stops leading (a clean stop, a hand-over): the in-sync
+        set stays as it is, so one of those followers takes over."""
+        self.stopping = True
         files.hook = None
         self.writer.gate = None
         if self._checker is not None:
@@ -262,7 +266,7 @@ class Replicator:
     def lost(self, link: FollowerLink) -> None:
         if link in self.links:
             self.links.remove(link)
-        if link in self.required:
+        if link in self.required and not self.stopping:
             self.loop.create_task(self._record(link, False))
 
     async def _record(self, link: FollowerLink, joining: bool) -> None:
