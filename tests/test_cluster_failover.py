@@ -13,7 +13,7 @@ import time
 import pika
 import pytest
 
-from cluster_kit import (EtcdProcess, Load, cluster, etcd_get, in_sync, leader_of, make_nodes,  # noqa: F401
+from cluster_kit import (QUEUE, EtcdProcess, Load, cluster, etcd_get, in_sync, leader_of, make_nodes,  # noqa: F401
                          new_leader, until)
 
 pytestmark = pytest.mark.timeout(150)
@@ -45,28 +45,34 @@ def test_a_stalled_leader_is_replaced_and_confirms_nothing_after_its_lease(clust
     stalled = leader_of(etcd, nodes)
     load = Load([n.url for n in nodes if n is not stalled]).start()
     load.progress(200, 30, "confirms before the stall")
-    direct = pika.BlockingConnection(pika.URLParameters(stalled.url))
-    channel = direct.channel()
-    channel.confirm_delivery()
+    # Two publishers straight to the stalled leader: one into the durable queue (its confirm waits
+    # for the disk and the followers), one unroutable (its confirm waits for nothing).
     outcome = {}
 
-    def publish_while_stalled():
+    def publish_while_stalled(queue: str, channel) -> None:
         try:
-            channel.basic_publish("", "stalled", b"during", pika.BasicProperties(delivery_mode=2))
-            outcome["confirmed"] = True
+            channel.basic_publish("", queue, b"during", pika.BasicProperties(delivery_mode=2))
+            outcome[queue] = "confirmed"
         except Exception as exc:  # noqa: BLE001 - whatever ends the wait: not a confirm
-            outcome["error"] = exc
+            outcome[queue] = exc
 
+    publishers = []
+    for queue in (QUEUE, "no-such-queue"):
+        channel = pika.BlockingConnection(pika.URLParameters(stalled.url)).channel()
+        channel.confirm_delivery()
+        publishers.append(threading.Thread(target=publish_while_stalled, args=(queue, channel)))
     stalled.signal(signal.SIGSTOP)
     stalled_at = time.monotonic()
-    publisher = threading.Thread(target=publish_while_stalled)
-    publisher.start()
+    for publisher in publishers:
+        publisher.start()
     new_leader(etcd, nodes, stalled)
     assert time.monotonic() - stalled_at >= 1.5  # not before the 2 s lease could run out
     load.progress(200, 60, "confirms from the new leader while the old one is frozen")
     stalled.signal(signal.SIGCONT)
-    publisher.join(30)
-    assert not publisher.is_alive() and "confirmed" not in outcome, "a stale leader confirmed a publish"
+    for publisher in publishers:
+        publisher.join(30)
+        assert not publisher.is_alive()
+    assert "confirmed" not in outcome.values(), "a stale leader confirmed a publish: %s" % outcome
     until(lambda: "the etcd lease ran out" in stalled.log, 10, "the stalled node to fence itself")
     until(lambda: len(in_sync(etcd)) == 3, 60, "the stalled node to rejoin in sync")
     assert_nothing_lost(load)

@@ -65,6 +65,9 @@ class Broker:
         # followers hold every definition change made so far (the replies
         # to declares, binds and deletes wait for it). None: a single node.
         self.definitions_barrier = None
+        # A cluster's leader: False once its lease may have run out; then no
+        # confirm or PUBACK leaves (fencing, docs/cluster.md). None: a single node.
+        self.promising = None
         self._started = False  # vhosts added later get their storage ready at once
         # Called with a vhost's name once it is deleted: front ends drop
         # what they keep per vhost (MQTT's retained messages and sessions).

@@ -204,6 +204,7 @@ class ClusterNode:
         self.server = BrokerServer(self.config)
         server = self.server
         server.management.node.cluster = self
+        server.broker.promising = self.keeper.valid  # also for confirms that wait for no disk
         # writer jobs complete in order, through the replication gate, after the definitions' record
         server.broker.definitions_barrier = lambda done: server.writer.run(_nothing, lambda _result: done())
         self.replicator = Replicator(
