@@ -321,10 +321,11 @@ class ClusterNode:
             task.cancel()
         await self._unfollow()
         await self.proxy.stop()
+        if self.server is not None:
+            # Through the gate still: what the writer drains reaches the followers first.
+            await self.server.stop()
         if self.replicator is not None:
             self.replicator.stop()
-        if self.server is not None:
-            await self.server.stop()
         self.keeper.stop(revoke=True)
         await self.etcd.close()
 
