@@ -76,3 +76,12 @@ def test_operating_a_cluster(cluster):
     done = hutchctl(follower, "forget_cluster_node", other.name)
     assert done.returncode == 0, done.stderr
     assert other.name not in status()["disk_nodes"]
+
+
+def test_a_node_that_runs_alone_reports_itself_and_refuses_cluster_operations(api):
+    status = api.get("/api/hutch/cluster").body
+    assert [(n["role"], n["running"]) for n in status["nodes"]] == [("leader", True)]
+    refused = api.delete("/api/hutch/cluster/nodes/n2")
+    assert refused.status == 400 and "not part of a cluster" in refused.body["reason"]
+    refused = api.post("/api/hutch/cluster/transfer-leadership", {"node": "n2"})
+    assert refused.status == 400 and "not part of a cluster" in refused.body["reason"]
