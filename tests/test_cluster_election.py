@@ -8,7 +8,7 @@ import json
 import pika
 import pytest
 
-from cluster_kit import EtcdProcess, etcd_get, leader_of, make_nodes, until
+from cluster_kit import EtcdProcess, etcd_get, make_nodes, until
 
 pytestmark = pytest.mark.timeout(90)
 

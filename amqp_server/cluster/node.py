@@ -7,7 +7,7 @@ Theory of operation:
   list is absent (a new cluster) or names it. Eligible and leaderless, it
   campaigns; the etcd transaction lets exactly one node win.
 - A follower keeps its data directory a copy of the leader's
-  (replication.Follower), reconnecting whenever the leader changes.
+  (follower.Follower), reconnecting whenever the leader changes.
 - The leader opens the data directory exactly as a restart after a crash
   does (`BrokerServer`), records itself alone in `in_sync`, starts the
   replication stream (replication.Replicator: the storage writer's gate, so
@@ -34,7 +34,8 @@ from aiohttp import web
 from amqp_server.cluster.etcd import Etcd, EtcdUnavailable
 from amqp_server.cluster.lease import LeaseKeeper
 from amqp_server.cluster.proxy import Proxy
-from amqp_server.cluster.replication import Follower, Replicator
+from amqp_server.cluster.follower import Follower
+from amqp_server.cluster.replication import Replicator
 from amqp_server.config import BrokerConfig
 from amqp_server.management import prometheus
 from amqp_server.server import CLEAN_SHUTDOWN, BrokerServer, ListenError

@@ -26,9 +26,7 @@ Theory of operation (leader side, `Replicator`):
   is removed from etcd's in-sync set *first*, and only then stops being
   required: an electable node never misses a confirmed change.
 
-Follower side: `follow()` connects to the leader, sends its listing, applies
-what arrives on an applier thread (storage.replica.Applier) and
-acknowledges positions.
+The follower's end: amqp_server.cluster.follower; the framing: stream.
 """
 from __future__ import annotations
 
@@ -37,55 +35,16 @@ import collections
 import json
 import logging
 import os
-import queue
-import struct
 import threading
 import time
 from typing import Callable
 
+from amqp_server.cluster.stream import ACK, HELLO, MAX_CONTROL, SNAPSHOT_END, Frames, control
 from storage import files, replica
-from storage.replica import HEAD
 
 log = logging.getLogger("hutch.cluster")
 
-HELLO, SNAPSHOT_END, ACK = 16, 17, 18
-MAX_CONTROL = 64 * 1024 * 1024  # a listing of a large data directory fits
 CHECK_SECONDS = 0.1
-
-
-def control(kind: int, value: dict) -> bytes:
-    body = json.dumps(value).encode()
-    return HEAD.pack(len(body), kind) + body
-
-
-class Frames:
-    """Splits a byte stream into (kind, payload) records."""
-
-    def __init__(self, limit: int) -> None:
-        self.buffer = bytearray()
-        self.limit = limit
-
-    def feed(self, data: bytes) -> list[tuple[int, memoryview, int]]:
-        """Complete records so far: (kind, payload, size of the whole record)."""
-        self.buffer += data
-        out = []
-        start = 0
-        view = memoryview(self.buffer)
-        while len(self.buffer) - start >= HEAD.size:
-            size, kind = HEAD.unpack_from(self.buffer, start)
-            if size > self.limit:
-                raise ValueError("record of %d bytes: more than %d" % (size, self.limit))
-            end = start + HEAD.size + size
-            if end > len(self.buffer):
-                break
-            out.append((kind, bytes(view[start + HEAD.size:end]), end - start))
-            start = end
-        view.release()
-        del self.buffer[:start]
-        return out
-
-
-# -- the leader ---------------------------------------------------------------
 
 
 class FollowerLink(asyncio.Protocol):
@@ -378,83 +337,3 @@ class Replicator:
                         "lag_bytes": max(self.position - link.acked, 0),
                         "lag_seconds": round(now - oldest[2], 3) if behind else 0.0})
         return out
-
-
-# -- the follower -------------------------------------------------------------
-
-
-class Follower:
-    """Keeps `root` a copy of the leader's data directory."""
-
-    def __init__(self, name: str, root: str, fsync: bool) -> None:
-        self.name = name
-        self.root = root
-        self.fsync = fsync
-        self.state = "syncing"
-        self.position = 0
-
-    async def follow(self, host: str, port: int) -> None:
-        """Until the connection ends (then the caller finds the leader again)."""
-        loop = asyncio.get_running_loop()
-        reader, writer = await asyncio.open_connection(host, port)
-        jobs: queue.SimpleQueue = queue.SimpleQueue()
-        applier = replica.Applier(self.root, self.fsync)
-        failed: list[BaseException] = []
-
-        def acked(position: int) -> None:
-            if not writer.is_closing():
-                writer.write(control(ACK, {"position": position}))
-
-        def apply_loop() -> None:
-            try:
-                while True:
-                    job = jobs.get()
-                    if job is None:
-                        return
-                    records, position = job
-                    for kind, payload in records:
-                        applier.apply(kind, memoryview(payload))
-                    applier.sync()
-                    if position is not None:
-                        loop.call_soon_threadsafe(acked, position)
-            except BaseException as exc:  # noqa: BLE001 - reported to the loop, which disconnects
-                failed.append(exc)
-                loop.call_soon_threadsafe(writer.close)
-            finally:
-                applier.close()
-
-        thread = threading.Thread(target=apply_loop, name="hutch-applier", daemon=True)
-        try:
-            listing = await loop.run_in_executor(None, replica.listing, self.root)
-            writer.write(control(HELLO, {"name": self.name, "files": listing}))
-            thread.start()
-            frames = Frames(MAX_CONTROL)
-            position = None  # known from SNAPSHOT_END on
-            self.state = "syncing"
-            while True:
-                data = await reader.read(1 << 20)
-                if not data:
-                    break
-                batch = []
-                for kind, payload, size in frames.feed(data):
-                    if kind == SNAPSHOT_END:
-                        position = json.loads(payload)["position"]
-                    elif kind < 16:
-                        batch.append((kind, payload))
-                        if position is not None:
-                            position += size
-                    else:
-                        raise ValueError("unexpected record kind %d" % kind)
-                if batch or position is not None:
-                    jobs.put((batch, position))
-                    if position is not None:
-                        self.position = position
-                        self.state = "following"
-        finally:
-            jobs.put(None)
-            writer.close()
-            if thread.is_alive():
-                await loop.run_in_executor(None, thread.join)
-            self.state = "syncing"
-        if failed:
-            raise failed[0]
