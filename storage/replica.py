@@ -32,6 +32,7 @@ HEAD = struct.Struct(">IB")
 FILE_OP = struct.Struct(">QH")
 CHUNK = 1024 * 1024
 MAX_OPEN = 256  # files an Applier keeps open
+PART = ".part"  # a whole file being sent in pieces (write_records)
 # Never compared nor sent as files: the clean-stop marker (only the node that
 # stopped cleanly may trust it) and SQLite's files (sent as content).
 _SQLITE = (".db", ".db-wal", ".db-shm", ".db-journal")
@@ -42,6 +43,29 @@ def file_record(kind: int, path: str, offset: int, data: bytes) -> bytes:
     name = path.encode()
     return b"".join((HEAD.pack(FILE_OP.size + len(name) + len(data), kind), FILE_OP.pack(offset, len(name)),
                      name, data))
+
+
+def write_records(relative: str, data: bytes) -> list[bytes]:
+    """A whole file's new content as records of at most CHUNK bytes: one
+    WRITE when it fits, else WRITE and APPENDs to `relative`.part and a
+    RENAME over `relative`, so a follower replaces the file at once either
+    way and no record outgrows what a follower accepts."""
+    if len(data) <= CHUNK:
+        return [file_record(WRITE, relative, 0, data)]
+    part = relative + PART
+    view = memoryview(data)
+    out = [file_record(WRITE, part, 0, bytes(view[:CHUNK]))]
+    out += [file_record(APPEND, part, at, bytes(view[at:at + CHUNK])) for at in range(CHUNK, len(data), CHUNK)]
+    out.append(file_record(RENAME, part, 0, relative.encode()))
+    return out
+
+
+def append_records(relative: str, offset: int, data: bytes) -> list[bytes]:
+    """An append as records of at most CHUNK bytes each."""
+    if len(data) <= CHUNK:
+        return [file_record(APPEND, relative, offset, data)]
+    view = memoryview(data)
+    return [file_record(APPEND, relative, offset + at, bytes(view[at:at + CHUNK])) for at in range(0, len(data), CHUNK)]
 
 
 def parse_file_record(payload: memoryview) -> tuple[int, str, bytes]:
@@ -55,7 +79,7 @@ def parse_file_record(payload: memoryview) -> tuple[int, str, bytes]:
 
 
 def replicated(name: str) -> bool:
-    return name not in _LOCAL and not name.endswith(_SQLITE) and not name.endswith(".tmp")
+    return name not in _LOCAL and not name.endswith(_SQLITE) and not name.endswith((".tmp", PART))
 
 
 def _walk(root: str):
@@ -138,6 +162,16 @@ def differences(root: str, leader: dict[str, int], follower: dict[str, tuple[int
             yield file_record(REMOVE, relative, 0, b"")
 
 
+def _whole_database(path: str) -> None:
+    """A SQLite database was just replaced whole: its old WAL must not be replayed over it."""
+    if path.endswith(".db"):
+        for suffix in ("-wal", "-shm"):
+            try:
+                os.unlink(path + suffix)
+            except FileNotFoundError:
+                pass
+
+
 class Applier:
     """A follower's side: applies records to `root` (blocking calls, on one
     thread); `sync()` makes what was applied durable."""
@@ -195,12 +229,7 @@ class Applier:
                 if self.fsync:
                     os.fsync(f.fileno())
             os.replace(tmp, path)
-            if path.endswith(".db"):  # the content is whole: an old WAL must not be replayed over it
-                for suffix in ("-wal", "-shm"):
-                    try:
-                        os.unlink(path + suffix)
-                    except FileNotFoundError:
-                        pass
+            _whole_database(path)
         elif kind == CREATE:
             self._fd(relative)
         elif kind == REMOVE:
@@ -220,6 +249,7 @@ class Applier:
                 os.rename(path, os.path.join(self.root, target))
             except FileNotFoundError:
                 pass
+            _whole_database(os.path.join(self.root, target))
         else:
             raise ValueError("unknown file record kind %d" % kind)
 

@@ -6,6 +6,7 @@ to the leader) and reconnect to the next node when their connection ends.
 The many-kills version is bench/cluster_failover.py."""
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -92,6 +93,12 @@ def test_a_killed_follower_catches_up_and_can_then_take_over(cluster):
     load.progress(100, 30, "confirms with it in sync")
     confirmed = load.stop_publishing()
     load.stop_consuming()
+    big = os.urandom(3 * 1024 * 1024 + 7)  # records of more than one chunk
+    with pika.BlockingConnection(pika.URLParameters(leader.url)) as connection:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        channel.queue_declare("big", durable=True)
+        channel.basic_publish("", "big", big, pika.BasicProperties(delivery_mode=2))
     other.kill()  # only the caught-up follower survives
     leader.kill()
     until(lambda: etcd_get(etcd.url, "hutch/leader") == follower.name.encode(), 30, "the follower to lead")
@@ -104,6 +111,7 @@ def test_a_killed_follower_catches_up_and_can_then_take_over(cluster):
             if method is None:
                 break
             left.add(int(body))
+        assert channel.basic_get("big", auto_ack=True)[2] == big
     missing = confirmed - set(load.received) - left
     assert not missing, "%d confirmed messages missing on the caught-up follower" % len(missing)
 

@@ -75,3 +75,21 @@ def test_an_unconfirmed_tail_is_cut_and_a_gap_refused(tmp_path):
 def test_a_record_cannot_leave_the_data_directory(tmp_path):
     with pytest.raises(ValueError, match="outside the data directory"):
         apply_all(replica.Applier(str(tmp_path)), [replica.file_record(files.APPEND, "../x", 0, b"y")])
+
+
+def test_a_big_whole_file_goes_in_pieces_and_replaces_the_old_one_at_once(tmp_path):
+    root = str(tmp_path)
+    write(root, "definitions.db", b"old")
+    write(root, "definitions.db-wal", b"stale log")
+    content = os.urandom(replica.CHUNK * 2 + 10)
+    records = replica.write_records("definitions.db", content)
+    assert len(records) == 4 and all(len(r) < replica.CHUNK + 100 for r in records)
+    apply_all(replica.Applier(root), records)
+    with open(os.path.join(root, "definitions.db"), "rb") as f:
+        assert f.read() == content
+    assert sorted(os.listdir(root)) == ["definitions.db"]
+    big = os.urandom(replica.CHUNK + 5)
+    apply_all(replica.Applier(root), replica.append_records("store/0.rdq", 0, b"abc")
+              + replica.append_records("store/0.rdq", 3, big))
+    with open(os.path.join(root, "store/0.rdq"), "rb") as f:
+        assert f.read() == b"abc" + big

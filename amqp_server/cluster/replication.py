@@ -157,10 +157,16 @@ class Replicator:
             return
         if kind == files.RENAME:
             data = os.path.relpath(data.decode(), self.root).encode()
-        record = replica.file_record(kind, relative, offset, data)
+        if kind == files.APPEND:
+            records = replica.append_records(relative, offset, data)
+        elif kind == files.WRITE:
+            records = replica.write_records(relative, data)
+        else:
+            records = [replica.file_record(kind, relative, offset, data)]
         with self._lock:
-            self.position += len(record)
-            self._pending.append((self.position, record))
+            for record in records:
+                self.position += len(record)
+                self._pending.append((self.position, record))
             self._wake()
 
     def gate(self, fire: Callable[[], None]) -> None:
@@ -309,8 +315,8 @@ class Replicator:
             self.loop.call_soon_threadsafe(link.transport.write, record)
         for name, content in databases.items():
             if content is not None:
-                self.loop.call_soon_threadsafe(link.transport.write,
-                                               replica.file_record(files.WRITE, name, 0, bytes(content)))
+                for record in replica.write_records(name, bytes(content)):
+                    self.loop.call_soon_threadsafe(link.transport.write, record)
         self.loop.call_soon_threadsafe(self._snapshot_sent, link, point, sent)
 
     def _snapshot_sent(self, link: FollowerLink, point: int, sent: int) -> None:
