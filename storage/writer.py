@@ -72,7 +72,7 @@ class AppendFile:
         while view:
             written = os.write(self._fd, view)
             view = view[written:]
-        if files.hook is not None:
+        if files.hook is not None and self.sync:  # a file no restart keeps is not replicated either
             end = os.lseek(self._fd, 0, os.SEEK_CUR)
             files.hook.file_changed(files.APPEND, self.path, end - len(data), data)
 
