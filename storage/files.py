@@ -5,7 +5,7 @@ A cluster's leader replicates its data directory by watching what its
 storage does to files (docs/cluster.md): `hook.file_changed(kind, path,
 offset, data)` is told of every append (by `writer.AppendFile`, on the
 writer thread, after the bytes are written; not for a file that no restart
-keeps, such as the transient store: `AppendFile.sync` False), and of every other operation
+keeps, such as the transient store: `AppendFile.kept` False), and of every other operation
 made through the functions here. A new kind of file is therefore replicated
 without code of its own as long as it is appended through the writer and
 created, replaced, renamed and deleted through this module.

@@ -262,7 +262,7 @@ class MessageStore:
         if self._files:  # keep appending to the last file while it has live data and room
             last = self._files[max(self._files)]
             if last.live and last.total < self._limit:
-                last.af = AppendFile(last.path, sync=self._sync)
+                last.af = AppendFile(last.path, sync=self._sync, kept=self._durable)
                 last.total = last.af.size
                 self._cur = last
         for file in list(self._files.values()):
@@ -473,7 +473,7 @@ class MessageStore:
 
         self._writer.run(create)  # before the first append to it (invariant 8)
         # AppendFile stats a path that does not exist yet: no disk I/O to speak of.
-        file = _File(num, path, AppendFile(path, sync=sync))
+        file = _File(num, path, AppendFile(path, sync=sync, kept=self._durable))
         self._files[num] = file
         self._cur = file
         if old is not None:

@@ -51,19 +51,22 @@ BACKLOG_LOW = 16 * 1024 * 1024
 class AppendFile:
     """A file only ever appended to, through the writer thread."""
 
-    __slots__ = ("path", "size", "_fd", "sync")
+    __slots__ = ("path", "size", "_fd", "sync", "kept")
 
-    def __init__(self, path: str, size: int | None = None, sync: bool = True) -> None:
+    def __init__(self, path: str, size: int | None = None, sync: bool = True, kept: bool = True) -> None:
         """`size`: the current size when the caller knows it (a new file: 0),
         so that constructing one on the loop does no file I/O. `sync`: False
-        for a file that never has to survive a restart (a non-durable
-        queue's index, the transient store): never fsynced."""
+        for a file that is never fsynced (durability "flush", or one no
+        restart keeps). `kept`: False for a file that never has to survive a
+        restart (a non-durable queue's index, the transient store): a
+        cluster does not replicate it either."""
         self.path = path
         if size is None:
             size = os.path.getsize(path) if os.path.exists(path) else 0
         self.size = size
         self._fd: int | None = None
         self.sync = sync
+        self.kept = kept
 
     def _write(self, data: bytes) -> None:
         if self._fd is None:
@@ -72,7 +75,7 @@ class AppendFile:
         while view:
             written = os.write(self._fd, view)
             view = view[written:]
-        if files.hook is not None and self.sync:  # a file no restart keeps is not replicated either
+        if files.hook is not None and self.kept:
             end = os.lseek(self._fd, 0, os.SEEK_CUR)
             files.hook.file_changed(files.APPEND, self.path, end - len(data), data)
 

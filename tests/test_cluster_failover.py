@@ -176,3 +176,27 @@ def test_min_in_sync_replicas_withholds_confirms_while_too_few_followers_are_in_
         for node in nodes:
             node.stop()
         etcd.stop()
+
+
+def test_with_durability_flush_the_follower_still_has_every_confirmed_message(tmp_path):
+    etcd = EtcdProcess(tmp_path).start()
+    nodes = make_nodes(tmp_path, etcd.url, 2, "--storage-durability", "flush")
+    try:
+        for node in nodes:
+            node.start()
+        until(lambda: len(in_sync(etcd)) == 2, 60, "two nodes in sync")
+        leader = leader_of(etcd, nodes)
+        with pika.BlockingConnection(pika.URLParameters(leader.url)) as connection:
+            channel = connection.channel()
+            channel.confirm_delivery()
+            channel.queue_declare("flushed", durable=True)
+            for number in range(50):
+                channel.basic_publish("", "flushed", b"%d" % number, pika.BasicProperties(delivery_mode=2))
+        leader.kill()
+        follower = new_leader(etcd, nodes, leader)
+        with pika.BlockingConnection(pika.URLParameters(follower.url)) as connection:
+            assert connection.channel().queue_declare("flushed", passive=True).method.message_count == 50
+    finally:
+        for node in nodes:
+            node.stop()
+        etcd.stop()
