@@ -387,7 +387,11 @@ class Channel(Deliveries):
                 self._route(*action[1:])
             else:
                 self.settle(*action[1:])
-        self.send_method(commands.Tx.CommitOk())
+        barrier = self.connection.broker.durability_barrier
+        if barrier is None:
+            self.send_method(commands.Tx.CommitOk())
+        else:  # a cluster's leader: once the in-sync followers hold what the commit wrote
+            barrier(lambda: self.state is OPEN and self.send_method(commands.Tx.CommitOk()))
 
     def _tx_rollback(self, method) -> None:
         actions = self._require_tx()

@@ -1,7 +1,7 @@
 """exchange.* and queue.* methods: translate each into one vhost call and reply.
 
 In a cluster the reply waits until the in-sync followers hold the change
-(`Broker.definitions_barrier`, set by the leader): a declare-ok promises
+(`Broker.durability_barrier`, set by the leader): a declare-ok promises
 that the declared thing survives a failover. On a single node it goes at
 once (the definitions store has committed it to disk already).
 
@@ -17,7 +17,7 @@ from amqp_server.framing import named_method
 
 
 def _reply(channel, method) -> None:
-    barrier = channel.connection.broker.definitions_barrier
+    barrier = channel.connection.broker.durability_barrier
     if barrier is None:
         channel.send_method(method)
     else:

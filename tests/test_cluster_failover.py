@@ -117,8 +117,9 @@ def test_a_killed_follower_catches_up_and_can_then_take_over(cluster):
 
 
 def test_replies_wait_for_an_in_sync_follower_until_it_is_dropped(tmp_path):
-    """A stalled in-sync follower holds declare-oks and confirms back until
-    the leader has removed it from etcd's in-sync set (max_lag_seconds 1)."""
+    """A stalled in-sync follower holds a declare-ok, and a tx.commit-ok,
+    back until the leader has removed it from etcd's in-sync set
+    (max_lag_seconds 1)."""
     etcd = EtcdProcess(tmp_path).start()
     nodes = make_nodes(tmp_path, etcd.url, 2, "--cluster-max-lag-seconds", "1")
     try:
@@ -136,6 +137,16 @@ def test_replies_wait_for_an_in_sync_follower_until_it_is_dropped(tmp_path):
             assert time.monotonic() - stalled_at >= 0.9
             assert follower.name not in in_sync(etcd), "a reply went out while a stalled follower was in sync"
             channel.basic_publish("", "held", b"m", pika.BasicProperties(delivery_mode=2))
+            follower.signal(signal.SIGCONT)
+            until(lambda: len(in_sync(etcd)) == 2, 60, "the follower to be in sync again")
+            transactional = connection.channel()
+            transactional.tx_select()
+            transactional.basic_publish("", "held", b"t", pika.BasicProperties(delivery_mode=2))
+            follower.signal(signal.SIGSTOP)
+            stalled_at = time.monotonic()
+            transactional.tx_commit()
+            assert time.monotonic() - stalled_at >= 0.9
+            assert follower.name not in in_sync(etcd), "a commit-ok went out while a stalled follower was in sync"
         follower.signal(signal.SIGCONT)
         until(lambda: len(in_sync(etcd)) == 2, 60, "the follower to be in sync again")
     finally:

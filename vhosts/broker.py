@@ -62,9 +62,9 @@ class Broker:
         # vhost name -> `storage.vhost_storage.VhostStorage` (None: all in memory)
         self.message_storage = message_storage
         # A cluster's leader: barrier(done) calls done once the in-sync
-        # followers hold every definition change made so far (the replies
-        # to declares, binds and deletes wait for it). None: a single node.
-        self.definitions_barrier = None
+        # followers hold every change made so far (the replies to declares,
+        # binds, deletes and tx.commit wait for it). None: a single node.
+        self.durability_barrier = None
         # A cluster's leader: False once its lease may have run out; then no
         # confirm or PUBACK leaves (fencing, docs/cluster.md). None: a single node.
         self.promising = None

@@ -207,7 +207,7 @@ class ClusterNode:
         server.management.node.cluster = self
         server.broker.promising = self.keeper.valid  # also for confirms that wait for no disk
         # writer jobs complete in order, through the replication gate, after the definitions' record
-        server.broker.definitions_barrier = lambda done: server.writer.run(_nothing, lambda _result: done())
+        server.broker.durability_barrier = lambda done: server.writer.run(_nothing, lambda _result: done())
         self.replicator = Replicator(
             asyncio.get_running_loop(), self.config.data_dir, server.writer, server.definitions, server.mqtt_store,
             self.keeper.valid, cluster.min_in_sync_replicas or 0, cluster.max_lag_bytes, cluster.max_lag_seconds,
