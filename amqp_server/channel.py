@@ -312,6 +312,9 @@ class Channel(Deliveries):
         return waits
 
     def flush_confirms(self) -> None:
+        promising = self.connection.broker.promising
+        if promising is not None and not promising():
+            return  # a cluster leader whose lease may have run out confirms nothing
         awaiting = self._awaiting
         while True:
             first = next(iter(awaiting)) if awaiting else 0
@@ -391,7 +394,11 @@ class Channel(Deliveries):
                 self._route(*action[1:])
             else:
                 self.settle(*action[1:])
-        self.send_method(commands.Tx.CommitOk())
+        barrier = self.connection.broker.durability_barrier
+        if barrier is None:
+            self.send_method(commands.Tx.CommitOk())
+        else:  # a cluster's leader: once the in-sync followers hold what the commit wrote
+            barrier(lambda: self.state is OPEN and self.send_method(commands.Tx.CommitOk()))
 
     def _tx_rollback(self, method) -> None:
         actions = self._require_tx()

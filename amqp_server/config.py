@@ -112,6 +112,39 @@ class MQTTConfig:
 
 
 @dataclass
+class ClusterConfig:
+    """Replication and automatic failover (docs/cluster.md): off, and the node
+    runs alone, while `etcd` is empty."""
+
+    # etcd client URLs (http://host:port), any of which may be asked.
+    etcd: list[str] = field(default_factory=list)
+    # This node's name in the cluster, unique in it; None: the host name.
+    node_name: str | None = None
+    # Port followers connect to for the replication stream.
+    replication_port: int = 5679
+    # Host or address the other nodes dial to reach this one (replication,
+    # forwarded client connections); None: the host name.
+    advertise: str | None = None
+    # Prefix of hutch's keys in etcd (several clusters may share one etcd).
+    etcd_prefix: str = "hutch"
+    # Seconds of the leader's etcd lease: a dead or cut-off leader is replaced
+    # after about this long, and stops answering before that.
+    lease_ttl: int = 5
+    # Durability-promising replies always wait for every in-sync follower;
+    # with N set they are also withheld while fewer than N followers are in
+    # sync (Kafka's min.insync.replicas). None: never withheld for that.
+    min_in_sync_replicas: int | None = None
+    # A follower further behind than this many bytes, or with a change
+    # unacknowledged for longer than max_lag_seconds, leaves the in-sync set.
+    max_lag_bytes: int = 67108864
+    max_lag_seconds: float = 5.0
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.etcd)
+
+
+@dataclass
 class BrokerConfig:
     bind: str = "0.0.0.0"
     port: int = 5672
@@ -154,3 +187,4 @@ class BrokerConfig:
     prometheus: PrometheusConfig = field(default_factory=PrometheusConfig)
     dead_letter_log: DeadLetterLogConfig = field(default_factory=DeadLetterLogConfig)
     mqtt: MQTTConfig = field(default_factory=MQTTConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)

@@ -1,5 +1,10 @@
 """exchange.* and queue.* methods: translate each into one vhost call and reply.
 
+In a cluster the reply waits until the in-sync followers hold the change
+(`Broker.durability_barrier`, set by the leader): a declare-ok promises
+that the declared thing survives a failover. On a single node it goes at
+once (the definitions store has committed it to disk already).
+
 Every handler takes (channel, method). Names given as "" mean the channel's
 most recently declared queue (spec: queue-name shortcut), and a binding key of
 "" with that shortcut means the queue's name, as RabbitMQ expands them.
@@ -12,31 +17,39 @@ from amqp_server import direct_reply_to
 from amqp_server.framing import named_method
 
 
+def _reply(channel, method) -> None:
+    barrier = channel.connection.broker.durability_barrier
+    if barrier is None:
+        channel.send_method(method)
+    else:
+        barrier(lambda: channel.state == "open" and channel.send_method(method))  # unless closed meanwhile
+
+
 def exchange_declare(channel, m) -> None:
     channel.vhost.declare_exchange(
         m.exchange, m.exchange_type, m.passive, m.durable, m.auto_delete, m.internal, m.arguments,
         channel.access,
     )
     if not m.nowait:
-        channel.send_method(commands.Exchange.DeclareOk())
+        _reply(channel, commands.Exchange.DeclareOk())
 
 
 def exchange_delete(channel, m) -> None:
     channel.vhost.delete_exchange(m.exchange, m.if_unused, channel.access)
     if not m.nowait:
-        channel.send_method(commands.Exchange.DeleteOk())
+        _reply(channel, commands.Exchange.DeleteOk())
 
 
 def exchange_bind(channel, m) -> None:
     channel.vhost.bind_exchange(m.destination, m.source, m.routing_key, m.arguments, channel.access)
     if not m.nowait:
-        channel.send_method(commands.Exchange.BindOk())
+        _reply(channel, commands.Exchange.BindOk())
 
 
 def exchange_unbind(channel, m) -> None:
     channel.vhost.unbind_exchange(m.destination, m.source, m.routing_key, m.arguments, channel.access)
     if not m.nowait:
-        channel.send_method(commands.Exchange.UnbindOk())
+        _reply(channel, commands.Exchange.UnbindOk())
 
 
 def queue_declare(channel, m) -> None:
@@ -51,7 +64,7 @@ def queue_declare(channel, m) -> None:
         channel.connection.own_exclusive(queue)
     channel.most_recent_queue = queue.name
     if not m.nowait:
-        channel.send_method(
+        _reply(channel,
             named_method(commands.Queue.DeclareOk,
                 queue=queue.name, message_count=queue.message_count, consumer_count=queue.consumer_count
             )
@@ -78,26 +91,26 @@ def queue_bind(channel, m) -> None:
     queue, key = _binding_target(channel, m)
     channel.vhost.bind_queue(queue, m.exchange, key, m.arguments, channel.connection, channel.access)
     if not m.nowait:
-        channel.send_method(commands.Queue.BindOk())
+        _reply(channel, commands.Queue.BindOk())
 
 
 def queue_unbind(channel, m) -> None:
     queue, key = _binding_target(channel, m)
     channel.vhost.unbind_queue(queue, m.exchange, key, m.arguments, channel.connection, channel.access)
-    channel.send_method(commands.Queue.UnbindOk())
+    _reply(channel, commands.Queue.UnbindOk())
 
 
 def queue_purge(channel, m) -> None:
     count = channel.vhost.purge_queue(channel.queue_name(m.queue), channel.connection, channel.access)
     if not m.nowait:
-        channel.send_method(commands.Queue.PurgeOk(message_count=count))
+        _reply(channel, commands.Queue.PurgeOk(message_count=count))
 
 
 def queue_delete(channel, m) -> None:
     count = channel.vhost.delete_queue(
         channel.queue_name(m.queue), channel.connection, m.if_unused, m.if_empty, channel.access)
     if not m.nowait:
-        channel.send_method(commands.Queue.DeleteOk(message_count=count))
+        _reply(channel, commands.Queue.DeleteOk(message_count=count))
 
 
 HANDLERS = {

@@ -24,6 +24,7 @@ from amqp_server import direct_reply_to, fastpath, firehose
 from amqp_server.framing import named_method
 from storage.message import encode_value
 from vhosts import Consumer
+from vhosts.queue_types import QUORUM
 from vhosts.errors import (
     AMQPError,
     NOT_ALLOWED,
@@ -167,6 +168,9 @@ class Deliveries:
         queue = self.vhost.queue(name, self.connection)
         tag = method.consumer_tag or new_consumer_tag()
         arguments = method.arguments or {}
+        if self.global_prefetch and queue.kind == QUORUM:
+            raise AMQPError(NOT_IMPLEMENTED, "queue '%s' in vhost '%s' does not support global qos" % (
+                queue.name, queue.vhost))
         priority = queue.accept_consumer(method.no_ack, self.prefetch_count, method.exclusive, arguments)
         consumer = Consumer(
             tag, queue, self, method.no_ack, method.exclusive, self.prefetch_count, arguments, priority
@@ -232,7 +236,8 @@ class Deliveries:
                 message_count=queue.message_count,
             ),
             message,
-            message.header if not entry.deliveries else _counted(entry),
+            # A quorum queue counts deliveries on basic.get from the first one, as RabbitMQ 3.10.
+            _counted(entry) if entry.deliveries or queue.kind == QUORUM else message.header,
         )
 
     def _get_again(self, method) -> None:

@@ -26,7 +26,12 @@ def main(argv: list[str] | None = None) -> int:
     from amqp_server.server import ListenError, run
 
     try:
-        run(config)
+        if config.cluster.enabled:
+            from amqp_server.cluster.node import serve_node
+
+            run(config, serve_node)
+        else:
+            run(config)
     except ListenError as exc:
         print(f"hutch-server: {exc}", file=sys.stderr)
         return 1

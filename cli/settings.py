@@ -18,8 +18,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import re
 import types
 import typing
+import urllib.parse
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
@@ -41,6 +43,7 @@ _INT_RANGES: dict[str, tuple[int, int | None]] = {
     "frame_max": (4096, 2**32 - 1),  # AMQP 0-9-1 frame-min-size is 4096
     "max_message_size": (0, 536870912),  # RabbitMQ's upper limit, 512 MiB
     "segment_bytes": (4096, None),
+    "lease_ttl": (2, 3600),  # etcd lease seconds; fencing needs a margin below it
 }
 _CHOICES: dict[str, tuple[str, ...]] = {
     "log_level": ("debug", "info", "warning", "error"),
@@ -53,6 +56,7 @@ _FLOAT_RANGES: dict[str, tuple[float, float]] = {
     "sample_interval": (0.1, 3600.0),
     "vm_memory_high_watermark": (0.0, 1.0),
     "disk_free_limit_mem_relative": (0.0, 100.0),
+    "max_lag_seconds": (0.1, 3600.0),
 }
 # HUTCH_* variables that are not broker settings: the config file's name, and
 # hutchctl's connection settings (so one shell can export both).
@@ -279,4 +283,24 @@ def load_settings(argv: list[str] | None, environ: Mapping[str, str]) -> BrokerC
         setattr(target, path[-1], value)
     if bool(config.tls.certfile) != bool(config.tls.keyfile):
         raise SettingsError("settings 'tls.certfile' and 'tls.keyfile' must be set together")
+    _check_cluster(config.cluster)
     return config
+
+
+_NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,99}$")
+
+
+def _check_cluster(cluster) -> None:
+    """What the per-field checks cannot see: the etcd URLs' form, the node name."""
+    for url in cluster.etcd:
+        parts = urllib.parse.urlsplit(url)
+        try:
+            port = parts.port
+        except ValueError:
+            port = None
+        if parts.scheme != "http" or not parts.hostname or port is None or parts.path not in ("", "/"):
+            raise SettingsError(f"setting 'cluster.etcd': {url!r} is not an etcd client URL "
+                                "of the form http://host:port")
+    if cluster.node_name is not None and not _NODE_NAME.match(cluster.node_name):
+        raise SettingsError(f"setting 'cluster.node_name' must be letters, digits and _ . @ - "
+                            f"(at most 100), got {cluster.node_name!r}")

@@ -30,6 +30,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from storage import files
 from storage.message import Message
 from storage.stream_log import LogSettings, StreamLog
 from storage.writer import GroupCommitWriter
@@ -190,7 +191,7 @@ class DeadLetterLog:
             for name in os.listdir(self.directory):
                 if name.endswith(".dlog"):
                     path = os.path.join(self.directory, name)
-                    os.rename(path, path[:-len(".dlog")] + ".log")
+                    files.rename(path, path[:-len(".dlog")] + ".log")
         self._log.recover()
 
     def close(self) -> None:

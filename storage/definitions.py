@@ -72,6 +72,8 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Iterator, NamedTuple
 
+from storage import files
+
 SCHEMA_VERSION = 4
 
 _SCHEMA = """
@@ -407,6 +409,7 @@ class DefinitionStore:
             if self._db.in_transaction:
                 self._db.execute("ROLLBACK")
             raise
+        files.wrote(self.path, self._db.serialize)  # a cluster's followers get the committed database
 
     def _run(self, *statements: tuple) -> None:
         with self.transaction():

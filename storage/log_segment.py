@@ -42,7 +42,7 @@ import zlib
 from array import array
 from typing import Iterator
 
-from storage import record
+from storage import files, record
 from storage.writer import AppendFile, GroupCommitWriter
 
 log = logging.getLogger("hutch.storage")
@@ -242,7 +242,7 @@ class Segment:
         self.close()
         for suffix in (".log", ".index", ".timeindex"):
             try:
-                os.unlink(self.path(suffix))
+                files.remove(self.path(suffix))
             except FileNotFoundError:
                 pass
 
@@ -317,5 +317,5 @@ def _rewriter(file: AppendFile, data: bytes):
             f.write(data)
             if file.sync:
                 os.fsync(f.fileno())
-        os.replace(temporary, file.path)
+        files.replace(temporary, file.path)
     return rewrite

@@ -11,7 +11,10 @@ it at a time: `load` before serving, then only the writer thread).
 """
 from __future__ import annotations
 
+import functools
 import sqlite3
+
+from storage import files
 
 RECEIVED, SENT, RELEASED = "received", "sent", "released"
 
@@ -34,6 +37,15 @@ CREATE TABLE IF NOT EXISTS packet_ids (
 """
 
 
+def _mutation(method):
+    """After a committed change: a cluster's followers get the database."""
+    @functools.wraps(method)
+    def change(self, *args):
+        method(self, *args)
+        files.wrote(self.path, self._db.serialize)
+    return change
+
+
 class MQTTStore:
     def __init__(self, path: str) -> None:
         self.path = path
@@ -53,13 +65,16 @@ class MQTTStore:
             found.setdefault(vhost, {})[topic] = (bytes(payload), qos)
         return found
 
+    @_mutation
     def put(self, vhost: str, topic: str, payload: bytes, qos: int) -> None:
         self._db.execute("INSERT OR REPLACE INTO retained (vhost, topic, payload, qos) VALUES (?, ?, ?, ?)",
                          (vhost, topic, payload, qos))
 
+    @_mutation
     def delete(self, vhost: str, topic: str) -> None:
         self._db.execute("DELETE FROM retained WHERE vhost = ? AND topic = ?", (vhost, topic))
 
+    @_mutation
     def delete_vhost(self, vhost: str) -> None:
         """Everything kept for a deleted vhost: retained messages and sessions."""
         with self._db:
@@ -75,10 +90,12 @@ class MQTTStore:
             found.setdefault((vhost, client_id), []).append((kind, pid, bytes(msg_id)))
         return found
 
+    @_mutation
     def add_packet_id(self, vhost: str, client_id: str, kind: str, pid: int, msg_id: bytes = b"") -> None:
         self._db.execute("INSERT OR REPLACE INTO packet_ids (vhost, client_id, kind, pid, msg_id) VALUES (?, ?, ?, ?, ?)",
                          (vhost, client_id, kind, pid, msg_id))
 
+    @_mutation
     def release_packet_id(self, vhost: str, client_id: str, pid: int, msg_id: bytes) -> None:
         """QoS 2 outbound, PUBREC: the id moves from "sent" to "released" in
         one transaction (a crash leaves it in one or the other, never neither)."""
@@ -89,10 +106,12 @@ class MQTTStore:
             self._db.execute("INSERT OR REPLACE INTO packet_ids (vhost, client_id, kind, pid, msg_id) "
                              "VALUES (?, ?, ?, ?, ?)", (vhost, client_id, RELEASED, pid, msg_id))
 
+    @_mutation
     def remove_packet_id(self, vhost: str, client_id: str, kind: str, pid: int) -> None:
         self._db.execute("DELETE FROM packet_ids WHERE vhost = ? AND client_id = ? AND kind = ? AND pid = ?",
                          (vhost, client_id, kind, pid))
 
+    @_mutation
     def forget_session(self, vhost: str, client_id: str) -> None:
         self._db.execute("DELETE FROM packet_ids WHERE vhost = ? AND client_id = ?", (vhost, client_id))
 

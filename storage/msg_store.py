@@ -69,7 +69,7 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Callable
 
-from storage import summary
+from storage import files as data_files, summary
 from storage.record import OVERHEAD, scan_file
 from storage.writer import AppendFile, GroupCommitWriter
 
@@ -262,7 +262,7 @@ class MessageStore:
         if self._files:  # keep appending to the last file while it has live data and room
             last = self._files[max(self._files)]
             if last.live and last.total < self._limit:
-                last.af = AppendFile(last.path, sync=self._sync, bodies=True)
+                last.af = AppendFile(last.path, sync=self._sync, bodies=True, kept=self._durable)
                 last.total = last.af.size
                 self._cur = last
         for file in list(self._files.values()):
@@ -467,13 +467,13 @@ class MessageStore:
         directory = self.directory
 
         def create() -> None:
-            os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o644))
+            data_files.create(path)
             if sync:
                 _fsync_dir(directory)
 
         self._writer.run(create)  # before the first append to it (invariant 8)
         # AppendFile stats a path that does not exist yet: no disk I/O to speak of.
-        file = _File(num, path, AppendFile(path, sync=sync, bodies=True))
+        file = _File(num, path, AppendFile(path, sync=sync, bodies=True, kept=self._durable))
         self._files[num] = file
         self._cur = file
         if old is not None:
@@ -513,7 +513,7 @@ class MessageStore:
 
         def delete() -> None:
             with lock:  # invariant 6
-                os.unlink(path)
+                data_files.remove(path)
 
         self._writer.run(delete, self._deleted)
 
@@ -569,7 +569,7 @@ class MessageStore:
             finally:
                 os.close(src)
             with self._lock:  # invariant 6: swap file and offsets at once
-                os.replace(tmp, path)
+                data_files.replace(tmp, path)
                 for entry, offset in zip(snapshot, offsets):
                     entry.offset = offset
         except BaseException:

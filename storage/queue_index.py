@@ -48,7 +48,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
-from storage import record, summary
+from storage import files as data_files, record, summary
 from storage.writer import AppendFile, GroupCommitWriter
 
 log = logging.getLogger("hutch.storage")
@@ -138,6 +138,7 @@ class QueueIndex:
         self.next_seq = 0  # max seq published or recovered + 1
         self._writer = writer
         self._fsync = writer.durability == "fsync" and durable
+        self._durable = durable
         self.embed_below = embed_below
         self.segment_entries = segment_entries
         self._segments: dict[int, _Segment] = {}
@@ -189,7 +190,7 @@ class QueueIndex:
                 log.error("%s: %d record(s) that are not index records of segment %d skipped",
                           path, invalid, number)
             max_seq = max(max_seq, seg_max)
-            seg = _Segment(number, AppendFile(path, sync=self._fsync), n)
+            seg = _Segment(number, AppendFile(path, sync=self._fsync, kept=self._durable), n)
             dropped = []
             live = seg.live
             base = number * n
@@ -262,7 +263,7 @@ class QueueIndex:
         self._head, self.next_seq = head, next_seq
         n = self.segment_entries
         for number, size, live, count, transient, expiry in segments:
-            seg = _Segment(number, AppendFile(self._path(number), size=size, sync=self._fsync), n)
+            seg = _Segment(number, AppendFile(self._path(number), size=size, sync=self._fsync, kept=self._durable), n)
             seg.live, seg.count, seg.expiry = live, count, expiry
             dropped = []
             if transient is not None:
@@ -399,7 +400,7 @@ class QueueIndex:
             if not self._directory_made:
                 self._directory_made = True
                 self._writer.run(self._make_directory)
-            seg = self._segments[number] = _Segment(number, AppendFile(self._path(number), size=0, sync=self._fsync), n)
+            seg = self._segments[number] = _Segment(number, AppendFile(self._path(number), size=0, sync=self._fsync, kept=self._durable), n)
         elif len(msg_id) != 16:
             raise ValueError("msg_id must be 16 bytes")
         i = seq - number * n
@@ -477,7 +478,7 @@ class QueueIndex:
         if self._deleted:
             return
         self._deleted = True
-        files = [seg.file for seg in self._segments.values()]
+        segment_files = [seg.file for seg in self._segments.values()]
         self._segments.clear()
         self._open.clear()
         self._last = None
@@ -487,7 +488,8 @@ class QueueIndex:
         directory = self.directory
 
         def job() -> None:
-            for file in files:
+            data_files.removed(directory)  # a follower removes the whole directory
+            for file in segment_files:
                 file.close()
             try:
                 names = os.listdir(directory)
@@ -640,7 +642,7 @@ class QueueIndex:
         def job() -> None:
             file.close()
             try:
-                os.unlink(file.path)
+                data_files.remove(file.path)
             except FileNotFoundError:
                 return
             if fsync:  # so a crash cannot bring the acked segment back

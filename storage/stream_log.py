@@ -38,12 +38,11 @@ import bisect
 import logging
 import os
 import re
-import shutil
 import time
 from dataclasses import dataclass
 from typing import Callable
 
-from storage import record
+from storage import files, record
 from storage.log_segment import HEAD, Segment
 from storage.msg_store import _fsync_dir
 from storage.writer import GroupCommitWriter
@@ -181,7 +180,7 @@ class StreamLog:
         def remove() -> None:
             for segment in segments:
                 segment.close()
-            shutil.rmtree(directory, ignore_errors=True)
+            files.remove_tree(directory)
         self._writer.run(remove)
 
     def close(self) -> None:
@@ -236,9 +235,8 @@ class _Durable:
 
 def _creator(directory: str, paths: list[str], sync: bool) -> Callable[[], None]:
     def create() -> None:
-        os.makedirs(directory, exist_ok=True)
         for path in paths:
-            os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o644))
+            files.create(path)
         if sync:
             _fsync_dir(directory)
     return create

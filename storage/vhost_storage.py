@@ -32,6 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from collections import Counter
 from dataclasses import dataclass
 
+from storage import files
 from storage.delayed_store import DelayedStore
 from storage.dead_letter_log import DeadLetterLog, DeadLetterLogSettings
 from storage.msg_store import MessageStore
@@ -186,7 +187,13 @@ class VhostStorage:
         self.transient.close()
         if self.dead_letters is not None:
             self.dead_letters.close()
-        self.writer.run(lambda: shutil.rmtree(doomed, ignore_errors=True))
+        directory = self.directory
+
+        def remove() -> None:
+            shutil.rmtree(doomed, ignore_errors=True)
+            files.removed(directory)  # after the writer's last job in it
+
+        self.writer.run(remove)
 
     def write_summaries(self) -> None:
         """At a clean stop, once the writer has stopped (blocking; the loop

@@ -29,6 +29,11 @@ Theory of operation:
   waits behind, or delays, a batch of writes.
 - `AppendFile.size` is advanced on the loop at submission, so the offset of
   a record is known before it is written.
+- A cluster's leader (docs/cluster.md) sets `gate`: the writer thread hands
+  each batch's callbacks to `gate(fire)` instead of the loop, and the gate
+  runs `fire` once the in-sync followers hold everything written so far and
+  the leader's lease is valid (so no confirm leaves a stale leader). None on
+  a single node: the callbacks go straight to the loop.
 - Backpressure: `pending_bytes` (data plus JOB_OVERHEAD per append; changed
   on the loop only: added at
   submission, subtracted when a batch's completion reaches the loop) above
@@ -45,6 +50,8 @@ import threading
 import time
 from typing import Callable
 
+from storage import files
+
 log = logging.getLogger("hutch.storage")
 
 DURABILITY_MODES = ("fsync", "flush")
@@ -58,15 +65,17 @@ BACKLOG_LOW = 16 * 1024 * 1024
 class AppendFile:
     """A file only ever appended to, through the writer thread."""
 
-    __slots__ = ("path", "size", "_fd", "sync", "bodies")
+    __slots__ = ("path", "size", "_fd", "sync", "bodies", "kept")
 
-    def __init__(self, path: str, size: int | None = None, sync: bool = True, bodies: bool = False) -> None:
+    def __init__(self, path: str, size: int | None = None, sync: bool = True, bodies: bool = False,
+                 kept: bool = True) -> None:
         """`size`: the current size when the caller knows it (a new file: 0),
         so that constructing one on the loop does no file I/O. `sync`: False
-        for a file that never has to survive a restart (a non-durable
-        queue's index, the transient store): never fsynced. `bodies`: it
-        holds message bodies that records in other files refer to, so a
-        batch writes it first."""
+        for a file that is never fsynced (durability "flush", or one no
+        restart keeps). `bodies`: it holds message bodies that records in
+        other files refer to, so a batch writes it first. `kept`: False for a
+        file that never has to survive a restart (a non-durable queue's
+        index, the transient store): a cluster does not replicate it either."""
         self.path = path
         if size is None:
             size = os.path.getsize(path) if os.path.exists(path) else 0
@@ -74,6 +83,7 @@ class AppendFile:
         self._fd: int | None = None
         self.sync = sync
         self.bodies = bodies
+        self.kept = kept
 
     def _write(self, data: bytes) -> None:
         if self._fd is None:
@@ -82,6 +92,9 @@ class AppendFile:
         while view:
             written = os.write(self._fd, view)
             view = view[written:]
+        if files.hook is not None and self.kept:
+            end = os.lseek(self._fd, 0, os.SEEK_CUR)
+            files.hook.file_changed(files.APPEND, self.path, end - len(data), data)
 
     def _sync(self) -> None:
         if self._fd is not None and self.sync:
@@ -125,6 +138,8 @@ class GroupCommitWriter:
         self.backlog_high = BACKLOG_HIGH
         self.backlog_low = BACKLOG_LOW
         self.flow_waiters: set = set()
+        # A cluster leader's replication gate (see the module docstring).
+        self.gate: Callable[[Callable[[], None]], None] | None = None
         self._thread = threading.Thread(target=self._write_loop, name="hutch-writer", daemon=True)
         self._reader = threading.Thread(target=self._read_loop, name="hutch-reader", daemon=True)
         self._thread.start()
@@ -309,15 +324,19 @@ class GroupCommitWriter:
             if job is _STOP:
                 return
             fn, done = job
-            self._deliver([(done, (_call(fn),), _JOB)])
+            self._deliver([(done, (_call(fn),), _JOB)], gated=False)
 
-    def _deliver(self, callbacks: list) -> None:
+    def _deliver(self, callbacks: list, gated: bool = True) -> None:
         def fire() -> None:
             for done, args, file in callbacks:
                 if file is _JOB:  # the `done` of a `run` or `read`
                     self.in_flight -= 1
                 done(*args)
 
+        gate = self.gate
+        if gate is not None and gated:
+            gate(fire)
+            return
         self._call_on_loop(fire)
 
     def _call_on_loop(self, fn: Callable[[], None]) -> None:

@@ -4,9 +4,10 @@ every .py file in the project's packages.
 - routing: the stdlib only;
 - storage: stdlib, pamqp;
 - vhosts: stdlib, routing, storage;
-- amqp_server: stdlib (asyncio included), uvloop, pamqp, aiohttp (the management API), vhosts,
-  routing, storage; aiormq in amqp_server.links only (shovels and federation are AMQP
-  clients inside the broker: a well-kept asyncio client rather than a second one of our own);
+- amqp_server: stdlib (asyncio included), uvloop, pamqp, aiohttp (the management API), aetcd
+  (the cluster's etcd client), vhosts, routing, storage; aiormq in amqp_server.links only
+  (shovels and federation are AMQP clients inside the broker: a well-kept asyncio client
+  rather than a second one of our own);
 - cli: anything (it is the composition root), but nothing imports cli;
 - spark_sink: separate processes; no broker package imports it, and nothing
   in the broker imports pyspark.
@@ -33,7 +34,7 @@ ALLOWED: dict[str, frozenset | None] = {
     "routing": frozenset(),
     "storage": frozenset({"pamqp"}),
     "vhosts": frozenset({"routing", "storage"}),
-    "amqp_server": frozenset({"vhosts", "routing", "storage", "pamqp", "uvloop", "aiohttp"}),
+    "amqp_server": frozenset({"vhosts", "routing", "storage", "pamqp", "uvloop", "aiohttp", "aetcd"}),
     "cli": ANYTHING,
     "spark_sink": ANYTHING,
 }

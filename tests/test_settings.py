@@ -173,3 +173,31 @@ def test_every_setting_is_in_the_readme_table():
     from cli.settings import _leaves
 
     assert sorted(s.key for s in _leaves(BrokerConfig) if s.key not in readme_settings()) == []
+
+
+def test_cluster_settings_from_flags_env_and_file(tmp_path):
+    path = write(tmp_path, "cluster:\n  etcd: [http://10.0.0.1:2379]\n  lease_ttl: 7\n")
+    config = load_settings(
+        ["--config", path, "--cluster-node-name", "n1", "--cluster-replication-port", "6000",
+         "--cluster-advertise", "10.0.0.5"],
+        {"HUTCH_CLUSTER_ETCD": "http://10.0.0.1:2379, http://10.0.0.2:2379", "HUTCH_CLUSTER_MIN_IN_SYNC_REPLICAS": "1"})
+    cluster = config.cluster
+    assert cluster.enabled
+    assert cluster.etcd == ["http://10.0.0.1:2379", "http://10.0.0.2:2379"]
+    assert (cluster.node_name, cluster.replication_port, cluster.advertise) == ("n1", 6000, "10.0.0.5")
+    assert (cluster.lease_ttl, cluster.min_in_sync_replicas) == (7, 1)
+    assert not BrokerConfig().cluster.enabled
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--cluster-etcd", "10.0.0.1:2379"], "'10.0.0.1:2379' is not an etcd client URL"),
+    (["--cluster-etcd", "https://e:2379"], "is not an etcd client URL of the form http://host:port"),
+    (["--cluster-etcd", "http://e"], "'http://e' is not an etcd client URL"),
+    (["--cluster-etcd", "http://e:99999"], "'http://e:99999' is not an etcd client URL"),
+    (["--cluster-node-name", "a b"], "setting 'cluster.node_name' must be letters"),
+    (["--cluster-lease-ttl", "1"], "setting 'cluster.lease_ttl' must be between 2 and 3600"),
+    (["--cluster-replication-port", "70000"], "setting 'cluster.replication_port' must be between 0 and 65535"),
+])
+def test_mistyped_cluster_settings_are_refused(argv, message):
+    with pytest.raises(SettingsError, match=re.escape(message)):
+        load_settings(argv, {})

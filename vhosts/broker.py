@@ -69,6 +69,13 @@ class Broker:
         self.connections: set = set()  # open ones (see the module docstring)
         # vhost name -> `storage.vhost_storage.VhostStorage` (None: all in memory)
         self.message_storage = message_storage
+        # A cluster's leader: barrier(done) calls done once the in-sync
+        # followers hold every change made so far (the replies to declares,
+        # binds, deletes and tx.commit wait for it). None: a single node.
+        self.durability_barrier = None
+        # A cluster's leader: False once its lease may have run out; then no
+        # confirm or PUBACK leaves (fencing, docs/cluster.md). None: a single node.
+        self.promising = None
         self._started = False  # vhosts added later get their storage ready at once
         # Called with a vhost's name once it is deleted: front ends drop
         # what they keep per vhost (MQTT's retained messages and sessions).

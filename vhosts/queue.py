@@ -72,6 +72,7 @@ from vhosts.consumer import Consumer
 from vhosts.errors import ACCESS_REFUSED, PRECONDITION_FAILED, AMQPError
 from vhosts.message_expiry import MessageExpiry
 from vhosts.queue_arguments import QueueSettings, consumer_priority, effective
+from vhosts.queue_types import queue_type
 from vhosts.stats import MessageStats
 
 FLOW_HIGH = 2000
@@ -112,6 +113,7 @@ class Queue:
         "get_waiters",
         "policy",
         "single_active",
+        "kind",
         "active",
         "_pick",
         "stats",
@@ -161,6 +163,7 @@ class Queue:
         # basic.get calls waiting for messages the backing queue reads back from disk.
         self.get_waiters: list = []
         self.single_active = self.arguments.get("x-single-active-consumer") is True
+        self.kind = queue_type(self.arguments)  # classic or quorum (the management API shows it)
         self.active: Consumer | None = None
         self._pick = self._single_active if self.single_active else self._round_robin
         self.stats = MessageStats()
@@ -179,8 +182,6 @@ class Queue:
         self._arm_unused()
         if backing.delta_expiry:  # recovered messages with an expiry wait on disk
             self.expiry.arm()
-
-    kind = "classic"  # the queue type the management API shows (quorum queues are served as classic)
 
     @property
     def message_count(self) -> int:

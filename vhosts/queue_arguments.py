@@ -10,17 +10,21 @@ others (overflow, dead-letter-exchange, dead-letter-routing-key) the
 argument wins. A key set on one side only is taken from that side.
 
 Beyond RabbitMQ 3.10: `x-delivery-limit` is accepted on every queue (3.10
-refuses it on classic queues).
+refuses it on classic queues). The arguments only quorum queues have are
+checked on quorum queues only, and a quorum queue's x-delivery-limit is not
+checked at all, as in 3.10 (vhosts.queue_types).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from vhosts.errors import PRECONDITION_FAILED, AMQPError, field_type
+from vhosts.queue_types import QUORUM, check_type_argument
 
 MAX_EXPIRY = 315360000000  # ten years in ms: RabbitMQ's limit for TTLs and x-expires
 MAX_PRIORITY = 255
 OVERFLOWS = ("drop-head", "reject-publish", "reject-publish-dlx")
+DEAD_LETTER_STRATEGIES = ("at-most-once", "at-least-once")
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +69,8 @@ def effective(arguments: dict | None, policy: dict | None) -> QueueSettings:
     values = {}
     for arg_key, policy_key, rule, field in _KEYS:
         arg = arguments.get(arg_key)
+        if field == "delivery_limit" and arg is not None:
+            arg = _delivery_limit(arg)
         pol = policy.get(policy_key)
         if arg is None:
             value = pol
@@ -77,6 +83,15 @@ def effective(arguments: dict | None, policy: dict | None) -> QueueSettings:
     if not values:
         return NO_SETTINGS
     return QueueSettings(**values)
+
+
+def _delivery_limit(value: object) -> int | None:
+    """A quorum queue's unvalidated x-delivery-limit as RabbitMQ 3.10 applies
+    it: a non-integer is no limit, a negative one acts as 0 (validated
+    classic ones pass unchanged)."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        return None
+    return max(value, 0)
 
 
 # -- validation ----------------------------------------------------------------
@@ -132,31 +147,54 @@ def _max_priority(value: object) -> str | None:
     return problem
 
 
+def _dead_letter_strategy(value: object) -> str | None:
+    if not isinstance(value, str):
+        return "{unacceptable_type,%s}" % field_type(value)
+    if value not in DEAD_LETTER_STRATEGIES:
+        return "invalid_dlx_strategy"
+    return None
+
+
+def _group_size(value: object) -> str | None:
+    problem = _non_negative(value)
+    if problem is None and value == 0:
+        return "{value_zero,0}"
+    return problem
+
+
 def _boolean(value: object) -> str | None:
     if isinstance(value, bool):
         return None
     return "{unacceptable_type,%s}" % field_type(value)
 
 
-# In RabbitMQ's order (rabbit_amqqueue:declare_args), so the first bad one is reported.
+# In RabbitMQ's order (rabbit_amqqueue:declare_args), so the first bad one is
+# reported; the third column: checked on every queue (ALL) or on one type only.
+ALL, QUORUM_ONLY, NOT_QUORUM = "all", "quorum only", "not quorum"
 _CHECKS = (
-    ("x-expires", _expires),
-    ("x-message-ttl", _expiry),
-    ("x-dead-letter-exchange", None),
-    ("x-dead-letter-routing-key", _dead_letter_routing_key),
-    ("x-max-length", _non_negative),
-    ("x-max-length-bytes", _non_negative),
-    ("x-max-priority", _max_priority),
-    ("x-overflow", _overflow),
-    ("x-single-active-consumer", _boolean),
-    ("x-delivery-limit", _non_negative),
+    ("x-expires", _expires, ALL),
+    ("x-message-ttl", _expiry, ALL),
+    ("x-dead-letter-exchange", None, ALL),
+    ("x-dead-letter-routing-key", _dead_letter_routing_key, ALL),
+    ("x-dead-letter-strategy", _dead_letter_strategy, QUORUM_ONLY),
+    ("x-max-length", _non_negative, ALL),
+    ("x-max-length-bytes", _non_negative, ALL),
+    ("x-max-in-memory-length", _non_negative, QUORUM_ONLY),
+    ("x-max-in-memory-bytes", _non_negative, QUORUM_ONLY),
+    ("x-max-priority", _max_priority, ALL),
+    ("x-overflow", _overflow, ALL),
+    ("x-single-active-consumer", _boolean, ALL),
+    ("x-queue-type", check_type_argument, ALL),
+    ("x-quorum-initial-group-size", _group_size, QUORUM_ONLY),
+    ("x-delivery-limit", _non_negative, NOT_QUORUM),
 )
 
 
 def validate(queue: str, vhost: str, arguments: dict) -> None:
     """Raise RabbitMQ's 406 for the first argument it would refuse."""
-    for key, check in _CHECKS:
-        if key not in arguments:
+    quorum = arguments.get("x-queue-type") == QUORUM
+    for key, check, applies in _CHECKS:
+        if key not in arguments or applies == (NOT_QUORUM if quorum else QUORUM_ONLY):
             continue
         value = arguments[key]
         if check is None:  # x-dead-letter-exchange: any exchange name, even one that does not exist

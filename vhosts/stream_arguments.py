@@ -21,9 +21,7 @@ import re
 
 from storage.stream_log import LogSettings
 from vhosts.errors import PRECONDITION_FAILED, AMQPError, field_type
-
-CLASSIC, QUORUM, STREAM = "classic", "quorum", "stream"
-QUEUE_TYPES = (CLASSIC, QUORUM, STREAM)
+from vhosts.queue_types import CLASSIC, check_type_argument
 DEFAULT_SEGMENT_BYTES = LogSettings.segment_bytes  # RabbitMQ's stream default, 500,000,000
 MAX_SEGMENT_BYTES = 3_000_000_000
 # Arguments RabbitMQ knows for other queue types only, in its order.
@@ -40,11 +38,8 @@ _DURATION = re.compile(r"^([0-9]+)([YMDhms])$")
 
 def queue_type(queue: str, vhost: str, arguments: dict) -> str:
     value = arguments.get("x-queue-type", CLASSIC)
-    if not isinstance(value, str):
-        problem = "{unacceptable_type,%s}" % field_type(value)
-    elif value not in QUEUE_TYPES:
-        problem = "\"unsupported queue type '%s'\"" % value
-    else:
+    problem = check_type_argument(value)
+    if problem is None:
         return value
     raise AMQPError(PRECONDITION_FAILED,
                     "invalid arg 'x-queue-type' for queue '%s' in vhost '%s': %s" % (queue, vhost, problem))

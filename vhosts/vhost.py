@@ -65,7 +65,8 @@ from vhosts.move import move
 from vhosts.policies import Policy, effective, matching
 from vhosts.queue import DURABLE_PENDING, REJECTED, Queue
 from vhosts.queue_arguments import max_priority, validate as validate_queue_arguments
-from vhosts.stream_arguments import CLASSIC, STREAM, queue_type, retention, validate_stream
+from vhosts.queue_types import CLASSIC, STREAM, check_declare as check_queue_type, check_server_named
+from vhosts.stream_arguments import queue_type, retention, validate_stream
 from vhosts.stream_queue import StreamQueue
 from vhosts.users import limit_reached
 from vhosts.stats import Churn, MessageStats
@@ -508,6 +509,7 @@ class VirtualHost:
         if not name:
             if kind == STREAM:
                 raise AMQPError(PRECONDITION_FAILED, "Cannot declare a server-named queue for type rabbit_stream_queue")
+            check_server_named(arguments)
             name = new_queue_name()
         elif name.startswith("amq."):
             raise AMQPError(ACCESS_REFUSED, "queue name '%s' contains reserved prefix 'amq.*'" % name)
@@ -532,6 +534,7 @@ class VirtualHost:
                 validate_stream(name, self.name, durable, exclusive, auto_delete, arguments)
             else:
                 validate_queue_arguments(name, self.name, arguments)
+                check_queue_type(name, self.name, durable, exclusive, auto_delete, arguments)
             q = self._new_queue(name, durable, owner if exclusive else None, auto_delete, arguments)
             q.apply_policy(self._definition_for("queue", name))
             if self.definitions is not None and self._stored(q):

@@ -28,6 +28,9 @@ class Node:
     logins: LoginThrottle  # the broker's one table, shared with the AMQP and MQTT listeners
     # (protocol, address, port) of every open listener, AMQP and HTTP alike
     listeners: list = field(default_factory=list)
+    # A cluster's leader (amqp_server.cluster.node.ClusterNode): status,
+    # forget, transfer; None on a node that runs alone.
+    cluster: object = None
     started: float = field(default_factory=time.monotonic)
     stopping: asyncio.Event = field(default_factory=asyncio.Event)  # set when the listeners close
     links: object = None  # amqp_server.links.supervisor.Links, once the broker has started it

@@ -130,7 +130,20 @@ def node_info(req) -> dict:
 
 
 def nodes(req) -> list:
-    return present([node_info(req)], req.query)
+    """This node; in a cluster (this node leads) also every other member,
+    with its role and replication state (hutch's `cluster_*` fields)."""
+    listed = [node_info(req)]
+    cluster = req.node.cluster
+    if cluster is not None:
+        for member in cluster.status()["nodes"]:
+            replication = {key: member[key] for key in ("state", "in_sync", "lag_bytes", "lag_seconds")}
+            if member["role"] == "leader":
+                listed[0].update(cluster_node=member["name"], cluster_role="leader", replication=replication)
+            else:
+                listed.append({"name": "hutch@" + member["name"], "cluster_node": member["name"], "type": "disc",
+                               "running": member["running"], "cluster_role": "follower",
+                               "replication": replication})
+    return present(listed, req.query)
 
 
 def node(req) -> dict:

@@ -173,7 +173,48 @@ def render(node, per_object: bool = False) -> str:
     _store_metrics(out, vhosts)
     _writer_metrics(out, node)
     _mqtt_metrics(out, node, vhosts)
+    if node.cluster is not None:
+        _cluster_metrics(out, node.cluster.status())
     return out.text()
+
+
+def _cluster_metrics(out: Exposition, status: dict) -> None:
+    """A cluster's leader: its role, the in-sync followers, each follower's lag."""
+    leader = status["leader"]
+    out.one("hutch_cluster_role", GAUGE, "1 for this node's role in the cluster (leader or follower)", 1,
+            {"node": leader, "role": "leader"})
+    followers = [n for n in status["nodes"] if n["role"] == "follower"]
+    out.one("hutch_cluster_in_sync_followers", GAUGE, "Followers that hold every confirmed change",
+            sum(1 for n in followers if n["in_sync"]))
+    out.one("hutch_cluster_nodes_running", GAUGE, "Cluster members running", sum(1 for n in status["nodes"]
+                                                                                    if n["running"]))
+    connected = [n for n in followers if n["lag_bytes"] is not None]
+    out.family("hutch_cluster_follower_lag_bytes", GAUGE, "Replication bytes a follower has not acknowledged",
+               [({"follower": n["name"]}, n["lag_bytes"]) for n in connected])
+    out.family("hutch_cluster_follower_lag_seconds", GAUGE,
+               "Age of the oldest reply held for a follower's acknowledgement",
+               [({"follower": n["name"]}, n["lag_seconds"]) for n in connected])
+
+
+def render_follower(name: str, state: str, position: int, leader: str | None) -> str:
+    """What a cluster's follower exposes (it runs no broker)."""
+    out = Exposition()
+    out.one("hutch_cluster_role", GAUGE, "1 for this node's role in the cluster (leader or follower)", 1,
+            {"node": name, "role": "follower"})
+    out.one("hutch_cluster_follower_in_sync_state", GAUGE, "1 while following the live stream, 0 while syncing",
+            int(state == "following"), {"leader": leader or ""})
+    out.one("hutch_cluster_replicated_position_bytes", GAUGE, "Replication stream position applied here", position)
+    return out.text()
+
+
+def follower_app(render_now) -> web.Application:
+    """/metrics of a follower: `render_now()` gives the text."""
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(text=render_now(), headers={"Content-Type": CONTENT_TYPE})
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    return app
 
 
 def _mqtt_metrics(out: Exposition, node, vhosts) -> None:

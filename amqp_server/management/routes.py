@@ -9,7 +9,7 @@ handlers. Parameters of the component "vhost-limits" are reached through
 """
 from __future__ import annotations
 
-from amqp_server.management import (accounts, clients, dead_letters, definitions, extensions, health, limits,
+from amqp_server.management import (accounts, clients, cluster, dead_letters, definitions, extensions, health, limits,
                                     links, mqtt_sessions, operations, overview, parameters, policies, resources, streams,
                                     topic_permissions, watermark)
 from amqp_server.management.access import ADMINISTRATOR, MANAGEMENT, MONITORING, POLICYMAKER
@@ -124,6 +124,9 @@ _TABLE = [
     ("/api/user-limits/{user}/{name}", {"PUT": (limits.put_user_limit, A), "DELETE": (limits.delete_user_limit, A)}),
     # hutch's extensions
     ("/api/hutch/vm-memory-high-watermark", {"PUT": (watermark.put_watermark, A)}),
+    ("/api/hutch/cluster", {"GET": (cluster.status, MON)}),
+    ("/api/hutch/cluster/nodes/{node}", {"DELETE": (cluster.forget, A)}),
+    ("/api/hutch/cluster/transfer-leadership", {"POST": (cluster.transfer, A)}),
     ("/api/hutch/disk-free-limit", {"PUT": (watermark.put_disk_free_limit, A)}),
     ("/api/hutch/trace/{vhost}", {"PUT": (accounts.put_trace, A)}),
     ("/api/queues/{vhost}/{name}/peek", {"GET": (extensions.peek, M)}),

@@ -70,9 +70,11 @@ def rabbitmq_api(rabbitmq_url):
 
 @pytest.fixture
 def differ(rabbitmq_url, broker):
-    """differ(scenario) -> (hutch observations, RabbitMQ observations)."""
+    """differ(scenario, delivery_count=False) -> (hutch observations, RabbitMQ
+    observations); `delivery_count` compares x-delivery-count headers too."""
 
-    def run(scenario: list) -> tuple[list, list]:
-        return run_scenario(broker.url, scenario), run_scenario(rabbitmq_url, scenario)
+    def run(scenario: list, delivery_count: bool = False) -> tuple[list, list]:
+        return (run_scenario(broker.url, scenario, delivery_count),
+                run_scenario(rabbitmq_url, scenario, delivery_count))
 
     return run

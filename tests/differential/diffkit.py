@@ -54,15 +54,15 @@ def op(name: str, **fields) -> tuple[str, dict]:
 # -- observation helpers ------------------------------------------------------
 
 
-def _props(properties) -> dict:
-    """The properties set, without x-delivery-count: hutch counts deliveries
-    on every queue (a deliberate addition; RabbitMQ 3.10 only on quorum
-    queues), which tests/test_dead_letter.py covers."""
+def _props(properties, delivery_count: bool = False) -> dict:
+    """The properties set, without x-delivery-count unless `delivery_count`:
+    hutch counts deliveries on every queue (a deliberate addition; RabbitMQ
+    3.10 only on quorum queues), which tests/test_dead_letter.py covers."""
     if properties is None:
         return {}
     props = {k: v for k, v in sorted(vars(properties).items()) if v is not None}
     headers = props.get("headers")
-    if headers and "x-delivery-count" in headers:
+    if headers and "x-delivery-count" in headers and not delivery_count:
         headers = {k: v for k, v in headers.items() if k != "x-delivery-count"}
         if headers:
             props["headers"] = headers
@@ -120,8 +120,9 @@ class _Normaliser:
 
 
 class _Channel:
-    def __init__(self, channel) -> None:
+    def __init__(self, channel, delivery_count: bool) -> None:
         self.channel = channel
+        self.delivery_count = delivery_count
         self.deliveries: list[tuple] = []
         self.returns: list[tuple] = []
         self.cancels: list[tuple] = []
@@ -131,7 +132,7 @@ class _Channel:
     def _on_return(self, _channel, method, properties, body) -> None:
         self.returns.append(
             ("Basic.Return", method.reply_code, method.reply_text, method.exchange, method.routing_key,
-             _body(body), _props(properties))
+             _body(body), _props(properties, self.delivery_count))
         )
 
     def _on_cancel(self, method) -> None:
@@ -140,13 +141,14 @@ class _Channel:
     def on_message(self, _channel, method, properties, body) -> None:
         self.deliveries.append(
             ("Basic.Deliver", method.consumer_tag, method.delivery_tag, method.redelivered, method.exchange,
-             method.routing_key, _body(body), _props(properties))
+             method.routing_key, _body(body), _props(properties, self.delivery_count))
         )
 
 
 class ScenarioRun:
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, delivery_count: bool = False) -> None:
         self.url = url
+        self.delivery_count = delivery_count  # compare x-delivery-count headers (quorum queues)
         self.run_id = uuid.uuid4().hex[:10]
         self.names: dict[str, str] = {}
         self.connections: dict[str, pika.BlockingConnection] = {}
@@ -200,7 +202,7 @@ class ScenarioRun:
         ch = self.channels.get(on)
         if ch is None or not ch.channel.is_open:
             conn_key = on.split(".")[0]
-            ch = _Channel(self.connection(conn_key).channel())
+            ch = _Channel(self.connection(conn_key).channel(), self.delivery_count)
             self.channels[on] = ch
         return ch
 
@@ -346,7 +348,7 @@ class ScenarioRun:
             self.record("Basic.GetEmpty")
         else:
             self.record("Basic.GetOk", method.delivery_tag, method.redelivered, method.exchange, method.routing_key,
-                        method.message_count, _body(body), _props(properties))
+                        method.message_count, _body(body), _props(properties, self.delivery_count))
 
     def op_drain(self, on, queue, limit=50):
         """basic.get (auto-ack) until Basic.GetEmpty; records each reply."""
@@ -356,7 +358,7 @@ class ScenarioRun:
                 self.record("Basic.GetEmpty")
                 return
             self.record("Basic.GetOk", method.redelivered, method.exchange, method.routing_key,
-                        method.message_count, _body(body), _props(properties))
+                        method.message_count, _body(body), _props(properties, self.delivery_count))
         raise AssertionError("queue %s did not drain in %d gets" % (queue, limit))
 
     def op_basic_consume(self, on, queue, consumer_tag, auto_ack=False, exclusive=False, arguments=None):
@@ -449,8 +451,8 @@ class ScenarioRun:
         self.record("Channel.OpenOk")
 
 
-def run_scenario(url: str, scenario: list) -> list:
-    return ScenarioRun(url).run(scenario)
+def run_scenario(url: str, scenario: list, delivery_count: bool = False) -> list:
+    return ScenarioRun(url, delivery_count).run(scenario)
 
 
 # -- raw sockets, for connection-level replies --------------------------------

@@ -1,0 +1,93 @@
+"""A follower's end of the replication connection: keeps its data directory a
+copy of the leader's. It sends HELLO with its listing, applies what arrives
+(the snapshot's differences, then the live records) on an applier thread
+(storage.replica.Applier), and acknowledges a position once everything up
+to it is applied and synced (amqp_server.cluster.replication explains the
+leader's side).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import queue
+import threading
+
+from amqp_server.cluster.stream import ACK, HELLO, MAX_CONTROL, SNAPSHOT_END, Frames, control
+from storage import replica
+
+
+class Follower:
+    """Keeps `root` a copy of the leader's data directory."""
+
+    def __init__(self, name: str, root: str, fsync: bool) -> None:
+        self.name = name
+        self.root = root
+        self.fsync = fsync
+        self.state = "syncing"
+        self.position = 0
+
+    async def follow(self, host: str, port: int) -> None:
+        """Until the connection ends (then the caller finds the leader again)."""
+        loop = asyncio.get_running_loop()
+        reader, writer = await asyncio.open_connection(host, port)
+        jobs: queue.SimpleQueue = queue.SimpleQueue()
+        applier = replica.Applier(self.root, self.fsync)
+        failed: list[BaseException] = []
+
+        def acked(position: int) -> None:
+            if not writer.is_closing():
+                writer.write(control(ACK, {"position": position}))
+
+        def apply_loop() -> None:
+            try:
+                while True:
+                    job = jobs.get()
+                    if job is None:
+                        return
+                    records, position = job
+                    for kind, payload in records:
+                        applier.apply(kind, memoryview(payload))
+                    applier.sync()
+                    if position is not None:
+                        loop.call_soon_threadsafe(acked, position)
+            except BaseException as exc:  # noqa: BLE001 - reported to the loop, which disconnects
+                failed.append(exc)
+                loop.call_soon_threadsafe(writer.close)
+            finally:
+                applier.close()
+
+        thread = threading.Thread(target=apply_loop, name="hutch-applier", daemon=True)
+        try:
+            listing = await loop.run_in_executor(None, replica.listing, self.root)
+            writer.write(control(HELLO, {"name": self.name, "files": listing}))
+            thread.start()
+            frames = Frames(MAX_CONTROL)
+            position = None  # known from SNAPSHOT_END on
+            self.state = "syncing"
+            while True:
+                data = await reader.read(1 << 20)
+                if not data:
+                    break
+                batch = []
+                for kind, payload, size in frames.feed(data):
+                    if kind == SNAPSHOT_END:
+                        position = json.loads(payload)["position"]
+                    elif kind < 16:
+                        batch.append((kind, payload))
+                        if position is not None:
+                            position += size
+                    else:
+                        raise ValueError("unexpected record kind %d" % kind)
+                if batch or position is not None:
+                    jobs.put((batch, position))
+                    if position is not None:
+                        self.position = position
+                        self.state = "following"
+        finally:
+            jobs.put(None)
+            writer.close()
+            if thread.is_alive():
+                await loop.run_in_executor(None, thread.join)
+            self.state = "syncing"
+        if failed:
+            raise failed[0]

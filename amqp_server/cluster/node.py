@@ -1,0 +1,359 @@
+"""A cluster node's life: join, follow or lead, and stop.
+
+Theory of operation:
+- At start the node reaches etcd (retrying and saying so while it cannot),
+  takes its lease (`LeaseKeeper`) and registers under `nodes/<name>`.
+- It may become the leader only when it is *eligible*: etcd's `in_sync`
+  list is absent (a new cluster) or names it. Eligible and leaderless, it
+  campaigns; the etcd transaction lets exactly one node win.
+- A follower keeps its data directory a copy of the leader's
+  (follower.Follower), reconnecting whenever the leader changes.
+- The leader opens the data directory exactly as a restart after a crash
+  does (`BrokerServer`), records itself alone in `in_sync`, starts the
+  replication stream (replication.Replicator: the storage writer's gate, so
+  no durability reply leaves before the in-sync followers hold it or after
+  the lease's local deadline) and serves; followers join `in_sync` once
+  they hold everything confirmed.
+- A node that loses its lease (leader or not) re-executes itself: every
+  socket closes at once, nothing more is promised, and the fresh process
+  rejoins as a follower of whoever leads now.
+- A clean stop (SIGTERM) revokes the lease, so a successor need not wait
+  for it to run out.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import sys
+
+from aiohttp import web
+
+from amqp_server.cluster.etcd import Etcd, EtcdUnavailable
+from amqp_server.cluster.lease import LeaseKeeper
+from amqp_server.cluster.proxy import Proxy
+from amqp_server.cluster.follower import Follower
+from amqp_server.cluster.replication import Replicator
+from amqp_server.config import BrokerConfig
+from amqp_server.management import prometheus
+from amqp_server.server import CLEAN_SHUTDOWN, BrokerServer, ListenError
+
+log = logging.getLogger("hutch.cluster")
+
+POLL_SECONDS = 0.25  # how often a follower looks at the leader key
+MEMBERS_SECONDS = 1.0  # how often the leader refreshes what it reports of the others
+TRANSFER_SECONDS = 10  # a planned hand-over's etcd key lives this long at most
+
+
+class ClusterError(ValueError):
+    """A cluster operation refused; the message is for the operator."""
+
+
+class ClusterNode:
+    def __init__(self, config: BrokerConfig) -> None:
+        self.config = config
+        cluster = config.cluster
+        self.name = cluster.node_name or socket.gethostname()
+        self.advertise = cluster.advertise or socket.gethostname()
+        timeout = max(0.5, cluster.lease_ttl / 4)
+        self.etcd = Etcd(cluster.etcd, cluster.etcd_prefix, timeout)
+        self.keeper = LeaseKeeper(lambda: Etcd(cluster.etcd, cluster.etcd_prefix, timeout), cluster.lease_ttl,
+                                  self.fence)
+        self.role = "joining"
+        self.leader: str | None = None
+        self.server: BrokerServer | None = None
+        self.replicator: Replicator | None = None
+        self.follower = Follower(self.name, config.data_dir, config.storage.durability == "fsync")
+        self._following: asyncio.Task | None = None
+        self._followed: str | None = None
+        self._leader_info: dict = {}  # nodes/<leader> of the leader followed
+        self.proxy = Proxy(self._leader_address)
+        # The leader's view of the others, refreshed every MEMBERS_SECONDS.
+        self.members: dict[str, dict] = {}
+        self.running: dict[str, dict] = {}
+        self._tasks: list[asyncio.Task] = []
+        self._metrics: web.AppRunner | None = None  # a follower's /metrics
+
+    # -- membership ----------------------------------------------------------
+
+    def describe(self) -> dict:
+        """What `nodes/<name>` holds: how the others reach this node."""
+        ports = {protocol: port for protocol, _host, port in (self.server.listeners if self.server else ())}
+        return {"advertise": self.advertise, "replication_port": self.config.cluster.replication_port,
+                "role": self.role, "ports": ports, "pid": os.getpid()}
+
+    async def register(self) -> None:
+        await self.etcd.register(self.name, self.describe(), self.keeper.lease_id)
+
+    async def eligible(self) -> bool:
+        names = await self.etcd.in_sync()
+        return names is None or self.name in names
+
+    # -- the roles -----------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        log.info("cluster node %s: reaching etcd at %s", self.name, self.etcd.urls())
+        # Only the node that stopped cleanly may trust its marker; a copy is changed under it.
+        marker = os.path.join(self.config.data_dir, CLEAN_SHUTDOWN)
+        if os.path.exists(marker):
+            os.remove(marker)
+        os.makedirs(self.config.data_dir, exist_ok=True)
+        await self.etcd.connect()
+        await self.keeper.start()
+        self.role = "follower"
+        await self._forward()
+        await self._retrying(self.register)
+        while not stop.is_set():
+            try:
+                self.leader = await self.etcd.leader()
+                if self.leader is None:
+                    await self._unfollow()
+                    transfer = await self.etcd.transfer_to()
+                    if transfer in (None, self.name) and await self.eligible() and \
+                            await self.etcd.campaign(self.name, self.keeper.lease_id):
+                        if transfer is not None:
+                            await self.etcd.clear_transfer()
+                        await self._lead()
+                        break
+                elif self.leader != self.name:
+                    await self._follow(self.leader)
+            except EtcdUnavailable as exc:
+                log.warning("etcd unreachable: %s", exc)
+            try:
+                await asyncio.wait_for(stop.wait(), POLL_SECONDS)
+            except asyncio.TimeoutError:
+                pass
+        await stop.wait()
+
+    async def _follow(self, leader: str) -> None:
+        """Make sure a replication connection to `leader` runs, and know
+        where its listeners are (it registers them once they are open)."""
+        info = (await self.etcd.nodes()).get(leader)
+        if self._followed == leader and self._following is not None and not self._following.done():
+            self._leader_info = info or {}
+            return
+        await self._unfollow()
+        if info is None:
+            return
+        self._followed = leader
+        self._leader_info = info
+        self._following = asyncio.get_running_loop().create_task(
+            self._replicate(leader, info["advertise"], info["replication_port"]))
+
+    async def _replicate(self, leader: str, host: str, port: int) -> None:
+        try:
+            log.info("following %s at %s:%d", leader, host, port)
+            await self.follower.follow(host, port)
+            log.info("replication connection to %s ended", leader)
+        except (OSError, ValueError) as exc:
+            log.warning("replication from %s: %s", leader, exc)
+            await asyncio.sleep(POLL_SECONDS)
+
+    async def _forward(self) -> None:
+        """Listen where the broker would, forwarding to the leader."""
+        config = self.config
+        listeners = [("amqp", config.bind, config.port)]
+        if config.tls.enabled:
+            listeners.append(("amqp/ssl", config.bind, config.tls.port))
+        if config.mqtt.enabled:
+            listeners.append(("mqtt", config.bind, config.mqtt.port))
+            if config.tls.enabled:
+                listeners.append(("mqtt/ssl", config.bind, config.mqtt.tls_port))
+        if config.management.enabled:
+            listeners.append(("http", config.management.bind, config.management.port))
+        try:
+            for protocol, bind, port in listeners:
+                await self.proxy.listen(protocol, bind, port)
+            if config.prometheus.enabled:  # a follower's own metrics, not the leader's
+                protocol, bind, port = "http/prometheus", config.prometheus.bind, config.prometheus.port
+                self._metrics = web.AppRunner(prometheus.follower_app(self._follower_metrics), access_log=None,
+                                              handle_signals=False)
+                await self._metrics.setup()
+                await web.TCPSite(self._metrics, bind, port, reuse_address=True).start()
+        except OSError as exc:
+            raise ListenError("cannot listen for %s on %s:%d: %s" % (protocol, bind, port,
+                                                                    exc.strerror or exc)) from None
+
+    def _follower_metrics(self) -> str:
+        return prometheus.render_follower(self.name, self.follower.state, self.follower.position, self.leader)
+
+    def _leader_address(self, protocol: str) -> tuple[str, int] | None:
+        info = self._leader_info
+        port = info.get("ports", {}).get(protocol)
+        return (info["advertise"], port) if port else None
+
+    async def _unfollow(self) -> None:
+        self.proxy.close_all()  # their leader is gone or changed: the clients reconnect
+        self._leader_info = {}
+        task, self._following, self._followed = self._following, None, None
+        if task is not None and not task.done():
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+
+    async def _lead(self) -> None:
+        self.role = "leader"
+        self.leader = self.name
+        log.info("cluster node %s: elected leader", self.name)
+        await self.proxy.stop()
+        await self._stop_metrics()
+        cluster = self.config.cluster
+        self.server = BrokerServer(self.config)
+        server = self.server
+        server.management.node.cluster = self
+        server.broker.promising = self.keeper.valid  # also for confirms that wait for no disk
+        # writer jobs complete in order, through the replication gate, after the definitions' record
+        server.broker.durability_barrier = lambda done: server.writer.run(_nothing, lambda _result: done())
+        self.replicator = Replicator(
+            asyncio.get_running_loop(), self.config.data_dir, server.writer, server.definitions, server.mqtt_store,
+            self.keeper.valid, cluster.min_in_sync_replicas or 0, cluster.max_lag_bytes, cluster.max_lag_seconds,
+            self.record_in_sync)
+        await self._retrying(lambda: self.etcd.set_in_sync(self.name, [self.name]))
+        await self.replicator.start(self.config.bind, cluster.replication_port)
+        await server.start()
+        await self._retrying(self.register)
+        self._tasks.append(asyncio.get_running_loop().create_task(self._watch_members()))
+
+    async def _watch_members(self) -> None:
+        while True:
+            try:
+                self.members = await self.etcd.members()
+                self.running = await self.etcd.nodes()
+            except EtcdUnavailable as exc:
+                log.warning("etcd unreachable: %s", exc)
+            await asyncio.sleep(MEMBERS_SECONDS)
+
+    # -- operating (the leader's management API) ------------------------------
+
+    def status(self) -> dict:
+        """rabbitmqctl cluster_status's facts: every member, running or not,
+        its role and, for a follower, its replication state and lag."""
+        links = {f["name"]: f for f in (self.replicator.followers() if self.replicator else ())}
+        in_sync = self.replicator.in_sync if self.replicator else []  # this leader's own record, not etcd's copy
+        nodes = []
+        for name in sorted(set(self.members) | set(self.running) | {self.name}):
+            entry = {"name": name, "running": name in self.running or name == self.name,
+                     "in_sync": name in in_sync or name == self.name}
+            if name == self.name:
+                entry.update(role="leader", state="leading", lag_bytes=0, lag_seconds=0.0)
+            else:
+                link = links.get(name)
+                entry.update(role="follower", state=link["state"] if link else
+                             ("not connected" if entry["running"] else "stopped"),
+                             lag_bytes=link["lag_bytes"] if link else None,
+                             lag_seconds=link["lag_seconds"] if link else None)
+            nodes.append(entry)
+        return {"leader": self.name, "nodes": nodes, "in_sync": [self.name] + in_sync}
+
+    async def forget(self, name: str) -> None:
+        try:
+            await self._forget(name)
+        except EtcdUnavailable as exc:
+            raise ClusterError("etcd unreachable: %s" % exc) from None
+
+    async def _forget(self, name: str) -> None:
+        if name == self.name:
+            raise ClusterError("%s is the leader: transfer the leadership first" % name)
+        if name not in self.members:
+            raise ClusterError("%s is not a member of the cluster" % name)
+        if name in await self.etcd.nodes():
+            raise ClusterError("%s is running: stop it before forgetting it" % name)
+        await self.etcd.forget(self.name, name)
+        self.members.pop(name, None)
+
+    async def transfer(self, name: str) -> None:
+        """Hand the leadership to `name` without losing a confirm: it must be
+        in sync; the clients are disconnected, every change held until the
+        followers have it, then this node resigns and rejoins as a follower."""
+        links = {f["name"]: f for f in self.replicator.followers()}
+        if name == self.name:
+            raise ClusterError("%s already leads" % name)
+        if links.get(name, {}).get("state") != "in sync":
+            raise ClusterError("%s is not an in-sync follower" % name)
+        try:
+            await self.etcd.set_transfer(name, TRANSFER_SECONDS)
+        except EtcdUnavailable as exc:
+            raise ClusterError("etcd unreachable: %s" % exc) from None
+        log.info("cluster node %s: handing the leadership to %s", self.name, name)
+        asyncio.get_running_loop().create_task(self._hand_over())
+
+    async def _hand_over(self) -> None:
+        await asyncio.sleep(0.1)  # the API's reply goes out first
+        await self.server.stop()  # clients closed; the writer drains through the followers' acknowledgements
+        self.replicator.stop()
+        await self.etcd.resign(self.name)
+        self.fence("the leadership was handed over")
+
+    async def record_in_sync(self, followers: list[str]) -> None:
+        """etcd's in-sync set: this leader and `followers` (retried until it is
+        written or the lease, and with it this process, ends)."""
+        if not await self._retrying(lambda: self.etcd.set_in_sync(self.name, [self.name] + followers)):
+            self.fence("another node holds the leader key")
+
+    async def _retrying(self, call) -> object:
+        while True:
+            try:
+                return await call()
+            except EtcdUnavailable as exc:
+                log.warning("etcd unreachable: %s; retrying", exc)
+                await asyncio.sleep(0.5)
+
+    # -- stopping ------------------------------------------------------------
+
+    def fence(self, why: str) -> None:
+        """Stop serving at once and rejoin (called from the lease thread)."""
+        log.error("cluster node %s: %s; stopping at once and rejoining as a follower", self.name, why)
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        os.execv(sys.executable, sys.orig_argv)
+
+    async def _stop_metrics(self) -> None:
+        runner, self._metrics = self._metrics, None
+        if runner is not None:
+            await runner.cleanup()
+
+    async def stop(self) -> None:
+        await self._stop_metrics()
+        for task in self._tasks:
+            task.cancel()
+        await self._unfollow()
+        await self.proxy.stop()
+        if self.server is not None:
+            # Through the gate still: what the writer drains reaches the followers first.
+            await self.server.stop()
+        if self.replicator is not None:
+            self.replicator.stop()
+        self.keeper.stop(revoke=True)
+        await self.etcd.close()
+
+
+def _nothing() -> None:
+    return None
+
+
+async def serve_node(config: BrokerConfig) -> None:
+    """Run a cluster node until SIGINT/SIGTERM."""
+    node = ClusterNode(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    running = loop.create_task(node.run(stop))
+    stopping = loop.create_task(stop.wait())
+    await asyncio.wait((running, stopping), return_when=asyncio.FIRST_COMPLETED)
+    if running.done() and running.exception() is not None:
+        stopping.cancel()
+        await node.stop()
+        raise running.exception()  # a listener that cannot open: reported by cli.server
+    log.info("shutting down")
+    if not running.done():
+        running.cancel()
+    try:
+        await running
+    except asyncio.CancelledError:
+        pass
+    await node.stop()

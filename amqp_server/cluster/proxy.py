@@ -1,0 +1,135 @@
+"""A follower's client listeners: every AMQP, MQTT and management HTTP
+connection made to a follower is forwarded, byte for byte, to the same
+listener on the current leader (as LavinMQ's followers do), so a client with
+a list of node addresses, or one load balancer address, always reaches the
+leader. TLS passes through untouched: the leader terminates it.
+
+Each forwarded connection is two transports piped into each other, with
+back-pressure both ways (a side whose output buffer is full pauses reading
+on the other). When no leader is known, or it cannot be reached, the client
+connection is closed at once; when the leader changes, `close_all` ends the
+forwarded connections (their clients reconnect, as after a node failure).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Callable
+
+log = logging.getLogger("hutch.cluster")
+
+
+class _Side(asyncio.Protocol):
+    """One end of a pipe; `peer` is the other end's transport."""
+
+    def __init__(self, pipe: "_Pipe", client: bool) -> None:
+        self.pipe = pipe
+        self.client = client
+        self.transport = None
+        self.peer: "_Side | None" = None
+        self.early: list[bytes] = []  # what a client sent before the leader was reached
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        if self.client:
+            transport.pause_reading()  # until the leader is reached
+
+    def data_received(self, data: bytes) -> None:
+        if self.peer is not None and self.peer.transport is not None:
+            self.peer.transport.write(data)
+        else:
+            self.early.append(data)
+
+    def eof_received(self):
+        if self.peer is not None and self.peer.transport is not None and self.peer.transport.can_write_eof():
+            self.peer.transport.write_eof()
+            return True  # half-close: keep reading the other way
+        return False
+
+    def pause_writing(self) -> None:
+        if self.peer is not None and self.peer.transport is not None:
+            self.peer.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.peer is not None and self.peer.transport is not None:
+            self.peer.transport.resume_reading()
+
+    def connection_lost(self, exc) -> None:
+        self.pipe.close()
+
+
+class _Pipe:
+    def __init__(self, proxy: "Proxy") -> None:
+        self.proxy = proxy
+        self.client = _Side(self, True)
+        self.upstream = _Side(self, False)
+        self.closed = False
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.proxy.pipes.discard(self)
+        for side in (self.client, self.upstream):
+            if side.transport is not None:
+                side.transport.close()
+
+
+class Proxy:
+    """Listeners that forward to `target(protocol)` -> (host, port) or None."""
+
+    def __init__(self, target: Callable[[str], tuple[str, int] | None]) -> None:
+        self.target = target
+        self.servers: list[asyncio.Server] = []
+        self.pipes: set[_Pipe] = set()
+
+    async def listen(self, protocol: str, bind: str, port: int) -> None:
+        loop = asyncio.get_running_loop()
+
+        def accept() -> _Side:
+            pipe = _Pipe(self)
+            self.pipes.add(pipe)
+            loop.create_task(self._connect(pipe, protocol))
+            return pipe.client
+
+        server = await loop.create_server(accept, bind, port, reuse_address=True)
+        self.servers.append(server)
+        for sock in server.sockets:
+            host, bound = sock.getsockname()[:2]
+            log.info("forwarding %s on %s:%d to the leader", protocol, host, bound)
+
+    async def _connect(self, pipe: _Pipe, protocol: str) -> None:
+        await asyncio.sleep(0)  # the client side's connection_made has run
+        client = pipe.client.transport
+        if client is None or pipe.closed:
+            return
+        target = self.target(protocol)
+        if target is None:
+            pipe.close()
+            return
+        try:
+            await asyncio.get_running_loop().create_connection(lambda: pipe.upstream, *target)
+        except OSError as exc:
+            log.info("cannot forward a %s connection to %s:%d: %s", protocol, target[0], target[1], exc)
+            pipe.close()
+            return
+        if pipe.closed:
+            pipe.upstream.transport.close()
+            return
+        pipe.client.peer, pipe.upstream.peer = pipe.upstream, pipe.client
+        if pipe.client.early:
+            pipe.upstream.transport.write(b"".join(pipe.client.early))
+            pipe.client.early.clear()
+        client.resume_reading()
+
+    def close_all(self) -> None:
+        for pipe in list(self.pipes):
+            pipe.close()
+
+    async def stop(self) -> None:
+        for server in self.servers:
+            server.close()
+        self.close_all()
+        for server in self.servers:
+            await server.wait_closed()
+        self.servers.clear()

@@ -1,0 +1,345 @@
+"""The replication stream: the leader sends every change to its data files to
+the followers, in order, and holds durability replies until they have it.
+
+Theory of operation (leader side, `Replicator`):
+- It is `storage.files.hook`: every file change the storage makes becomes a
+  record (storage.replica) appended, under a lock, to the pending stream;
+  `position` counts the bytes of all records ever produced. The records go
+  out on the loop, to every follower link, in production order.
+- It is the storage writer's `gate`: a batch's callbacks (publisher
+  confirms among them) are held with the position at the batch's end, and
+  run once every *required* follower has acknowledged that position, at
+  least `min_in_sync` followers are required, and the lease is valid
+  (fencing). Without followers and with min_in_sync 0 they run at once.
+- A follower (`FollowerLink`) says HELLO with the listing of its files. At a
+  point P of the stream (a writer job: no write is half done) the leader
+  notes its files' sizes and starts queueing the records after P for it;
+  it then sends the differences (storage.replica.differences), the SQLite
+  databases whole, SNAPSHOT_END(P) and the queued records. The follower
+  acknowledges positions once records are applied and synced.
+- Joining: once a follower has applied the snapshot and is within
+  `max_lag_bytes`, it becomes *required* at the current position J; when it
+  acknowledges J it holds every change ever confirmed, and is recorded in
+  etcd's in-sync set (only such nodes may be elected).
+- Leaving: a required follower further behind than `max_lag_bytes`, or
+  holding back a reply for longer than `max_lag_seconds`, or disconnected,
+  is removed from etcd's in-sync set *first*, and only then stops being
+  required: an electable node never misses a confirmed change.
+
+The follower's end: amqp_server.cluster.follower; the framing: stream.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import logging
+import os
+import threading
+import time
+from typing import Callable
+
+from amqp_server.cluster.stream import ACK, HELLO, MAX_CONTROL, SNAPSHOT_END, Frames, control
+from storage import files, replica
+
+log = logging.getLogger("hutch.cluster")
+
+CHECK_SECONDS = 0.1
+
+
+class FollowerLink(asyncio.Protocol):
+    """One follower's replication connection, on the leader."""
+
+    def __init__(self, replicator: "Replicator") -> None:
+        self.replicator = replicator
+        self.frames = Frames(MAX_CONTROL)
+        self.transport = None
+        self.name: str | None = None
+        self.state = "connecting"  # syncing -> following -> in sync; closed
+        self.backlog: list[bytes] | None = None  # records after the snapshot point, until it is sent
+        self.snapshot_end = 0  # the snapshot point P
+        self.acked = 0
+        self.acked_at = time.monotonic()
+        self.joined_at: int | None = None  # position J at which it became required
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            for kind, payload, _size in self.frames.feed(data):
+                message = json.loads(payload)
+                if kind == HELLO and self.name is None:
+                    self.name = str(message["name"])
+                    self.state = "syncing"
+                    log.info("follower %s connected: %d files to compare", self.name, len(message["files"]))
+                    self.replicator.start_snapshot(self, message["files"])
+                elif kind == ACK and self.name is not None:
+                    self.acked = int(message["position"])
+                    self.acked_at = time.monotonic()
+                    self.replicator.acknowledged(self)
+                else:
+                    raise ValueError("unexpected record kind %d" % kind)
+        except (ValueError, KeyError, TypeError) as exc:
+            log.warning("replication peer %s: %s; closing", self.name or "?", exc)
+            self.transport.close()
+
+    def connection_lost(self, exc) -> None:
+        if self.name is not None:
+            log.info("follower %s disconnected", self.name)
+        self.state = "closed"
+        self.replicator.lost(self)
+
+    def send(self, records: list[tuple[int, bytes]], data: bytes) -> None:
+        """`records`: (position after it, record), in order; `data`: all of them."""
+        if self.backlog is not None:
+            self.backlog.extend(record for end, record in records if end > self.snapshot_end)
+        elif self.state != "closed":
+            self.transport.write(data)
+
+
+class Replicator:
+    def __init__(self, loop: asyncio.AbstractEventLoop, root: str, writer, definitions, mqtt_store,
+                 lease_valid: Callable[[], bool], min_in_sync: int, max_lag_bytes: int, max_lag_seconds: float,
+                 record_in_sync: Callable[[list[str]], "asyncio.Future"]) -> None:
+        self.loop = loop
+        self.root = os.path.abspath(root)
+        self.writer = writer
+        self.definitions = definitions
+        self.mqtt_store = mqtt_store
+        self.lease_valid = lease_valid
+        self.min_in_sync = min_in_sync
+        self.max_lag_bytes = max_lag_bytes
+        self.max_lag_seconds = max_lag_seconds
+        self.record_in_sync = record_in_sync  # async: write etcd's in-sync list (followers' names)
+        self._lock = threading.Lock()
+        self.position = 0
+        self._pending: list[tuple[int, bytes]] = []  # (position after it, record)
+        self._holds: list[tuple[int, Callable[[], None]]] = []
+        self._scheduled = False
+        self.links: list[FollowerLink] = []
+        self.required: list[FollowerLink] = []
+        self.in_sync: list[str] = []  # as recorded in etcd
+        self.waiting: collections.deque = collections.deque()  # (position, fire, since)
+        self.withheld = 0
+        self._changing = asyncio.Lock()
+        self._checker: asyncio.Task | None = None
+        self.server: asyncio.Server | None = None
+        self.stopping = False
+
+    async def start(self, bind: str, port: int) -> None:
+        self.server = await self.loop.create_server(lambda: FollowerLink(self), bind, port, reuse_address=True)
+        for sock in self.server.sockets:
+            host, bound = sock.getsockname()[:2]
+            log.info("listening for replication on %s:%d", host, bound)
+        self._checker = self.loop.create_task(self._check_lag())
+        files.hook = self
+        self.writer.gate = self.gate
+
+    def stop(self) -> None:
+        """The leader stops leading (a clean stop, a hand-over): the in-sync
+        set stays as it is, so one of those followers takes over."""
+        self.stopping = True
+        files.hook = None
+        self.writer.gate = None
+        if self._checker is not None:
+            self._checker.cancel()
+        if self.server is not None:
+            self.server.close()
+        for link in list(self.links):
+            link.transport.close()
+
+    # -- producing (any thread) ------------------------------------------------
+
+    def file_changed(self, kind: int, path: str, offset: int, data: bytes) -> None:
+        relative = os.path.relpath(path, self.root)
+        if relative.startswith(".."):
+            return
+        if kind == files.RENAME:
+            data = os.path.relpath(data.decode(), self.root).encode()
+        if kind == files.APPEND:
+            records = replica.append_records(relative, offset, data)
+        elif kind == files.WRITE:
+            records = replica.write_records(relative, data)
+        else:
+            records = [replica.file_record(kind, relative, offset, data)]
+        with self._lock:
+            for record in records:
+                self.position += len(record)
+                self._pending.append((self.position, record))
+            self._wake()
+
+    def gate(self, fire: Callable[[], None]) -> None:
+        with self._lock:
+            self._holds.append((self.position, fire))
+            self._wake()
+
+    def _wake(self) -> None:
+        """Under the lock: one hand-over to the loop per loop turn."""
+        if not self._scheduled:
+            self._scheduled = True
+            try:
+                self.loop.call_soon_threadsafe(self._flush)
+            except RuntimeError:
+                pass  # the loop is closed
+
+    # -- on the loop -------------------------------------------------------------
+
+    def _flush(self) -> None:
+        with self._lock:
+            self._scheduled = False
+            pending, self._pending = self._pending, []
+            holds, self._holds = self._holds, []
+        if pending:
+            data = b"".join(record for _end, record in pending)
+            for link in self.links:
+                link.send(pending, data)
+        now = time.monotonic()
+        for position, fire in holds:
+            self.waiting.append((position, fire, now))
+        self._release()
+
+    def _satisfied(self, position: int) -> bool:
+        required = self.required
+        if len(required) < self.min_in_sync:
+            return False
+        for link in required:
+            if link.acked < position:
+                return False
+        return True
+
+    def _release(self) -> None:
+        waiting = self.waiting
+        while waiting and self._satisfied(waiting[0][0]):
+            position, fire, _since = waiting.popleft()
+            if not self.lease_valid():
+                self.withheld += 1
+                continue  # fencing: a stale leader promises nothing
+            fire()
+
+    def acknowledged(self, link: FollowerLink) -> None:
+        if link.state == "following" and link.acked >= link.snapshot_end and \
+                self.position - link.acked <= self.max_lag_bytes:
+            link.state = "joining"
+            link.joined_at = self.position
+            self.required.append(link)
+        if link.state == "joining" and link.acked >= link.joined_at:
+            link.state = "recording"
+            self.loop.create_task(self._record(link, True))
+        self._release()
+
+    def lost(self, link: FollowerLink) -> None:
+        if link in self.links:
+            self.links.remove(link)
+        if link in self.required and not self.stopping:
+            self.loop.create_task(self._record(link, False))
+
+    async def _record(self, link: FollowerLink, joining: bool) -> None:
+        """Change etcd's in-sync set, then act on it (see the theory above)."""
+        async with self._changing:
+            names = [n for n in self.in_sync if n != link.name]
+            if joining and link.state == "recording":
+                names.append(link.name)
+            if names != self.in_sync:
+                await self.record_in_sync(names)
+                self.in_sync = names
+            if joining and link.state == "recording":
+                link.state = "in sync"
+                log.info("follower %s is in sync", link.name)
+            elif not joining:
+                if link in self.required:
+                    self.required.remove(link)
+                log.warning("follower %s left the in-sync set", link.name)
+            self._release()
+
+    def _drop(self, link: FollowerLink, why: str) -> None:
+        log.warning("follower %s: %s; dropping it from the in-sync set", link.name, why)
+        link.state = "dropped"
+        link.transport.close()  # it reconnects and syncs again
+
+    async def _check_lag(self) -> None:
+        while True:
+            await asyncio.sleep(CHECK_SECONDS)
+            now = time.monotonic()
+            oldest = self.waiting[0] if self.waiting else None
+            for link in list(self.required):
+                if link.state in ("dropped", "closed"):
+                    continue
+                if self.position - link.acked > self.max_lag_bytes:
+                    self._drop(link, "%d bytes behind" % (self.position - link.acked))
+                elif oldest is not None and link.acked < oldest[0] and now - oldest[2] > self.max_lag_seconds:
+                    self._drop(link, "no acknowledgement for %.1f s" % (now - oldest[2]))
+
+    # -- a follower's snapshot ----------------------------------------------------
+
+    def start_snapshot(self, link: FollowerLink, theirs: dict) -> None:
+        theirs = {name: tuple(value) for name, value in theirs.items()}
+        mqtt_store = self.mqtt_store
+
+        def capture():
+            # On the writer thread, between batches: no file is half written.
+            # The result goes straight to the loop, not through the gate: a
+            # follower's snapshot must not wait for followers.
+            try:
+                mqtt = mqtt_store._db.serialize() if mqtt_store is not None else None
+                with self._lock:
+                    point = link.snapshot_end = self.position
+                    link.backlog = []  # gets the records after `point` only (FollowerLink.send)
+                    self.links.append(link)
+                result = (point, replica.sizes(self.root), mqtt)
+            except Exception as exc:  # noqa: BLE001 - handed to the loop, which drops the follower
+                result = exc
+            self.loop.call_soon_threadsafe(captured, result)
+
+        def captured(result):
+            if isinstance(result, Exception) or link.state == "closed":
+                log.warning("follower %s: no snapshot: %s", link.name, result if isinstance(result, Exception)
+                            else "disconnected")
+                if link in self.links:
+                    self.links.remove(link)
+                if link.transport is not None:
+                    link.transport.close()
+                return
+            point, sizes, mqtt = result
+            definitions = self.definitions._db.serialize()  # on the loop that owns it; newer than `point` at worst
+            self.loop.run_in_executor(None, self._send_snapshot, link, point, sizes, theirs,
+                                      {"definitions.db": definitions, "mqtt.db": mqtt})
+
+        self.writer.run(capture)
+
+    def _send_snapshot(self, link: FollowerLink, point: int, sizes: dict, theirs: dict, databases: dict) -> None:
+        """On a worker thread: read and queue the differences."""
+        sent = 0
+        for record in replica.differences(self.root, sizes, theirs):
+            sent += len(record)
+            self.loop.call_soon_threadsafe(link.transport.write, record)
+        for name, content in databases.items():
+            if content is not None:
+                for record in replica.write_records(name, bytes(content)):
+                    self.loop.call_soon_threadsafe(link.transport.write, record)
+        self.loop.call_soon_threadsafe(self._snapshot_sent, link, point, sent)
+
+    def _snapshot_sent(self, link: FollowerLink, point: int, sent: int) -> None:
+        if link.state == "closed":
+            return
+        link.transport.write(control(SNAPSHOT_END, {"position": point}))
+        backlog, link.backlog = link.backlog, None
+        if backlog:
+            link.transport.write(b"".join(backlog))
+        link.state = "following"
+        log.info("follower %s: snapshot sent (%d bytes of differences)", link.name, sent)
+
+    # -- status ------------------------------------------------------------------
+
+    def followers(self) -> list[dict]:
+        now = time.monotonic()
+        oldest = self.waiting[0] if self.waiting else None
+        out = []
+        for link in self.links:
+            if link.name is None:
+                continue  # connected, not introduced yet
+            behind = oldest is not None and link.acked < oldest[0]
+            out.append({"name": link.name, "state": link.state, "acknowledged": link.acked,
+                        "lag_bytes": max(self.position - link.acked, 0),
+                        "lag_seconds": round(now - oldest[2], 3) if behind else 0.0})
+        return out

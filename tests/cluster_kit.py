@@ -1,0 +1,342 @@
+"""Helpers for the cluster tests: an etcd process and hutch nodes on loopback.
+
+Each node gets fixed free ports (not 0), so a node that re-executes itself
+(fencing) or is restarted after a kill comes back on the same addresses.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_ports(count: int) -> list[int]:
+    sockets = []
+    try:
+        for _ in range(count):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def until(predicate, timeout: float, what: str, interval: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out after %.0f s waiting for %s" % (timeout, what))
+        time.sleep(interval)
+
+
+def port_open(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+        return True
+    except OSError:
+        return False
+
+
+class EtcdProcess:
+    """etcd 3.4 on two free loopback ports with its own data directory."""
+
+    def __init__(self, tmp: Path, client_port: int | None = None) -> None:
+        self.client_port, self.peer_port = free_ports(2)
+        if client_port is not None:
+            self.client_port = client_port
+        self.data_dir = tmp / "etcd"
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return "http://127.0.0.1:%d" % self.client_port
+
+    def start(self) -> "EtcdProcess":
+        if shutil.which("etcd") is None:
+            reason = "no etcd binary (Debian: etcd-server; .ci/run installs it)"
+            if os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no"):
+                pytest.fail(reason + " [CI is set, so this is a failure, not a skip]", pytrace=False)
+            pytest.skip(reason)
+        client, peer = self.url, "http://127.0.0.1:%d" % self.peer_port
+        self.log = open(str(self.data_dir) + ".log", "w")
+        self.process = subprocess.Popen(
+            ["etcd", "--name", "default", "--data-dir", str(self.data_dir),
+             "--listen-client-urls", client, "--advertise-client-urls", client,
+             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+             "--initial-cluster", "default=" + peer],
+            stdout=self.log, stderr=subprocess.STDOUT)
+        until(lambda: port_open(self.client_port), 20, "etcd to listen")
+        return self
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(10)
+        self.log.close()
+
+
+@dataclass
+class Node:
+    name: str
+    data_dir: Path
+    etcd_url: str
+    ports: dict
+    extra: tuple = ()
+    process: subprocess.Popen | None = None
+    log_lines: list = field(default_factory=list)
+
+    @property
+    def port(self) -> int:
+        return self.ports["amqp"]
+
+    @property
+    def url(self) -> str:
+        return "amqp://guest:guest@127.0.0.1:%d/" % self.port
+
+    @property
+    def log(self) -> str:
+        return "".join(self.log_lines)
+
+    def start(self) -> "Node":
+        self.log_lines.append("---- start\n")
+        p = self.ports
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "cli.server", "--bind", "127.0.0.1", "--port", str(p["amqp"]),
+             "--management-bind", "127.0.0.1", "--management-port", str(p["http"]),
+             "--prometheus-bind", "127.0.0.1", "--prometheus-port", str(p["prometheus"]),
+             "--mqtt-port", str(p["mqtt"]), "--mqtt-tls-port", "0", "--data-dir", str(self.data_dir),
+             "--cluster-etcd", self.etcd_url, "--cluster-node-name", self.name,
+             "--cluster-replication-port", str(p["replication"]), "--cluster-advertise", "127.0.0.1",
+             "--cluster-lease-ttl", "2", *self.extra],
+            cwd=ROOT, env={k: v for k, v in os.environ.items() if not k.startswith("HUTCH_")},
+            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+        lines, stream = self.log_lines, self.process.stderr
+        threading.Thread(target=lambda: lines.extend(stream), daemon=True).start()
+        return self
+
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def signal(self, sig: int) -> None:
+        self.process.send_signal(sig)
+
+    def kill(self) -> None:
+        self.process.kill()
+        self.process.wait(10)
+
+    def stop(self) -> None:
+        if self.running():
+            self.process.send_signal(signal.SIGCONT)
+            self.process.terminate()
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def serving(self) -> bool:
+        """Its AMQP port accepts connections (the leader, or a forwarding follower)."""
+        return port_open(self.port)
+
+
+def make_nodes(tmp: Path, etcd_url: str, count: int, *extra: str) -> list[Node]:
+    nodes = []
+    for i in range(1, count + 1):
+        amqp, http, prometheus, mqtt, replication = free_ports(5)
+        nodes.append(Node("n%d" % i, tmp / ("n%d" % i), etcd_url,
+                          {"amqp": amqp, "http": http, "prometheus": prometheus, "mqtt": mqtt,
+                           "replication": replication}, extra))
+    return nodes
+
+
+def etcd_get(url: str, key: str) -> bytes | None:
+    """One key from etcd (the tests' view of the election), None when absent."""
+    import asyncio
+    import urllib.parse
+
+    import aetcd
+
+    async def get():
+        parts = urllib.parse.urlsplit(url)
+        client = aetcd.Client(host=parts.hostname, port=parts.port, timeout=5)
+        try:
+            got = await client.get(key.encode())
+            return got.value if got is not None else None
+        finally:
+            await client.close()
+
+    return asyncio.run(get())
+
+
+def leader_of(etcd: EtcdProcess, nodes: list[Node]) -> Node | None:
+    name = etcd_get(etcd.url, "hutch/leader")
+    return next((n for n in nodes if name is not None and n.name == name.decode()), None)
+
+
+def in_sync(etcd: EtcdProcess) -> list[str]:
+    import json
+
+    value = etcd_get(etcd.url, "hutch/in_sync")
+    return json.loads(value) if value else []
+
+
+QUEUE = "cluster-load"
+ARGUMENTS = {"x-queue-type": "quorum"}
+
+
+class Load:
+    """A confirmed persistent publisher and a consumer (manual acks), each a
+    thread with its own pika connection to any node of `urls`, reconnecting
+    to the next node whenever its connection ends. Bodies are the message
+    numbers; `confirmed` holds those the cluster confirmed, `received`
+    every delivery (duplicates included)."""
+
+    def __init__(self, urls: list[str]) -> None:
+        self.urls = urls
+        self.confirmed: list[int] = []
+        # (time.monotonic(), when its connection was opened) of each confirm (bench/cluster.py)
+        self.confirm_times: list[tuple[float, float]] = []
+        self.received: list[int] = []
+        self.reconnects = 0
+        self._stop_publishing = threading.Event()
+        self._stop_consuming = threading.Event()
+        self._threads = [threading.Thread(target=self._publish, daemon=True),
+                         threading.Thread(target=self._consume, daemon=True)]
+
+    def start(self) -> "Load":
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def _connect(self, turn: int):
+        import pika
+
+        params = pika.URLParameters(self.urls[turn % len(self.urls)])
+        params.socket_timeout = 5
+        params.blocked_connection_timeout = 10
+        params.heartbeat = 5
+        connection = pika.BlockingConnection(params)
+        channel = connection.channel()
+        channel.queue_declare(QUEUE, durable=True, arguments=ARGUMENTS)
+        return connection, channel
+
+    def _publish(self) -> None:
+        import pika
+
+        number, turn = 0, 0
+        properties = pika.BasicProperties(delivery_mode=2)
+        while not self._stop_publishing.is_set():
+            try:
+                connection, channel = self._connect(turn)
+                opened = time.monotonic()
+                channel.confirm_delivery()
+                while not self._stop_publishing.is_set():
+                    number += 1
+                    channel.basic_publish("", QUEUE, b"%d" % number, properties)
+                    self.confirm_times.append((time.monotonic(), opened))
+                    self.confirmed.append(number)
+                connection.close()
+            except Exception:  # noqa: BLE001 - any failure: that publish is unconfirmed; next node
+                turn += 1
+                self.reconnects += 1
+                time.sleep(0.1)
+
+    def _consume(self) -> None:
+        turn = 0
+        while not self._stop_consuming.is_set():
+            try:
+                connection, channel = self._connect(turn)
+                channel.basic_qos(prefetch_count=50)
+
+                def on_message(ch, method, _properties, body):
+                    self.received.append(int(body))
+                    ch.basic_ack(method.delivery_tag)
+
+                channel.basic_consume(QUEUE, on_message)
+                while not self._stop_consuming.is_set():
+                    connection.process_data_events(time_limit=0.1)
+                connection.close()
+            except Exception:  # noqa: BLE001 - reconnect to the next node
+                turn += 1
+                self.reconnects += 1
+                time.sleep(0.1)
+
+    def progress(self, more: int, timeout: float, what: str) -> None:
+        """Until `more` further messages are confirmed."""
+        target = len(self.confirmed) + more
+        until(lambda: len(self.confirmed) >= target, timeout, what)
+
+    def stop_publishing(self) -> set[int]:
+        """The numbers confirmed, once the publisher has stopped."""
+        self._stop_publishing.set()
+        self._threads[0].join(30)
+        return set(self.confirmed)
+
+    def stop_consuming(self) -> None:
+        self._stop_consuming.set()
+        self._threads[1].join(30)
+
+    def finish(self, timeout: float) -> tuple[set[int], int]:
+        """Stop publishing; wait until every confirmed message was received.
+        Returns (confirmed but never received, duplicate deliveries)."""
+        confirmed = self.stop_publishing()
+        try:
+            until(lambda: confirmed <= set(self.received), timeout, "every confirmed message to be consumed")
+        except AssertionError:
+            pass
+        self.stop_consuming()
+        return confirmed - set(self.received), len(self.received) - len(set(self.received))
+
+
+# -- shared by the cluster test modules ----------------------------------------
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    """(etcd, [n1, n2, n3]) with a leader serving and every node in sync."""
+    etcd = EtcdProcess(tmp_path).start()
+    nodes = make_nodes(tmp_path, etcd.url, 3)
+    try:
+        for node in nodes:
+            node.start()
+        until(lambda: len(in_sync(etcd)) == 3, 60, "three nodes in sync")
+        yield etcd, nodes
+    finally:
+        for node in nodes:
+            node.stop()
+        etcd.stop()
+        print_logs(nodes)
+
+
+def print_logs(nodes: list[Node]) -> None:
+    """The nodes' logs, in the captured output pytest shows for a failed test."""
+    for node in nodes:
+        print("===== %s" % node.name)
+        print(node.log[-20000:])
+
+
+def new_leader(etcd: EtcdProcess, nodes: list[Node], old: Node) -> Node:
+    """The node elected after `old`, once it serves."""
+    def other():
+        leader = leader_of(etcd, nodes)
+        return leader if leader is not old else None
+
+    leader = until(other, 30, "another node to be elected")
+    until(leader.serving, 30, "the new leader to serve")
+    return leader

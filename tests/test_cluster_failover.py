@@ -1,0 +1,213 @@
+"""Three hutch nodes and a real etcd on loopback (tests/cluster_kit.py):
+the leader killed (SIGKILL) or stalled (SIGSTOP) under confirmed persistent
+publishing and consuming, a follower killed and restarted; every confirmed
+message is there at the end. Clients connect to any node (followers forward
+to the leader) and reconnect to the next node when their connection ends.
+The many-kills version is bench/cluster_failover.py."""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pika
+import pytest
+
+from cluster_kit import (QUEUE, EtcdProcess, Load, cluster, etcd_get, in_sync, leader_of, make_nodes,  # noqa: F401
+                         new_leader, until)
+
+pytestmark = pytest.mark.timeout(150)
+
+
+def assert_nothing_lost(load: Load) -> int:
+    lost, duplicates = load.finish(60)
+    assert not lost, "%d confirmed messages lost, e.g. %s" % (len(lost), sorted(lost)[:10])
+    return duplicates
+
+
+def test_the_leader_killed_twice_and_stopped_once_under_load_loses_no_confirmed_message(cluster):
+    etcd, nodes = cluster
+    load = Load([n.url for n in nodes]).start()
+    load.progress(300, 30, "confirms before the first kill")
+    for stop in ("kill", "kill", "stop"):  # SIGKILL twice, then a clean stop (SIGTERM)
+        leader = leader_of(etcd, nodes)
+        getattr(leader, stop)()
+        new_leader(etcd, nodes, leader)
+        leader.start()
+        until(lambda: len(in_sync(etcd)) == 3, 60, "the killed node to be in sync again")
+        load.progress(200, 60, "confirms from the new leader")
+    assert_nothing_lost(load)
+    assert load.reconnects >= 2
+
+
+def test_a_stalled_leader_is_replaced_and_confirms_nothing_after_its_lease(cluster):
+    etcd, nodes = cluster
+    stalled = leader_of(etcd, nodes)
+    load = Load([n.url for n in nodes if n is not stalled]).start()
+    load.progress(200, 30, "confirms before the stall")
+    # Two publishers straight to the stalled leader: one into the durable queue (its confirm waits
+    # for the disk and the followers), one unroutable (its confirm waits for nothing).
+    outcome = {}
+
+    def publish_while_stalled(queue: str, channel) -> None:
+        try:
+            channel.basic_publish("", queue, b"during", pika.BasicProperties(delivery_mode=2))
+            outcome[queue] = "confirmed"
+        except Exception as exc:  # noqa: BLE001 - whatever ends the wait: not a confirm
+            outcome[queue] = exc
+
+    publishers = []
+    for queue in (QUEUE, "no-such-queue"):
+        channel = pika.BlockingConnection(pika.URLParameters(stalled.url)).channel()
+        channel.confirm_delivery()
+        publishers.append(threading.Thread(target=publish_while_stalled, args=(queue, channel)))
+    stalled.signal(signal.SIGSTOP)
+    stalled_at = time.monotonic()
+    for publisher in publishers:
+        publisher.start()
+    new_leader(etcd, nodes, stalled)
+    assert time.monotonic() - stalled_at >= 1.5  # not before the 2 s lease could run out
+    load.progress(200, 60, "confirms from the new leader while the old one is frozen")
+    stalled.signal(signal.SIGCONT)
+    for publisher in publishers:
+        publisher.join(30)
+        assert not publisher.is_alive()
+    assert "confirmed" not in outcome.values(), "a stale leader confirmed a publish: %s" % outcome
+    until(lambda: "the etcd lease ran out" in stalled.log, 10, "the stalled node to fence itself")
+    until(lambda: len(in_sync(etcd)) == 3, 60, "the stalled node to rejoin in sync")
+    assert_nothing_lost(load)
+
+
+def test_a_killed_follower_catches_up_and_can_then_take_over(cluster):
+    etcd, nodes = cluster
+    leader = leader_of(etcd, nodes)
+    follower, other = [n for n in nodes if n is not leader]
+    load = Load([leader.url]).start()
+    load.progress(200, 30, "confirms before the follower is killed")
+    follower.kill()
+    until(lambda: follower.name not in in_sync(etcd), 30, "the killed follower to leave the in-sync set")
+    load.progress(300, 30, "confirms without it")
+    follower.start()
+    until(lambda: follower.name in in_sync(etcd), 60, "the restarted follower to catch up")
+    load.progress(100, 30, "confirms with it in sync")
+    confirmed = load.stop_publishing()
+    load.stop_consuming()
+    big = os.urandom(3 * 1024 * 1024 + 7)  # records of more than one chunk
+    with pika.BlockingConnection(pika.URLParameters(leader.url)) as connection:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        channel.queue_declare("big", durable=True)
+        channel.basic_publish("", "big", big, pika.BasicProperties(delivery_mode=2))
+    other.kill()  # only the caught-up follower survives
+    leader.kill()
+    until(lambda: etcd_get(etcd.url, "hutch/leader") == follower.name.encode(), 30, "the follower to lead")
+    until(follower.serving, 30, "it to serve")
+    with pika.BlockingConnection(pika.URLParameters(follower.url)) as connection:
+        channel = connection.channel()
+        left = set()
+        while True:
+            method, _, body = channel.basic_get("cluster-load", auto_ack=True)
+            if method is None:
+                break
+            left.add(int(body))
+        assert channel.basic_get("big", auto_ack=True)[2] == big
+    missing = confirmed - set(load.received) - left
+    assert not missing, "%d confirmed messages missing on the caught-up follower" % len(missing)
+
+
+def test_replies_wait_for_an_in_sync_follower_until_it_is_dropped(tmp_path):
+    """A stalled in-sync follower holds a declare-ok, and a tx.commit-ok,
+    back until the leader has removed it from etcd's in-sync set
+    (max_lag_seconds 1)."""
+    etcd = EtcdProcess(tmp_path).start()
+    nodes = make_nodes(tmp_path, etcd.url, 2, "--cluster-max-lag-seconds", "1")
+    try:
+        for node in nodes:
+            node.start()
+        until(lambda: len(in_sync(etcd)) == 2, 60, "two nodes in sync")
+        leader = leader_of(etcd, nodes)
+        (follower,) = [n for n in nodes if n is not leader]
+        with pika.BlockingConnection(pika.URLParameters(leader.url)) as connection:
+            channel = connection.channel()
+            channel.confirm_delivery()
+            follower.signal(signal.SIGSTOP)
+            stalled_at = time.monotonic()
+            channel.queue_declare("held", durable=True)
+            assert time.monotonic() - stalled_at >= 0.9
+            assert follower.name not in in_sync(etcd), "a reply went out while a stalled follower was in sync"
+            channel.basic_publish("", "held", b"m", pika.BasicProperties(delivery_mode=2))
+            follower.signal(signal.SIGCONT)
+            until(lambda: len(in_sync(etcd)) == 2, 60, "the follower to be in sync again")
+            transactional = connection.channel()
+            transactional.tx_select()
+            transactional.basic_publish("", "held", b"t", pika.BasicProperties(delivery_mode=2))
+            follower.signal(signal.SIGSTOP)
+            stalled_at = time.monotonic()
+            transactional.tx_commit()
+            assert time.monotonic() - stalled_at >= 0.9
+            assert follower.name not in in_sync(etcd), "a commit-ok went out while a stalled follower was in sync"
+        follower.signal(signal.SIGCONT)
+        until(lambda: len(in_sync(etcd)) == 2, 60, "the follower to be in sync again")
+    finally:
+        for node in nodes:
+            node.stop()
+        etcd.stop()
+
+
+def test_min_in_sync_replicas_withholds_confirms_while_too_few_followers_are_in_sync(tmp_path):
+    etcd = EtcdProcess(tmp_path).start()
+    nodes = make_nodes(tmp_path, etcd.url, 2, "--cluster-min-in-sync-replicas", "1")
+    try:
+        for node in nodes:
+            node.start()
+        until(lambda: len(in_sync(etcd)) == 2, 60, "two nodes in sync")
+        leader = leader_of(etcd, nodes)
+        (follower,) = [n for n in nodes if n is not leader]
+        connection = pika.BlockingConnection(pika.URLParameters(leader.url))
+        channel = connection.channel()
+        channel.confirm_delivery()
+        channel.queue_declare("min-isr", durable=True)
+        follower.kill()
+        until(lambda: follower.name not in in_sync(etcd), 30, "the follower to leave the in-sync set")
+        confirmed = threading.Event()
+
+        def publish():
+            channel.basic_publish("", "min-isr", b"m", pika.BasicProperties(delivery_mode=2))
+            confirmed.set()
+
+        publisher = threading.Thread(target=publish)
+        publisher.start()
+        assert not confirmed.wait(1.5), "confirmed with no follower in sync"
+        follower.start()
+        assert confirmed.wait(60), "no confirm once the follower was back in sync"
+        publisher.join(10)
+        connection.close()
+    finally:
+        for node in nodes:
+            node.stop()
+        etcd.stop()
+
+
+def test_with_durability_flush_the_follower_still_has_every_confirmed_message(tmp_path):
+    etcd = EtcdProcess(tmp_path).start()
+    nodes = make_nodes(tmp_path, etcd.url, 2, "--storage-durability", "flush")
+    try:
+        for node in nodes:
+            node.start()
+        until(lambda: len(in_sync(etcd)) == 2, 60, "two nodes in sync")
+        leader = leader_of(etcd, nodes)
+        with pika.BlockingConnection(pika.URLParameters(leader.url)) as connection:
+            channel = connection.channel()
+            channel.confirm_delivery()
+            channel.queue_declare("flushed", durable=True)
+            for number in range(50):
+                channel.basic_publish("", "flushed", b"%d" % number, pika.BasicProperties(delivery_mode=2))
+        leader.kill()
+        follower = new_leader(etcd, nodes, leader)
+        with pika.BlockingConnection(pika.URLParameters(follower.url)) as connection:
+            assert connection.channel().queue_declare("flushed", passive=True).method.message_count == 50
+    finally:
+        for node in nodes:
+            node.stop()
+        etcd.stop()
