@@ -402,6 +402,8 @@ def test_a_stream_queue_is_listed_and_shows_its_offsets_and_the_refused_get(gues
         refusal = guest.submit("get-messages", refused=True)
         assert refusal == "540 basic.get not supported by stream queues queue '%s' in vhost '/'" % name
         assert api.get("/api/queues/%2F/" + name).body["messages"] == 3
+        assert guest.submit("peek-messages", {"count": "2"}) == "2 message(s) at the head; none taken."
+        assert guest.texts("#got-messages .payload") == ["record 0", "record 1"]
     finally:
         api.delete("/api/queues/%2F/" + name)
         guest.open("queues")

@@ -72,7 +72,8 @@ function streamFacts(q, log) {
     ...RETENTION.filter((k) => 'x-' + k in args).map((k) => ['x-' + k, String(args['x-' + k])]),
     ...RETENTION.filter((k) => k in policy).map((k) => [k + ' (policy)', String(policy[k])]),
   ]), h('p', { class: 'muted' }, 'Records are read by consumers from an offset (x-stream-offset); '
-    + 'a stream refuses basic.get, so Get messages shows the broker\'s refusal.'));
+    + 'a stream refuses basic.get, so Get messages shows the broker\'s refusal; Peek shows the first '
+    + 'records kept, each with its offset in the x-stream-offset header.'));
 }
 
 function messageTable(messages) {
