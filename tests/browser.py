@@ -119,10 +119,11 @@ class Ui:
         self.one("#logout").click()
         self.wait(lambda: self.one("#login").is_displayed(), "login form shown")
 
-    def submit(self, form_id: str, fields: dict | None = None, leaves: bool = False) -> str:
+    def submit(self, form_id: str, fields: dict | None = None, leaves: bool = False, refused: bool = False) -> str:
         """Fill the form's fields (text, selects, checkboxes), submit it and
-        return the note it shows (raises on an error note); a form that
-        `leaves` the page on success (a delete) is only submitted."""
+        return the note it shows (raises on an error note, or when `refused`
+        on any other); a form that `leaves` the page on success (a delete) is
+        only submitted."""
         form = self.one("form#" + form_id)
         for name, value in (fields or {}).items():
             field = form.find_element(By.NAME, name)
@@ -140,7 +141,7 @@ class Ui:
         if leaves:
             return ""
         text = self.wait(lambda: note.text, "an answer to form " + form_id)
-        if "error" in note.get_attribute("class"):
+        if ("error" in note.get_attribute("class")) != refused:
             raise AssertionError("form %s: %s" % (form_id, text))
         return text
 

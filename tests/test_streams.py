@@ -305,5 +305,8 @@ def test_the_stream_endpoint_of_the_management_api(conn, api):
     refused = api.get("/api/hutch/streams/%%2F/%s" % classic)
     assert refused.status == 400 and "is not a stream" in refused.body["reason"]
     assert api.get("/api/hutch/streams/%2F/no-such-queue").status == 404
+    got = api.post("/api/queues/%%2F/%s/get" % name, {"ackmode": "ack_requeue_true", "encoding": "auto", "count": 1})
+    assert (got.status, got.body["reason"]) == (400, "540 basic.get not supported by stream queues "
+                                                     "queue '%s' in vhost '/'" % name)  # RabbitMQ 3.10's answer
     channel.queue_delete(name)
     channel.queue_delete(classic)

@@ -15,7 +15,7 @@ import pytest
 
 from browser import Ui
 from conftest import ALL_PERMISSIONS
-from helpers import unique
+from helpers import unique, wait_for
 from http_api import call, segment
 
 pytestmark = pytest.mark.skipif(not (shutil.which("chromium") and shutil.which("chromedriver")),
@@ -367,3 +367,82 @@ def test_a_vhost_added_and_deleted_through_the_ui_follows_in_the_selector(guest,
         guest.wait(lambda: name not in guest.texts("#vhost-select option"), "the vhost gone from the selector")
     finally:
         api.delete("/api/vhosts/" + segment(name))
+
+
+def _facts(ui, css: str) -> dict:
+    """The label -> value rows of a facts table."""
+    return dict(ui.driver.execute_script("""
+        return Array.from(document.querySelectorAll(arguments[0] + ' tr'),
+                          r => [r.cells[0].innerText, r.cells[1].innerText])""", css))
+
+
+def test_a_stream_queue_is_listed_and_shows_its_offsets_and_the_refused_get(guest, broker, api):
+    name = unique("ui-stream")
+    with pika.BlockingConnection(pika.URLParameters(broker.url)) as connection:
+        channel = connection.channel()
+        channel.queue_declare(name, durable=True, arguments={"x-queue-type": "stream", "x-max-age": "7D"})
+        channel.confirm_delivery()
+        for i in range(3):
+            channel.basic_publish("", name, b"record %d" % i)
+    try:
+        shown = wait_for(lambda: (lambda q: q["messages"] == 3 and q)(api.get("/api/queues/%2F/" + name).body), 10)
+        log = api.get("/api/hutch/streams/%%2F/%s?limit=0" % name).body
+        guest.open("queues")
+        guest.filter(name)
+        guest.wait(lambda: guest.texts("#queues tbody tr td:nth-child(2)") == [name], "the stream in the list")
+        row = guest.texts("#queues tbody tr td")
+        assert (row[2], row[8]) == ("stream", "3")
+        guest.click_text("#queues tbody a", name)
+        guest.wait(lambda: guest.find("#stream-details td"), "the stream's details")
+        facts = _facts(guest, "#stream-details")
+        assert facts == {"Records kept": "3", "Size": "%d B" % shown["message_bytes"],
+                         "First offset": str(log["first_offset"]), "Last offset": str(log["next_offset"] - 1),
+                         "Next offset": str(log["next_offset"]), "x-max-age": "7D"}
+        assert (log["first_offset"], log["next_offset"]) == (0, 3)
+        refusal = guest.submit("get-messages", refused=True)
+        assert refusal == "540 basic.get not supported by stream queues queue '%s' in vhost '/'" % name
+        assert api.get("/api/queues/%2F/" + name).body["messages"] == 3
+        assert guest.submit("peek-messages", {"count": "2"}) == "2 message(s) at the head; none taken."
+        assert guest.texts("#got-messages .payload") == ["record 0", "record 1"]
+    finally:
+        api.delete("/api/queues/%2F/" + name)
+        guest.open("queues")
+        guest.filter("")
+
+
+def test_a_shovel_and_a_federation_link_are_shown_as_the_api_reports_them(guest, broker, api, vhost):
+    v, upstream = segment(vhost), unique("ui-up")
+    source, target, name = unique("ui-shovel-src"), unique("ui-shovel-dst"), unique("ui-shovel")
+    uri = "amqp://guest:guest@127.0.0.1:%d/%s" % (broker.port, v)
+    api.put("/api/vhosts/" + upstream)
+    api.put("/api/permissions/%s/guest" % upstream, ALL_PERMISSIONS)
+    try:
+        api.put("/api/parameters/shovel/%s/%s" % (v, name), {"value": {
+            "src-uri": uri, "src-queue": source, "dest-uri": uri, "dest-queue": target}})
+        api.put("/api/exchanges/%s/fx" % upstream, {"type": "topic"})
+        api.put("/api/exchanges/%s/fx" % v, {"type": "topic"})
+        api.put("/api/parameters/federation-upstream/%s/up" % v, {"value": {
+            "uri": "amqp://guest:guest@127.0.0.1:%d/%s" % (broker.port, upstream)}})
+        api.put("/api/policies/%s/fed" % v, {"pattern": "^fx$", "definition": {"federation-upstream": "up"}})
+        shovel = wait_for(lambda: [s for s in api.get("/api/shovels/" + v).body if s["state"] == "running"], 10)[0]
+        guest.open("shovels")
+        guest.wait(lambda: name in guest.texts("#links tbody td:first-child"), "the shovel")
+        row = next(r for r in _rows(guest, "#links") if r[0] == name)
+        assert row[1:4] == [vhost, shovel["type"], shovel["state"]] == [vhost, "dynamic", "running"]
+        assert row[4] == shovel["src_uri"] + " queue " + source and row[5] == shovel["dest_uri"] + " queue " + target
+        link = wait_for(lambda: [k for k in api.get("/api/federation-links/" + v).body if k["status"] == "running"],
+                        10)[0]
+        guest.open("federation")
+        guest.wait(lambda: vhost in guest.texts("#links tbody td:nth-child(2)"), "the federation link")
+        row = next(r for r in _rows(guest, "#links") if r[1] == vhost)
+        assert row[:6] == ["up", vhost, "exchange", "fx", link["uri"], "running"]
+    finally:
+        api.delete("/api/parameters/shovel/%s/%s" % (v, name))
+        api.delete("/api/policies/%s/fed" % v)
+        api.delete("/api/vhosts/" + upstream)
+
+
+def _rows(ui, css: str) -> list[list[str]]:
+    return ui.driver.execute_script("""
+        return Array.from(document.querySelectorAll(arguments[0] + ' tbody tr'),
+                          r => Array.from(r.cells, c => c.innerText))""", css)

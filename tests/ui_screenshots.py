@@ -1,6 +1,6 @@
 """The screenshots of docs/ui.md: a broker from this checkout with a little
 traffic (queues with messages, a consumer, dead letters of three reasons, a
-policy), shown by the same headless browser as tests/test_ui.py.
+policy, a stream), shown by the same headless browser as tests/test_ui.py.
 
     python tests/ui_screenshots.py docs/ui
 """
@@ -30,6 +30,10 @@ def traffic(port: int, stop: threading.Event) -> None:
         channel.queue_declare("audit", arguments={"x-max-length": 5, "x-dead-letter-exchange": "",
                                                   "x-dead-letter-routing-key": "orders.dead"})
         channel.queue_declare("events")
+        channel.queue_declare("clicks", durable=True, arguments={"x-queue-type": "stream", "x-max-age": "7D",
+                                                                "x-stream-max-segment-size-bytes": 1000000})
+        for i in range(250):
+            channel.basic_publish("", "clicks", b'{"page": "/orders/%d"}' % i)
         for i in range(30):
             time.sleep(0.1)  # dead letters spread over a few seconds, for the charts
             props = pika.BasicProperties(content_type="application/json", message_id="order-%d" % i)
@@ -66,13 +70,16 @@ def main(folder: str) -> None:
         time.sleep(22)  # four refreshes (every 5 s) for the charts
         shots = [("overview", ""), ("queues", "queues"), ("queue", "queues/%2F/orders"),
                  ("connections", "connections"), ("exchanges", "exchanges"), ("dead-letters", "dead-letters"),
-                 ("policies", "policies")]
+                 ("policies", "policies"), ("stream", "queues/%2F/clicks")]
         for name, route in shots:
             if route:  # the overview is open, with its charts filled
                 ui.open(route)
             ui.wait(lambda: ui.find("#view table"), "a table on #/" + route)
             if route == "queues/%2F/orders":
                 time.sleep(11)
+            if route == "queues/%2F/clicks":  # from its Stream section on
+                ui.wait(lambda: ui.find("#stream-details td"), "the stream's details")
+                ui.driver.execute_script("document.getElementById('stream-details').parentElement.scrollIntoView()")
             ui.screenshot(str(out / (name + ".png")))
         ui.login("guest", "wrong")
         ui.wait_text("#login-error", "Login failed")

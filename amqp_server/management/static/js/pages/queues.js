@@ -9,11 +9,9 @@ import { consumerTable } from './clients.js';
 import { bindingTable, bindForm, bindingsHolder } from './bindings.js';
 
 const STATES = ['alpha', 'beta', 'gamma', 'delta'];
-// Fields a stream queue may report, in RabbitMQ's names, and its retention arguments.
-const STREAM_FIELDS = ['first_offset', 'committed_offset', 'last_offset', 'segments', 'message_bytes', 'members',
-                       'leader', 'online'];
-const STREAM_ARGUMENTS = ['x-max-age', 'x-max-length-bytes', 'x-stream-max-segment-size-bytes',
-                          'x-initial-cluster-size'];
+// A stream's retention: its arguments, and the policy keys that apply to it
+// (the policy's wins where both are set, as for the log's retention).
+const RETENTION = ['max-age', 'max-length-bytes', 'stream-max-segment-size-bytes'];
 
 function features(q) {
   const out = [];
@@ -60,6 +58,22 @@ export async function list(view, _params, ctx) {
     return 'Queue added.';
   })));
   return paged.refresh;
+}
+
+function streamFacts(q, log) {
+  const args = q.arguments || {};
+  const policy = q.effective_policy_definition || {};
+  // offsets of the records kept: none in an empty stream, unknown without `log`
+  const offset = (pick) => (log === null ? '' : log.next_offset > log.first_offset ? num(pick(log)) : 'none');
+  return h('div', { id: 'stream-details' }, facts([
+    ['Records kept', num(q.messages)], ['Size', bytes(q.message_bytes)],
+    ['First offset', offset((l) => l.first_offset)], ['Last offset', offset((l) => l.next_offset - 1)],
+    ['Next offset', log === null ? '' : num(log.next_offset)],
+    ...RETENTION.filter((k) => 'x-' + k in args).map((k) => ['x-' + k, String(args['x-' + k])]),
+    ...RETENTION.filter((k) => k in policy).map((k) => [k + ' (policy)', String(policy[k])]),
+  ]), h('p', { class: 'muted' }, 'Records are read by consumers from an offset (x-stream-offset); '
+    + 'a stream refuses basic.get, so Get messages shows the broker\'s refusal; Peek shows the first '
+    + 'records kept, each with its offset in the x-stream-offset header.'));
 }
 
 function messageTable(messages) {
@@ -162,13 +176,13 @@ export async function one(view, params) {
     ]));
     const counted = q.message_states || {};
     clear(states).append(...STATES.map((s) => h('span', { 'data-state': s }, h('b', null, s), ' ', num(counted[s] || 0))));
-    clear(stream);
     if (q.type === 'stream') {
-      const args = q.arguments || {};
-      stream.append(section('Stream', facts([
-        ...STREAM_FIELDS.filter((k) => k in q).map((k) => [k, typeof q[k] === 'object' ? json(q[k]) : String(q[k])]),
-        ...STREAM_ARGUMENTS.filter((k) => k in args).map((k) => [k, String(args[k])]),
-      ])));
+      // the offsets are not in the queue's object: hutch's stream route answers
+      // them without records (it needs read permission; without it, no offsets)
+      const log = await api.get('/hutch/streams/' + enc(vhost) + '/' + enc(name) + '?limit=0').catch(() => null);
+      clear(stream).append(section('Stream', streamFacts(q, log)));
+    } else {
+      clear(stream);
     }
     clear(consumers).append(consumerTable(q.consumer_details || []));
     bindings.show(bindingTable(vhost, await api.get(path + '/bindings'), () => refresh()));
