@@ -220,8 +220,8 @@ def free_port() -> int:
 
 
 class Hutch:
-    def __init__(self, data_dir: str, port: int, extra: list[str]) -> None:
-        self.data_dir, self.port, self.extra = data_dir, port, extra
+    def __init__(self, data_dir: str, port: int, extra: list[str], root: str = ROOT) -> None:
+        self.data_dir, self.port, self.extra, self.root = data_dir, port, extra, root
         self.proc: subprocess.Popen | None = None
         self.uri = "amqp://guest:guest@127.0.0.1:%d/%%2f" % port
 
@@ -233,7 +233,7 @@ class Hutch:
                "--data-dir", self.data_dir, "--log-level", "warning",
                "--management-enabled", "false", "--prometheus-enabled", "false", "--mqtt-enabled", "false",
                *self.extra]
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=logf, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(cmd, cwd=self.root, stdout=logf, stderr=subprocess.STDOUT)
         logf.close()
 
     @property
@@ -277,10 +277,11 @@ def wait_serving(port: int, proc: subprocess.Popen, timeout: float) -> float:
 
 
 @contextmanager
-def fresh_hutch(extra: list[str] = ()):
-    """A hutch on a free port with an empty temporary data directory; stopped and removed after."""
+def fresh_hutch(extra: list[str] = (), root: str = ROOT):
+    """A hutch (the source tree at `root`, default this checkout) on a free port with an empty
+    temporary data directory; stopped and removed after."""
     data_dir = tempfile.mkdtemp(prefix="hutch-bench-")
-    hutch = Hutch(data_dir, free_port(), list(extra))
+    hutch = Hutch(data_dir, free_port(), list(extra), root)
     try:
         hutch.start()
         wait_serving(hutch.port, hutch.proc, 60)
