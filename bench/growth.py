@@ -103,7 +103,7 @@ def run_point(settings: argparse.Namespace, dim: Dimension, x: int, broker) -> d
 # --- charts -------------------------------------------------------------------------------
 
 COLOURS = {"hutch": "#d9480f", "RabbitMQ": "#1864ab"}
-W, H, PAD_L, PAD_R, PAD_T, PAD_B = 360, 240, 64, 12, 28, 44
+W, H, PAD_L, PAD_R, PAD_T, PAD_B = 360, 240, 64, 28, 28, 44
 
 
 def _ticks(lo: float, hi: float) -> list[float]:
@@ -119,15 +119,18 @@ def _ticks(lo: float, hi: float) -> list[float]:
     return [first + i * step for i in range(int((hi - first) / step) + 2) if first + i * step <= hi * 1.0001]
 
 
-def _label(v: float) -> str:
-    for unit, size in (("M", 1e6), ("k", 1e3)):
+def _label(v: float, binary: bool = False) -> str:
+    units = (("Mi", 2**20), ("Ki", 2**10)) if binary else (("M", 1e6), ("k", 1e3))
+    for unit, size in units:
         if abs(v) >= size:
             return ("%g" % (v / size)) + unit
     return "%g" % v
 
 
-def panel(series: dict[str, list[tuple[float, float]]], x_title: str, y_title: str, ox: int) -> list[str]:
-    """One chart at x offset `ox`: a line per broker, log x (0 drawn at the left edge), linear y from 0."""
+def panel(series: dict[str, list[tuple[float, float]]], x_title: str, y_title: str, ox: int,
+          binary: bool = False) -> list[str]:
+    """One chart at x offset `ox`: a line per broker, log x (0 drawn at the left edge), linear y from
+    0; `binary`: x labels in KiB/MiB."""
     points = [p for s in series.values() for p in s]
     if not points:
         return []
@@ -151,7 +154,7 @@ def panel(series: dict[str, list[tuple[float, float]]], x_title: str, y_title: s
                                                                                           _label(t)))
     for x in xs:
         out.append('<text x="%.1f" y="%d" font-size="10" text-anchor="middle">%s</text>' % (px(x), H - PAD_B + 14,
-                                                                                         _label(x)))
+                                                                                         _label(x, binary)))
     out.append('<text x="%d" y="%d" font-size="11" text-anchor="middle">%s</text>' % (
         ox + (PAD_L + W - PAD_R) // 2, H - 8, x_title))
     for broker, pts in series.items():
@@ -174,8 +177,10 @@ def render(results: dict, svg_dir: str) -> list[str]:
             continue
         rate = {b: [(r["x"], r["consumed"]) for r in rs if r.get("consumed")] for b, rs in runs.items()}
         cpu = {b: [(r["x"], r["cpu_us"]) for r in rs if r.get("cpu_us")] for b, rs in runs.items()}
-        body = panel(rate, dim.title, "msg/s", 0) + panel(cpu, dim.title, "broker CPU µs per message", W)
-        legend = ['<text x="%d" y="%d" font-size="11" fill="%s">%s</text>' % (2 * W - 90, 16 + 14 * i, COLOURS[b], b)
+        binary = dim.key == "size"
+        body = panel(rate, dim.title, "msg/s", 0, binary) + panel(cpu, dim.title, "broker CPU µs per message", W, binary)
+        legend = ['<text x="%d" y="%d" font-size="11" fill="%s">%s</text>' % (2 * W - 70 + 0 * i, H - 22 + 14 * i,
+                                                                               COLOURS[b], b)
                   for i, b in enumerate(COLOURS)]
         svg = ('<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif">'
                '<rect width="100%%" height="100%%" fill="white"/>%s</svg>\n' % (2 * W, H, "".join(body + legend)))
