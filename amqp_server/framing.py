@@ -12,9 +12,11 @@ The common publish, a basic.publish method frame followed at once by its
 content header and a single body frame on the same channel, is listed as one
 item (frame type CONTENT) with its arguments decoded, so the connection hands
 the message on in one call instead of three frames' worth of dispatch; anything
-else (a malformed or immediate publish too) is listed frame by frame. The scan is the per-message hot path: `amqp_server._framing` (C, built
-when a compiler is at hand) does it when importable, `_scan_python` below
-otherwise, and tests/test_framing.py holds the two to the same output.
+else (a malformed or immediate publish too) is listed frame by frame. The
+scan is the per-message hot path: `amqp_server._framing` (C, built when a
+compiler is at hand) does it when importable and of this layout (C_VERSION),
+`_scan_python` below otherwise, and tests/test_framing.py holds the two to the
+same output.
 """
 from __future__ import annotations
 

@@ -149,7 +149,8 @@ def panel(series: dict[str, list[tuple[float, float]]], x_title: str, y_title: s
 
     out = ['<text x="%d" y="16" font-size="12" font-weight="bold">%s</text>' % (ox + PAD_L, y_title)]
     for t in ticks:
-        out.append('<line x1="%d" x2="%d" y1="%.1f" y2="%.1f" stroke="#ddd"/>' % (ox + PAD_L, ox + W - PAD_R, py(t), py(t)))
+        out.append('<line x1="%d" x2="%d" y1="%.1f" y2="%.1f" stroke="#ddd"/>'
+                   % (ox + PAD_L, ox + W - PAD_R, py(t), py(t)))
         out.append('<text x="%d" y="%.1f" font-size="10" text-anchor="end">%s</text>' % (ox + PAD_L - 4, py(t) + 3,
                                                                                           _label(t)))
     for x in xs:
@@ -178,8 +179,9 @@ def render(results: dict, svg_dir: str) -> list[str]:
         rate = {b: [(r["x"], r["consumed"]) for r in rs if r.get("consumed")] for b, rs in runs.items()}
         cpu = {b: [(r["x"], r["cpu_us"]) for r in rs if r.get("cpu_us")] for b, rs in runs.items()}
         binary = dim.key == "size"
-        body = panel(rate, dim.title, "msg/s", 0, binary) + panel(cpu, dim.title, "broker CPU µs per message", W, binary)
-        legend = ['<text x="%d" y="%d" font-size="11" fill="%s">%s</text>' % (2 * W - 70 + 0 * i, H - 22 + 14 * i,
+        body = (panel(rate, dim.title, "msg/s", 0, binary)
+                + panel(cpu, dim.title, "broker CPU µs per message", W, binary))
+        legend = ['<text x="%d" y="%d" font-size="11" fill="%s">%s</text>' % (2 * W - 70, H - 22 + 14 * i,
                                                                                COLOURS[b], b)
                   for i, b in enumerate(COLOURS)]
         svg = ('<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif">'
@@ -219,7 +221,8 @@ def main(argv: list[str] | None = None) -> int:
             sys.exit("RabbitMQ does not answer at %s (use --no-rabbitmq)" % args.rabbitmq_url)
         brokers.append(RabbitMQBroker(args.rabbitmq_url))
     args.generator = args.generator or build_amqpbench(AMQPBENCH_SRC)
-    results = {"command": " ".join(["python"] + sys.argv), "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    results = {"command": " ".join(["python"] + sys.argv),
+               "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                "machine": machine(), "revision": revision(), "dimensions": {}}
     for dim in dims:
         runs = results["dimensions"][dim.key] = {b.name: [] for b in brokers}
