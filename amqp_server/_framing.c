@@ -1,7 +1,8 @@
 /* C twins of the per-message hot paths in framing.py and fastpath.py.
  *
  * scan:    framing._scan_python (the frames at the front of a connection's
- *          read buffer, a publish with its whole content as one item).
+ *          read buffer, a publish with its whole content as one item, its
+ *          arguments decoded).
  * deliver: fastpath.deliver_python (a whole basic.deliver: method frame,
  *          content header, body frames, as one bytes object).
  *
@@ -77,6 +78,46 @@ static PyObject *slice(const unsigned char *buf, Py_ssize_t start, Py_ssize_t si
     return PyBytes_FromStringAndSize((const char *)buf + start, size);
 }
 
+/* framing._publish_arguments: (exchange, routing_key, mandatory, method)
+ * of a basic.publish payload of `size` bytes at `p`, or NULL with no error
+ * set when it is not the plain case (malformed, trailing bytes, names not
+ * UTF-8, immediate); NULL with an error set only when out of memory. */
+static PyObject *publish_arguments(const unsigned char *p, uint32_t size)
+{
+    if (size < 7)
+        return NULL;
+    Py_ssize_t xlen = p[6];
+    if (7 + xlen >= (Py_ssize_t)size)
+        return NULL;
+    Py_ssize_t klen = p[7 + xlen];
+    if (8 + xlen + klen >= (Py_ssize_t)size || (Py_ssize_t)size != 9 + xlen + klen)
+        return NULL;
+    unsigned bits = p[8 + xlen + klen];
+    if (bits & 2)
+        return NULL;
+    PyObject *exchange = PyUnicode_DecodeUTF8((const char *)p + 7, xlen, NULL);
+    if (exchange == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError))
+            return NULL;
+        PyErr_Clear();
+        return NULL;
+    }
+    PyObject *key = PyUnicode_DecodeUTF8((const char *)p + 8 + xlen, klen, NULL);
+    if (key == NULL) {
+        Py_DECREF(exchange);
+        if (PyErr_ExceptionMatches(PyExc_UnicodeDecodeError))
+            PyErr_Clear();
+        return NULL;
+    }
+    PyObject *method = PyBytes_FromStringAndSize((const char *)p, size);
+    if (method == NULL) {
+        Py_DECREF(exchange);
+        Py_DECREF(key);
+        return NULL;
+    }
+    return Py_BuildValue("(NNON)", exchange, key, (bits & 1) ? Py_True : Py_False, method);
+}
+
 static PyObject *scan(PyObject *Py_UNUSED(module), PyObject *args)
 {
     Py_buffer view;
@@ -116,16 +157,18 @@ static PyObject *scan(PyObject *Py_UNUSED(module), PyObject *args)
                 if (!whole && frame_at(buf, after, limit, frame_max, &btype, &bchannel, &bsize)
                     && btype == FRAME_BODY && bchannel == channel && bsize == body_size)
                     whole = 1;
-                if (whole) {
-                    PyObject *method = slice(buf, start, size);
+                PyObject *publish = whole ? publish_arguments(buf + start, size) : NULL;
+                if (publish == NULL && PyErr_Occurred())
+                    goto fail;
+                if (publish != NULL) {
                     PyObject *header = slice(buf, hstart, hsize);
                     PyObject *body = body_size ? slice(buf, after + 7, bsize) : PyBytes_FromStringAndSize("", 0);
                     if (body_size)
                         after += 7 + bsize + 1;
-                    if (method && header && body)
-                        item = Py_BuildValue("(iiNNNn)", CONTENT, (int)channel, method, header, body, after);
+                    if (header && body)
+                        item = Py_BuildValue("(iiNNNn)", CONTENT, (int)channel, publish, header, body, after);
                     else {
-                        Py_XDECREF(method);
+                        Py_DECREF(publish);
                         Py_XDECREF(header);
                         Py_XDECREF(body);
                     }
@@ -231,4 +274,16 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, .m_name = "_framing", .m_size = -1, .m_methods = methods};
 
-PyMODINIT_FUNC PyInit__framing(void) { return PyModule_Create(&module); }
+/* The layout of what scan and deliver take and give; framing.C_VERSION must
+ * match, so a stale build (an older layout) is ignored, not misread. */
+#define VERSION 2
+
+PyMODINIT_FUNC PyInit__framing(void)
+{
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && PyModule_AddIntConstant(m, "VERSION", VERSION) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -196,20 +196,17 @@ class Channel(Deliveries):
             self._finish_publish(pending[0], pending[1], pending[2], pending[3],
                                  parts[0] if len(parts) == 1 else b"".join(parts))
 
-    def published(self, method: bytes, header: bytes, body: bytes) -> bool:
+    def published(self, publish: tuple, header: bytes, body: bytes) -> bool:
         """A basic.publish with its whole content at once (the frame reader
-        joined its frames): False, having done nothing, unless it is the
-        plain case, which is then published. Everything else (errors
-        included) goes frame by frame, so it has one implementation."""
-        if self.state is CLOSING or self._publish is not None or self.connection.alarms.raised:
+        joined its frames and decoded its arguments, `publish` = (exchange,
+        routing_key, mandatory, method payload)): False, having done
+        nothing, unless it is the plain case, which is then published.
+        Everything else (errors included) goes frame by frame, so it has one
+        implementation."""
+        if self.state is CLOSING or self._publish is not None or self.connection.alarms.raised \
+                or len(body) > self.connection.config.max_message_size:
             return False
-        try:
-            exchange, routing_key, mandatory, immediate = fastpath.decode_publish(method)
-        except (ValueError, IndexError):
-            return False
-        if immediate or len(body) > self.connection.config.max_message_size:
-            return False
-        self._finish_publish(exchange, routing_key, mandatory, header, body)
+        self._finish_publish(publish[0], publish[1], publish[2], header, body)
         return True
 
     # -- publish -------------------------------------------------------------

@@ -299,7 +299,7 @@ class Connection:
                     if frame_type != CONTENT:
                         self._frame(frame_type, channel, payload)
                     elif not self._published(channel, payload, header, body):
-                        frames = _frames_of_content(channel, payload, header, body, end)
+                        frames = _frames_of_content(channel, payload[3], header, body, end)
                         for frame_type, channel, payload, done in frames:
                             if self.state is CLOSED:
                                 return
@@ -335,14 +335,15 @@ class Connection:
             self.io.pause_reading()
             self.io.call_soon(self._continue)
 
-    def _published(self, number: int, method: bytes, header: bytes, body: bytes) -> bool:
-        """A basic.publish with its whole content (one scanned item): False,
-        having done nothing, when it must be taken frame by frame instead."""
+    def _published(self, number: int, publish: tuple, header: bytes, body: bytes) -> bool:
+        """A basic.publish with its whole content (one scanned item, its
+        arguments decoded): False, having done nothing, when it must be taken
+        frame by frame instead."""
         channel = self.channels.get(number)
         if channel is None or self.state is not RUNNING:
             return False
         try:
-            return channel.published(method, header, body)
+            return channel.published(publish, header, body)
         except AMQPError as exc:
             if exc.closes_connection:
                 raise

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import struct
 
-from amqp_server.framing import FRAME_END_BYTE, FRAME_METHOD, content_frames
+from amqp_server.framing import C_TWINS, FRAME_END_BYTE, FRAME_METHOD, content_frames
 
 PUBLISH = 0x003C0028
 ACK = 0x003C0050
@@ -81,7 +81,5 @@ def deliver_python(channel: int, consumer_tag: str, delivery_tag: int, redeliver
     return b"".join(frames)
 
 
-try:
-    from amqp_server._framing import deliver
-except ImportError:  # no C compiler at install time
-    deliver = deliver_python
+# The C twin when built (and of this layout: framing.C_VERSION), else the Python one.
+deliver = deliver_python if C_TWINS is None else C_TWINS.deliver

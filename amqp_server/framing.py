@@ -10,11 +10,13 @@ which is kept raw (see `storage.message`).
 
 The common publish, a basic.publish method frame followed at once by its
 content header and a single body frame on the same channel, is listed as one
-item (frame type CONTENT), so the connection hands the message on in one call
-instead of three frames' worth of dispatch; anything else is listed frame by
-frame. The scan is the per-message hot path: `amqp_server._framing` (C, built
-when a compiler is at hand) does it when importable, `_scan_python` below
-otherwise, and tests/test_framing.py holds the two to the same output.
+item (frame type CONTENT) with its arguments decoded, so the connection hands
+the message on in one call instead of three frames' worth of dispatch; anything
+else (a malformed or immediate publish too) is listed frame by frame. The
+scan is the per-message hot path: `amqp_server._framing` (C, built when a
+compiler is at hand) does it when importable and of this layout (C_VERSION),
+`_scan_python` below otherwise, and tests/test_framing.py holds the two to the
+same output.
 """
 from __future__ import annotations
 
@@ -71,8 +73,9 @@ class FrameReader:
     def scan(self, budget: int) -> list:
         """The complete frames at the front of the buffer, left there until
         `consume`: (frame_type, channel, payload, header, body, end) each,
-        `end` the offset just past it. A publish with its whole content is
-        one item (CONTENT, channel, method payload, content header payload,
+        `end` the offset just past it. A publish with its whole content and
+        plain arguments is one item (CONTENT, channel, (exchange,
+        routing_key, mandatory, method payload), content header payload,
         body, end); every other frame has header and body None. Listing
         stops once `budget` payload bytes are listed (at least one item),
         and before an incomplete or bad frame; a bad frame at the front is
@@ -130,13 +133,33 @@ def _scan_python(buf: bytearray, frame_max: int, budget: int) -> list:
         budget -= size
         if frame_type == FRAME_METHOD and channel and payload[:4] == _BASIC_PUBLISH:
             content = _content_at(buf, pos, limit, channel, frame_max)
-            if content is not None:
+            publish = _publish_arguments(payload) if content is not None else None
+            if publish is not None:
                 header, body, pos = content
                 budget -= len(header) + len(body)
-                items.append((CONTENT, channel, payload, header, body, pos))
+                items.append((CONTENT, channel, publish, header, body, pos))
                 continue
         items.append((frame_type, channel, payload, None, None, pos))
     return items
+
+
+def _publish_arguments(payload: bytes):
+    """(exchange, routing_key, mandatory, payload) of a basic.publish payload
+    (method id included) in the plain case; None when it is not: malformed,
+    trailing bytes (RabbitMQ refuses them), a name that is not UTF-8, or
+    immediate. The frame-by-frame path reports what is wrong."""
+    if len(payload) < 7:
+        return None
+    pos = 7 + payload[6]
+    if pos >= len(payload):
+        return None
+    end = pos + 1 + payload[pos]
+    if end + 1 != len(payload) or payload[end] & 2:
+        return None
+    try:
+        return payload[7:pos].decode("utf-8"), payload[pos + 1:end].decode("utf-8"), bool(payload[end] & 1), payload
+    except UnicodeDecodeError:
+        return None
 
 
 def _content_at(buf: bytearray, pos: int, limit: int, channel: int, frame_max: int):
@@ -165,11 +188,17 @@ def _content_at(buf: bytearray, pos: int, limit: int, channel: int, frame_max: i
     return header, bytes(buf[pos + 7:end]), end + 1
 
 
+# The layout of the C twins' arguments and items (_framing.c's VERSION). A
+# build of another layout (left from an older checkout) is not used.
+C_VERSION = 2
 try:
-    from amqp_server._framing import scan as _scan
+    from amqp_server import _framing as C_TWINS
 except ImportError:  # no C compiler at install time
-    _scan = _scan_python
-ACCELERATED = _scan is not _scan_python
+    C_TWINS = None
+if getattr(C_TWINS, "VERSION", None) != C_VERSION:
+    C_TWINS = None
+_scan = _scan_python if C_TWINS is None else C_TWINS.scan
+ACCELERATED = C_TWINS is not None
 
 
 def payload_snippet(payload: bytes) -> str:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -250,9 +251,28 @@ async def serve(config: BrokerConfig) -> None:
     except BaseException:
         server.abandon()
         raise
+    collect_rarely()
     await stop.wait()
     log.info("shutting down")
     await server.stop()
+
+
+# Objects allocated before the cyclic garbage collector's youngest generation is scanned. Python's
+# default (700) scans it about every hundred messages (a message costs a handful of tracked
+# objects: the scanned item, Message, its queue entry, the unacked record), and every tenth scan
+# an older generation with it; almost everything per message is freed by reference counting, so
+# those scans find nothing. Cycles still get collected, just 100 times less often.
+GC_YOUNG = 70_000
+
+
+def collect_rarely() -> None:
+    """Once started: what start-up made (definitions, recovered queues) is moved out of the
+    collector's sight (`gc.freeze`, it lives as long as the broker), and the youngest generation
+    is scanned every GC_YOUNG allocations instead of 700."""
+    gc.collect()
+    gc.freeze()
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG, older, oldest)
 
 
 def run(config: BrokerConfig, main=serve) -> None:

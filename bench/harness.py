@@ -3,6 +3,7 @@
 - `amqpbench`: the C load generator (`../shared/amqpbench`, PerfTest's options), built on demand
   and run once per phase; its one JSON line of results is returned as a dict.
 - `Hutch` / `fresh_hutch`: a hutch server started from this checkout on a free port;
+  `fresh_garagemq`: Debian's garagemq (Go) the same way, with its own config file;
   `rabbitmq_pid`: the `beam.smp` holding a RabbitMQ listener (found through /proc).
 - `RssSampler`: a thread sampling a pid's VmRSS, keeping the peak; `profiled`: py-spy on demand.
 - `fill_drain`: the backlog phase (persistent 1 KiB with confirms into one queue, then drained).
@@ -23,6 +24,7 @@ import threading
 import time
 import urllib.parse
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Callable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -218,8 +220,8 @@ def free_port() -> int:
 
 
 class Hutch:
-    def __init__(self, data_dir: str, port: int, extra: list[str]) -> None:
-        self.data_dir, self.port, self.extra = data_dir, port, extra
+    def __init__(self, data_dir: str, port: int, extra: list[str], root: str = ROOT) -> None:
+        self.data_dir, self.port, self.extra, self.root = data_dir, port, extra, root
         self.proc: subprocess.Popen | None = None
         self.uri = "amqp://guest:guest@127.0.0.1:%d/%%2f" % port
 
@@ -231,7 +233,7 @@ class Hutch:
                "--data-dir", self.data_dir, "--log-level", "warning",
                "--management-enabled", "false", "--prometheus-enabled", "false", "--mqtt-enabled", "false",
                *self.extra]
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=logf, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(cmd, cwd=self.root, stdout=logf, stderr=subprocess.STDOUT)
         logf.close()
 
     @property
@@ -275,16 +277,81 @@ def wait_serving(port: int, proc: subprocess.Popen, timeout: float) -> float:
 
 
 @contextmanager
-def fresh_hutch(extra: list[str] = ()):
-    """A hutch on a free port with an empty temporary data directory; stopped and removed after."""
+def fresh_hutch(extra: list[str] = (), root: str = ROOT):
+    """A hutch (the source tree at `root`, default this checkout) on a free port with an empty
+    temporary data directory; stopped and removed after."""
     data_dir = tempfile.mkdtemp(prefix="hutch-bench-")
-    hutch = Hutch(data_dir, free_port(), list(extra))
+    hutch = Hutch(data_dir, free_port(), list(extra), root)
     try:
         hutch.start()
         wait_serving(hutch.port, hutch.proc, 60)
         yield hutch
     finally:
         hutch.stop()
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+# garagemq's config (the package's /etc/garagemq/config.yaml with our ports and data directory):
+# its `proto: amqp-rabbit` speaks RabbitMQ's dialect; guest/guest with the md5 of "guest".
+GARAGEMQ_CONFIG = """proto: amqp-rabbit
+users:
+  - username: guest
+    password: 084e0343a0486ff05530df6c705c8bb4
+tcp:
+  ip: 127.0.0.1
+  port: {port}
+  nodelay: false
+  readBufSize: 196608
+  writeBufSize: 196608
+admin:
+  ip: 127.0.0.1
+  port: {admin_port}
+queue:
+  shardSize: 8192
+  maxMessagesInRam: 131072
+db:
+  defaultPath: {data_dir}/db
+  engine: badger
+vhost:
+  defaultPath: /
+security:
+  passwordCheck: md5
+connection:
+  channelsMax: 4096
+  frameMaxSize: 65536
+"""
+
+
+@dataclass(frozen=True)
+class Started:
+    """A broker process started for one run: where it listens and its pid."""
+    uri: str
+    pid: int
+
+
+@contextmanager
+def fresh_garagemq(binary: str = "garagemq"):
+    """Debian's garagemq on a free port (and a free admin port), its config file and badger
+    database in a temporary directory; stopped and removed after."""
+    data_dir = tempfile.mkdtemp(prefix="garagemq-bench-")
+    port = free_port()
+    config = os.path.join(data_dir, "config.yaml")
+    with open(config, "w") as f:
+        f.write(GARAGEMQ_CONFIG.format(port=port, admin_port=free_port(), data_dir=data_dir))
+    with open(os.path.join(data_dir, "broker.log"), "ab") as logf:
+        proc = subprocess.Popen([binary, "--config", config, "--log-level", "error"], cwd=data_dir,
+                                stdout=logf, stderr=subprocess.STDOUT)
+    try:
+        wait_serving(port, proc, 60)
+        yield Started("amqp://guest:guest@127.0.0.1:%d/%%2f" % port, proc.pid)
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
         shutil.rmtree(data_dir, ignore_errors=True)
 
 

@@ -62,3 +62,30 @@ def test_table_one_line_per_metric_with_medians_ratio_and_verdict():
     assert lines[2] == "| S1 | consumed msg/s | 62,000 | 77,500 | 0.80 | ratio >= 1 | missed | 45 | 600 |"
     assert lines[3] == "| S8 | latency p99 ms | 0.5 | 1 | 0.50 | ratio <= 1 | met | - | - |"
     assert lines[4] == "| S6 | peak RSS MiB | 120 | - | - | hutch < 150 | met | - | - |"
+
+
+def test_table_with_garagemq_has_its_value_ratio_and_rss_and_names_each_verdict():
+    mib = 2**20
+    s1 = Metric("consumed", "consumed msg/s", ">= 2", ">= 1")
+    cpu = Metric("cpu_us", "broker CPU µs per message")
+    text = table([
+        Row("S1", s1, [150000.0], [60000.0], [50 * mib], [500 * mib], [200000.0, 180000.0], [30 * mib]),
+        Row("S1", cpu, [5.0], [14.0], [], [], [3.2], []),
+        Row("S3", CONSUMED_S3, [30000.0], [10000.0]),  # garagemq did not run it
+    ], garagemq=True)
+    lines = text.splitlines()
+    assert lines[0] == ("| scenario | metric | hutch | RabbitMQ | garagemq | hutch / RabbitMQ | hutch / garagemq "
+                        "| target | verdict | hutch RSS MiB | RabbitMQ RSS MiB | garagemq RSS MiB |")
+    assert lines[1].count("|") == 13
+    assert lines[2] == ("| S1 | consumed msg/s | 150,000 | 60,000 | 190,000 | 2.50 | 0.79 "
+                        "| RabbitMQ ratio >= 2; garagemq ratio >= 1 | RabbitMQ met; garagemq missed | 50 | 500 | 30 |")
+    assert lines[3] == "| S1 | broker CPU µs per message | 5 | 14.0 | 3.2 | 0.36 | 1.56 |  |  | - | - | - |"
+    assert lines[4] == "| S3 | consumed msg/s | 30,000 | 10,000 | - | 3.00 | - | RabbitMQ ratio >= 2 | RabbitMQ met | - | - | - |"
+
+
+def test_an_absolute_bound_on_hutch_names_no_broker_beside_garagemq():
+    assert table([Row("S6", RSS, [151.0], [])], garagemq=True).splitlines()[2] == (
+        "| S6 | peak RSS MiB | 151 | - | - | - | - | hutch < 150 | missed | - | - | - |")
+
+
+CONSUMED_S3 = Metric("consumed", "consumed msg/s", ">= 2")

@@ -65,7 +65,7 @@ from collections import deque
 from typing import Callable, Iterable
 
 from storage import BackingQueue, Message, QueueEntry
-from storage.backing_queue import READY
+from storage.backing_queue import OUT, READY
 from storage.message import EXPIRATION_BIT, EXPIRATION_BYTE
 from vhosts.clock import Clock, LoopClock
 from vhosts.consumer import Consumer
@@ -215,8 +215,12 @@ class Queue:
         self.stats.publish += 1
         if self._plain and not message.header[EXPIRATION_BYTE] & EXPIRATION_BIT:
             # The fast path: no TTL, no length limit.
-            waits = on_durable is not None and self.backing.persists(message)
-            self.backing.publish(message, on_durable if waits else None)
+            backing = self.backing
+            persists = backing.persists(message)
+            if self.consumers and not backing.ready and not persists and self._hand_off(message):
+                return ACCEPTED
+            waits = on_durable is not None and persists
+            backing.publish(message, on_durable if waits else None)
             if self.consumers:
                 self.dispatch()
                 if self.backing.ready > PACE_ABOVE and self._credit > 0:
@@ -246,6 +250,30 @@ class Queue:
         if expiry and entry.state == READY and expiry <= self.clock.now():
             self.expire()  # TTL 0: delivered at once or never
         return DURABLE_PENDING if waits else ACCEPTED
+
+    def _hand_off(self, message: Message) -> bool:
+        """Direct hand-off: a message that will not be written, published to a queue with nothing
+        ready (so nothing it would overtake), goes to the next consumer that can take it at
+        once, as `dispatch` would have sent it. A no-ack consumer gets a detached entry (seq -1,
+        never in the backing queue: its ack releases nothing), so the backing queue does not see
+        it at all; an acking one gets it through the backing queue (its entry must be requeueable
+        in order). False, having done nothing, when no consumer can take it now."""
+        consumer = self._pick()
+        if consumer is None:
+            return False
+        if consumer.no_ack:
+            entry = QueueEntry(-1, message)
+            entry.state = OUT
+        else:
+            self.backing.publish(message)
+            entry = self.backing.fetch()
+        consumer.channel.deliver(consumer, self, entry)
+        self._paced_deliveries += 1
+        if self._credit < PACE_CREDIT:
+            self._credit += 1
+        if self.flow_waiters and not self._holding():
+            self.release_waiters()
+        return True
 
     def _expiry_of(self, message: Message, now: int) -> int:
         ttl = self.settings.message_ttl

@@ -38,7 +38,7 @@ from amqp_server.cluster.follower import Follower
 from amqp_server.cluster.replication import Replicator
 from amqp_server.config import BrokerConfig
 from amqp_server.management import prometheus
-from amqp_server.server import CLEAN_SHUTDOWN, BrokerServer, ListenError
+from amqp_server.server import CLEAN_SHUTDOWN, BrokerServer, ListenError, collect_rarely
 
 log = logging.getLogger("hutch.cluster")
 
@@ -215,6 +215,7 @@ class ClusterNode:
         await self._retrying(lambda: self.etcd.set_in_sync(self.name, [self.name]))
         await self.replicator.start(self.config.bind, cluster.replication_port)
         await server.start()
+        collect_rarely()
         await self._retrying(self.register)
         self._tasks.append(asyncio.get_running_loop().create_task(self._watch_members()))
 

@@ -1,0 +1,257 @@
+#!/usr/bin/env python3
+"""The cost of growth: throughput and broker CPU per message against the number of queues,
+connections, consumers per queue, the message size and the backlog depth, hutch beside RabbitMQ.
+
+    python bench/growth.py --generator /tmp/amqpbench/amqpbench --json-out growth.json --svg-dir docs/growth
+    python bench/growth.py --quick --generator /tmp/amqpbench/amqpbench            # small sizes: does it work
+    python bench/growth.py --render growth.json --svg-dir docs/growth                # charts from a saved run
+
+One amqpbench run per point and broker (a fresh hutch each; RabbitMQ is the shared node at
+--rabbitmq-url), --duration s after --warmup s, interleaved (each point: hutch, then RabbitMQ).
+What varies, the rest held at PerfTest-like defaults (16 B bodies, autoack, except where said):
+
+- queues N (1 to 10,000): N queues declared; min(N, 100) of them carry traffic, one producer and
+  one consumer each (so 1..100 active, the rest idle: does the broker's cost grow with queues it
+  holds but does not use?);
+- connections N (2 to 5,000): N/2 producers and N/2 consumers, a queue per pair;
+- consumers per queue C (1 to 1,000): one producer, one queue, C consumers (prefetch 100, ack
+  every 10th multiple: round-robin has work to do);
+- message size S (16 B to 4 MiB): one producer, one consumer, prefetch 100, multi-ack every 10;
+- backlog depth D (0 to 10,000,000): D messages of 16 B queued first, then one producer and one
+  consumer (prefetch 100, multi-ack every 10) through the deep queue.
+
+Broker CPU per message is as in scenarios.py (the broker's /proc user + system time over the
+measured window, over the messages consumed). A point RabbitMQ cannot take (the shared node's
+socket limit, SPARE_SOCKETS left to others) is skipped and noted. The results go to --json-out;
+`render` draws one SVG per dimension (msg/s and CPU µs per message, log-scaled x) by hand, so
+the bench needs no plotting library.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from harness import (AMQPBENCH_SRC, amqpbench, answers_amqp_uri, build_amqpbench, log, machine,  # noqa: E402
+                     rabbitmq_sockets_left, revision)
+from measures import SPARE_SOCKETS, HutchBroker, RabbitMQBroker, cpu_us  # noqa: E402
+
+ACKED = "--prefetch 100 --multi-ack-every 10"
+
+
+@dataclass(frozen=True)
+class Dimension:
+    key: str
+    title: str  # what the x axis counts
+    full: tuple[int, ...]
+    quick: tuple[int, ...]
+
+    def args(self, x: int) -> tuple[str, int]:
+        """amqpbench arguments for point `x`, and the connections they open."""
+        if self.key == "queues":
+            active = min(x, 100)
+            return "--size 16 --autoack --queues %d --producers %d --consumers %d" % (x, active, active), 2 * active
+        if self.key == "connections":
+            half = max(1, x // 2)
+            return "--size 16 --autoack --queues %d --producers %d --consumers %d" % (half, half, half), 2 * half
+        if self.key == "consumers":
+            return "--size 16 %s --queues 1 --producers 1 --consumers %d" % (ACKED, x), 1 + x
+        if self.key == "size":
+            return "--size %d %s" % (x, ACKED), 2
+        return "--size 16 %s" % ACKED, 2  # backlog: filled first (run_point)
+
+
+DIMENSIONS = (
+    Dimension("queues", "queues", (1, 10, 100, 1000, 10_000), (1, 10)),
+    Dimension("connections", "connections", (2, 20, 200, 2000, 5000), (2, 20)),
+    Dimension("consumers", "consumers per queue", (1, 10, 100, 1000), (1, 10)),
+    Dimension("size", "message size, bytes", (16, 1024, 65536, 1 << 20, 4 << 20), (16, 65536)),
+    Dimension("backlog", "backlog depth, messages", (0, 10_000, 100_000, 1_000_000, 10_000_000), (0, 10_000)),
+)
+
+
+def run_point(settings: argparse.Namespace, dim: Dimension, x: int, broker) -> dict:
+    args, connections = dim.args(x)
+    name = "growth-%s-%d-%d" % (dim.key, x, os.getpid())
+    if broker.name == RabbitMQBroker.name:
+        left = rabbitmq_sockets_left()
+        if left is not None and connections > left - SPARE_SOCKETS:
+            return {"skipped": "RabbitMQ: %d connections needed, %d left (its socket limit, %d spare)"
+                               % (connections, left, SPARE_SOCKETS)}
+    with broker.running() as target:
+        if dim.key == "backlog" and x:
+            t0 = time.monotonic()
+            amqpbench(settings.generator, target.uri, ["--consumers", "0", "--pmessages", str(x), "--size", "16",
+                                                       "--confirm", "1000", "--keep", "--queue", name], target.pid,
+                      timeout=7200)
+            log("backlog of %d queued in %.0f s" % (x, time.monotonic() - t0))
+        out = amqpbench(settings.generator, target.uri,
+                        ["--time", "%g" % settings.duration, "--warmup", "%g" % settings.warmup, "--queue", name,
+                         "--label", name, *args.split()], target.pid,
+                        timeout=settings.duration + settings.warmup + 1800)
+    rate = out["consume_rate"]
+    return {"x": x, "consumed": rate, "cpu_us": cpu_us(out["broker_cpu_pct"], rate),
+            "mib_s": rate * (x if dim.key == "size" else 16) / 2**20, "amqpbench": out}
+
+
+# --- charts -------------------------------------------------------------------------------
+
+COLOURS = {"hutch": "#d9480f", "RabbitMQ": "#1864ab"}
+W, H, PAD_L, PAD_R, PAD_T, PAD_B = 360, 240, 64, 28, 28, 44
+
+
+def _ticks(lo: float, hi: float) -> list[float]:
+    """Round values spanning [lo, hi] for a linear axis."""
+    if hi <= lo:
+        hi = lo + 1
+    step = 10 ** math.floor(math.log10((hi - lo) / 4))
+    for mult in (1, 2, 5, 10):
+        if (hi - lo) / (step * mult) <= 5:
+            step *= mult
+            break
+    first = math.floor(lo / step) * step
+    return [first + i * step for i in range(int((hi - first) / step) + 2) if first + i * step <= hi * 1.0001]
+
+
+def _label(v: float, binary: bool = False) -> str:
+    units = (("Mi", 2**20), ("Ki", 2**10)) if binary else (("M", 1e6), ("k", 1e3))
+    for unit, size in units:
+        if abs(v) >= size:
+            return ("%g" % (v / size)) + unit
+    return "%g" % v
+
+
+def panel(series: dict[str, list[tuple[float, float]]], x_title: str, y_title: str, ox: int,
+          binary: bool = False) -> list[str]:
+    """One chart at x offset `ox`: a line per broker, log x (0 drawn at the left edge), linear y from
+    0; `binary`: x labels in KiB/MiB."""
+    points = [p for s in series.values() for p in s]
+    if not points:
+        return []
+    xs = sorted({p[0] for p in points})
+    lx = [math.log10(max(x, 1)) for x in xs]
+    x_lo, x_hi = min(lx), max(lx) if max(lx) > min(lx) else min(lx) + 1
+    y_hi = max(p[1] for p in points) * 1.1 or 1
+    ticks = _ticks(0, y_hi)
+    y_hi = max(ticks[-1], y_hi)
+
+    def px(x: float) -> float:
+        return ox + PAD_L + (math.log10(max(x, 1)) - x_lo) / (x_hi - x_lo) * (W - PAD_L - PAD_R)
+
+    def py(y: float) -> float:
+        return PAD_T + (1 - y / y_hi) * (H - PAD_T - PAD_B)
+
+    out = ['<text x="%d" y="16" font-size="12" font-weight="bold">%s</text>' % (ox + PAD_L, y_title)]
+    for t in ticks:
+        out.append('<line x1="%d" x2="%d" y1="%.1f" y2="%.1f" stroke="#ddd"/>'
+                   % (ox + PAD_L, ox + W - PAD_R, py(t), py(t)))
+        out.append('<text x="%d" y="%.1f" font-size="10" text-anchor="end">%s</text>' % (ox + PAD_L - 4, py(t) + 3,
+                                                                                          _label(t)))
+    for x in xs:
+        out.append('<text x="%.1f" y="%d" font-size="10" text-anchor="middle">%s</text>' % (px(x), H - PAD_B + 14,
+                                                                                         _label(x, binary)))
+    out.append('<text x="%d" y="%d" font-size="11" text-anchor="middle">%s</text>' % (
+        ox + (PAD_L + W - PAD_R) // 2, H - 8, x_title))
+    for broker, pts in series.items():
+        pts = sorted(pts)
+        if not pts:
+            continue
+        path = " ".join("%.1f,%.1f" % (px(x), py(y)) for x, y in pts)
+        out.append('<polyline points="%s" fill="none" stroke="%s" stroke-width="2"/>' % (path, COLOURS[broker]))
+        out += ['<circle cx="%.1f" cy="%.1f" r="3" fill="%s"/>' % (px(x), py(y), COLOURS[broker]) for x, y in pts]
+    return out
+
+
+def render(results: dict, svg_dir: str) -> list[str]:
+    """One SVG per dimension: throughput (left) and broker CPU µs per message (right)."""
+    os.makedirs(svg_dir, exist_ok=True)
+    written = []
+    for dim in DIMENSIONS:
+        runs = results.get("dimensions", {}).get(dim.key)
+        if not runs:
+            continue
+        rate = {b: [(r["x"], r["consumed"]) for r in rs if r.get("consumed")] for b, rs in runs.items()}
+        cpu = {b: [(r["x"], r["cpu_us"]) for r in rs if r.get("cpu_us")] for b, rs in runs.items()}
+        binary = dim.key == "size"
+        body = (panel(rate, dim.title, "msg/s", 0, binary)
+                + panel(cpu, dim.title, "broker CPU µs per message", W, binary))
+        legend = ['<text x="%d" y="%d" font-size="11" fill="%s">%s</text>' % (2 * W - 70, H - 22 + 14 * i,
+                                                                               COLOURS[b], b)
+                  for i, b in enumerate(COLOURS)]
+        svg = ('<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif">'
+               '<rect width="100%%" height="100%%" fill="white"/>%s</svg>\n' % (2 * W, H, "".join(body + legend)))
+        path = os.path.join(svg_dir, "%s.svg" % dim.key)
+        with open(path, "w") as f:
+            f.write(svg)
+        written.append(path)
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--generator", metavar="PATH")
+    p.add_argument("--dimensions", default=",".join(d.key for d in DIMENSIONS))
+    p.add_argument("--quick", action="store_true", help="two small points per dimension (checks the harness)")
+    p.add_argument("--duration", type=float, default=10)
+    p.add_argument("--warmup", type=float, default=3)
+    p.add_argument("--rabbitmq-url", default="amqp://guest:guest@127.0.0.1:5672/%2f")
+    p.add_argument("--no-rabbitmq", action="store_true")
+    p.add_argument("--hutch-arg", action="append", default=[])
+    p.add_argument("--json-out", metavar="FILE")
+    p.add_argument("--svg-dir", metavar="DIR", help="write one SVG chart per dimension here")
+    p.add_argument("--render", metavar="JSON", help="only draw the charts of a saved --json-out")
+    args = p.parse_args(argv)
+    if args.render:
+        with open(args.render) as f:
+            results = json.load(f)
+        for path in render(results, args.svg_dir or "."):
+            print(path)
+        return 0
+    wanted = [k.strip() for k in args.dimensions.split(",") if k.strip()]
+    dims = [d for d in DIMENSIONS if d.key in wanted]
+    brokers = [HutchBroker(args.hutch_arg)]
+    if not args.no_rabbitmq:
+        if not answers_amqp_uri(args.rabbitmq_url):
+            sys.exit("RabbitMQ does not answer at %s (use --no-rabbitmq)" % args.rabbitmq_url)
+        brokers.append(RabbitMQBroker(args.rabbitmq_url))
+    args.generator = args.generator or build_amqpbench(AMQPBENCH_SRC)
+    results = {"command": " ".join(["python"] + sys.argv),
+               "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+               "machine": machine(), "revision": revision(), "dimensions": {}}
+    for dim in dims:
+        runs = results["dimensions"][dim.key] = {b.name: [] for b in brokers}
+        for x in (dim.quick if args.quick else dim.full):
+            for broker in brokers:
+                try:
+                    point = run_point(args, dim, x, broker)
+                except (RuntimeError, OSError) as exc:
+                    point = {"x": x, "error": str(exc)[-500:]}
+                point["x"] = x
+                log("%s %s on %s: %s" % (dim.key, x, broker.name, point.get("skipped") or point.get("error") or
+                                         "%.0f msg/s, %.3g µs/msg" % (point["consumed"], point["cpu_us"] or -1)))
+                runs[broker.name].append(point)
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump(results, f, indent=1, default=str)
+    print("| dimension | x | broker | msg/s | broker CPU µs/msg |\n|---|---|---|---|---|")
+    for key, runs in results["dimensions"].items():
+        for broker, points in runs.items():
+            for r in points:
+                print("| %s | %s | %s | %s | %s |" % (key, r["x"], broker,
+                                                    "%.0f" % r["consumed"] if r.get("consumed") else "-",
+                                                    "%.3g" % r["cpu_us"] if r.get("cpu_us") else
+                                                    (r.get("skipped") or r.get("error") or "-")))
+    if args.svg_dir:
+        for path in render(results, args.svg_dir):
+            log("chart written to %s" % path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
