@@ -5,14 +5,23 @@ a link needs that aiormq does not give as is.
   node; here it is this broker's own AMQP listener, logged in as the
   configured default user unless the URI names one (`LocalNode`).
 - `Publisher`: basic.publish that sends the properties as given, the
-  messages of one event-loop turn written together. aiormq's
+  messages of one event-loop turn written together, and its own
+  bookkeeping of confirms: a callback per message, called from the confirm
+  frame as it is read (an ack with `multiple` settles a run of them at
+  once), or with the error when the channel closes first. aiormq's
   `basic_publish` gives every message without a message_id a random one (it
-  uses them to match basic.return), which would change what a shovel
-  moves, and writes each message on its own; a link never publishes
-  mandatory, so it needs no such mapping. It keeps aiormq's bookkeeping of
-  confirms (the channel's delivery tag and confirmation futures), so they
-  resolve as for `basic_publish`: written against aiormq 6.8 to 7.x
-  (pyproject pins it), and the only user of that channel.
+  uses them to match basic.return), which would change what a shovel moves,
+  writes each message on its own, and keeps a future per message resolved
+  one loop callback at a time; a link never publishes mandatory, so it
+  needs none of that. The basic.publish frame of an (exchange, routing key)
+  is marshalled once.
+- `consume(channel, queue, callback, no_ack)`: basic.consume whose
+  deliveries go to `callback`, a plain function, as the channel reads
+  them, instead of a task per delivery.
+  Both replace one of aiormq's per-channel dispatch methods
+  (`_on_confirm_frame`, `_on_deliver_frame`) on that channel object only:
+  written against aiormq 6.8 to 7.x (pyproject pins it); the link is the
+  only user of those channels.
 - `Acks`: acknowledgements of one consumer's deliveries, settled in any
   order and sent once per loop turn as one basic.ack with `multiple` up to
   the highest tag below which everything is settled.
@@ -21,16 +30,21 @@ a link needs that aiormq does not give as is.
 from __future__ import annotations
 
 import asyncio
+import itertools
+import logging
 from collections import deque
 from dataclasses import dataclass
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import aiormq
-from aiormq.abc import ChannelFrame
+from aiormq.abc import ChannelFrame, DeliveredMessage
+from aiormq.exceptions import DeliveryError
 from pamqp import commands as spec
 from pamqp.body import ContentBody
 from pamqp.frame import marshal
 from pamqp.header import ContentHeader
+
+log = logging.getLogger("hutch.links")
 
 
 @dataclass(frozen=True)
@@ -82,27 +96,64 @@ class Publisher:
         self._chunks: deque = deque()  # joined turns waiting for room in the connection's write queue
         self._writer: asyncio.Task | None = None
         self._loop = asyncio.get_running_loop()
+        self._methods: dict = {}  # (exchange, routing key) -> the basic.publish frame
+        # confirms: sequence numbers in publishing order, and the callback of each not yet confirmed
+        # (a single ack or nack may settle one out of order: it leaves its number in the deque)
+        self._sequence: deque = deque()
+        self._callbacks: dict = {}
+        if channel.publisher_confirms:
+            channel._on_confirm_frame = self._on_confirm_frame
+            channel.closing.add_done_callback(self._closed)
 
     def publish(self, body: bytes, exchange: str, routing_key: str,
-                properties: spec.Basic.Properties) -> asyncio.Future | None:
-        """Queue one message for this loop turn's write; returns the future
-        of its confirm (None when the channel is not in confirm mode)."""
+                properties: spec.Basic.Properties, on_confirm=None) -> None:
+        """Queue one message for this loop turn's write. In confirm mode,
+        `on_confirm(error)` is called once: error None when the peer acked
+        it, else why it was not (a nack, the channel closed)."""
         channel = self.channel
         number = channel.number
         pending = self._pending
         if not pending:
             self._loop.call_soon(self._flush)
-        pending.append(marshal(spec.Basic.Publish(exchange=exchange, routing_key=routing_key), number))
+        method = self._methods.get((exchange, routing_key))
+        if method is None:
+            if len(self._methods) > 1000:  # routing by the message's own key: do not grow without bound
+                self._methods.clear()
+            method = self._methods[exchange, routing_key] = marshal(
+                spec.Basic.Publish(exchange=exchange, routing_key=routing_key), number)
+        pending.append(method)
         pending.append(marshal(ContentHeader(properties=properties, body_size=len(body)), number))
         step = self._frame_max
         for start in range(0, len(body), step):
             pending.append(marshal(ContentBody(body[start:start + step]), number))
-        if not channel.publisher_confirms:
-            return None
-        channel.delivery_tag += 1
-        confirmation = channel.create_future()
-        channel.confirmations[channel.delivery_tag] = confirmation
-        return confirmation
+        if channel.publisher_confirms:
+            channel.delivery_tag += 1
+            self._sequence.append(channel.delivery_tag)
+            self._callbacks[channel.delivery_tag] = on_confirm
+
+    async def _on_confirm_frame(self, frame) -> None:
+        error = None if isinstance(frame, spec.Basic.Ack) else DeliveryError(None, frame)
+        callbacks = self._callbacks
+        if frame.multiple:
+            sequence, last = self._sequence, frame.delivery_tag
+            while sequence and sequence[0] <= last:
+                callback = callbacks.pop(sequence.popleft(), None)
+                if callback is not None:
+                    callback(error)
+        else:
+            callback = callbacks.pop(frame.delivery_tag, None)
+            if callback is not None:
+                callback(error)
+
+    def _closed(self, closing: asyncio.Future) -> None:
+        """Every publish not yet confirmed fails with the channel."""
+        error = RuntimeError("the channel closed before it confirmed")
+        if not closing.cancelled() and closing.exception() is not None:
+            error = closing.exception()
+        callbacks, self._callbacks = self._callbacks, {}
+        self._sequence.clear()
+        for callback in callbacks.values():
+            callback(error)
 
     def _flush(self) -> None:
         chunk = ChannelFrame(payload=b"".join(self._pending), should_close=False)
@@ -125,6 +176,57 @@ class Publisher:
                 self._chunks.popleft()
         finally:
             self._writer = None
+
+
+async def consume(channel, queue: str, callback, no_ack: bool) -> str:
+    """basic.consume with deliveries handed to `callback(message)`, a plain
+    function, as they are read (see the module docstring); its consumer
+    tag. A callback that raises is logged; the channel reads on."""
+    callbacks = getattr(channel, "inline_consumers", None)
+    if callbacks is None:
+        callbacks = channel.inline_consumers = {}
+        _deliver_inline(channel, callbacks)
+    for cancelled in [tag for tag in callbacks if tag not in channel.consumers]:
+        del callbacks[cancelled]
+    # the tag is chosen here so that the callback is known before the first delivery, which may
+    # be read before basic.consume-ok's reply reaches this coroutine
+    tag = "ctag-link-%d.%d" % (channel.number, next(_tags))
+    callbacks[tag] = callback
+    try:
+        await channel.basic_consume(queue, callback, consumer_tag=tag, no_ack=no_ack)
+    except BaseException:
+        callbacks.pop(tag, None)
+        raise
+    return tag
+
+
+_tags = itertools.count(1)
+
+
+def _deliver_inline(channel, callbacks: dict) -> None:
+    get_frame = channel._get_frame
+
+    async def on_deliver_frame(frame: spec.Basic.Deliver) -> None:
+        header = await get_frame()
+        if not isinstance(header, ContentHeader):
+            raise ValueError("Unexpected frame %r instead of ContentHeader" % (header,))
+        parts = []
+        size = 0
+        while size < header.body_size:
+            content = await get_frame()
+            if not isinstance(content, ContentBody):
+                raise ValueError("Unexpected frame %r" % (content,))
+            parts.append(content.value)
+            size += len(content.value)
+        if frame.consumer_tag not in channel.consumers:  # aiormq's own list: basic.cancel removes it
+            return  # cancelled: what it still receives goes back to the queue with the channel
+        try:
+            callbacks[frame.consumer_tag](DeliveredMessage(delivery=frame, header=header, body=b"".join(parts),
+                                                           channel=channel))
+        except Exception:  # noqa: BLE001 - as aiormq does for a failed consumer task
+            log.exception("Consumer callback failed")
+
+    channel._on_deliver_frame = on_deliver_frame
 
 
 class Acks:
