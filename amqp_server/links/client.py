@@ -22,6 +22,12 @@ a link needs that aiormq does not give as is.
   (`_on_confirm_frame`, `_on_deliver_frame`) on that channel object only:
   written against aiormq 6.8 to 7.x (pyproject pins it); the link is the
   only user of those channels.
+- `ScanningFrameReceiver`: what reads a link connection's frames: a read
+  of whatever the socket has, cut into frames by the broker's own scanner
+  (`amqp_server.framing`, the C scan), instead of aiormq's three
+  `readexactly` and a BytesIO per frame. Installed as aiormq's
+  `FrameReceiver` for the broker process, in which links are aiormq's only
+  user.
 - `Acks`: acknowledgements of one consumer's deliveries, settled in any
   order and sent once per loop turn as one basic.ack with `multiple` up to
   the highest tag below which everything is settled.
@@ -37,12 +43,19 @@ from dataclasses import dataclass
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import aiormq
+import aiormq.connection
 from aiormq.abc import ChannelFrame, DeliveredMessage
-from aiormq.exceptions import DeliveryError
+from aiormq.exceptions import AMQPConnectionError, DeliveryError, InvalidFrameError
 from pamqp import commands as spec
+from pamqp import frame as pamqp_frame
 from pamqp.body import ContentBody
+from pamqp.exceptions import PAMQPException
 from pamqp.frame import marshal
 from pamqp.header import ContentHeader
+from pamqp.heartbeat import Heartbeat
+
+from amqp_server import framing
+from vhosts.errors import AMQPError
 
 log = logging.getLogger("hutch.links")
 
@@ -79,6 +92,57 @@ def redacted(uri: str) -> str:
     host = parts.hostname or ""
     netloc = "%s@%s%s" % (parts.username, host, ":%d" % parts.port if parts.port else "")
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, ""))
+
+
+class ScanningFrameReceiver(aiormq.connection.FrameReceiver):
+    """aiormq's frame source for a connection (see the module docstring).
+    The first frame (connection.start, or the protocol header a server
+    that refuses the version answers with) is read by aiormq's own code."""
+
+    READ_SIZE = 256 * 1024
+
+    def __init__(self, reader) -> None:
+        super().__init__(reader)
+        self._scanner = framing.FrameReader(0)  # the size limit is the server's to enforce
+        self._frames: deque = deque()
+
+    async def get_frame(self):
+        if not self.started:
+            return await super().get_frame()
+        frames = self._frames
+        while not frames:
+            try:
+                data = await self.reader.read(self.READ_SIZE)
+            except OSError as exc:
+                raise AMQPConnectionError("Server communication error: %r" % (exc,)) from exc
+            if not data:
+                raise AMQPConnectionError("Server connection unexpectedly closed")
+            scanner = self._scanner
+            scanner.feed(data)
+            try:
+                items = scanner.scan(1 << 62)
+                for frame_type, channel, payload, _header, _body, _end in items:
+                    frames.append((len(payload) + framing.FRAME_OVERHEAD, channel, _decode(frame_type, payload)))
+            except (AMQPError, PAMQPException, ValueError) as exc:
+                raise InvalidFrameError(str(exc)) from exc
+            if items:
+                scanner.consume(items[-1][5])
+        return frames.popleft()
+
+
+def _decode(frame_type: int, payload: bytes):
+    if frame_type == framing.FRAME_BODY:
+        return ContentBody(payload)
+    if frame_type == framing.FRAME_METHOD:
+        return pamqp_frame._unmarshal_method_frame(payload)
+    if frame_type == framing.FRAME_HEADER:
+        return pamqp_frame._unmarshal_header_frame(payload)
+    if frame_type == framing.FRAME_HEARTBEAT:
+        return Heartbeat()
+    raise ValueError("frame type %d from a server" % frame_type)
+
+
+aiormq.connection.FrameReceiver = ScanningFrameReceiver
 
 
 async def connect(uri: str, name: str) -> aiormq.abc.AbstractConnection:
