@@ -14,7 +14,8 @@ a link needs that aiormq does not give as is.
   writes each message on its own, and keeps a future per message resolved
   one loop callback at a time; a link never publishes mandatory, so it
   needs none of that. The basic.publish frame of an (exchange, routing key)
-  is marshalled once.
+  is marshalled once, and a content header as read (`ReadContentHeader`)
+  whose properties nobody looked at is sent on as its bytes.
 - `consume(channel, queue, callback, no_ack)`: basic.consume whose
   deliveries go to `callback`, a plain function, as the channel reads
   them, instead of a task per delivery.
@@ -27,7 +28,8 @@ a link needs that aiormq does not give as is.
   (`amqp_server.framing`, the C scan), instead of aiormq's three
   `readexactly` and a BytesIO per frame. Installed as aiormq's
   `FrameReceiver` for the broker process, in which links are aiormq's only
-  user.
+  user. Content headers it reads decode their properties when first asked
+  for (`ReadContentHeader`): a shovel that changes none never decodes them.
 - `Acks`: acknowledgements of one consumer's deliveries, settled in any
   order and sent once per loop turn as one basic.ack with `multiple` up to
   the highest tag below which everything is settled.
@@ -38,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import struct
 from collections import deque
 from dataclasses import dataclass
 from urllib.parse import quote, urlsplit, urlunsplit
@@ -136,7 +139,7 @@ def _decode(frame_type: int, payload: bytes):
     if frame_type == framing.FRAME_METHOD:
         return pamqp_frame._unmarshal_method_frame(payload)
     if frame_type == framing.FRAME_HEADER:
-        return pamqp_frame._unmarshal_header_frame(payload)
+        return ReadContentHeader(payload)
     if frame_type == framing.FRAME_HEARTBEAT:
         return Heartbeat()
     raise ValueError("frame type %d from a server" % frame_type)
@@ -145,9 +148,38 @@ def _decode(frame_type: int, payload: bytes):
 aiormq.connection.FrameReceiver = ScanningFrameReceiver
 
 
+class ReadContentHeader(ContentHeader):
+    """A content header as read. `raw` is its payload until `properties`
+    is first read, which decodes them (the reader may change them: from
+    then on they are marshalled again)."""
+
+    _PREFIX = struct.Struct(">HHQ")
+
+    def __init__(self, payload: bytes) -> None:  # noqa: super().__init__ would build empty properties
+        if len(payload) < 14:
+            raise ValueError("content header of %d bytes" % len(payload))
+        self.class_id, self.weight, self.body_size = self._PREFIX.unpack_from(payload)
+        self.raw: bytes | None = payload
+        self._properties: spec.Basic.Properties | None = None
+
+    @property
+    def properties(self) -> spec.Basic.Properties:
+        if self._properties is None:
+            self._properties = pamqp_frame._unmarshal_header_frame(self.raw).properties
+            self.raw = None
+        return self._properties
+
+    @properties.setter
+    def properties(self, value: spec.Basic.Properties) -> None:
+        self._properties, self.raw = value, None
+
+
 async def connect(uri: str, name: str) -> aiormq.abc.AbstractConnection:
     """A connection, named `name` in the peer's connection list."""
     return await aiormq.connect(uri, client_properties={"connection_name": name})
+
+
+_HEADER_FRAME = struct.Struct(">BHI")
 
 
 class Publisher:
@@ -169,9 +201,10 @@ class Publisher:
             channel._on_confirm_frame = self._on_confirm_frame
             channel.closing.add_done_callback(self._closed)
 
-    def publish(self, body: bytes, exchange: str, routing_key: str,
-                properties: spec.Basic.Properties, on_confirm=None) -> None:
-        """Queue one message for this loop turn's write. In confirm mode,
+    def publish(self, body: bytes, exchange: str, routing_key: str, header: ContentHeader,
+                on_confirm=None) -> None:
+        """Queue one message for this loop turn's write, with the properties
+        of `header` (the one it was received with). In confirm mode,
         `on_confirm(error)` is called once: error None when the peer acked
         it, else why it was not (a nack, the channel closed)."""
         channel = self.channel
@@ -186,7 +219,11 @@ class Publisher:
             method = self._methods[exchange, routing_key] = marshal(
                 spec.Basic.Publish(exchange=exchange, routing_key=routing_key), number)
         pending.append(method)
-        pending.append(marshal(ContentHeader(properties=properties, body_size=len(body)), number))
+        raw = getattr(header, "raw", None)
+        if raw is not None and header.body_size == len(body):
+            pending.append(_HEADER_FRAME.pack(framing.FRAME_HEADER, number, len(raw)) + raw + framing.FRAME_END_BYTE)
+        else:
+            pending.append(marshal(ContentHeader(properties=header.properties, body_size=len(body)), number))
         step = self._frame_max
         for start in range(0, len(body), step):
             pending.append(marshal(ContentBody(body[start:start + step]), number))

@@ -195,9 +195,10 @@ class FederationLink(Link):
                 properties.user_id = None  # the local broker would check it against the link's user
             exchange, routing_key = self.target(delivery.routing_key)
             if acks is not None and confirms:
-                publisher.publish(message.body, exchange, routing_key, properties, lambda error: confirmed(tag, error))
+                publisher.publish(message.body, exchange, routing_key, message.header,
+                                  lambda error: confirmed(tag, error))
             else:
-                publisher.publish(message.body, exchange, routing_key, properties)
+                publisher.publish(message.body, exchange, routing_key, message.header)
                 if acks is not None:
                     acks.settle(tag)
 

@@ -42,8 +42,6 @@ import logging
 import time
 from dataclasses import dataclass
 
-from pamqp import commands as spec
-
 from vhosts.parameters import as_list
 
 from amqp_server.links import client
@@ -175,10 +173,14 @@ class Shovel(Link):
                 else delivery.routing_key
         return delivery.exchange, delivery.routing_key
 
-    def _properties(self, properties: spec.Basic.Properties) -> spec.Basic.Properties:
+    def _header(self, header):
+        """The content header to publish with: the one received, its
+        properties changed as the definition asks (left undecoded when it
+        asks for nothing)."""
         spec_ = self.spec
         if not (spec_.publish_properties or spec_.add_forward_headers or spec_.add_timestamp_header):
-            return properties
+            return header
+        properties = header.properties
         for key, value in spec_.publish_properties.items():
             setattr(properties, key, value)
         if spec_.add_forward_headers or spec_.add_timestamp_header:
@@ -195,7 +197,7 @@ class Shovel(Link):
             if spec_.add_timestamp_header:
                 headers["x-shovelled-timestamp"] = int(time.time())
             properties.headers = headers
-        return properties
+        return header
 
     def _forwarder(self, src_channel, dest_channel, done: asyncio.Future):
         """(the consumer callback, its Acks). `done` is resolved once
@@ -239,10 +241,10 @@ class Shovel(Link):
             if acks is not None:
                 acks.delivered(tag)
             if confirms:
-                publisher.publish(message.body, exchange, routing_key, self._properties(message.header.properties),
+                publisher.publish(message.body, exchange, routing_key, self._header(message.header),
                                   lambda error: confirmed(tag, error))
             else:
-                publisher.publish(message.body, exchange, routing_key, self._properties(message.header.properties))
+                publisher.publish(message.body, exchange, routing_key, self._header(message.header))
                 moved(tag)
 
         return forward, acks
