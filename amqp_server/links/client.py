@@ -137,12 +137,38 @@ def _decode(frame_type: int, payload: bytes):
     if frame_type == framing.FRAME_BODY:
         return ContentBody(payload)
     if frame_type == framing.FRAME_METHOD:
+        if payload.startswith(_BASIC_DELIVER):
+            return _basic_deliver(payload)
         return pamqp_frame._unmarshal_method_frame(payload)
     if frame_type == framing.FRAME_HEADER:
         return ReadContentHeader(payload)
     if frame_type == framing.FRAME_HEARTBEAT:
         return Heartbeat()
     raise ValueError("frame type %d from a server" % frame_type)
+
+
+_BASIC_DELIVER = b"\x00\x3c\x00\x3c"
+_DELIVERY_TAG = struct.Struct(">qB")  # signed, as pamqp decodes a long-long
+
+
+def _basic_deliver(payload: bytes) -> spec.Basic.Deliver:
+    """basic.deliver, the one method per message a link reads, decoded
+    directly (pamqp's generic decode costs four times as much)."""
+    try:
+        end = 5 + payload[4]
+        consumer_tag = payload[5:end].decode()
+        delivery_tag, bits = _DELIVERY_TAG.unpack_from(payload, end)
+        start = end + 10
+        end = start + payload[start - 1]
+        exchange = payload[start:end].decode()
+        start = end + 1
+        end = start + payload[end]
+        routing_key = payload[start:end].decode()
+    except (IndexError, struct.error, UnicodeDecodeError) as exc:
+        raise ValueError("basic.deliver: %s" % exc) from exc
+    if end != len(payload):
+        raise ValueError("basic.deliver of %d bytes, %d expected" % (len(payload), end))
+    return spec.Basic.Deliver(consumer_tag, delivery_tag, bool(bits & 1), exchange, routing_key)
 
 
 aiormq.connection.FrameReceiver = ScanningFrameReceiver
