@@ -162,6 +162,7 @@ class FederationLink(Link):
         cluster_name = str((up.server_properties or {}).get("cluster_name", ""))
         uri = client.redacted(self.uri)
         publisher = client.Publisher(local_channel)
+        confirms = local_channel.publisher_confirms
 
         def failed(exc: BaseException) -> None:
             if not done.done():
@@ -169,15 +170,13 @@ class FederationLink(Link):
 
         acks = client.Acks(up_channel, failed) if upstream.ack_mode != "no-ack" else None
 
-        def confirmed(tag: int, confirmation: asyncio.Future) -> None:
-            if confirmation.cancelled():
-                failed(RuntimeError("the downstream channel closed before it confirmed"))
-            elif confirmation.exception() is not None:
-                failed(confirmation.exception())
+        def confirmed(tag: int, error: BaseException | None) -> None:
+            if error is not None:
+                failed(error)  # nacked, or the channel gone
             else:
                 acks.settle(tag)
 
-        async def forward(message) -> None:
+        def forward(message) -> None:
             delivery = message.delivery
             tag = delivery.delivery_tag
             if acks is not None:
@@ -195,13 +194,13 @@ class FederationLink(Link):
             if not upstream.trust_user_id:
                 properties.user_id = None  # the local broker would check it against the link's user
             exchange, routing_key = self.target(delivery.routing_key)
-            confirmation = publisher.publish(message.body, exchange, routing_key, properties)
-            if acks is None:
-                return
-            if confirmation is not None:
-                confirmation.add_done_callback(lambda future: confirmed(tag, future))
+            if acks is not None and confirms:
+                publisher.publish(message.body, exchange, routing_key, message.header,
+                                  lambda error: confirmed(tag, error))
             else:
-                acks.settle(tag)
+                publisher.publish(message.body, exchange, routing_key, message.header)
+                if acks is not None:
+                    acks.settle(tag)
 
         return forward
 
@@ -256,7 +255,7 @@ class ExchangeLink(FederationLink):
         bound: dict = {}
         seen = (local, local.table.version)
         await self._sync_bindings(channel, local, bound)
-        await channel.basic_consume(self.queue_name, forward, no_ack=self.upstream.ack_mode == "no-ack")
+        await client.consume(channel, self.queue_name, forward, no_ack=self.upstream.ack_mode == "no-ack")
         self.set_state(RUNNING)
         while True:
             await asyncio.sleep(SYNC_INTERVAL)
@@ -301,8 +300,8 @@ class QueueLink(FederationLink):
                 return
             wanted = queue.message_count == 0 and any(c.channel.can_deliver(c) for c in queue.consumers)
             if wanted and tag is None:
-                tag = (await channel.basic_consume(self.upstream_name, forward,
-                                                   no_ack=self.upstream.ack_mode == "no-ack")).consumer_tag
+                tag = await client.consume(channel, self.upstream_name, forward,
+                                           no_ack=self.upstream.ack_mode == "no-ack")
             elif not wanted and tag is not None:
                 await channel.basic_cancel(tag)
                 tag = None

@@ -42,8 +42,6 @@ import logging
 import time
 from dataclasses import dataclass
 
-from pamqp import commands as spec
-
 from vhosts.parameters import as_list
 
 from amqp_server.links import client
@@ -138,7 +136,7 @@ class Shovel(Link):
             done = asyncio.get_running_loop().create_future()
             forward, acks = self._forwarder(src_channel, dest_channel, done)
             await src_channel.basic_qos(prefetch_count=spec_.prefetch_count)
-            await src_channel.basic_consume(queue, forward, no_ack=spec_.ack_mode == "no-ack")
+            await client.consume(src_channel, queue, forward, no_ack=spec_.ack_mode == "no-ack")
             self.set_state(RUNNING)
             log.info("shovel '%s' in vhost '%s' running: %s -> %s", self.name, self.vhost,
                      client.redacted(self.src_uri), client.redacted(self.dest_uri))
@@ -175,10 +173,14 @@ class Shovel(Link):
                 else delivery.routing_key
         return delivery.exchange, delivery.routing_key
 
-    def _properties(self, properties: spec.Basic.Properties) -> spec.Basic.Properties:
+    def _header(self, header):
+        """The content header to publish with: the one received, its
+        properties changed as the definition asks (left undecoded when it
+        asks for nothing)."""
         spec_ = self.spec
         if not (spec_.publish_properties or spec_.add_forward_headers or spec_.add_timestamp_header):
-            return properties
+            return header
+        properties = header.properties
         for key, value in spec_.publish_properties.items():
             setattr(properties, key, value)
         if spec_.add_forward_headers or spec_.add_timestamp_header:
@@ -195,13 +197,14 @@ class Shovel(Link):
             if spec_.add_timestamp_header:
                 headers["x-shovelled-timestamp"] = int(time.time())
             properties.headers = headers
-        return properties
+        return header
 
     def _forwarder(self, src_channel, dest_channel, done: asyncio.Future):
         """(the consumer callback, its Acks). `done` is resolved once
         src-delete-after is reached, or failed when the session must end."""
         ack_mode = self.spec.ack_mode
         publisher = client.Publisher(dest_channel)
+        confirms = dest_channel.publisher_confirms
         # src-delete-after: forward no more than what is left to move (what this
         # session forwards but does not settle is redelivered to the next one)
         allowed = self._remaining
@@ -221,15 +224,13 @@ class Shovel(Link):
                 if self._remaining <= 0 and not done.done():
                     done.set_result(None)
 
-        def confirmed(tag: int, confirmation: asyncio.Future) -> None:
-            if confirmation.cancelled():
-                failed(RuntimeError("the destination channel closed before it confirmed"))
-            elif confirmation.exception() is not None:
-                failed(confirmation.exception())  # nacked, or the channel gone
+        def confirmed(tag: int, error: BaseException | None) -> None:
+            if error is not None:
+                failed(error)  # nacked, or the channel gone
             else:
                 moved(tag)
 
-        async def forward(message) -> None:
+        def forward(message) -> None:
             nonlocal forwarded
             if done.done() or (allowed is not None and forwarded >= allowed):
                 return  # left unacked: back to the queue when the session closes
@@ -237,13 +238,13 @@ class Shovel(Link):
             delivery = message.delivery
             tag = delivery.delivery_tag
             exchange, routing_key = self._route(delivery)
-            confirmation = publisher.publish(message.body, exchange, routing_key,
-                                             self._properties(message.header.properties))
             if acks is not None:
                 acks.delivered(tag)
-            if confirmation is not None:
-                confirmation.add_done_callback(lambda future: confirmed(tag, future))
+            if confirms:
+                publisher.publish(message.body, exchange, routing_key, self._header(message.header),
+                                  lambda error: confirmed(tag, error))
             else:
+                publisher.publish(message.body, exchange, routing_key, self._header(message.header))
                 moved(tag)
 
         return forward, acks
