@@ -34,7 +34,8 @@ CHUNK = 1024 * 1024
 MAX_OPEN = 256  # files an Applier keeps open
 PART = ".part"  # a whole file being sent in pieces (write_records)
 # Never compared nor sent as files: the clean-stop marker (only the node that
-# stopped cleanly may trust it) and SQLite's files (sent as content).
+# stopped cleanly may trust it; a promoted follower must recover as after a
+# crash, every message redelivered) and SQLite's files (sent as content).
 _SQLITE = (".db", ".db-wal", ".db-shm", ".db-journal")
 _LOCAL = ("clean_shutdown",)
 

@@ -211,3 +211,66 @@ def test_with_durability_flush_the_follower_still_has_every_confirmed_message(tm
         for node in nodes:
             node.stop()
         etcd.stop()
+
+
+def test_unacked_messages_come_back_redelivered_after_the_leader_is_killed(cluster):
+    """A consumer holds deliveries without acking: a first batch long before
+    the failover, then a second one during which the leader is SIGKILLed
+    (from the consumer's callback, on that batch's first message), so the
+    delivered records of those deliveries may not have reached the
+    followers (deliveries do not wait for them; docs/cluster.md).
+    Reconnected through another node, every message comes back exactly once
+    (none was acked), and every one the consumer received has
+    redelivered=true. Those it never received may come back either way
+    (AMQP: "may have been delivered"); the test does not look at them."""
+    etcd, nodes = cluster
+    leader = leader_of(etcd, nodes)
+    total, prefetch = 300, 100
+    with pika.BlockingConnection(pika.URLParameters(leader.url)) as connection:
+        channel = connection.channel()
+        channel.queue_declare("unacked", durable=True)
+        channel.tx_select()
+        for number in range(total):
+            channel.basic_publish("", "unacked", b"%d" % number, pika.BasicProperties(delivery_mode=2))
+        channel.tx_commit()  # commit-ok: on every in-sync follower
+    delivered: set[int] = set()
+    connection = pika.BlockingConnection(pika.URLParameters(leader.url))
+    first = connection.channel()
+    first.basic_qos(prefetch_count=prefetch)
+    first.basic_consume("unacked", lambda _ch, _m, _p, body: delivered.add(int(body)))
+    until(lambda: connection.process_data_events(0.05) or len(delivered) == prefetch, 30, "the first batch")
+
+    def on_message(_channel, _method, _properties, body):
+        delivered.add(int(body))
+        if leader.running():
+            leader.process.kill()  # at once: the rest of the batch may still be on its way
+
+    second = connection.channel()
+    second.basic_qos(prefetch_count=prefetch)
+    second.basic_consume("unacked", on_message)
+    with pytest.raises(pika.exceptions.AMQPError):
+        until(lambda: connection.process_data_events(0.05), 30, "the connection to the killed leader to end")
+    leader.process.wait(10)
+    assert prefetch < len(delivered) <= 2 * prefetch
+    new = new_leader(etcd, nodes, leader)
+    (survivor,) = [n for n in nodes if n is not leader and n is not new]
+
+    def reconnected():  # through the other survivor, which forwards to the new leader once it knows it
+        try:
+            return pika.BlockingConnection(pika.URLParameters(survivor.url))
+        except pika.exceptions.AMQPError:
+            return None
+
+    connection = until(reconnected, 30, "a connection through %s" % survivor.name, interval=0.2)
+    with connection:
+        channel = connection.channel()
+        assert channel.queue_declare("unacked", passive=True).method.message_count == total
+        back: list[tuple[int, bool]] = []
+        channel.basic_consume("unacked", lambda _ch, method, _p, body: back.append((int(body), method.redelivered)),
+                              auto_ack=True)
+        until(lambda: connection.process_data_events(0.05) or len(back) == total, 30, "every message back")
+    assert sorted(number for number, _flag in back) == list(range(total))
+    redelivered = dict(back)
+    not_flagged = sorted(n for n in delivered if not redelivered[n])
+    assert not not_flagged, "%d of %d delivered, unacked messages came back without redelivered=true: %s" % (
+        len(not_flagged), len(delivered), not_flagged[:10])

@@ -96,6 +96,9 @@ class ClusterNode:
     async def run(self, stop: asyncio.Event) -> None:
         log.info("cluster node %s: reaching etcd at %s", self.name, self.etcd.urls())
         # Only the node that stopped cleanly may trust its marker; a copy is changed under it.
+        # Without it, promotion recovers as after a crash, and so every message it recovers is
+        # delivered with redelivered=true: that covers a delivery whose delivered record had not
+        # reached this node (deliveries do not wait for the followers; docs/cluster.md).
         marker = os.path.join(self.config.data_dir, CLEAN_SHUTDOWN)
         if os.path.exists(marker):
             os.remove(marker)
