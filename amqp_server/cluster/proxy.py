@@ -6,8 +6,10 @@ leader. TLS passes through untouched: the leader terminates it.
 
 Each forwarded connection is two transports piped into each other, with
 back-pressure both ways (a side whose output buffer is full pauses reading
-on the other). When no leader is known, or it cannot be reached, the client
-connection is closed at once; when the leader changes, `close_all` ends the
+on the other). When no leader's listener is known yet (an election, or a new
+leader that has not registered its listeners in etcd), the client waits up to
+LEADER_WAIT seconds for one; when none is known then, or it cannot be reached,
+the client connection is closed; when the leader changes, `close_all` ends the
 forwarded connections (their clients reconnect, as after a node failure).
 """
 from __future__ import annotations
@@ -17,6 +19,8 @@ import logging
 from typing import Callable
 
 log = logging.getLogger("hutch.cluster")
+LEADER_WAIT = 5.0  # seconds; an election takes about a lease TTL (docs/cluster.md)
+LEADER_POLL = 0.05
 
 
 class _Side(asyncio.Protocol):
@@ -103,8 +107,13 @@ class Proxy:
         client = pipe.client.transport
         if client is None or pipe.closed:
             return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + LEADER_WAIT
         target = self.target(protocol)
-        if target is None:
+        while target is None and not pipe.closed and loop.time() < deadline:
+            await asyncio.sleep(LEADER_POLL)
+            target = self.target(protocol)
+        if target is None or pipe.closed:
             pipe.close()
             return
         try:
