@@ -130,9 +130,9 @@ class ClusterConfig:
     # Seconds of the leader's etcd lease: a dead or cut-off leader is replaced
     # after about this long, and stops answering before that.
     lease_ttl: int = 5
-    # Durability-promising replies always wait for every in-sync follower;
-    # with N set they are also withheld while fewer than N followers are in
-    # sync (Kafka's min.insync.replicas). None: never withheld for that.
+    # Durability-promising replies wait for every in-sync follower; with N
+    # set, for N of them instead (the most complete in-sync node is elected,
+    # docs/cluster.md), and are withheld while fewer than N are in sync.
     min_in_sync_replicas: int | None = None
     # A follower further behind than this many bytes, or with a change
     # unacknowledged for longer than max_lag_seconds, leaves the in-sync set.

@@ -5,6 +5,7 @@ Each node gets fixed free ports (not 0), so a node that re-executes itself
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -307,21 +308,29 @@ class Load:
 # -- shared by the cluster test modules ----------------------------------------
 
 
-@pytest.fixture
-def cluster(tmp_path):
-    """(etcd, [n1, n2, n3]) with a leader serving and every node in sync."""
-    etcd = EtcdProcess(tmp_path).start()
-    nodes = make_nodes(tmp_path, etcd.url, 3)
+@contextlib.contextmanager
+def running(tmp: Path, count: int, *extra: str):
+    """(etcd, nodes): `count` nodes started with the `extra` arguments, a
+    leader serving and every node in sync; all stopped at the end."""
+    etcd = EtcdProcess(tmp).start()
+    nodes = make_nodes(tmp, etcd.url, count, *extra)
     try:
         for node in nodes:
             node.start()
-        until(lambda: len(in_sync(etcd)) == 3, 60, "three nodes in sync")
+        until(lambda: len(in_sync(etcd)) == count, 60, "%d nodes in sync" % count)
         yield etcd, nodes
     finally:
         for node in nodes:
             node.stop()
         etcd.stop()
         print_logs(nodes)
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    """(etcd, [n1, n2, n3]) with a leader serving and every node in sync."""
+    with running(tmp_path, 3) as started:
+        yield started
 
 
 def print_logs(nodes: list[Node]) -> None:

@@ -14,8 +14,9 @@ import time
 import pika
 import pytest
 
-from cluster_kit import (QUEUE, EtcdProcess, Load, cluster, etcd_get, in_sync, leader_of, make_nodes,  # noqa: F401
-                         new_leader, until)
+from cluster_kit import (QUEUE, Load, cluster, etcd_get, in_sync, leader_of, new_leader, running,  # noqa: F401
+                         until)
+from http_api import call
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -120,12 +121,7 @@ def test_replies_wait_for_an_in_sync_follower_until_it_is_dropped(tmp_path):
     """A stalled in-sync follower holds a declare-ok, and a tx.commit-ok,
     back until the leader has removed it from etcd's in-sync set
     (max_lag_seconds 1)."""
-    etcd = EtcdProcess(tmp_path).start()
-    nodes = make_nodes(tmp_path, etcd.url, 2, "--cluster-max-lag-seconds", "1")
-    try:
-        for node in nodes:
-            node.start()
-        until(lambda: len(in_sync(etcd)) == 2, 60, "two nodes in sync")
+    with running(tmp_path, 2, "--cluster-max-lag-seconds", "1") as (etcd, nodes):
         leader = leader_of(etcd, nodes)
         (follower,) = [n for n in nodes if n is not leader]
         with pika.BlockingConnection(pika.URLParameters(leader.url)) as connection:
@@ -149,19 +145,10 @@ def test_replies_wait_for_an_in_sync_follower_until_it_is_dropped(tmp_path):
             assert follower.name not in in_sync(etcd), "a commit-ok went out while a stalled follower was in sync"
         follower.signal(signal.SIGCONT)
         until(lambda: len(in_sync(etcd)) == 2, 60, "the follower to be in sync again")
-    finally:
-        for node in nodes:
-            node.stop()
-        etcd.stop()
 
 
 def test_min_in_sync_replicas_withholds_confirms_while_too_few_followers_are_in_sync(tmp_path):
-    etcd = EtcdProcess(tmp_path).start()
-    nodes = make_nodes(tmp_path, etcd.url, 2, "--cluster-min-in-sync-replicas", "1")
-    try:
-        for node in nodes:
-            node.start()
-        until(lambda: len(in_sync(etcd)) == 2, 60, "two nodes in sync")
+    with running(tmp_path, 2, "--cluster-min-in-sync-replicas", "1") as (etcd, nodes):
         leader = leader_of(etcd, nodes)
         (follower,) = [n for n in nodes if n is not leader]
         connection = pika.BlockingConnection(pika.URLParameters(leader.url))
@@ -183,19 +170,58 @@ def test_min_in_sync_replicas_withholds_confirms_while_too_few_followers_are_in_
         assert confirmed.wait(60), "no confirm once the follower was back in sync"
         publisher.join(10)
         connection.close()
-    finally:
-        for node in nodes:
-            node.stop()
-        etcd.stop()
+
+
+def test_with_min_in_sync_replicas_a_stalled_follower_holds_no_confirm_back_and_the_most_complete_node_leads(
+        tmp_path):
+    """min_in_sync_replicas 1 on three nodes: a confirm waits for one
+    in-sync follower, not both. One follower (B) is stalled (SIGSTOP) while
+    the leader confirms 1 MiB persistent messages: the confirms keep coming
+    (C has each) and B stays in the in-sync set (max_lag_seconds 60: were
+    every in-sync follower waited for, each confirm would wait 60 s). B
+    stays stopped until it lacks more than its socket buffers can hold
+    (48 MiB); then the leader is SIGKILLed and B resumed at once. Both are
+    in sync, so both may lead: C, which holds more of the leader's stream,
+    is elected, with every confirmed message. B has the lower name, so it
+    would win a tie: C wins on its position. lease_ttl 10: B's stop stays
+    short enough that B keeps its lease (and does not fence itself)."""
+    extra = ("--cluster-min-in-sync-replicas", "1", "--cluster-max-lag-seconds", "60",
+             "--cluster-max-lag-bytes", str(256 << 20), "--cluster-lease-ttl", "10")
+    with running(tmp_path, 3, *extra) as (etcd, nodes):
+        leader = leader_of(etcd, nodes)
+        behind, ahead = sorted((n for n in nodes if n is not leader), key=lambda n: n.name)
+
+        def status_of_behind() -> dict:
+            status = call(leader.ports["http"], "GET", "/api/hutch/cluster").body
+            return next((n for n in status["nodes"] if n["name"] == behind.name), {})
+
+        body, confirmed = bytes(1 << 20), 0
+        with pika.BlockingConnection(pika.URLParameters(leader.url)) as connection:
+            channel = connection.channel()
+            channel.confirm_delivery()
+            channel.queue_declare("complete", durable=True)
+            until(lambda: status_of_behind().get("state") == "in sync", 30, "the leader to list B in sync")
+            behind.signal(signal.SIGSTOP)
+            stopped_at = time.monotonic()
+            while (status_of_behind()["lag_bytes"] or 0) < 48 << 20:
+                channel.basic_publish("", "complete", body, pika.BasicProperties(delivery_mode=2))
+                confirmed += 1
+                stopped_for = time.monotonic() - stopped_at
+                assert stopped_for < 5, "%d MiB confirmed in %.1f s with B stopped: do confirms wait for it?" % (
+                    confirmed, stopped_for)
+            assert status_of_behind()["state"] == "in sync" and behind.name in in_sync(etcd)
+        leader.kill()
+        behind.signal(signal.SIGCONT)
+        new = new_leader(etcd, nodes, leader)
+        posted = {n.name: etcd_get(etcd.url, "hutch/positions/" + n.name) for n in (behind, ahead)}
+        assert new is ahead, "%s was elected, not %s; positions: %s" % (new.name, ahead.name, posted)
+        with pika.BlockingConnection(pika.URLParameters(ahead.url)) as connection:
+            assert connection.channel().queue_declare("complete", passive=True).method.message_count == confirmed
+        assert "the etcd lease ran out" not in behind.log  # B took part in the election, knowing its position
 
 
 def test_with_durability_flush_the_follower_still_has_every_confirmed_message(tmp_path):
-    etcd = EtcdProcess(tmp_path).start()
-    nodes = make_nodes(tmp_path, etcd.url, 2, "--storage-durability", "flush")
-    try:
-        for node in nodes:
-            node.start()
-        until(lambda: len(in_sync(etcd)) == 2, 60, "two nodes in sync")
+    with running(tmp_path, 2, "--storage-durability", "flush") as (etcd, nodes):
         leader = leader_of(etcd, nodes)
         with pika.BlockingConnection(pika.URLParameters(leader.url)) as connection:
             channel = connection.channel()
@@ -207,10 +233,6 @@ def test_with_durability_flush_the_follower_still_has_every_confirmed_message(tm
         follower = new_leader(etcd, nodes, leader)
         with pika.BlockingConnection(pika.URLParameters(follower.url)) as connection:
             assert connection.channel().queue_declare("flushed", passive=True).method.message_count == 50
-    finally:
-        for node in nodes:
-            node.stop()
-        etcd.stop()
 
 
 def test_unacked_messages_come_back_redelivered_after_the_leader_is_killed(cluster):

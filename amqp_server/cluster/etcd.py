@@ -13,7 +13,13 @@ Keys, under the configured prefix (`hutch/` by default):
 - `members/<name>`: every node that ever joined (no lease: it stays while
   the node is stopped) until `hutchctl forget_cluster_node` removes it;
 - `transfer`: the node a planned hand-over (`hutchctl transfer_leadership`)
-  is for, on a short lease: while it exists only that node campaigns.
+  is for, on a short lease: while it exists only that node campaigns;
+- `positions/<name>`: posted by each running node while there is no
+  leader, on its lease: JSON {"term": the lease id of the leader whose
+  replication stream it followed, "position": the byte offset in that
+  stream its data directory holds, applied and synced}, both null when it
+  does not know (a restarted process). Eligible nodes compare them so that
+  the most complete one campaigns (amqp_server.cluster.node).
 
 Every call has a timeout; a node that cannot reach any of the URLs raises
 `EtcdUnavailable`, and `connect` keeps trying (logging why) until one answers.
@@ -144,10 +150,14 @@ class Etcd:
         await self._call(lambda c: c.put(self.key("nodes", name), value, lease=lease_id))
         await self._call(lambda c: c.put(self.key("members", name), value))
 
-    async def members(self) -> dict[str, dict]:
-        prefix = self.key("members", "")
+    async def _folder(self, folder: str) -> dict[str, dict]:
+        """Every `<folder>/<name>` key: {name: its JSON value}."""
+        prefix = self.key(folder, "")
         got = await self._call(lambda c: c.get_prefix(prefix))
         return {kv.key[len(prefix):].decode(): json.loads(kv.value) for kv in got}
+
+    async def members(self) -> dict[str, dict]:
+        return await self._folder("members")
 
     async def transfer_to(self) -> str | None:
         got = await self._call(lambda c: c.get(self.key("transfer")))
@@ -161,9 +171,13 @@ class Etcd:
         await self._call(lambda c: c.delete(self.key("transfer")))
 
     async def nodes(self) -> dict[str, dict]:
-        prefix = self.key("nodes", "")
-        got = await self._call(lambda c: c.get_prefix(prefix))
-        return {kv.key[len(prefix):].decode(): json.loads(kv.value) for kv in got}
+        return await self._folder("nodes")
+
+    async def post_position(self, name: str, value: dict, lease_id: int) -> None:
+        await self._call(lambda c: c.put(self.key("positions", name), json.dumps(value).encode(), lease=lease_id))
+
+    async def positions(self) -> dict[str, dict]:
+        return await self._folder("positions")
 
     async def in_sync(self) -> list[str] | None:
         got = await self._call(lambda c: c.get(self.key("in_sync")))

@@ -4,6 +4,11 @@ copy of the leader's. It sends HELLO with its listing, applies what arrives
 (storage.replica.Applier), and acknowledges a position once everything up
 to it is applied and synced (amqp_server.cluster.replication explains the
 leader's side).
+
+`synced` is what an election compares (amqp_server.cluster.node): (the
+leader's term, the position) its data directory holds exactly, applied and
+synced; None while a snapshot or a record is half applied, and in a
+process that has not followed anyone yet (it cannot know).
 """
 from __future__ import annotations
 
@@ -24,7 +29,17 @@ class Follower:
         self.root = root
         self.fsync = fsync
         self.state = "syncing"
-        self.position = 0
+        self.position = 0  # received (not necessarily applied yet)
+        self.synced: tuple[int, int] | None = None  # (term, position); written by the applier thread
+        self._applier: threading.Thread | None = None  # the last connection's
+
+    async def idle(self) -> None:
+        """Until the last connection's applier has applied what it received
+        (a cancelled `follow` may leave it running): then `synced` is final,
+        and another connection may start applying."""
+        thread = self._applier
+        if thread is not None and thread.is_alive():
+            await asyncio.get_running_loop().run_in_executor(None, thread.join)
 
     async def follow(self, host: str, port: int) -> None:
         """Until the connection ends (then the caller finds the leader again)."""
@@ -44,25 +59,27 @@ class Follower:
                     job = jobs.get()
                     if job is None:
                         return
-                    records, position = job
+                    records, mark = job
+                    self.synced = None  # until this job is applied and synced
                     for kind, payload in records:
                         applier.apply(kind, memoryview(payload))
                     applier.sync()
-                    if position is not None:
-                        loop.call_soon_threadsafe(acked, position)
+                    if mark is not None:
+                        self.synced = mark
+                        loop.call_soon_threadsafe(acked, mark[1])
             except BaseException as exc:  # noqa: BLE001 - reported to the loop, which disconnects
                 failed.append(exc)
                 loop.call_soon_threadsafe(writer.close)
             finally:
                 applier.close()
 
-        thread = threading.Thread(target=apply_loop, name="hutch-applier", daemon=True)
+        thread = self._applier = threading.Thread(target=apply_loop, name="hutch-applier", daemon=True)
         try:
             listing = await loop.run_in_executor(None, replica.listing, self.root)
             writer.write(control(HELLO, {"name": self.name, "files": listing}))
             thread.start()
             frames = Frames(MAX_CONTROL)
-            position = None  # known from SNAPSHOT_END on
+            term = position = None  # known from SNAPSHOT_END on
             self.state = "syncing"
             while True:
                 data = await reader.read(1 << 20)
@@ -71,7 +88,8 @@ class Follower:
                 batch = []
                 for kind, payload, size in frames.feed(data):
                     if kind == SNAPSHOT_END:
-                        position = json.loads(payload)["position"]
+                        message = json.loads(payload)
+                        term, position = message["term"], message["position"]
                     elif kind < 16:
                         batch.append((kind, payload))
                         if position is not None:
@@ -79,15 +97,14 @@ class Follower:
                     else:
                         raise ValueError("unexpected record kind %d" % kind)
                 if batch or position is not None:
-                    jobs.put((batch, position))
+                    jobs.put((batch, (term, position) if position is not None else None))
                     if position is not None:
                         self.position = position
                         self.state = "following"
         finally:
             jobs.put(None)
             writer.close()
-            if thread.is_alive():
-                await loop.run_in_executor(None, thread.join)
+            await self.idle()
             self.state = "syncing"
         if failed:
             raise failed[0]

@@ -6,6 +6,19 @@ Theory of operation:
 - It may become the leader only when it is *eligible*: etcd's `in_sync`
   list is absent (a new cluster) or names it. Eligible and leaderless, it
   campaigns; the etcd transaction lets exactly one node win.
+- Election by position: with no leader, every node posts how much of the
+  last leader's stream it holds (`positions/<name>`: that leader's term and
+  the position it has applied and synced, Follower.synced; null when it
+  does not know, as in a restarted process). An eligible node campaigns
+  only once every other running node on the `in_sync` list has posted, and
+  none holds more: a position of the same term further on, or a known one
+  where its own is unknown (ties: the lowest name). A position of another
+  term is one not posted yet for this election: it is waited for, as a
+  node that posted nothing is (each posts within a poll; one that stalls
+  drops out when its lease ends). So the most complete in-sync node leads,
+  which `cluster.min_in_sync_replicas` relies on (a confirm waits for N
+  in-sync followers, not all; replication.py). A planned hand-over names
+  its node (`transfer`), which campaigns alone once it has everything.
 - A follower keeps its data directory a copy of the leader's
   (follower.Follower), reconnecting whenever the leader changes.
 - The leader opens the data directory exactly as a restart after a crash
@@ -69,6 +82,7 @@ class ClusterNode:
         self._following: asyncio.Task | None = None
         self._followed: str | None = None
         self._leader_info: dict = {}  # nodes/<leader> of the leader followed
+        self._posted: dict | None = None  # positions/<name> as last written
         self.proxy = Proxy(self._leader_address)
         # The leader's view of the others, refreshed every MEMBERS_SECONDS.
         self.members: dict[str, dict] = {}
@@ -87,9 +101,37 @@ class ClusterNode:
     async def register(self) -> None:
         await self.etcd.register(self.name, self.describe(), self.keeper.lease_id)
 
-    async def eligible(self) -> bool:
+    async def eligible(self, by_position: bool) -> bool:
+        """May this node campaign (the theory above); `by_position`: unless
+        a planned hand-over names it."""
         names = await self.etcd.in_sync()
-        return names is None or self.name in names
+        if names is None:
+            return True  # a new cluster
+        return self.name in names and (not by_position or await self._most_complete(names))
+
+    async def _post_position(self) -> None:
+        synced = self.follower.synced
+        value = {"term": synced[0], "position": synced[1]} if synced else {"term": None, "position": None}
+        if value != self._posted:
+            await self.etcd.post_position(self.name, value, self.keeper.lease_id)
+            self._posted = value
+
+    async def _most_complete(self, names: list[str]) -> bool:
+        """Whether no other running in-sync node holds more of the last
+        leader's stream than this one, once each has posted its position."""
+        running, posted = await self.etcd.nodes(), await self.etcd.positions()
+        term = self._posted["term"]
+        mine = (term is not None, self._posted["position"] or 0)
+        for name in names:
+            if name == self.name or name not in running:
+                continue
+            theirs = posted.get(name)
+            if theirs is None or None not in (term, theirs["term"]) and theirs["term"] != term:
+                return False  # not posted for this election yet
+            held = (theirs["term"] is not None, theirs["position"] or 0)
+            if held > mine or held == mine and name < self.name:
+                return False
+        return True
 
     # -- the roles -----------------------------------------------------------
 
@@ -112,9 +154,10 @@ class ClusterNode:
             try:
                 self.leader = await self.etcd.leader()
                 if self.leader is None:
-                    await self._unfollow()
+                    await self._unfollow()  # the applier is done: Follower.synced is final
+                    await self._post_position()
                     transfer = await self.etcd.transfer_to()
-                    if transfer in (None, self.name) and await self.eligible() and \
+                    if transfer in (None, self.name) and await self.eligible(transfer is None) and \
                             await self.etcd.campaign(self.name, self.keeper.lease_id):
                         if transfer is not None:
                             await self.etcd.clear_transfer()
@@ -197,6 +240,7 @@ class ClusterNode:
                 await task
             except asyncio.CancelledError:
                 pass
+        await self.follower.idle()
 
     async def _lead(self) -> None:
         self.role = "leader"
@@ -213,8 +257,8 @@ class ClusterNode:
         server.broker.durability_barrier = lambda done: server.writer.run(_nothing, lambda _result: done())
         self.replicator = Replicator(
             asyncio.get_running_loop(), self.config.data_dir, server.writer, server.definitions, server.mqtt_store,
-            self.keeper.valid, cluster.min_in_sync_replicas or 0, cluster.max_lag_bytes, cluster.max_lag_seconds,
-            self.record_in_sync)
+            self.keeper.valid, self.keeper.lease_id, cluster.min_in_sync_replicas or 0, cluster.max_lag_bytes,
+            cluster.max_lag_seconds, self.record_in_sync)
         await self._retrying(lambda: self.etcd.set_in_sync(self.name, [self.name]))
         await self.replicator.start(self.config.bind, cluster.replication_port)
         await server.start()
@@ -283,11 +327,14 @@ class ClusterNode:
         except EtcdUnavailable as exc:
             raise ClusterError("etcd unreachable: %s" % exc) from None
         log.info("cluster node %s: handing the leadership to %s", self.name, name)
-        asyncio.get_running_loop().create_task(self._hand_over())
+        asyncio.get_running_loop().create_task(self._hand_over(name))
 
-    async def _hand_over(self) -> None:
+    async def _hand_over(self, name: str) -> None:
         await asyncio.sleep(0.1)  # the API's reply goes out first
         await self.server.stop()  # clients closed; the writer drains through the followers' acknowledgements
+        if not await self.replicator.caught_up(name):
+            log.warning("cluster node %s: %s left the in-sync set: the hand-over ends in an election", self.name,
+                        name)
         self.replicator.stop()
         await self.etcd.resign(self.name)
         self.fence("the leadership was handed over")

@@ -8,9 +8,16 @@ Theory of operation (leader side, `Replicator`):
   out on the loop, to every follower link, in production order.
 - It is the storage writer's `gate`: a batch's callbacks (publisher
   confirms among them) are held with the position at the batch's end, and
-  run once every *required* follower has acknowledged that position, at
-  least `min_in_sync` followers are required, and the lease is valid
-  (fencing). Without followers and with min_in_sync 0 they run at once.
+  run once the lease is valid (fencing) and the followers have it:
+  - `min_in_sync` 0 (unset): every *required* follower has acknowledged
+    that position (without followers they run at once);
+  - `min_in_sync` N: N followers *in sync* (recorded in etcd's set) have
+    acknowledged it; joining followers neither count nor are waited for,
+    and while fewer than N are in sync nothing is released. The others may
+    lack the change: the election takes the running in-sync node that
+    holds the most of this stream (amqp_server.cluster.node), so a
+    confirmed change survives while one of the N followers that had it
+    is still running and in the in-sync set.
 - A follower (`FollowerLink`) says HELLO with the listing of its files. At a
   point P of the stream (a writer job: no write is half done) the leader
   notes its files' sizes and starts queueing the records after P for it;
@@ -22,9 +29,14 @@ Theory of operation (leader side, `Replicator`):
   acknowledges J it holds every change ever confirmed, and is recorded in
   etcd's in-sync set (only such nodes may be elected).
 - Leaving: a required follower further behind than `max_lag_bytes`, or
-  holding back a reply for longer than `max_lag_seconds`, or disconnected,
-  is removed from etcd's in-sync set *first*, and only then stops being
-  required: an electable node never misses a confirmed change.
+  holding back a reply for longer than `max_lag_seconds` (with N set: an
+  in-sync one that has not acknowledged a reply still short of N), or
+  disconnected, is removed from etcd's in-sync set *first*, and only then
+  stops being required: with `min_in_sync` 0 an electable node never
+  misses a confirmed change.
+- The stream's positions are this leader's: SNAPSHOT_END carries its
+  `term` (its lease id), so a follower can say which stream its position
+  counts (the election compares positions of one term only).
 
 The follower's end: amqp_server.cluster.follower; the framing: stream.
 """
@@ -100,14 +112,15 @@ class FollowerLink(asyncio.Protocol):
 
 class Replicator:
     def __init__(self, loop: asyncio.AbstractEventLoop, root: str, writer, definitions, mqtt_store,
-                 lease_valid: Callable[[], bool], min_in_sync: int, max_lag_bytes: int, max_lag_seconds: float,
-                 record_in_sync: Callable[[list[str]], "asyncio.Future"]) -> None:
+                 lease_valid: Callable[[], bool], term: int, min_in_sync: int, max_lag_bytes: int,
+                 max_lag_seconds: float, record_in_sync: Callable[[list[str]], "asyncio.Future"]) -> None:
         self.loop = loop
         self.root = os.path.abspath(root)
         self.writer = writer
         self.definitions = definitions
         self.mqtt_store = mqtt_store
         self.lease_valid = lease_valid
+        self.term = term  # names this leader's stream (its lease id)
         self.min_in_sync = min_in_sync
         self.max_lag_bytes = max_lag_bytes
         self.max_lag_seconds = max_lag_seconds
@@ -200,13 +213,16 @@ class Replicator:
         self._release()
 
     def _satisfied(self, position: int) -> bool:
-        required = self.required
-        if len(required) < self.min_in_sync:
-            return False
-        for link in required:
-            if link.acked < position:
-                return False
-        return True
+        if not self.min_in_sync:
+            return all(link.acked >= position for link in self.required)
+        have = sum(1 for link in self.required if link.state == "in sync" and link.acked >= position)
+        return have >= self.min_in_sync
+
+    def _holding(self, link: FollowerLink, oldest) -> bool:
+        """Whether the oldest waiting reply waits for `link`: it has not
+        acknowledged it and, with N set, is in sync (only those count)."""
+        return oldest is not None and link.acked < oldest[0] and \
+            (not self.min_in_sync or link.state == "in sync")
 
     def _release(self) -> None:
         waiting = self.waiting
@@ -267,8 +283,24 @@ class Replicator:
                     continue
                 if self.position - link.acked > self.max_lag_bytes:
                     self._drop(link, "%d bytes behind" % (self.position - link.acked))
-                elif oldest is not None and link.acked < oldest[0] and now - oldest[2] > self.max_lag_seconds:
+                elif self._holding(link, oldest) and now - oldest[2] > self.max_lag_seconds:
                     self._drop(link, "no acknowledgement for %.1f s" % (now - oldest[2]))
+
+    async def caught_up(self, name: str) -> bool:
+        """A planned hand-over to follower `name`, the writer drained: until
+        it has acknowledged every change (with N set the drain waited for
+        N followers, perhaps not this one). False once it is out of the
+        in-sync set, where it is put after `max_lag_seconds` of waiting."""
+        deadline = time.monotonic() + self.max_lag_seconds
+        while name in self.in_sync:
+            link = next((link for link in self.required if link.name == name), None)
+            if link is not None and link.state == "in sync":
+                if link.acked >= self.position:
+                    return True
+                if time.monotonic() > deadline:
+                    self._drop(link, "not caught up for the hand-over")
+            await asyncio.sleep(CHECK_SECONDS)
+        return False
 
     # -- a follower's snapshot ----------------------------------------------------
 
@@ -322,7 +354,7 @@ class Replicator:
     def _snapshot_sent(self, link: FollowerLink, point: int, sent: int) -> None:
         if link.state == "closed":
             return
-        link.transport.write(control(SNAPSHOT_END, {"position": point}))
+        link.transport.write(control(SNAPSHOT_END, {"position": point, "term": self.term}))
         backlog, link.backlog = link.backlog, None
         if backlog:
             link.transport.write(b"".join(backlog))
@@ -338,7 +370,7 @@ class Replicator:
         for link in self.links:
             if link.name is None:
                 continue  # connected, not introduced yet
-            behind = oldest is not None and link.acked < oldest[0]
+            behind = self._holding(link, oldest)
             out.append({"name": link.name, "state": link.state, "acknowledged": link.acked,
                         "lag_bytes": max(self.position - link.acked, 0),
                         "lag_seconds": round(now - oldest[2], 3) if behind else 0.0})
