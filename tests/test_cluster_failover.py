@@ -172,52 +172,87 @@ def test_min_in_sync_replicas_withholds_confirms_while_too_few_followers_are_in_
         connection.close()
 
 
+# min_in_sync_replicas 1 on three nodes, a follower stalled for a while: it must not be dropped
+# (max_lag_seconds 60, max_lag_bytes 256 MiB), nor lose its lease (lease_ttl 10).
+MIN_IN_SYNC_1 = ("--cluster-min-in-sync-replicas", "1", "--cluster-max-lag-seconds", "60",
+                 "--cluster-max-lag-bytes", str(256 << 20), "--cluster-lease-ttl", "10")
+
+
+def confirm_while_stopped(leader, stopped, queue: str) -> int:
+    """Publish confirmed 1 MiB persistent messages to `leader` with the
+    follower `stopped` stalled (SIGSTOP), until it lacks 48 MiB: more than
+    its socket buffers hold, so it cannot have them all when it resumes.
+    Every confirm comes (the other follower has it) and `stopped` stays in
+    sync; were every in-sync follower waited for, the first confirm would
+    wait 60 s. Returns the number confirmed; `stopped` stays stopped."""
+    def status() -> dict:
+        nodes = call(leader.ports["http"], "GET", "/api/hutch/cluster").body["nodes"]
+        return next((n for n in nodes if n["name"] == stopped.name), {})
+
+    body, confirmed = bytes(1 << 20), 0
+    with pika.BlockingConnection(pika.URLParameters(leader.url)) as connection:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        channel.queue_declare(queue, durable=True)
+        until(lambda: status().get("state") == "in sync", 30, "the leader to list %s in sync" % stopped.name)
+        stopped.signal(signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        while (status()["lag_bytes"] or 0) < 48 << 20:
+            channel.basic_publish("", queue, body, pika.BasicProperties(delivery_mode=2))
+            confirmed += 1
+            stopped_for = time.monotonic() - stopped_at
+            assert stopped_for < 5, "%d MiB confirmed in %.1f s with %s stopped: do confirms wait for it?" % (
+                confirmed, stopped_for, stopped.name)
+    return confirmed
+
+
+def message_count(node, queue: str) -> int:
+    with pika.BlockingConnection(pika.URLParameters(node.url)) as connection:
+        return connection.channel().queue_declare(queue, passive=True).method.message_count
+
+
 def test_with_min_in_sync_replicas_a_stalled_follower_holds_no_confirm_back_and_the_most_complete_node_leads(
         tmp_path):
     """min_in_sync_replicas 1 on three nodes: a confirm waits for one
-    in-sync follower, not both. One follower (B) is stalled (SIGSTOP) while
-    the leader confirms 1 MiB persistent messages: the confirms keep coming
-    (C has each) and B stays in the in-sync set (max_lag_seconds 60: were
-    every in-sync follower waited for, each confirm would wait 60 s). B
-    stays stopped until it lacks more than its socket buffers can hold
-    (48 MiB); then the leader is SIGKILLed and B resumed at once. Both are
-    in sync, so both may lead: C, which holds more of the leader's stream,
-    is elected, with every confirmed message. B has the lower name, so it
-    would win a tie: C wins on its position. lease_ttl 10: B's stop stays
-    short enough that B keeps its lease (and does not fence itself)."""
-    extra = ("--cluster-min-in-sync-replicas", "1", "--cluster-max-lag-seconds", "60",
-             "--cluster-max-lag-bytes", str(256 << 20), "--cluster-lease-ttl", "10")
-    with running(tmp_path, 3, *extra) as (etcd, nodes):
+    in-sync follower, not both. With one follower (B) stalled, confirms keep
+    coming and B stays in the in-sync set (confirm_while_stopped). Then the
+    leader is SIGKILLed and B resumed at once. Both followers are in sync,
+    so both may lead: C, which holds more of the leader's stream, is
+    elected, with every confirmed message. B has the lower name, so it would
+    win a tie: C wins on its position. B's stop stays well inside its lease
+    (10 s), so it takes part in the election knowing its position."""
+    with running(tmp_path, 3, *MIN_IN_SYNC_1) as (etcd, nodes):
         leader = leader_of(etcd, nodes)
         behind, ahead = sorted((n for n in nodes if n is not leader), key=lambda n: n.name)
-
-        def status_of_behind() -> dict:
-            status = call(leader.ports["http"], "GET", "/api/hutch/cluster").body
-            return next((n for n in status["nodes"] if n["name"] == behind.name), {})
-
-        body, confirmed = bytes(1 << 20), 0
-        with pika.BlockingConnection(pika.URLParameters(leader.url)) as connection:
-            channel = connection.channel()
-            channel.confirm_delivery()
-            channel.queue_declare("complete", durable=True)
-            until(lambda: status_of_behind().get("state") == "in sync", 30, "the leader to list B in sync")
-            behind.signal(signal.SIGSTOP)
-            stopped_at = time.monotonic()
-            while (status_of_behind()["lag_bytes"] or 0) < 48 << 20:
-                channel.basic_publish("", "complete", body, pika.BasicProperties(delivery_mode=2))
-                confirmed += 1
-                stopped_for = time.monotonic() - stopped_at
-                assert stopped_for < 5, "%d MiB confirmed in %.1f s with B stopped: do confirms wait for it?" % (
-                    confirmed, stopped_for)
-            assert status_of_behind()["state"] == "in sync" and behind.name in in_sync(etcd)
+        confirmed = confirm_while_stopped(leader, behind, "complete")
+        assert behind.name in in_sync(etcd)
         leader.kill()
         behind.signal(signal.SIGCONT)
         new = new_leader(etcd, nodes, leader)
         posted = {n.name: etcd_get(etcd.url, "hutch/positions/" + n.name) for n in (behind, ahead)}
         assert new is ahead, "%s was elected, not %s; positions: %s" % (new.name, ahead.name, posted)
-        with pika.BlockingConnection(pika.URLParameters(ahead.url)) as connection:
-            assert connection.channel().queue_declare("complete", passive=True).method.message_count == confirmed
-        assert "the etcd lease ran out" not in behind.log  # B took part in the election, knowing its position
+        assert message_count(ahead, "complete") == confirmed
+        assert "the etcd lease ran out" not in behind.log  # B did not restart (and forget its position)
+
+
+def test_with_min_in_sync_replicas_a_hand_over_waits_until_its_node_has_everything(tmp_path):
+    """min_in_sync_replicas 1: the confirms did not wait for the stalled
+    follower B, so when the leadership is handed to B the leader waits
+    until B has acknowledged everything before it resigns: B, resumed only
+    after 1.5 s, leads with every confirmed message."""
+    with running(tmp_path, 3, *MIN_IN_SYNC_1) as (etcd, nodes):
+        leader = leader_of(etcd, nodes)
+        target = next(n for n in nodes if n is not leader)
+        confirmed = confirm_while_stopped(leader, target, "handed-over")
+        reply = call(leader.ports["http"], "POST", "/api/hutch/cluster/transfer-leadership", {"node": target.name})
+        assert reply.status == 204, reply.body
+        waited = time.monotonic() + 1.5
+        while time.monotonic() < waited:
+            assert leader_of(etcd, nodes) is leader, "the leader resigned before %s had everything" % target.name
+            time.sleep(0.1)
+        target.signal(signal.SIGCONT)
+        until(lambda: leader_of(etcd, nodes) is target and target.serving(), 30, "the hand-over")
+        assert message_count(target, "handed-over") == confirmed
 
 
 def test_with_durability_flush_the_follower_still_has_every_confirmed_message(tmp_path):
