@@ -134,8 +134,8 @@ class ClusterConfig:
     # set, for N of them instead (the most complete in-sync node is elected,
     # docs/cluster.md), and are withheld while fewer than N are in sync.
     min_in_sync_replicas: int | None = None
-    # A follower further behind than this many bytes, or with a change
-    # unacknowledged for longer than max_lag_seconds, leaves the in-sync set.
+    # A follower further behind than this many bytes, or with a reply waiting
+    # for its acknowledgement longer than max_lag_seconds, leaves the in-sync set.
     max_lag_bytes: int = 67108864
     max_lag_seconds: float = 5.0
 
