@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -18,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from helpers import wait_for
+from server_process import ROOT, ServerProcess, spawn  # noqa: F401 - ROOT for the cluster tests
 
 
 def free_ports(count: int) -> list[int]:
@@ -35,14 +34,8 @@ def free_ports(count: int) -> list[int]:
 
 
 def until(predicate, timeout: float, what: str, interval: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out after %.0f s waiting for %s" % (timeout, what))
-        time.sleep(interval)
+    """helpers.wait_for, saying what it waits for, polling every 50 ms."""
+    return wait_for(predicate, timeout, interval, what)
 
 
 def port_open(port: int) -> bool:
@@ -92,7 +85,7 @@ class EtcdProcess:
 
 
 @dataclass
-class Node:
+class Node(ServerProcess):
     name: str
     data_dir: Path
     etcd_url: str
@@ -101,37 +94,25 @@ class Node:
     process: subprocess.Popen | None = None
     log_lines: list = field(default_factory=list)
 
+    stop_grace = 15.0  # seconds (ServerProcess.stop)
+
     @property
     def port(self) -> int:
         return self.ports["amqp"]
 
-    @property
-    def url(self) -> str:
-        return "amqp://guest:guest@127.0.0.1:%d/" % self.port
-
-    @property
-    def log(self) -> str:
-        return "".join(self.log_lines)
-
     def start(self) -> "Node":
         self.log_lines.append("---- start\n")
         p = self.ports
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "cli.server", "--bind", "127.0.0.1", "--port", str(p["amqp"]),
+        self.process = spawn(
+            ["--bind", "127.0.0.1", "--port", str(p["amqp"]),
              "--management-bind", "127.0.0.1", "--management-port", str(p["http"]),
              "--prometheus-bind", "127.0.0.1", "--prometheus-port", str(p["prometheus"]),
              "--mqtt-port", str(p["mqtt"]), "--mqtt-tls-port", "0", "--data-dir", str(self.data_dir),
              "--cluster-etcd", self.etcd_url, "--cluster-node-name", self.name,
              "--cluster-replication-port", str(p["replication"]), "--cluster-advertise", "127.0.0.1",
              "--cluster-lease-ttl", "2", *self.extra],
-            cwd=ROOT, env={k: v for k, v in os.environ.items() if not k.startswith("HUTCH_")},
-            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
-        lines, stream = self.log_lines, self.process.stderr
-        threading.Thread(target=lambda: lines.extend(stream), daemon=True).start()
+            self.log_lines)
         return self
-
-    def running(self) -> bool:
-        return self.process is not None and self.process.poll() is None
 
     def signal(self, sig: int) -> None:
         self.process.send_signal(sig)
@@ -139,16 +120,6 @@ class Node:
     def kill(self) -> None:
         self.process.kill()
         self.process.wait(10)
-
-    def stop(self) -> None:
-        if self.running():
-            self.process.send_signal(signal.SIGCONT)
-            self.process.terminate()
-            try:
-                self.process.wait(15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
 
     def serving(self) -> bool:
         """Its AMQP port accepts connections (the leader, or a forwarding follower)."""

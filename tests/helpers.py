@@ -21,15 +21,17 @@ def unique(prefix: str = "t") -> str:
     return "%s-%s" % (prefix, uuid.uuid4().hex[:10])
 
 
-def wait_for(predicate, timeout: float = 5.0, interval: float = 0.01):
-    """Poll `predicate` until it returns a truthy value (no sleeps as sync)."""
+def wait_for(predicate, timeout: float = 5.0, interval: float = 0.01, what: str = "the condition"):
+    """Poll `predicate` until it returns a truthy value, and return that
+    (no sleeps as sync); after `timeout` seconds, an AssertionError that
+    names `what` was waited for."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError("condition not met within %.1fs" % timeout)
+            raise AssertionError("timed out after %.1f s waiting for %s" % (timeout, what))
         time.sleep(interval)
 
 
