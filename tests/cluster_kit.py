@@ -5,6 +5,7 @@ Each node gets fixed free ports (not 0), so a node that re-executes itself
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -167,6 +168,21 @@ def in_sync(etcd: EtcdProcess) -> list[str]:
     return json.loads(value) if value else []
 
 
+@contextlib.contextmanager
+def started(etcd: EtcdProcess, nodes: list[Node]):
+    """Start the nodes; enter once every one is in sync. On leaving (also when
+    they did not get in sync), the nodes and etcd are stopped."""
+    try:
+        for node in nodes:
+            node.start()
+        until(lambda: len(in_sync(etcd)) == len(nodes), 60, "%d nodes in sync" % len(nodes))
+        yield
+    finally:
+        for node in nodes:
+            node.stop()
+        etcd.stop()
+
+
 QUEUE = "cluster-load"
 ARGUMENTS = {"x-queue-type": "quorum"}
 
@@ -284,14 +300,9 @@ def cluster(tmp_path):
     etcd = EtcdProcess(tmp_path).start()
     nodes = make_nodes(tmp_path, etcd.url, 3)
     try:
-        for node in nodes:
-            node.start()
-        until(lambda: len(in_sync(etcd)) == 3, 60, "three nodes in sync")
-        yield etcd, nodes
+        with started(etcd, nodes):
+            yield etcd, nodes
     finally:
-        for node in nodes:
-            node.stop()
-        etcd.stop()
         print_logs(nodes)
 
 
