@@ -9,7 +9,8 @@ the same behaviour on both.
 Clients of the session broker: `conn` (pika), `aconn` (aio-pika) and `raw`
 (amqp_raw.RawClient, before the protocol header); `still_serving` checks after
 a test that the broker still serves a new client. `api` is the session
-broker's management API (http_api.Api) and `vhost` a fresh vhost on it.
+broker's management API (http_api.Api), `vhost` a fresh vhost on it and
+`make_vhost` makes as many as a test needs.
 
 Plain helper functions are in helpers.py (`unique` and `wait_for` are
 importable from here too); how a broker process is started, logged and
@@ -145,13 +146,28 @@ def api(broker):
 
 
 @pytest.fixture
-def vhost(api):
+def make_vhost(api):
+    """make_vhost() -> the name of a fresh vhost where guest has every
+    permission; each is deleted after the test."""
+    made = []
+
+    def make() -> str:
+        name = unique("vh")
+        assert api.put("/api/vhosts/" + segment(name)).status == 201
+        # the creator has them already: 204
+        assert api.put("/api/permissions/%s/guest" % segment(name), ALL_PERMISSIONS).status == 204
+        made.append(name)
+        return name
+
+    yield make
+    for name in made:
+        api.delete("/api/vhosts/" + segment(name))
+
+
+@pytest.fixture
+def vhost(make_vhost):
     """A fresh vhost where guest has every permission, deleted afterwards."""
-    name = unique("vh")
-    assert api.put("/api/vhosts/" + segment(name)).status == 201
-    assert api.put("/api/permissions/%s/guest" % segment(name), ALL_PERMISSIONS).status == 204  # the creator has them
-    yield name
-    api.delete("/api/vhosts/" + segment(name))
+    return make_vhost()
 
 
 @pytest.hookimpl(hookwrapper=True)

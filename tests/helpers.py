@@ -62,6 +62,15 @@ def confirm_channel(connection):
     return channel
 
 
+def confirm_channel_in(broker, vhost: str):
+    """(connection, confirm-mode channel) in `vhost` of `broker` (anything
+    with a `url`: a BrokerProcess, a cluster Node)."""
+    params = pika.URLParameters(broker.url)
+    params.virtual_host = vhost
+    connection = pika.BlockingConnection(params)
+    return connection, confirm_channel(connection)
+
+
 def pump(connection, predicate):
     """Let a pika connection dispatch callbacks until `predicate()` holds."""
     def check():
