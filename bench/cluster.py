@@ -33,7 +33,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench"), str(ROOT)]
 
-from cluster_kit import EtcdProcess, Load, free_ports, in_sync, leader_of, make_nodes, until  # noqa: E402
+from cluster_kit import (EtcdProcess, Load, free_ports, in_sync, leader_of, make_nodes, port_open,  # noqa: E402
+                         started, until)
 from harness import AMQPBENCH_SRC, amqpbench, build_amqpbench, cpu_seconds, rss_bytes  # noqa: E402
 
 
@@ -70,40 +71,35 @@ def failover(args) -> int:
     sampler = PeakRss(nodes)
     times: list[float] = []
     try:
-        for node in nodes:
-            node.start()
-        until(lambda: len(in_sync(etcd)) == 3, 60, "three nodes in sync")
-        sampler.start()
-        load = Load([n.url for n in nodes]).start()
-        stamps = load.confirm_times
-        load.progress(500, 60, "confirms before the first kill")
-        for round_number in range(1, args.kills + 1):
-            leader = leader_of(etcd, nodes)
-            before = len(stamps)
-            killed_at = time.monotonic()
-            leader.kill()
-            # the first confirm on a connection opened after the kill (a confirm the old leader
-            # sent just before dying may still be read after it)
-            first = until(lambda: next((t for t, opened in stamps[before:] if opened > killed_at), None), 60,
-                          "a confirm from the new leader")
-            times.append(first - killed_at)
-            leader.start()
-            until(lambda: len(in_sync(etcd)) == 3, 120, "the killed node to be in sync again")
-            load.progress(args.between, 60, "confirms between kills")
-            log("kill %d: failover %.2f s" % (round_number, times[-1]))
-        lost, duplicates = load.finish(120)
-        sampler.stopping.set()
-        result = {"kills": args.kills, "confirmed": len(set(load.confirmed)), "lost": len(lost),
-                  "duplicates": duplicates, "failover_p50_s": round(statistics.median(times), 3),
-                  "failover_p99_s": round(percentile(times, 0.99), 3), "failover_max_s": round(max(times), 3),
-                  "peak_rss_mib": {name: round(value / 2**20, 1) for name, value in sorted(sampler.peak.items())}}
-        print(json.dumps(result, indent=1))
-        return 0 if not lost else 1
+        with started(etcd, nodes):
+            sampler.start()
+            load = Load([n.url for n in nodes]).start()
+            stamps = load.confirm_times
+            load.progress(500, 60, "confirms before the first kill")
+            for round_number in range(1, args.kills + 1):
+                leader = leader_of(etcd, nodes)
+                before = len(stamps)
+                killed_at = time.monotonic()
+                leader.kill()
+                # the first confirm on a connection opened after the kill (a confirm the old leader
+                # sent just before dying may still be read after it)
+                first = until(lambda: next((t for t, opened in stamps[before:] if opened > killed_at), None), 60,
+                              "a confirm from the new leader")
+                times.append(first - killed_at)
+                leader.start()
+                until(lambda: len(in_sync(etcd)) == 3, 120, "the killed node to be in sync again")
+                load.progress(args.between, 60, "confirms between kills")
+                log("kill %d: failover %.2f s" % (round_number, times[-1]))
+            lost, duplicates = load.finish(120)
+            sampler.stopping.set()
+            result = {"kills": args.kills, "confirmed": len(set(load.confirmed)), "lost": len(lost),
+                      "duplicates": duplicates, "failover_p50_s": round(statistics.median(times), 3),
+                      "failover_p99_s": round(percentile(times, 0.99), 3), "failover_max_s": round(max(times), 3),
+                      "peak_rss_mib": {name: round(value / 2**20, 1) for name, value in sorted(sampler.peak.items())}}
+            print(json.dumps(result, indent=1))
+            return 0 if not lost else 1
     finally:
         sampler.stopping.set()
-        for node in nodes:
-            node.stop()
-        etcd.stop()
 
 
 S3 = "--size 1024 --prefetch 100 --multi-ack-every 10 --persistent --confirm 100"
@@ -134,7 +130,7 @@ def s3(args) -> int:
                                "--mqtt-enabled", "false", "--data-dir", str(tmp / "single")], cwd=ROOT,
                               stderr=subprocess.DEVNULL)
     try:
-        until(lambda: os.path.exists(tmp / "single") and _open(port), 30, "the single node")
+        until(lambda: os.path.exists(tmp / "single") and port_open(port), 30, "the single node")
         results["1 node"] = _run_s3(binary, "amqp://guest:guest@127.0.0.1:%d/%%2F" % port, single.pid,
                                     {"single": single.pid}, args, "s3-single")
     finally:
@@ -142,29 +138,12 @@ def s3(args) -> int:
         single.wait(30)
     etcd = EtcdProcess(tmp).start()
     nodes = make_nodes(tmp, etcd.url, 3)
-    try:
-        for node in nodes:
-            node.start()
-        until(lambda: len(in_sync(etcd)) == 3, 60, "three nodes in sync")
+    with started(etcd, nodes):
         leader = leader_of(etcd, nodes)
         pids = {("leader " if n is leader else "follower ") + n.name: n.process.pid for n in nodes}
         results["3 nodes"] = _run_s3(binary, leader.url + "%2F", leader.process.pid, pids, args, "s3-cluster")
-    finally:
-        for node in nodes:
-            node.stop()
-        etcd.stop()
     print(json.dumps(results, indent=1))
     return 0
-
-
-def _open(port: int) -> bool:
-    import socket
-
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-        return True
-    except OSError:
-        return False
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,10 +8,8 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -19,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from helpers import wait_for
+from server_process import ROOT, ServerProcess, spawn  # noqa: F401 - ROOT for the cluster tests
 
 
 def free_ports(count: int) -> list[int]:
@@ -36,14 +35,8 @@ def free_ports(count: int) -> list[int]:
 
 
 def until(predicate, timeout: float, what: str, interval: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out after %.0f s waiting for %s" % (timeout, what))
-        time.sleep(interval)
+    """helpers.wait_for, saying what it waits for, polling every 50 ms."""
+    return wait_for(predicate, timeout, interval, what)
 
 
 def port_open(port: int) -> bool:
@@ -93,7 +86,7 @@ class EtcdProcess:
 
 
 @dataclass
-class Node:
+class Node(ServerProcess):
     name: str
     data_dir: Path
     etcd_url: str
@@ -102,37 +95,25 @@ class Node:
     process: subprocess.Popen | None = None
     log_lines: list = field(default_factory=list)
 
+    stop_grace = 15.0  # seconds (ServerProcess.stop)
+
     @property
     def port(self) -> int:
         return self.ports["amqp"]
 
-    @property
-    def url(self) -> str:
-        return "amqp://guest:guest@127.0.0.1:%d/" % self.port
-
-    @property
-    def log(self) -> str:
-        return "".join(self.log_lines)
-
     def start(self) -> "Node":
         self.log_lines.append("---- start\n")
         p = self.ports
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "cli.server", "--bind", "127.0.0.1", "--port", str(p["amqp"]),
+        self.process = spawn(
+            ["--bind", "127.0.0.1", "--port", str(p["amqp"]),
              "--management-bind", "127.0.0.1", "--management-port", str(p["http"]),
              "--prometheus-bind", "127.0.0.1", "--prometheus-port", str(p["prometheus"]),
              "--mqtt-port", str(p["mqtt"]), "--mqtt-tls-port", "0", "--data-dir", str(self.data_dir),
              "--cluster-etcd", self.etcd_url, "--cluster-node-name", self.name,
              "--cluster-replication-port", str(p["replication"]), "--cluster-advertise", "127.0.0.1",
              "--cluster-lease-ttl", "2", *self.extra],
-            cwd=ROOT, env={k: v for k, v in os.environ.items() if not k.startswith("HUTCH_")},
-            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
-        lines, stream = self.log_lines, self.process.stderr
-        threading.Thread(target=lambda: lines.extend(stream), daemon=True).start()
+            self.log_lines)
         return self
-
-    def running(self) -> bool:
-        return self.process is not None and self.process.poll() is None
 
     def signal(self, sig: int) -> None:
         self.process.send_signal(sig)
@@ -140,16 +121,6 @@ class Node:
     def kill(self) -> None:
         self.process.kill()
         self.process.wait(10)
-
-    def stop(self) -> None:
-        if self.running():
-            self.process.send_signal(signal.SIGCONT)
-            self.process.terminate()
-            try:
-                self.process.wait(15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
 
     def serving(self) -> bool:
         """Its AMQP port accepts connections (the leader, or a forwarding follower)."""
@@ -195,6 +166,21 @@ def in_sync(etcd: EtcdProcess) -> list[str]:
 
     value = etcd_get(etcd.url, "hutch/in_sync")
     return json.loads(value) if value else []
+
+
+@contextlib.contextmanager
+def started(etcd: EtcdProcess, nodes: list[Node]):
+    """Start the nodes; enter once every one is in sync. On leaving (also when
+    they did not get in sync), the nodes and etcd are stopped."""
+    try:
+        for node in nodes:
+            node.start()
+        until(lambda: len(in_sync(etcd)) == len(nodes), 60, "%d nodes in sync" % len(nodes))
+        yield
+    finally:
+        for node in nodes:
+            node.stop()
+        etcd.stop()
 
 
 QUEUE = "cluster-load"
@@ -315,22 +301,17 @@ def running(tmp: Path, count: int, *extra: str):
     etcd = EtcdProcess(tmp).start()
     nodes = make_nodes(tmp, etcd.url, count, *extra)
     try:
-        for node in nodes:
-            node.start()
-        until(lambda: len(in_sync(etcd)) == count, 60, "%d nodes in sync" % count)
-        yield etcd, nodes
+        with started(etcd, nodes):
+            yield etcd, nodes
     finally:
-        for node in nodes:
-            node.stop()
-        etcd.stop()
         print_logs(nodes)
 
 
 @pytest.fixture
 def cluster(tmp_path):
     """(etcd, [n1, n2, n3]) with a leader serving and every node in sync."""
-    with running(tmp_path, 3) as started:
-        yield started
+    with running(tmp_path, 3) as etcd_and_nodes:
+        yield etcd_and_nodes
 
 
 def print_logs(nodes: list[Node]) -> None:

@@ -9,10 +9,12 @@ the same behaviour on both.
 Clients of the session broker: `conn` (pika), `aconn` (aio-pika) and `raw`
 (amqp_raw.RawClient, before the protocol header); `still_serving` checks after
 a test that the broker still serves a new client. `api` is the session
-broker's management API (http_api.Api) and `vhost` a fresh vhost on it.
+broker's management API (http_api.Api), `vhost` a fresh vhost on it and
+`make_vhost` makes as many as a test needs.
 
 Plain helper functions are in helpers.py (`unique` and `wait_for` are
-importable from here too).
+importable from here too); how a broker process is started, logged and
+stopped is server_process.py's (`ROOT` is importable from here too).
 
 A hang never outlives its test by much: pytest-timeout fails a test after
 its timeout (60 s unless marked), and if the test's own cleanup then hangs
@@ -38,8 +40,8 @@ import pytest
 from amqp_raw import RawClient
 from helpers import assert_serves, unique, wait_for  # noqa: F401 - unique, wait_for re-exported
 from http_api import Api, segment
+from server_process import ROOT, ServerProcess, spawn  # noqa: F401 - ROOT re-exported
 
-ROOT = Path(__file__).resolve().parent.parent
 LISTENING = re.compile(r"listening for (AMQPS?|MQTTS?|HTTP|PROMETHEUS) on [^ ]+:(\d+)")
 ALL_PERMISSIONS = {"configure": ".*", "write": ".*", "read": ".*"}
 # Every listener on 127.0.0.1 and a free port (the management ports included).
@@ -48,7 +50,7 @@ PORT_ARGS = ("--bind", "127.0.0.1", "--port", "0", "--management-bind", "127.0.0
 
 
 @dataclass
-class BrokerProcess:
+class BrokerProcess(ServerProcess):
     process: subprocess.Popen
     ports: dict
     data_dir: Path
@@ -58,50 +60,23 @@ class BrokerProcess:
     def port(self) -> int:
         return self.ports["AMQP"]
 
-    @property
-    def url(self) -> str:
-        return "amqp://guest:guest@127.0.0.1:%d/" % self.port
-
-    @property
-    def log(self) -> str:
-        return "".join(self.log_lines)
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-
 
 def launch(tmp: Path, *args: str, env: dict | None = None, expect: tuple = ("AMQP",)) -> BrokerProcess:
+    """A broker on free ports (PORT_ARGS), with a fresh data directory under
+    `tmp` unless `args` name one; returns once it has logged that it listens
+    on every kind of port in `expect`."""
     data_dir = tmp / ("data-" + uuid.uuid4().hex[:8])
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("HUTCH_")}
-    environ.update(env or {})
-    process = subprocess.Popen(
-        [sys.executable, "-m", "cli.server", *PORT_ARGS, "--data-dir", str(data_dir), *args],
-        cwd=ROOT,
-        env=environ,
-        stderr=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
-        text=True,
-    )
-    broker = BrokerProcess(process, {}, data_dir)
     ready = threading.Event()
 
-    def pump() -> None:
-        for line in process.stderr:
-            broker.log_lines.append(line)
-            match = LISTENING.search(line)
-            if match:
-                broker.ports[match.group(1)] = int(match.group(2))
-                if all(name in broker.ports for name in expect):
-                    ready.set()
-        ready.set()
+    def on_line(line: str) -> None:
+        match = LISTENING.search(line)
+        if match:
+            broker.ports[match.group(1)] = int(match.group(2))
+        if not line or all(name in broker.ports for name in expect):
+            ready.set()
 
-    threading.Thread(target=pump, daemon=True).start()
+    broker = BrokerProcess(None, {}, data_dir)
+    broker.process = spawn([*PORT_ARGS, "--data-dir", str(data_dir), *args], broker.log_lines, env, on_line)
     if not ready.wait(20) or not all(name in broker.ports for name in expect):
         broker.stop()
         raise RuntimeError("broker did not start:\n" + broker.log)
@@ -171,13 +146,28 @@ def api(broker):
 
 
 @pytest.fixture
-def vhost(api):
+def make_vhost(api):
+    """make_vhost() -> the name of a fresh vhost where guest has every
+    permission; each is deleted after the test."""
+    made = []
+
+    def make() -> str:
+        name = unique("vh")
+        assert api.put("/api/vhosts/" + segment(name)).status == 201
+        # the creator has them already: 204
+        assert api.put("/api/permissions/%s/guest" % segment(name), ALL_PERMISSIONS).status == 204
+        made.append(name)
+        return name
+
+    yield make
+    for name in made:
+        api.delete("/api/vhosts/" + segment(name))
+
+
+@pytest.fixture
+def vhost(make_vhost):
     """A fresh vhost where guest has every permission, deleted afterwards."""
-    name = unique("vh")
-    assert api.put("/api/vhosts/" + segment(name)).status == 201
-    assert api.put("/api/permissions/%s/guest" % segment(name), ALL_PERMISSIONS).status == 204  # the creator has them
-    yield name
-    api.delete("/api/vhosts/" + segment(name))
+    return make_vhost()
 
 
 @pytest.hookimpl(hookwrapper=True)

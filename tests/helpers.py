@@ -21,15 +21,17 @@ def unique(prefix: str = "t") -> str:
     return "%s-%s" % (prefix, uuid.uuid4().hex[:10])
 
 
-def wait_for(predicate, timeout: float = 5.0, interval: float = 0.01):
-    """Poll `predicate` until it returns a truthy value (no sleeps as sync)."""
+def wait_for(predicate, timeout: float = 5.0, interval: float = 0.01, what: str = "the condition"):
+    """Poll `predicate` until it returns a truthy value, and return that
+    (no sleeps as sync); after `timeout` seconds, an AssertionError that
+    names `what` was waited for."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError("condition not met within %.1fs" % timeout)
+            raise AssertionError("timed out after %.1f s waiting for %s" % (timeout, what))
         time.sleep(interval)
 
 
@@ -58,6 +60,15 @@ def confirm_channel(connection):
     channel = connection.channel()
     channel.confirm_delivery()
     return channel
+
+
+def confirm_channel_in(broker, vhost: str):
+    """(connection, confirm-mode channel) in `vhost` of `broker` (anything
+    with a `url`: a BrokerProcess, a cluster Node)."""
+    params = pika.URLParameters(broker.url)
+    params.virtual_host = vhost
+    connection = pika.BlockingConnection(params)
+    return connection, confirm_channel(connection)
 
 
 def pump(connection, predicate):

@@ -22,7 +22,10 @@ from dataclasses import dataclass
 
 import aiormq
 
+from helpers import wait_for
 from http_api import Api
+
+POLL = 0.02  # seconds between two looks at a broker's queues (each look is a connection or a request)
 
 
 @dataclass
@@ -77,17 +80,6 @@ async def drain(url: str, queue: str, at_least: int, quiet: float = 1.0) -> list
     return got
 
 
-def wait(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError("%s: not within %.0f s" % (what, timeout))
-        time.sleep(0.02)
-
-
 def run(start, count: int, timeout: float = 60.0, size: int = 0, prefetch: int = 200) -> Outcome:
     """`start(*args)` starts a hutch broker (tests/conftest.py's `launch`
     arguments; "--port", "--data-dir" given when restarting) and returns its
@@ -106,12 +98,12 @@ def run(start, count: int, timeout: float = 60.0, size: int = 0, prefetch: int =
         except Exception:  # noqa: BLE001 - the queue appears once the shovel declared it
             return 0
 
-    at_kills = [wait(lambda: (lambda n: n if n >= count // 4 else 0)(landed(b)), timeout, "a quarter on B")]
+    at_kills = [wait_for(lambda: (lambda n: n if n >= count // 4 else 0)(landed(b)), timeout, POLL, "a quarter on B")]
     b.process.kill()
     b.process.wait()
     b = start("--port", str(b.port), "--data-dir", str(b.data_dir))
-    at_kills.append(wait(lambda: (lambda n: n if n >= count // 2 else 0)(landed(b)), timeout,
-                         "half on B after its restart"))
+    at_kills.append(wait_for(lambda: (lambda n: n if n >= count // 2 else 0)(landed(b)), timeout, POLL,
+                             "half on B after its restart"))
     a.process.kill()
     a.process.wait()
     a = start("--data-dir", str(a.data_dir))
@@ -121,7 +113,7 @@ def run(start, count: int, timeout: float = 60.0, size: int = 0, prefetch: int =
         reply = api.get("/api/queues/%2F/src")
         return reply.status == 200 and reply.body["messages"] == 0
 
-    wait(source_empty, timeout, "A's queue empty")
+    wait_for(source_empty, timeout, POLL, "A's queue empty")
     got = asyncio.run(drain(b.url, "dst", count))
     seconds = time.monotonic() - began
     distinct = set(got)

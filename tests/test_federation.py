@@ -8,36 +8,11 @@ import json
 import pika
 import pytest
 
-from helpers import unique, wait_for
+from helpers import confirm_channel_in, wait_for
 from http_api import Api, segment
 from hutchctl_targets import hutch_target
 
 pytestmark = pytest.mark.timeout(90)
-
-
-@pytest.fixture
-def make_vhost(api):
-    made = []
-
-    def make() -> str:
-        name = unique("fed")
-        assert api.put("/api/vhosts/" + segment(name)).status == 201
-        assert api.put("/api/permissions/%s/guest" % segment(name),
-                       {"configure": ".*", "write": ".*", "read": ".*"}).status in (201, 204)
-        made.append(name)
-        return name
-    yield make
-    for name in made:
-        api.delete("/api/vhosts/" + segment(name))
-
-
-def channel_in(broker, vhost: str):
-    params = pika.URLParameters(broker.url)
-    params.virtual_host = vhost
-    connection = pika.BlockingConnection(params)
-    channel = connection.channel()
-    channel.confirm_delivery()
-    return connection, channel
 
 
 def federate(api, broker, downstream: str, upstream: str, pattern: str, **keys) -> None:
@@ -54,9 +29,9 @@ def links_of(api, vhost: str, state: str = "running") -> list:
 
 def test_federated_exchange_receives_only_what_its_bindings_match(broker, api, make_vhost):
     up, down = make_vhost(), make_vhost()
-    up_connection, up_channel = channel_in(broker, up)
+    up_connection, up_channel = confirm_channel_in(broker, up)
     up_channel.exchange_declare("fx", "topic", durable=True)
-    down_connection, down_channel = channel_in(broker, down)
+    down_connection, down_channel = confirm_channel_in(broker, down)
     down_channel.exchange_declare("fx", "topic", durable=True)
     down_channel.queue_declare("dq")
     down_channel.queue_bind("dq", "fx", "a.#")
@@ -93,11 +68,11 @@ def test_federated_exchange_receives_only_what_its_bindings_match(broker, api, m
 
 def test_federated_queue_pulls_only_while_its_consumers_want_messages(broker, api, make_vhost):
     up, down = make_vhost(), make_vhost()
-    up_connection, up_channel = channel_in(broker, up)
+    up_connection, up_channel = confirm_channel_in(broker, up)
     up_channel.queue_declare("fq", durable=True)
     for i in range(5):
         up_channel.basic_publish("", "fq", b"%d" % i, pika.BasicProperties(delivery_mode=2))
-    down_connection, down_channel = channel_in(broker, down)
+    down_connection, down_channel = confirm_channel_in(broker, down)
     down_channel.queue_declare("fq", durable=True)
     federate(api, broker, down, up, "^fq$")
     (link,) = wait_for(lambda: links_of(api, down), 30)
@@ -123,7 +98,7 @@ def test_a_ring_of_two_federated_exchanges_delivers_once(broker, api, make_vhost
     a, b = make_vhost(), make_vhost()
     channels = {}
     for here, there in ((a, b), (b, a)):
-        connection, channel = channel_in(broker, here)
+        connection, channel = confirm_channel_in(broker, here)
         channel.exchange_declare("ring", "fanout", durable=True)
         channel.queue_declare("seen")
         channel.queue_bind("seen", "ring")
@@ -149,7 +124,7 @@ def test_a_ring_of_two_federated_exchanges_delivers_once(broker, api, make_vhost
 
 def test_links_follow_policies_and_report_errors(broker, api, make_vhost):
     down = make_vhost()
-    connection, channel = channel_in(broker, down)
+    connection, channel = confirm_channel_in(broker, down)
     channel.exchange_declare("lonely", "direct")
     value = {"uri": "amqp://guest:guest@127.0.0.1:1/", "reconnect-delay": 0.2}
     assert api.put("/api/parameters/federation-upstream/%s/nowhere" % segment(down), {"value": value}).status == 201
@@ -186,11 +161,11 @@ def test_links_between_two_brokers_come_back_with_the_downstream(start_broker):
     wait_for(lambda: links_of(api, "/"), 30)
     up_api = Api(up.ports["HTTP"])
     wait_for(lambda: any(b["routing_key"] == "site.#" for b in up_api.get("/api/bindings/%2F").body), 30)
-    up_connection, up_channel = channel_in(up, "/")
+    up_connection, up_channel = confirm_channel_in(up, "/")
     up_channel.exchange_declare("events", "topic", passive=True)  # the link declared it upstream
     up_channel.basic_publish("events", "site.a", b"crossed", pika.BasicProperties(delivery_mode=2))
     up_connection.close()
-    down_connection, down_channel = channel_in(down, "/")
+    down_connection, down_channel = confirm_channel_in(down, "/")
     wait_for(lambda: down_channel.queue_declare("mine", passive=True).method.message_count == 1, 30)
     assert down_channel.basic_get("mine", auto_ack=True)[2] == b"crossed"
     down_connection.close()

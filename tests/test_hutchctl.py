@@ -754,7 +754,7 @@ def test_the_readme_sequence_runs(target, tmp_path):
         target.http("DELETE", "/api/users/" + user)
 
 
-def test_an_administrator_sets_policies_where_it_has_no_permissions(target):
+def test_an_administrator_sets_policies_and_parameters_where_it_has_no_permissions(target):
     name = unique("nop")
     assert target.http("PUT", "/api/vhosts/" + name, {}) == 201
     try:
@@ -763,6 +763,10 @@ def test_an_administrator_sets_policies_where_it_has_no_permissions(target):
         assert target.http("GET", "/api/policies/%s/cap" % name) == 200
         target.ok("clear_policy", "-p", name, "cap")
         assert target.http("GET", "/api/policies/%s/cap" % name) == 404
+        target.ok("set_parameter", "-p", name, "federation-upstream", "up", '{"uri": "amqp://upstream.example"}')
+        assert target.http("GET", "/api/parameters/federation-upstream/%s/up" % name) == 200
+        target.ok("clear_parameter", "-p", name, "federation-upstream", "up")
+        assert target.http("GET", "/api/parameters/federation-upstream/%s/up" % name) == 404
     finally:
         target.http("DELETE", "/api/vhosts/" + name)
 

@@ -12,7 +12,7 @@ import time
 import pika
 import pytest
 
-from helpers import unique, wait_for
+from helpers import confirm_channel_in, wait_for
 from http_api import Api, segment
 from hutchctl_targets import hutch_target
 
@@ -30,23 +30,9 @@ def uri(broker, vhost: str) -> str:
 
 
 @pytest.fixture
-def two_vhosts(api, vhost):
+def two_vhosts(make_vhost):
     """(source vhost, destination vhost) on the session broker."""
-    other = unique("vh")
-    assert api.put("/api/vhosts/" + segment(other)).status == 201
-    assert api.put("/api/permissions/%s/guest" % segment(other),
-                   {"configure": ".*", "write": ".*", "read": ".*"}).status in (201, 204)
-    yield vhost, other
-    api.delete("/api/vhosts/" + segment(other))
-
-
-def channel_in(broker, vhost: str):
-    params = pika.URLParameters(broker.url)
-    params.virtual_host = vhost
-    connection = pika.BlockingConnection(params)
-    channel = connection.channel()
-    channel.confirm_delivery()
-    return connection, channel
+    return make_vhost(), make_vhost()
 
 
 def drain(channel, queue: str, count: int, timeout: float = 30.0) -> list:
@@ -79,7 +65,7 @@ def running(api, vhost: str, name: str) -> dict:
 
 def test_queue_to_queue_keeps_every_message_and_its_properties(broker, api, two_vhosts):
     src, dest = two_vhosts
-    connection, channel = channel_in(broker, src)
+    connection, channel = confirm_channel_in(broker, src)
     props = pika.BasicProperties(delivery_mode=2, content_type="text/plain", headers={"n": 1, "s": "x"},
                                  priority=3, correlation_id="c", expiration="60000")
     channel.queue_declare("src-q", durable=True)
@@ -90,7 +76,7 @@ def test_queue_to_queue_keeps_every_message_and_its_properties(broker, api, two_
     status = running(api, src, "s")
     assert status["src_uri"] == "amqp://guest@127.0.0.1:%d/%s" % (broker.port, segment(src))  # no password
     assert (status["type"], status["src_queue"], status["dest_queue"]) == ("dynamic", "src-q", "dest-q")
-    dest_connection, dest_channel = channel_in(broker, dest)
+    dest_connection, dest_channel = confirm_channel_in(broker, dest)
     got = drain(dest_channel, "dest-q", 200)
     assert [body for _m, _p, body in got] == [b"m%d" % i for i in range(200)]
     _method, properties, _body = got[0]
@@ -106,9 +92,9 @@ def test_queue_to_queue_keeps_every_message_and_its_properties(broker, api, two_
 
 def test_exchange_to_exchange_with_headers_and_properties(broker, api, two_vhosts):
     src, dest = two_vhosts
-    connection, channel = channel_in(broker, src)
+    connection, channel = confirm_channel_in(broker, src)
     channel.exchange_declare("in", "topic")
-    dest_connection, dest_channel = channel_in(broker, dest)
+    dest_connection, dest_channel = confirm_channel_in(broker, dest)
     dest_channel.exchange_declare("out", "direct")
     dest_channel.queue_declare("landed")
     dest_channel.queue_bind("landed", "out", "fixed")
@@ -136,7 +122,7 @@ def test_exchange_to_exchange_with_headers_and_properties(broker, api, two_vhost
 
 def test_delete_after_queue_length_moves_what_was_there_then_deletes_itself(broker, api, two_vhosts):
     src, dest = two_vhosts
-    connection, channel = channel_in(broker, src)
+    connection, channel = confirm_channel_in(broker, src)
     channel.queue_declare("batch", durable=True)
     for i in range(50):
         channel.basic_publish("", "batch", b"%d" % i)
@@ -144,7 +130,7 @@ def test_delete_after_queue_length_moves_what_was_there_then_deletes_itself(brok
                                   "dest-queue": "batch", "src-delete-after": "queue-length", "ack-mode": "on-confirm"})
     wait_for(lambda: api.get("/api/parameters/shovel/%s/once" % segment(src)).status == 404, 30)
     wait_for(lambda: status_of(api, src, "once") is None)
-    dest_connection, dest_channel = channel_in(broker, dest)
+    dest_connection, dest_channel = confirm_channel_in(broker, dest)
     assert len(drain(dest_channel, "batch", 50)) == 50
     channel.basic_publish("", "batch", b"after")  # the shovel is gone: this one stays
     assert channel.queue_declare("batch", passive=True).method.message_count == 1
@@ -203,7 +189,7 @@ def test_no_ack_from_a_fanout_exchange_and_a_shovel_imported_with_definitions(br
     src-exchange-key it is bound as RabbitMQ binds it, which a fanout
     exchange ignores; no-ack moves each message once."""
     src, dest = two_vhosts
-    connection, channel = channel_in(broker, src)
+    connection, channel = confirm_channel_in(broker, src)
     channel.exchange_declare("fan", "fanout")
     value = {"src-uri": uri(broker, src), "src-exchange": "fan", "dest-uri": uri(broker, dest),
              "dest-queue": "from-fan", "ack-mode": "no-ack"}
@@ -212,7 +198,7 @@ def test_no_ack_from_a_fanout_exchange_and_a_shovel_imported_with_definitions(br
     running(api, src, "imported")
     for i in range(20):
         channel.basic_publish("fan", "any-key", b"%d" % i)
-    dest_connection, dest_channel = channel_in(broker, dest)
+    dest_connection, dest_channel = confirm_channel_in(broker, dest)
     assert [body for _m, _p, body in drain(dest_channel, "from-fan", 20)] == [b"%d" % i for i in range(20)]
     connection.close()
     dest_connection.close()

@@ -59,6 +59,19 @@ def vhost(request, name: str):
     raise not_authorised("User not authorised to access virtual host")
 
 
+def policy_vhost(request):
+    """The vhost of a route on one policy or one parameter (RabbitMQ's
+    is_authorized_policies, shared by both): any for an administrator; for a
+    policymaker, one it has a permission in. None for a vhost that does not
+    exist, which is the route's 404 (a policymaker is refused only where the
+    vhost exists)."""
+    name, user = request.params["vhost"], request.user
+    if not has(user, ADMINISTRATOR) and (
+            not has(user, POLICYMAKER) or (name in request.broker.vhosts and name not in user.permissions)):
+        raise not_authorised("User not authorised to access object")
+    return request.broker.vhosts.get(name)
+
+
 def owns(user, connection) -> bool:
     """Connections (and their channels) a user may see and close."""
     return sees_everything(user) or (connection.user is not None and connection.user.name == user.name)

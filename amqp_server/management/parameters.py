@@ -15,7 +15,7 @@ from __future__ import annotations
 import html
 
 from amqp_server.management import access
-from amqp_server.management.errors import ApiError, bad_request, missing_keys, not_authorised, not_found
+from amqp_server.management.errors import ApiError, bad_request, missing_keys, not_found
 from amqp_server.management.http import CREATED, NO_CONTENT
 
 
@@ -51,18 +51,8 @@ def parameters(req) -> list:
     return [item for v in vhosts for item in vhost_parameters(req.broker, v, req.params.get("component"))]
 
 
-def _parameter_vhost(req):
-    """The vhost of a single-parameter route, for a policymaker with a
-    permission in it (None: the vhost does not exist)."""
-    name = req.params["vhost"]
-    if not access.has(req.user, access.POLICYMAKER) or (
-            name in req.broker.vhosts and name not in req.user.permissions):
-        raise not_authorised("User not authorised to access object")
-    return req.broker.vhosts.get(name)
-
-
 def parameter(req) -> dict:
-    v = _parameter_vhost(req)
+    v = access.policy_vhost(req)
     key = (req.params["component"], req.params["name"])
     if v is not None and key == (VHOST_LIMITS, "limits") and v.limits:
         return shape(v.name, *key, dict(v.limits))
@@ -78,7 +68,7 @@ def validation_failed(exc: ValueError, escape: bool = True) -> ApiError:
 
 
 def put_parameter(req):
-    v = _parameter_vhost(req)
+    v = access.policy_vhost(req)
     if v is None:
         raise ApiError(404, "not_found", "vhost_not_found")
     body = req.body()
@@ -93,7 +83,7 @@ def put_parameter(req):
 
 
 def delete_parameter(req):
-    v = _parameter_vhost(req)
+    v = access.policy_vhost(req)
     key = (req.params["component"], req.params["name"])
     if v is None or key not in v.parameters:
         raise not_found()

@@ -13,7 +13,7 @@ validation errors for HTML, so neither do we.
 from __future__ import annotations
 
 from amqp_server.management import access
-from amqp_server.management.errors import ApiError, bad_request, missing_keys, not_authorised, not_found
+from amqp_server.management.errors import ApiError, bad_request, missing_keys, not_found
 from amqp_server.management.http import CREATED, NO_CONTENT
 from amqp_server.management.listing import present
 from amqp_server.management.parameters import validation_failed
@@ -43,21 +43,8 @@ def operator(handler):
     return on_operator_policies
 
 
-def _policy_vhost(req):
-    """The vhost of a single-policy route, for an administrator, or a
-    policymaker with a permission in it (RabbitMQ's is_authorized_policies;
-    a vhost that does not exist is the handler's 404)."""
-    name = req.params["vhost"]
-    if access.has(req.user, access.ADMINISTRATOR):
-        return req.broker.vhosts.get(name)
-    if not access.has(req.user, access.POLICYMAKER) or (
-            name in req.broker.vhosts and name not in req.user.permissions):
-        raise not_authorised("User not authorised to access object")
-    return req.broker.vhosts.get(name)
-
-
 def policy(req) -> dict:
-    v = _policy_vhost(req)
+    v = access.policy_vhost(req)
     found = _table(req, v).get(req.params["name"]) if v is not None else None
     if found is None:
         raise not_found()
@@ -73,7 +60,7 @@ def _priority(body: dict) -> int:
 
 
 def put_policy(req):
-    v = _policy_vhost(req)
+    v = access.policy_vhost(req)
     if v is None:
         raise ApiError(404, "not_found", "vhost_not_found")
     body = req.body()
@@ -92,7 +79,7 @@ def put_policy(req):
 
 
 def delete_policy(req):
-    v = _policy_vhost(req)
+    v = access.policy_vhost(req)
     if v is None or req.params["name"] not in _table(req, v):
         raise not_found()
     req.broker.clear_policy(v.name, req.params["name"], operator=bool(req.params.get("operator")))

@@ -122,6 +122,9 @@ QUEUE_ITEMS = (
     "messages_paged_out", "messages_alpha", "messages_gamma", "messages_delta",
 )
 
+# what rabbitmqctl shows of a policy and of an operator policy (always all of it, in this order)
+POLICY_ITEMS = ("vhost", "name", "pattern", "apply-to", "definition", "priority")
+
 LISTINGS = (
     (Listing(
         "list_queues", "Timeout: {timeout} seconds ...\nListing queues for vhost {vhost} ...",
@@ -197,16 +200,12 @@ LISTINGS = (
         lambda ctx, named: path("vhosts", ctx.vhost, "topic-permissions"), maps=True, selectable=False,
     ), "Lists topic permissions in a virtual host"),
     (Listing(
-        "list_policies", 'Listing policies for vhost "{vhost}" ...',
-        ("vhost", "name", "pattern", "apply-to", "definition", "priority"),
-        ("vhost", "name", "pattern", "apply-to", "definition", "priority"),
+        "list_policies", 'Listing policies for vhost "{vhost}" ...', POLICY_ITEMS, POLICY_ITEMS,
         _in_vhost("policies"), {"definition": _definition}, maps=True, selectable=False,
     ), "Lists all policies in a virtual host"),
     (Listing(
-        "list_operator_policies", 'Listing operator policy overrides for vhost "{vhost}" ...',
-        ("vhost", "name", "pattern", "apply-to", "definition", "priority"),
-        ("vhost", "name", "pattern", "apply-to", "definition", "priority"),
-        _in_vhost("operator-policies"), {"definition": _definition}, maps=True, selectable=False,
+        "list_operator_policies", 'Listing operator policy overrides for vhost "{vhost}" ...', POLICY_ITEMS,
+        POLICY_ITEMS, _in_vhost("operator-policies"), {"definition": _definition}, maps=True, selectable=False,
     ), "Lists operator policy overrides for a virtual host"),
     (Listing(
         "list_parameters", 'Listing runtime parameters for vhost "{vhost}" ...',

@@ -1,6 +1,9 @@
 """Fixtures for the differential suite: the reference RabbitMQ, and `differ`,
 which runs one scenario on hutch and on RabbitMQ and returns both observations.
 
+`vhost_on_both` is a fresh vhost on both brokers, for the tests that
+compare management API answers or link the two brokers.
+
 RabbitMQ is found at $DIFFERENTIAL_RABBITMQ_URL, else amqp://guest:guest@127.0.0.1:5672/.
 Without one the tests skip, except in CI ($CI set), where they fail.
 """
@@ -14,7 +17,8 @@ from urllib.parse import urlparse
 import pika
 import pytest
 
-from http_api import call
+from helpers import unique
+from http_api import Api, call, segment
 
 from .diffkit import run_scenario
 
@@ -66,6 +70,23 @@ def rabbitmq_api(rabbitmq_url):
     if call(url.port, "GET", "/api/overview", auth=credentials).status != 200:
         pytest.skip("no RabbitMQ management API at %s" % url.geturl())
     return url.port, credentials
+
+
+@pytest.fixture
+def vhost_on_both(api, rabbitmq_api):
+    """(hutch Api, RabbitMQ Api, vhost name): a fresh vhost of the same name
+    on each broker, where each API's user has every permission, deleted from
+    both afterwards."""
+    port, credentials = rabbitmq_api
+    rabbit = Api(port, credentials)
+    name = unique("diff")
+    for side in (api, rabbit):
+        assert side.put("/api/vhosts/" + segment(name)).status == 201
+        assert side.put("/api/permissions/%s/%s" % (segment(name), side.auth[0]),
+                        {"configure": ".*", "write": ".*", "read": ".*"}).status in (201, 204)
+    yield api, rabbit, name
+    for side in (api, rabbit):
+        side.delete("/api/vhosts/" + segment(name))
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from helpers import unique
-from http_api import Api, segment
+from http_api import segment
 
 pytestmark = pytest.mark.differential
 
@@ -18,18 +18,10 @@ SHOVEL = {"src-uri": "amqp://", "src-queue": "q1", "dest-uri": "amqp://", "dest-
 
 
 @pytest.fixture
-def both(api, rabbitmq_api):
-    """(hutch Api, RabbitMQ Api, vhost path segment): a fresh vhost on each."""
-    port, credentials = rabbitmq_api
-    rabbit = Api(port, credentials)
-    name = unique("diff-params")
-    for side in (api, rabbit):
-        assert side.put("/api/vhosts/" + segment(name)).status == 201
-        assert side.put("/api/permissions/%s/%s" % (segment(name), side.auth[0]),
-                        {"configure": ".*", "write": ".*", "read": ".*"}).status in (201, 204)
-    yield api, rabbit, segment(name)
-    for side in (api, rabbit):
-        side.delete("/api/vhosts/" + segment(name))
+def both(vhost_on_both):
+    """(hutch Api, RabbitMQ Api, vhost path segment)."""
+    hutch, rabbit, name = vhost_on_both
+    return hutch, rabbit, segment(name)
 
 
 def same(both, method: str, path: str, body=None):

@@ -8,28 +8,16 @@ from 3.10).
 """
 from __future__ import annotations
 
-import datetime
-
 import pytest
 
-from .diffkit import op
+from .diffkit import op, without_death_clocks
 
 pytestmark = pytest.mark.differential
 
 
-def _normalise(value):
-    if isinstance(value, datetime.datetime):
-        return "<time>"
-    if isinstance(value, dict):
-        return {k: _normalise(v) for k, v in value.items() if not k.startswith("x-last-death-")}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_normalise(v) for v in value)
-    return value
-
-
 def _same(differ, scenario):
     hutch, rabbit = differ(scenario)
-    assert _normalise(hutch) == _normalise(rabbit)
+    assert without_death_clocks(hutch) == without_death_clocks(rabbit)
     return rabbit
 
 

@@ -7,31 +7,18 @@ every basic.get here waits for the count it expects first (`wait_count`).
 """
 from __future__ import annotations
 
-import datetime
-
 import pytest
 
-from .diffkit import op
+from .diffkit import op, without_death_clocks
 
 pytestmark = pytest.mark.differential
 
 QUORUM = {"x-queue-type": "quorum"}
 
 
-def _normalise(value):
-    """x-death times are two clocks; x-last-death-* are hutch's 3.13 additions."""
-    if isinstance(value, datetime.datetime):
-        return "<time>"
-    if isinstance(value, dict):
-        return {k: _normalise(v) for k, v in value.items() if not k.startswith("x-last-death-")}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_normalise(v) for v in value)
-    return value
-
-
 def _same(differ, scenario):
     hutch, rabbit = differ(scenario, delivery_count=True)
-    assert _normalise(hutch) == _normalise(rabbit)
+    assert without_death_clocks(hutch) == without_death_clocks(rabbit)
     return rabbit
 
 

@@ -7,28 +7,20 @@ import pika
 import pika.exceptions
 import pytest
 
-from helpers import unique, wait_for
-from http_api import Api, segment
+from helpers import wait_for
+from http_api import segment
 
 pytestmark = [pytest.mark.differential, pytest.mark.timeout(120)]
 
 
 @pytest.fixture
-def pair(api, broker, rabbitmq_api, rabbitmq_url):
+def pair(vhost_on_both, broker, rabbitmq_url):
     """(hutch Api, RabbitMQ Api, vhost name, hutch vhost URI, RabbitMQ vhost URI)."""
-    port, credentials = rabbitmq_api
-    rabbit = Api(port, credentials)
-    name = unique("links")
-    for side in (api, rabbit):
-        assert side.put("/api/vhosts/" + segment(name)).status == 201
-        assert side.put("/api/permissions/%s/%s" % (segment(name), side.auth[0]),
-                        {"configure": ".*", "write": ".*", "read": ".*"}).status in (201, 204)
+    api, rabbit, name = vhost_on_both
     rabbit_amqp = pika.URLParameters(rabbitmq_url)
-    yield (api, rabbit, name, "amqp://guest:guest@127.0.0.1:%d/%s" % (broker.port, segment(name)),
-           "amqp://%s:%s@%s:%d/%s" % (rabbit_amqp.credentials.username, rabbit_amqp.credentials.password,
-                                      rabbit_amqp.host, rabbit_amqp.port, segment(name)))
-    for side in (api, rabbit):
-        side.delete("/api/vhosts/" + segment(name))
+    return (api, rabbit, name, "amqp://guest:guest@127.0.0.1:%d/%s" % (broker.port, segment(name)),
+            "amqp://%s:%s@%s:%d/%s" % (rabbit_amqp.credentials.username, rabbit_amqp.credentials.password,
+                                       rabbit_amqp.host, rabbit_amqp.port, segment(name)))
 
 
 def channel_at(uri: str):
