@@ -16,7 +16,7 @@ Theory of operation:
   the next loop turn so one busy connection cannot starve the others.
 - Output: frames are appended to `_out`; the protocol writes them once per
   loop turn (`take_output`). `output_paused` is true while the socket is
-  paused or `_out` is long, and consumers on this connection then receive
+  paused or `_out` holds more than OUTPUT_HIGH bytes, and consumers on this connection then receive
   nothing until `output_resumed` dispatches again. After acks
   (`acks_handled`) the protocol holds the output until their records are
   written to the OS (amqp_server.protocol).
@@ -87,7 +87,10 @@ HEADER, START_OK, TUNE_OK, OPEN_WAIT, RUNNING, CLOSING, CLOSED = (
     "header", "start_ok", "tune_ok", "open_wait", "running", "closing", "closed")
 
 INPUT_BUDGET = 128 * 1024
-OUTPUT_HIGH = 1024  # queued writes (a delivery, or a frame) before consumers on this connection wait
+# Bytes queued for one write before consumers on this connection wait. Counted in bytes, not
+# writes: a turn's input (INPUT_BUDGET of small publishes) must fit as deliveries, or the rest of
+# it queues up and the queues stop handing messages straight to their consumers (vhosts.queue).
+OUTPUT_HIGH = 1024 * 1024
 HANDSHAKE_TIMEOUT = 10.0
 CHANNEL_OPEN = (20 << 16 | 10).to_bytes(4, "big")
 
@@ -174,6 +177,7 @@ class Connection:
         self._told_blocked = False
         self._header = b""
         self._out: list[bytes] = []
+        self._out_bytes = 0
         # Acks (or nack/reject without requeue) handled since the last write:
         # the protocol writes nothing more until their records reach the OS.
         self.acks_handled = False
@@ -204,17 +208,19 @@ class Connection:
 
     @property
     def output_paused(self) -> bool:
-        return self.socket_paused or len(self._out) > OUTPUT_HIGH
+        return self.socket_paused or self._out_bytes > OUTPUT_HIGH
 
     def send_raw(self, data: bytes) -> None:
         if not self._out:
             self.io.wake()
         self._out.append(data)
+        self._out_bytes += len(data)
 
     def send_frames(self, frames: list[bytes]) -> None:
         if not self._out:
             self.io.wake()
         self._out += frames
+        self._out_bytes += sum(map(len, frames))
 
     def send_method(self, channel: int, method) -> None:
         self.send_raw(method_frame(channel, method))
@@ -243,11 +249,13 @@ class Connection:
                 channel.flush_confirms()
             self._confirming.clear()
         out = self._out
-        was_full = len(out) > OUTPUT_HIGH
+        size = self._out_bytes
+        was_full = size > OUTPUT_HIGH
         self._out = []
+        self._out_bytes = 0
         if out:
             self._sent_since_tick = True
-            self.send_oct += sum(map(len, out))
+            self.send_oct += size
             self.send_cnt += 1
         if was_full and not self.socket_paused:
             self.io.call_soon(self.output_resumed)

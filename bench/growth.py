@@ -13,7 +13,11 @@ What varies, the rest held at PerfTest-like defaults (16 B bodies, autoack, exce
 - queues N (1 to 10,000): N queues declared; min(N, 100) of them carry traffic, one producer and
   one consumer each (so 1..100 active, the rest idle: does the broker's cost grow with queues it
   holds but does not use?);
-- connections N (2 to 5,000): N/2 producers and N/2 consumers, a queue per pair;
+- connections N (2 to 5,000): min(N, 100) of them carry traffic (half producers, half consumers,
+  a queue per pair), the rest are idle connections with a channel each, opened first by a second
+  amqpbench and held through the run (does the broker's cost grow with connections it holds? A
+  thread per active connection in the generator: 5,000 active ones on two cores time out in their
+  own handshakes, for either broker);
 - consumers per queue C (1 to 1,000): one producer, one queue, C consumers (prefetch 100, ack
   every 10th multiple: round-robin has work to do);
 - message size S (16 B to 4 MiB): one producer, one consumer, prefetch 100, multi-ack every 10;
@@ -29,12 +33,18 @@ the bench needs no plotting library.
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import math
 import os
+import subprocess
 import sys
 import time
+import urllib.parse
+import urllib.request
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Iterator
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -43,6 +53,7 @@ from harness import (AMQPBENCH_SRC, amqpbench, answers_amqp_uri, build_amqpbench
 from measures import SPARE_SOCKETS, HutchBroker, RabbitMQBroker, cpu_us  # noqa: E402
 
 ACKED = "--prefetch 100 --multi-ack-every 10"
+ACTIVE_CONNECTIONS = 100  # the connections dimension's busy ones; the rest are held idle
 
 
 @dataclass(frozen=True)
@@ -58,8 +69,8 @@ class Dimension:
             active = min(x, 100)
             return "--size 16 --autoack --queues %d --producers %d --consumers %d" % (x, active, active), 2 * active
         if self.key == "connections":
-            half = max(1, x // 2)
-            return "--size 16 --autoack --queues %d --producers %d --consumers %d" % (half, half, half), 2 * half
+            half = max(1, min(x, ACTIVE_CONNECTIONS) // 2)
+            return "--size 16 --autoack --queues %d --producers %d --consumers %d" % (half, half, half), x
         if self.key == "consumers":
             return "--size 16 %s --queues 1 --producers 1 --consumers %d" % (ACKED, x), 1 + x
         if self.key == "size":
@@ -84,7 +95,8 @@ def run_point(settings: argparse.Namespace, dim: Dimension, x: int, broker) -> d
         if left is not None and connections > left - SPARE_SOCKETS:
             return {"skipped": "RabbitMQ: %d connections needed, %d left (its socket limit, %d spare)"
                                % (connections, left, SPARE_SOCKETS)}
-    with broker.running() as target:
+    with broker.running() as target, idle_held(settings, target, x - 2 * (min(x, ACTIVE_CONNECTIONS) // 2)
+                                               if dim.key == "connections" else 0):
         if dim.key == "backlog" and x:
             t0 = time.monotonic()
             amqpbench(settings.generator, target.uri, ["--consumers", "0", "--pmessages", str(x), "--size", "16",
@@ -95,9 +107,56 @@ def run_point(settings: argparse.Namespace, dim: Dimension, x: int, broker) -> d
                         ["--time", "%g" % settings.duration, "--warmup", "%g" % settings.warmup, "--queue", name,
                          "--label", name, *args.split()], target.pid,
                         timeout=settings.duration + settings.warmup + 1800)
+    if target.shared:  # RabbitMQ outlives the point: a clean-up that timed out leaves queues (and their messages)
+        delete_queues(target.uri, name)
     rate = out["consume_rate"]
     return {"x": x, "consumed": rate, "cpu_us": cpu_us(out["broker_cpu_pct"], rate),
             "mib_s": rate * (x if dim.key == "size" else 16) / 2**20, "amqpbench": out}
+
+
+@contextmanager
+def idle_held(settings: argparse.Namespace, target, n: int) -> Iterator[None]:
+    """`n` idle connections (a channel each) held open by a second amqpbench while the body runs."""
+    if n <= 0:
+        yield
+        return
+    cmd = [settings.generator, "--uri", target.uri, "--idle-connections", str(n), "--idle-threads", "8",
+           "--time", "3600"]
+    log("$ " + " ".join(cmd[:1] + cmd[3:]))
+    with subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) as holder:
+        try:
+            for line in holder.stderr:
+                if line.startswith("opened "):
+                    break
+            else:
+                raise RuntimeError("amqpbench could not open %d idle connections (exit %s)" % (n, holder.wait()))
+            log("%d idle connections open" % n)
+            yield
+        finally:
+            holder.terminate()
+
+
+def delete_queues(url: str, prefix: str) -> None:
+    """Delete every queue of the shared RabbitMQ whose name starts with `prefix`: amqpbench's own
+    clean-up times out on a busy node and would leave them (with their messages) to the next points."""
+    parts = urllib.parse.urlsplit(url)
+    api = "http://%s:15672/api/queues/%s" % (parts.hostname, urllib.parse.quote(urllib.parse.unquote(parts.path[1:]) or "/", safe=""))
+    auth = "Basic " + base64.b64encode(("%s:%s" % (parts.username or "guest", parts.password or "guest")).encode()).decode()
+
+    def call(method: str, where: str):
+        request = urllib.request.Request(where, method=method, headers={"Authorization": auth})
+        with urllib.request.urlopen(request, timeout=120) as answer:
+            return json.loads(answer.read() or b"null")
+
+    try:
+        names = [q["name"] for q in call("GET", api + "?columns=name") if q["name"].startswith(prefix)]
+        for queue in names:
+            call("DELETE", api + "/" + urllib.parse.quote(queue, safe=""))
+    except OSError as exc:
+        log("could not delete RabbitMQ's %s* queues: %s" % (prefix, exc))
+        return
+    if names:
+        log("deleted %d queues left by amqpbench on RabbitMQ" % len(names))
 
 
 # --- charts -------------------------------------------------------------------------------
@@ -236,9 +295,9 @@ def main(argv: list[str] | None = None) -> int:
                 log("%s %s on %s: %s" % (dim.key, x, broker.name, point.get("skipped") or point.get("error") or
                                          "%.0f msg/s, %.3g µs/msg" % (point["consumed"], point["cpu_us"] or -1)))
                 runs[broker.name].append(point)
-    if args.json_out:
-        with open(args.json_out, "w") as f:
-            json.dump(results, f, indent=1, default=str)
+                if args.json_out:  # after every point: a long run that fails later keeps what it measured
+                    with open(args.json_out, "w") as f:
+                        json.dump(results, f, indent=1, default=str)
     print("| dimension | x | broker | msg/s | broker CPU µs/msg |\n|---|---|---|---|---|")
     for key, runs in results["dimensions"].items():
         for broker, points in runs.items():
