@@ -26,6 +26,7 @@ import shutil
 
 from storage.memory_monitor import total_memory
 
+from amqp_server import allocator
 from amqp_server.config import BrokerConfig
 
 log = logging.getLogger("hutch.alarms")
@@ -93,6 +94,8 @@ class ResourceAlarms:
 
     def check(self) -> None:
         self.mem_used = resident_memory()
+        if self.mem_used > self.memory_limit and allocator.give_back():
+            self.mem_used = resident_memory()  # what malloc kept free is not in use (amqp_server.allocator)
         try:
             self.disk_free = shutil.disk_usage(self.config.data_dir).free
         except OSError:

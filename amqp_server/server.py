@@ -9,7 +9,7 @@ import signal
 import sqlite3
 import ssl
 
-from amqp_server import NODE, framing
+from amqp_server import NODE, allocator, framing
 from amqp_server.alarms import ResourceAlarms
 from amqp_server.config import BrokerConfig
 from amqp_server.links.client import LocalNode
@@ -281,6 +281,7 @@ def run(config: BrokerConfig, main=serve) -> None:
     (or asked for) and the standard library's loop otherwise: about a fifth
     more messages per second on uvloop (docs/benchmarks.md), the same
     behaviour on both (the test suite runs brokers on each)."""
+    allocator.reuse_large_blocks()
     uvloop = None
     if config.event_loop != "asyncio":
         try:
