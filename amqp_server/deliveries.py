@@ -102,7 +102,8 @@ class Deliveries:
         self._next_tag = tag + 1
         queue_stats, vhost_stats = queue.stats, self.vhost.stats
         if consumer.no_ack:
-            queue.ack((entry,))
+            if entry.seq >= 0:  # a hand-off's detached entry (seq -1) holds nothing to release
+                queue.ack((entry,))
             queue_stats.deliver_no_ack += 1
             vhost_stats.deliver_no_ack += 1
         else:
