@@ -202,11 +202,17 @@ class Channel(Deliveries):
         routing_key, mandatory, method payload)): False, having done
         nothing, unless it is the plain case, which is then published.
         Everything else (errors included) goes frame by frame, so it has one
-        implementation."""
+        implementation. A channel error closes this channel; a connection
+        error is raised."""
         if self.state is CLOSING or self._publish is not None or self.connection.alarms.raised \
                 or len(body) > self.connection.config.max_message_size:
             return False
-        self._finish_publish(publish[0], publish[1], publish[2], header, body)
+        try:
+            self._finish_publish(publish[0], publish[1], publish[2], header, body)
+        except AMQPError as exc:
+            if exc.closes_connection:
+                raise
+            self.close_with(exc)
         return True
 
     # -- publish -------------------------------------------------------------

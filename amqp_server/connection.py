@@ -293,6 +293,7 @@ class Connection:
 
     def parse(self) -> None:
         reader = self.reader
+        channels = self.channels
         budget = INPUT_BUDGET
         done = 0  # bytes of the buffer handled: consumed however this ends
         try:
@@ -306,7 +307,8 @@ class Connection:
                     done = end
                     if frame_type != CONTENT:
                         self._frame(frame_type, channel, payload)
-                    elif not self._published(channel, payload, header, body):
+                    elif self.state is not RUNNING or (open_channel := channels.get(channel)) is None or \
+                            not open_channel.published(payload, header, body):
                         frames = _frames_of_content(channel, payload[3], header, body, end)
                         for frame_type, channel, payload, done in frames:
                             if self.state is CLOSED:
@@ -342,21 +344,6 @@ class Connection:
         if budget <= 0 and reader.buffered and self.state is not CLOSED:
             self.io.pause_reading()
             self.io.call_soon(self._continue)
-
-    def _published(self, number: int, publish: tuple, header: bytes, body: bytes) -> bool:
-        """A basic.publish with its whole content (one scanned item, its
-        arguments decoded): False, having done nothing, when it must be taken
-        frame by frame instead."""
-        channel = self.channels.get(number)
-        if channel is None or self.state is not RUNNING:
-            return False
-        try:
-            return channel.published(publish, header, body)
-        except AMQPError as exc:
-            if exc.closes_connection:
-                raise
-            channel.close_with(exc)
-            return True
 
     def throttled_by(self, source) -> None:
         self.blocked_by.add(source)
