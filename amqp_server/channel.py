@@ -33,7 +33,7 @@ from amqp_server import declarations, direct_reply_to, fastpath, firehose
 from amqp_server.deliveries import Deliveries
 from amqp_server.framing import FRAME_BODY, FRAME_HEADER, content_header_prefix, decode_method, erlang_binary, named_method
 from storage import Message
-from storage.message import REPLY_TO
+from storage.message import HEADERS, REPLY_TO
 from vhosts.access import Access
 from vhosts.errors import (
     AMQPError,
@@ -230,16 +230,17 @@ class Channel(Deliveries):
             # the topic permission of the routing key, reply_to (direct
             # reply-to), then the other properties.
             self.access.publish(exchange)
-            x = self.vhost.check_publish(exchange)
-            if x is not None and x.type == "topic":
-                self.access.topic(x, routing_key, "write")
+            if exchange:  # the default exchange always exists and is not internal
+                x = self.vhost.check_publish(exchange)
+                if x.type == "topic":
+                    self.access.topic(x, routing_key, "write")
             flags = int.from_bytes(header[12:14], "big")
             if flags & REPLY_TO:
                 header = direct_reply_to.rewritten(header, self.reply_consumer)
             message = Message(exchange, routing_key, header, body)
             if flags & _CHECKED_PROPERTIES:
                 check_properties(message.properties, self.connection.user)
-            keys, headers = self._routing_keys(message)
+            keys, headers = self._routing_keys(message) if flags & HEADERS else ([routing_key], None)
         except AMQPError as exc:
             raise exc.at(BASIC_CLASS, 40)
         if self.confirm:
@@ -268,10 +269,9 @@ class Channel(Deliveries):
             self.connection.confirm_pending(self)
 
     def _routing_keys(self, message: Message) -> tuple[list[str], dict | None]:
-        """[routing_key] + CC + BCC (RabbitMQ's sender-selected distribution);
-        BCC is removed from the message before it is stored."""
-        if not message.has_headers:
-            return [message.routing_key], None
+        """A message with headers: [routing_key] + CC + BCC (RabbitMQ's
+        sender-selected distribution); BCC is removed from the message before
+        it is stored."""
         headers = message.headers
         keys = [message.routing_key]
         for name in ("CC", "BCC"):

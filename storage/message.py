@@ -20,7 +20,7 @@ _LONG = struct.Struct(">I")
 # Property flag bits of basic's content header, in wire order.
 _CONTENT_TYPE = 0x8000
 _CONTENT_ENCODING = 0x4000
-_HEADERS = 0x2000
+HEADERS = 0x2000
 _DELIVERY_MODE = 0x1000
 _PRIORITY = 0x0800
 REPLY_TO = 0x0200
@@ -95,7 +95,7 @@ class Message:
 
     @property
     def has_headers(self) -> bool:
-        return bool(_FLAGS.unpack_from(self.header, _FLAGS_AT)[0] & _HEADERS)
+        return bool(_FLAGS.unpack_from(self.header, _FLAGS_AT)[0] & HEADERS)
 
     @property
     def properties(self) -> commands.Basic.Properties:
@@ -145,10 +145,10 @@ class Message:
             flags, start, end = _property_span(header, _EXPIRATION)
             if flags & _EXPIRATION:
                 header = _with_flags(header[:start] + header[end:], flags & ~_EXPIRATION)
-        flags, start, end = _property_span(header, _HEADERS)
-        table = header[start:end] if flags & _HEADERS else _EMPTY_TABLE
+        flags, start, end = _property_span(header, HEADERS)
+        table = header[start:end] if flags & HEADERS else _EMPTY_TABLE
         table = table_edit(table, entries, remove)
-        return _with_flags(header[:start] + table + header[end:], flags | _HEADERS)
+        return _with_flags(header[:start] + table + header[end:], flags | HEADERS)
 
     @property
     def has_expiration(self) -> bool:
@@ -310,7 +310,7 @@ def _with_flags(header: bytes, flags: int) -> bytes:
 def _past_headers(header: bytes) -> tuple[int, int]:
     """(property flags, offset of the first property after the headers table)."""
     flags, offset = _headers_offset(header)
-    if flags & _HEADERS:
+    if flags & HEADERS:
         offset += 4 + _LONG.unpack_from(header, offset)[0]
     return flags, offset
 
