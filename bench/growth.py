@@ -40,6 +40,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from contextlib import contextmanager
@@ -151,7 +152,11 @@ def delete_queues(url: str, prefix: str) -> None:
     try:
         names = [q["name"] for q in call("GET", api + "?columns=name") if q["name"].startswith(prefix)]
         for queue in names:
-            call("DELETE", api + "/" + urllib.parse.quote(queue, safe=""))
+            try:
+                call("DELETE", api + "/" + urllib.parse.quote(queue, safe=""))
+            except urllib.error.HTTPError as exc:
+                if exc.code != 404:  # 404: amqpbench's own clean-up got there first
+                    raise
     except OSError as exc:
         log("could not delete RabbitMQ's %s* queues: %s" % (prefix, exc))
         return
