@@ -168,6 +168,7 @@ def delete_queues(url: str, prefix: str) -> None:
 
 COLOURS = {"hutch": "#d9480f", "RabbitMQ": "#1864ab"}
 W, H, PAD_L, PAD_R, PAD_T, PAD_B = 360, 240, 64, 28, 28, 44
+LEGEND = 18  # a row under both charts
 
 
 def _ticks(lo: float, hi: float) -> list[float]:
@@ -192,23 +193,30 @@ def _label(v: float, binary: bool = False) -> str:
 
 
 def panel(series: dict[str, list[tuple[float, float]]], x_title: str, y_title: str, ox: int,
-          binary: bool = False) -> list[str]:
+          binary: bool = False, log_y: bool = False) -> list[str]:
     """One chart at x offset `ox`: a line per broker, log x (0 drawn at the left edge), linear y from
-    0; `binary`: x labels in KiB/MiB."""
+    0, or log y (`log_y`, for values spanning decades); `binary`: x labels in KiB/MiB."""
     points = [p for s in series.values() for p in s]
     if not points:
         return []
     xs = sorted({p[0] for p in points})
     lx = [math.log10(max(x, 1)) for x in xs]
     x_lo, x_hi = min(lx), max(lx) if max(lx) > min(lx) else min(lx) + 1
-    y_hi = max(p[1] for p in points) * 1.1 or 1
-    ticks = _ticks(0, y_hi)
-    y_hi = max(ticks[-1], y_hi)
+    if log_y:
+        y_lo = 10 ** math.floor(math.log10(min(p[1] for p in points)))
+        y_hi = 10 ** math.ceil(math.log10(max(p[1] for p in points)))
+        ticks = [10 ** e for e in range(round(math.log10(y_lo)), round(math.log10(y_hi)) + 1)]
+    else:
+        y_hi = max(p[1] for p in points) * 1.1 or 1
+        ticks = _ticks(0, y_hi)
+        y_hi = max(ticks[-1], y_hi)
 
     def px(x: float) -> float:
         return ox + PAD_L + (math.log10(max(x, 1)) - x_lo) / (x_hi - x_lo) * (W - PAD_L - PAD_R)
 
     def py(y: float) -> float:
+        if log_y:
+            return PAD_T + (1 - math.log10(y / y_lo) / math.log10(y_hi / y_lo)) * (H - PAD_T - PAD_B)
         return PAD_T + (1 - y / y_hi) * (H - PAD_T - PAD_B)
 
     out = ['<text x="%d" y="16" font-size="12" font-weight="bold">%s</text>' % (ox + PAD_L, y_title)]
@@ -242,14 +250,14 @@ def render(results: dict, svg_dir: str) -> list[str]:
             continue
         rate = {b: [(r["x"], r["consumed"]) for r in rs if r.get("consumed")] for b, rs in runs.items()}
         cpu = {b: [(r["x"], r["cpu_us"]) for r in rs if r.get("cpu_us")] for b, rs in runs.items()}
-        binary = dim.key == "size"
-        body = (panel(rate, dim.title, "msg/s", 0, binary)
-                + panel(cpu, dim.title, "broker CPU µs per message", W, binary))
-        legend = ['<text x="%d" y="%d" font-size="11" fill="%s">%s</text>' % (2 * W - 70, H - 22 + 14 * i,
-                                                                               COLOURS[b], b)
-                  for i, b in enumerate(COLOURS)]
+        binary = dim.key == "size"  # bodies span five decades: so do the rates and costs (log y)
+        body = (panel(rate, dim.title, "msg/s" + (" (log)" if binary else ""), 0, binary, binary)
+                + panel(cpu, dim.title, "broker CPU µs per message" + (" (log)" if binary else ""), W, binary,
+                        binary))
+        legend = ['<text x="%d" y="%d" font-size="11" font-weight="bold" fill="%s">— %s</text>'
+                  % (W - 80 + 90 * i, H + LEGEND - 4, COLOURS[b], b) for i, b in enumerate(COLOURS)]
         svg = ('<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif">'
-               '<rect width="100%%" height="100%%" fill="white"/>%s</svg>\n' % (2 * W, H, "".join(body + legend)))
+               '<rect width="100%%" height="100%%" fill="white"/>%s</svg>\n' % (2 * W, H + LEGEND, "".join(body + legend)))
         path = os.path.join(svg_dir, "%s.svg" % dim.key)
         with open(path, "w") as f:
             f.write(svg)
