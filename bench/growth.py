@@ -254,8 +254,12 @@ def render(results: dict, svg_dir: str) -> list[str]:
         body = (panel(rate, dim.title, "msg/s" + (" (log)" if binary else ""), 0, binary, binary)
                 + panel(cpu, dim.title, "broker CPU µs per message" + (" (log)" if binary else ""), W, binary,
                         binary))
-        legend = ['<text x="%d" y="%d" font-size="11" font-weight="bold" fill="%s">— %s</text>'
-                  % (W - 80 + 90 * i, H + LEGEND - 4, COLOURS[b], b) for i, b in enumerate(COLOURS)]
+        legend = []
+        for i, b in enumerate(COLOURS):
+            x, y = W - 80 + 90 * i, H + LEGEND - 4
+            legend.append('<line x1="%d" x2="%d" y1="%d" y2="%d" stroke="%s" stroke-width="2"/>'
+                          % (x, x + 14, y - 4, y - 4, COLOURS[b]))
+            legend.append('<text x="%d" y="%d" font-size="11" fill="%s">%s</text>' % (x + 18, y, COLOURS[b], b))
         svg = ('<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif">'
                '<rect width="100%%" height="100%%" fill="white"/>%s</svg>\n' % (2 * W, H + LEGEND, "".join(body + legend)))
         path = os.path.join(svg_dir, "%s.svg" % dim.key)
