@@ -201,19 +201,47 @@ fail:
     return NULL;
 }
 
-static PyObject *deliver(PyObject *Py_UNUSED(module), PyObject *args)
+/* The UTF-8 of a str argument, which CPython keeps with the str (no copy for ASCII). */
+static int utf8_arg(PyObject *arg, const char **s, Py_ssize_t *len)
 {
-    unsigned int channel;
+    if (!PyUnicode_Check(arg)) {
+        PyErr_Format(PyExc_TypeError, "deliver: a str is required, not %.100s", Py_TYPE(arg)->tp_name);
+        return -1;
+    }
+    *s = PyUnicode_AsUTF8AndSize(arg, len);
+    return *s == NULL ? -1 : 0;
+}
+
+/* Called once per delivery: the arguments are read one by one (METH_FASTCALL) rather than through
+ * PyArg_ParseTuple's format string, which cost a twentieth of a fanout delivery. */
+static PyObject *deliver(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
     const char *ctag, *exchange, *routing_key;
     Py_ssize_t ctag_len, exchange_len, routing_key_len;
-    unsigned long long delivery_tag;
-    int redelivered;
-    Py_buffer header, body;
-    unsigned long long frame_max;
-    /* s#: the names' UTF-8, which CPython keeps with the str (no copy for ASCII). */
-    if (!PyArg_ParseTuple(args, "Is#Kps#s#y*y*K", &channel, &ctag, &ctag_len, &delivery_tag, &redelivered,
-                          &exchange, &exchange_len, &routing_key, &routing_key_len, &header, &body, &frame_max))
+    Py_buffer header = {0}, body = {0};
+    if (nargs != 9) {
+        PyErr_Format(PyExc_TypeError, "deliver takes 9 arguments (%zd given)", nargs);
         return NULL;
+    }
+    unsigned long channel = PyLong_AsUnsignedLong(args[0]);
+    if (channel == (unsigned long)-1 && PyErr_Occurred())
+        return NULL;
+    unsigned long long delivery_tag = PyLong_AsUnsignedLongLong(args[2]);
+    if (delivery_tag == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    int redelivered = PyObject_IsTrue(args[3]);
+    unsigned long long frame_max = PyLong_AsUnsignedLongLong(args[8]);
+    if (redelivered < 0 || (frame_max == (unsigned long long)-1 && PyErr_Occurred()))
+        return NULL;
+    if (utf8_arg(args[1], &ctag, &ctag_len) < 0 || utf8_arg(args[4], &exchange, &exchange_len) < 0
+        || utf8_arg(args[5], &routing_key, &routing_key_len) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(args[6], &header, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(args[7], &body, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&header);
+        return NULL;
+    }
     PyObject *out = NULL;
     if (channel > 0xFFFF || ctag_len > 255 || exchange_len > 255 || routing_key_len > 255 || frame_max <= FRAME_OVERHEAD
         || header.len > 0xFFFFFFFFLL) {
@@ -268,7 +296,7 @@ done:
 
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS, "framing._scan_python in C."},
-    {"deliver", deliver, METH_VARARGS, "fastpath.deliver_python in C."},
+    {"deliver", (PyCFunction)(void (*)(void))deliver, METH_FASTCALL, "fastpath.deliver_python in C."},
     {NULL, NULL, 0, NULL},
 };
 

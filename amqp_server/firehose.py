@@ -144,10 +144,9 @@ def _routing_keys(message: Message) -> list[str]:
     return [message.routing_key] + ([key for key in cc if isinstance(key, str)] if isinstance(cc, list) else [])
 
 
-def delivered(vhost, origin: Origin, queue, entry) -> None:
-    """`entry` of `queue` delivered (to a consumer or a get)."""
-    message = entry.message
+def delivered(vhost, origin: Origin, queue, message: Message, redelivered: bool) -> None:
+    """`message` of `queue` delivered (to a consumer or a get)."""
     if message.exchange == TRACE_EXCHANGE:
         return
     _trace(vhost, message, _routing_keys(message), "deliver." + queue.name,
-           [_field("redelivered", _signedint(int(entry.redelivered)))] + _origin(vhost, origin))
+           [_field("redelivered", _signedint(int(redelivered)))] + _origin(vhost, origin))

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from storage import QueueEntry
+    from storage import Message, QueueEntry
     from vhosts.queue import Queue
 
 
@@ -19,6 +19,9 @@ class ConsumerChannel(Protocol):
     def can_deliver(self, consumer: "Consumer") -> bool: ...
 
     def deliver(self, consumer: "Consumer", queue: "Queue", entry: "QueueEntry") -> None: ...
+
+    # A message just published, to a no-ack consumer that can take it now, with no queue entry.
+    def deliver_fresh(self, consumer: "Consumer", queue: "Queue", message: "Message") -> None: ...
 
     def consumer_cancelled(self, consumer: "Consumer") -> None: ...
 

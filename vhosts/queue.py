@@ -65,7 +65,7 @@ from collections import deque
 from typing import Callable, Iterable
 
 from storage import BackingQueue, Message, QueueEntry
-from storage.backing_queue import OUT, READY
+from storage.backing_queue import READY
 from storage.message import EXPIRATION_BIT, EXPIRATION_BYTE
 from vhosts.clock import Clock, LoopClock
 from vhosts.consumer import Consumer
@@ -254,20 +254,19 @@ class Queue:
     def _hand_off(self, message: Message) -> bool:
         """Direct hand-off: a message that will not be written, published to a queue with nothing
         ready (so nothing it would overtake), goes to the next consumer that can take it at
-        once, as `dispatch` would have sent it. A no-ack consumer gets a detached entry (seq -1,
-        never in the backing queue: its ack releases nothing), so the backing queue does not see
-        it at all; an acking one gets it through the backing queue (its entry must be requeueable
-        in order). False, having done nothing, when no consumer can take it now."""
+        once, as `dispatch` would have sent it. A no-ack consumer gets it with no queue entry
+        (`deliver_fresh`), so the backing queue does not see it at all; an acking one gets it
+        through the backing queue (its entry must be requeueable in order). False, having done
+        nothing, when no consumer can take it now."""
         consumer = self._pick()
         if consumer is None:
             return False
         if consumer.no_ack:
-            entry = QueueEntry(-1, message)
-            entry.state = OUT
+            consumer.channel.deliver_fresh(consumer, self, message)
         else:
-            self.backing.publish(message)
-            entry = self.backing.fetch()
-        consumer.channel.deliver(consumer, self, entry)
+            backing = self.backing
+            backing.publish(message)
+            consumer.channel.deliver(consumer, self, backing.fetch())
         self._paced_deliveries += 1
         if self._credit < PACE_CREDIT:
             self._credit += 1

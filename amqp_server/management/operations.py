@@ -116,7 +116,7 @@ async def get_messages(req) -> list:
         if entry is None:
             break
         if v.tracing:
-            firehose.delivered(v, origin, queue, entry)
+            firehose.delivered(v, origin, queue, entry.message, entry.redelivered)
         taken.append(entry)
         queue.stats.get += 1
         v.stats.get += 1

@@ -45,7 +45,7 @@ from amqp_server.mqtt import packets, topics
 from amqp_server.mqtt.exactly_once import ExactlyOnce
 from amqp_server.mqtt.packets import MalformedPacket, RefusedConnect
 from amqp_server.mqtt.sessions import Sessions, queue_name
-from storage import Message
+from storage import Message, QueueEntry
 from vhosts import Consumer
 from vhosts.access import Access
 from vhosts.errors import AMQPError
@@ -510,6 +510,11 @@ class MQTTConnection:
             pid = pid % 65535 + 1
         self._next_pid = pid % 65535 + 1
         return pid
+
+    def deliver_fresh(self, consumer: Consumer, queue, message: Message) -> None:
+        """A message handed straight to a no-ack subscription (vhosts.Queue's hand-off): `deliver`
+        with an entry the backing queue never held (its ack releases nothing)."""
+        self.deliver(consumer, queue, QueueEntry(-1, message))
 
     def deliver(self, consumer: Consumer, queue, entry) -> None:
         message = entry.message
