@@ -17,8 +17,13 @@ Invariants:
   `ram_bytes` what the messages in RAM cost (body + ENTRY_OVERHEAD each),
   which the memory monitor budgets; at most max(RAM_MESSAGES, HEAD_LOW +
   one segment) in the head and RAM_MESSAGES_LOW in the tail per queue.
-- A persistent message's publish calls `on_durable` only after its index
-  record (written after its body) went through a group commit.
+- A persistent message's publish calls `on_durable` once: after its index
+  record (written after its body) went through a group commit, or when it is
+  acked before that (`_unconfirmed`), whichever comes first. A message
+  consumed and acked has been handled, so its confirm no longer waits for
+  the disk (RabbitMQ's message store confirms a message removed before its
+  write the same way); nothing confirmed is lost by a crash that follows:
+  it is on disk or it was acked.
 - Paging out takes the messages next to delta, so the range stays contiguous:
   the oldest of `_tail`, then the newest of `_head`.
 - `remove` (expiry) marks RAM entries OUT and leaves them in place; `fetch`
@@ -106,6 +111,8 @@ class VariableQueue:
         self._next_scan = 0
         self._scanning = False
         self._taken: set[int] = set()
+        # seq -> `on_durable` of the persistent publishes not yet confirmed.
+        self._unconfirmed: dict[int, Callable[[], None]] = {}
         # Seqs below this were recovered after an unclean shutdown: delivered
         # or not, they go out redelivered (see `recovered`).
         self._delivered_below = 0
@@ -135,7 +142,11 @@ class VariableQueue:
         self.ready += 1
         self.ready_bytes += size
         if self.durable and message.persistent:
-            self._write(entry, on_durable)
+            if on_durable is None:
+                self._write(entry, None)
+            else:
+                self._unconfirmed[seq] = on_durable
+                self._write(entry, lambda: self._confirm(seq))
         (self._tail if self._delta_count else self._head).append(entry)
         cost = size + ENTRY_OVERHEAD
         self.ram_bytes += cost
@@ -149,6 +160,11 @@ class VariableQueue:
             average = self.ram_bytes // (len(self._head) + len(self._requeued))
             self.monitor.charge(-self.page_out((len(self._head) - RAM_MESSAGES_LOW) * average))
         return entry
+
+    def _confirm(self, seq: int) -> None:
+        on_durable = self._unconfirmed.pop(seq, None)
+        if on_durable is not None:
+            on_durable()
 
     def fetch(self) -> QueueEntry | None:
         while True:
@@ -200,6 +216,9 @@ class VariableQueue:
             self.index.ack(seqs)
         for store, msg_id in removed:
             store.remove(msg_id)
+        if self._unconfirmed:
+            for seq in seqs:
+                self._confirm(seq)
 
     def remove(self, entries: Iterable[QueueEntry]) -> list[QueueEntry]:
         """Take ready entries in RAM out of the ready set; returns those that were."""

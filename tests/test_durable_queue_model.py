@@ -157,6 +157,7 @@ class InProcessQueueMachine(RuleBasedStateMachine):
             self.storage.finish_recovery()
         self.confirmed.clear()
         self.durable_pending: list[int] = []  # persistent publishes not yet confirmed
+        self.released: set[int] = set()  # of those, the ones acked or purged since
 
     async def _round_trip(self) -> None:
         """Every write submitted so far is done and its callbacks have run."""
@@ -214,13 +215,21 @@ class InProcessQueueMachine(RuleBasedStateMachine):
             if ack_later:
                 self.unacked[n] = entry
             else:
-                self.q.ack([entry])
+                self._ack({n: entry})
 
     @precondition(lambda self: self.unacked)
     @rule(data=st.data())
     def ack(self, data):
         chosen = data.draw(st.lists(st.sampled_from(sorted(self.unacked)), unique=True, min_size=1))
-        self.q.ack([self.unacked.pop(n) for n in chosen])
+        self._ack({n: self.unacked.pop(n) for n in chosen})
+
+    def _ack(self, entries: dict) -> None:
+        """An acked message has been handled: a persistent one still waiting
+        for the disk is confirmed by the ack itself."""
+        self.q.ack(list(entries.values()))
+        pending = set(entries) & set(self.durable_pending)
+        assert pending <= set(self.confirmed), "acked, not confirmed: %s" % sorted(pending - set(self.confirmed))
+        self.released |= pending
 
     @precondition(lambda self: self.unacked)
     @rule(data=st.data())
@@ -237,6 +246,7 @@ class InProcessQueueMachine(RuleBasedStateMachine):
 
     @rule()
     def purge(self):
+        self.released |= set(self.ready) & set(self.durable_pending)
         assert self.q.purge() == len(self.ready)
         self.ready.clear()
 
@@ -250,11 +260,16 @@ class InProcessQueueMachine(RuleBasedStateMachine):
     @rule()
     def settle(self):
         """Let the loop run until the writer is idle: every persistent
-        publish is confirmed by then, in publish order."""
+        publish is confirmed by then, once, and those the disk confirmed (not
+        acked or purged first) in publish order."""
         self.run(self._round_trip())
-        assert self.confirmed == self.durable_pending
+        assert sorted(self.confirmed) == self.durable_pending
+        assert len(set(self.confirmed)) == len(self.confirmed)
+        by_disk = [n for n in self.confirmed if n not in self.released]
+        assert by_disk == sorted(by_disk)
         self.confirmed.clear()
         self.durable_pending.clear()
+        self.released.clear()
 
     @rule(summaries=st.booleans())
     def restart(self, summaries):
