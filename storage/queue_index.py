@@ -46,7 +46,7 @@ import struct
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Sequence
 
 from storage import files as data_files, record, summary
 from storage.writer import AppendFile, GroupCommitWriter
@@ -154,6 +154,8 @@ class QueueIndex:
         # queued to be made.
         self._directory_made = False
         self.ignored = 0  # deliver/ack of seqs that were not live (caller bugs; metrics)
+        # Seqs delivered this loop turn, recorded at its end (`deliver`).
+        self._delivered: list[int] = []
 
     # -- startup (blocking) -------------------------------------------------
 
@@ -431,9 +433,26 @@ class QueueIndex:
                 self._drop(old)
         return embed
 
-    def deliver(self, seqs: Iterable[int]) -> None:
-        """Mark live seqs delivered (one DELIVER record per segment touched)."""
-        self._mark(seqs, DELIVER)
+    def deliver(self, seqs: Sequence[int]) -> None:
+        """Mark live seqs delivered: recorded with the other deliveries of
+        this loop turn at its end (GroupCommitWriter.soon; a clean stop, or
+        a read of the index, records them first), one DELIVER record per
+        segment touched, without those acked meanwhile. A delivery costs the
+        disk nothing then when its ack follows within the turn, and one
+        record per turn otherwise (per message, the records were a tenth of
+        a persistent message's cost). Nothing waits for them: after a crash
+        every message comes back redelivered anyway (docs/storage.md)."""
+        live = [seq for seq in seqs if self.is_live(seq)]
+        self.ignored += len(seqs) - len(live)
+        if live:
+            if not self._delivered:
+                self._writer.soon(self._record_delivered)
+            self._delivered += live
+
+    def _record_delivered(self) -> None:
+        seqs, self._delivered = self._delivered, []
+        if seqs and not self._deleted:
+            self._mark(seqs, DELIVER, acked_meanwhile=True)
 
     def ack(self, seqs: Iterable[int]) -> None:
         """Forget live seqs (one ACK record per segment touched); a segment
@@ -446,6 +465,7 @@ class QueueIndex:
         queued behind every write handed to the writer before this call, so
         no precondition on durability; deliveries recorded after the call may
         show up in the delivered flags."""
+        self._record_delivered()
         seg = self._segments.get(segment)
         if seg is None or seg.count == 0:
             self._writer.loop.call_soon(done, [])
@@ -549,7 +569,9 @@ class QueueIndex:
     def _path(self, number: int) -> str:
         return os.path.join(self.directory, "%d%s" % (number, SUFFIX))
 
-    def _mark(self, seqs: Iterable[int], kind: int) -> None:
+    def _mark(self, seqs: Iterable[int], kind: int, acked_meanwhile: bool = False) -> None:
+        """`acked_meanwhile`: seqs no longer live were acked after they were
+        delivered (`deliver`), not given by mistake (`ignored`)."""
         n = self.segment_entries
         segments = self._segments
         ack = kind == ACK
@@ -567,13 +589,13 @@ class QueueIndex:
                     if group is None:
                         group = groups[number] = []
             if seg is None:
-                self.ignored += 1
+                self.ignored += not acked_meanwhile
                 continue
             i = seq - number * n
             bit = 1 << (i & 7)
             live = seg.live
             if not live[i >> 3] & bit:
-                self.ignored += 1
+                self.ignored += not acked_meanwhile
                 continue
             if ack:
                 live[i >> 3] ^= bit

@@ -138,6 +138,8 @@ class GroupCommitWriter:
         self.backlog_high = BACKLOG_HIGH
         self.backlog_low = BACKLOG_LOW
         self.flow_waiters: set = set()
+        # `soon`: what queues deferred writes at the end of this loop turn.
+        self._soon: dict[Callable[[], None], None] = {}
         # A cluster leader's replication gate (see the module docstring).
         self.gate: Callable[[Callable[[], None]], None] | None = None
         self._thread = threading.Thread(target=self._write_loop, name="hutch-writer", daemon=True)
@@ -155,6 +157,20 @@ class GroupCommitWriter:
         self.submitted += 1
         self._jobs.put((file, data, done))
         return offset
+
+    def soon(self, record: Callable[[], None]) -> None:
+        """`record()` (which queues writes nobody waits for, e.g. a queue
+        index's "delivered" marks) runs at the end of this loop turn, or
+        before a clean stop (`drained`, `stop`), whichever comes first; once
+        however often it was asked for meanwhile."""
+        if not self._soon:
+            self.loop.call_soon(self._record_soon)
+        self._soon[record] = None
+
+    def _record_soon(self) -> None:
+        pending, self._soon = self._soon, {}
+        for record in pending:
+            record()
 
     def when_written(self, mark: int, callback: Callable[[], None]) -> bool:
         """True when the first `mark` appends are written to the OS; else
@@ -205,6 +221,7 @@ class GroupCommitWriter:
         """Until no `run` or `read` job is in flight (a clean stop waits for
         this before `stop`: their callbacks may queue more writes, e.g. the
         acks of a purge); gives up after `timeout` seconds."""
+        self._record_soon()
         deadline = self.loop.time() + timeout
         while self.in_flight and self.loop.time() < deadline:
             done = self.loop.create_future()
@@ -213,6 +230,7 @@ class GroupCommitWriter:
 
     def stop(self) -> None:
         """Finish every queued job and sync (blocking; at shutdown)."""
+        self._record_soon()
         self._jobs.put(_STOP)
         self._reads.put(_STOP)
         self._thread.join()
