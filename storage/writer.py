@@ -137,6 +137,9 @@ class GroupCommitWriter:
         # Marks on pending_bytes (BrokerServer lowers them to a small memory budget).
         self.backlog_high = BACKLOG_HIGH
         self.backlog_low = BACKLOG_LOW
+        # pending_bytes > backlog_high, kept with pending_bytes (every publish
+        # asks: an attribute, not a property).
+        self.backlogged = False
         self.flow_waiters: set = set()
         # `soon`: what queues deferred writes at the end of this loop turn.
         self._soon: dict[Callable[[], None], None] = {}
@@ -154,6 +157,8 @@ class GroupCommitWriter:
         offset = file.size
         file.size += len(data)
         self.pending_bytes += len(data) + JOB_OVERHEAD
+        if self.pending_bytes > self.backlog_high:
+            self.backlogged = True
         self.submitted += 1
         self._jobs.put((file, data, done))
         return offset
@@ -193,12 +198,9 @@ class GroupCommitWriter:
             for _mark, callback in due:
                 callback()
 
-    @property
-    def backlogged(self) -> bool:
-        return self.pending_bytes > self.backlog_high
-
     def _written(self, size: int) -> None:
         self.pending_bytes -= size
+        self.backlogged = self.pending_bytes > self.backlog_high
         if self.flow_waiters and self.pending_bytes < self.backlog_low:
             waiters, self.flow_waiters = self.flow_waiters, set()
             for waiter in waiters:
