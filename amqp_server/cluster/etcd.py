@@ -176,6 +176,9 @@ class Etcd:
     async def post_position(self, name: str, value: dict, lease_id: int) -> None:
         await self._call(lambda c: c.put(self.key("positions", name), json.dumps(value).encode(), lease=lease_id))
 
+    async def withdraw_position(self, name: str) -> None:
+        await self._call(lambda c: c.delete(self.key("positions", name)))
+
     async def positions(self) -> dict[str, dict]:
         return await self._folder("positions")
 

@@ -15,7 +15,10 @@ Theory of operation:
   where its own is unknown (ties: the lowest name). A position of another
   term is one not posted yet for this election: it is waited for, as a
   node that posted nothing is (each posts within a poll; one that stalls
-  drops out when its lease ends). So the most complete in-sync node leads,
+  drops out when its lease ends). A node withdraws its position once it
+  follows a leader, so a position left from an earlier leaderless time (the
+  null every node posts before the first election) is never read as one
+  for this election. So the most complete in-sync node leads,
   which `cluster.min_in_sync_replicas` relies on (a confirm waits for N
   in-sync followers, not all; replication.py). A planned hand-over names
   its node (`transfer`), which campaigns alone once it has everything.
@@ -116,6 +119,11 @@ class ClusterNode:
             await self.etcd.post_position(self.name, value, self.keeper.lease_id)
             self._posted = value
 
+    async def _withdraw_position(self) -> None:
+        if self._posted is not None:
+            await self.etcd.withdraw_position(self.name)
+            self._posted = None
+
     async def _most_complete(self, names: list[str]) -> bool:
         """Whether no other running in-sync node holds more of the last
         leader's stream than this one, once each has posted its position."""
@@ -164,6 +172,7 @@ class ClusterNode:
                         await self._lead()
                         break
                 elif self.leader != self.name:
+                    await self._withdraw_position()
                     await self._follow(self.leader)
             except EtcdUnavailable as exc:
                 log.warning("etcd unreachable: %s", exc)
