@@ -90,8 +90,9 @@ PACE_FLOOR = 500
 # (the scan's end looks at once; this only covers a scan that takes longer).
 HOLD_RETRY = 50
 
-# What `Queue.publish` did with a message.
-ACCEPTED, DURABLE_PENDING, REJECTED = 0, 1, 2
+# What `Queue.publish` did with a message. HANDED_OFF: accepted and delivered at once (nothing
+# ready in the queue, so it cannot be backed up).
+ACCEPTED, DURABLE_PENDING, REJECTED, HANDED_OFF = 0, 1, 2, 3
 # Why a message died (x-death reasons).
 REJECTED_REASON, EXPIRED, MAXLEN, DELIVERY_LIMIT = "rejected", "expired", "maxlen", "delivery_limit"
 
@@ -218,7 +219,7 @@ class Queue:
             backing = self.backing
             persists = backing.persists(message)
             if self.consumers and not backing.ready and not persists and self._hand_off(message):
-                return ACCEPTED
+                return HANDED_OFF
             waits = on_durable is not None and persists
             backing.publish(message, on_durable if waits else None)
             if self.consumers:

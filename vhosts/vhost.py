@@ -63,7 +63,7 @@ from vhosts.delayed import DELAYED, Delayer, check_delayed_type, delay_of
 from vhosts.exchange import PREDECLARED, TRACE_EXCHANGE, Exchange
 from vhosts.move import move
 from vhosts.policies import Policy, effective, matching
-from vhosts.queue import DURABLE_PENDING, REJECTED, Queue
+from vhosts.queue import DURABLE_PENDING, HANDED_OFF, REJECTED, Queue
 from vhosts.queue_arguments import max_priority, validate as validate_queue_arguments
 from vhosts.queue_types import CLASSIC, STREAM, check_declare as check_queue_type, check_server_named
 from vhosts.stream_arguments import queue_type, retention, validate_stream
@@ -814,6 +814,8 @@ class VirtualHost:
                 self._deliver_replies(message, routing_keys)
         for q in targets:
             outcome = q.publish(message, on_durable)
+            if outcome == HANDED_OFF:
+                continue  # nothing waits for it and the queue is not backed up
             if outcome == DURABLE_PENDING:
                 waits += 1
             elif outcome == REJECTED:
