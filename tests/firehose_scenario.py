@@ -107,13 +107,16 @@ def run(amqp_port: int, http_port: int, credentials=("guest", "guest")) -> list:
             client.expect(commands.Basic.ConsumeOk, 1)
             client.expect(commands.Basic.Deliver, 1)
             client.read_content(1)
+            _publish(client, "", q, b"handed")  # to the waiting no-ack consumer at once (hutch: the hand-off)
+            client.expect(commands.Basic.Deliver, 1)
+            client.read_content(1)
             found = []
 
             def all_traced() -> bool:
                 _got, content = _get(client, traces, no_ack=True)
                 if content is not None:
                     found.append((_got.routing_key, content[1], headers_of(content[0])))
-                return len(found) == 8
+                return len(found) == 10
 
             wait_for(all_traced, timeout=10)
         return found

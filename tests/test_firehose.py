@@ -20,7 +20,7 @@ def test_publishes_and_deliveries_are_traced(broker):
     assert [(key, body) for key, body, _headers in found] == [
         ("publish.fh-x", b"hello"), ("publish.", b"plain"), ("publish.fh-x", b"unroutable"),
         ("deliver.fh-q", b"hello"), ("deliver.fh-q", b"hello"), ("deliver.fh-q", b"plain"),
-        ("publish.", b"consumed"), ("deliver.fh-q", b"consumed")]
+        ("publish.", b"consumed"), ("deliver.fh-q", b"consumed"), ("publish.", b"handed"), ("deliver.fh-q", b"handed")]
     published = {name: value for name, _kind, value in found[0][2]}
     assert published["routing_keys"] == [("S", "a.b"), ("S", "a.c")]
     assert published["routed_queues"] == [("S", "fh-q")]
@@ -30,7 +30,7 @@ def test_publishes_and_deliveries_are_traced(broker):
     assert {name: value for name, _kind, value in found[2][2]}["routed_queues"] == []
     redelivered = [{name: value for name, _kind, value in headers}["redelivered"]
                    for key, _body, headers in found if key.startswith("deliver.")]
-    assert redelivered == [0, 1, 0, 0]
+    assert redelivered == [0, 1, 0, 0, 0]
 
 
 def trace_queue(channel) -> str:
