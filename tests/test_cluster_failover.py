@@ -331,3 +331,61 @@ def test_unacked_messages_come_back_redelivered_after_the_leader_is_killed(clust
     not_flagged = sorted(n for n in delivered if not redelivered[n])
     assert not not_flagged, "%d of %d delivered, unacked messages came back without redelivered=true: %s" % (
         len(not_flagged), len(delivered), not_flagged[:10])
+
+
+def test_a_message_consumed_and_acked_is_confirmed_while_a_follower_holds_the_disk_confirms_back(tmp_path):
+    """Every in-sync follower is waited for (no min_in_sync_replicas), and the
+    only follower is stalled (SIGSTOP) but kept in sync (max_lag_seconds 60):
+    a persistent message nobody consumes gets no confirm meanwhile, while one
+    that a consumer acks is confirmed by the ack (docs/storage.md, "Durability
+    and confirms"). The held confirm comes once the follower is resumed."""
+    with running(tmp_path, 2, "--cluster-max-lag-seconds", "60", "--cluster-lease-ttl", "10") as (etcd, nodes):
+        leader = leader_of(etcd, nodes)
+        follower = next(n for n in nodes if n is not leader)
+        consumer_connection = pika.BlockingConnection(pika.URLParameters(leader.url))
+        consumer = consumer_connection.channel()
+        consumer.queue_declare("acked-first", durable=True)
+        acked = []
+
+        def ack(channel, method, _properties, body) -> None:
+            channel.basic_ack(method.delivery_tag)
+            acked.append(body)
+
+        consumer.basic_consume("acked-first", ack)
+        publisher_connection = pika.BlockingConnection(pika.URLParameters(leader.url))
+        publisher = publisher_connection.channel()
+        publisher.confirm_delivery()
+        publisher.queue_declare("unconsumed", durable=True)
+        until(lambda: follower.name in in_sync(etcd), 30, "the follower in sync")
+        follower.signal(signal.SIGSTOP)
+        try:
+            held = {}
+
+            def publish_unconsumed() -> None:
+                with pika.BlockingConnection(pika.URLParameters(leader.url)) as connection:
+                    channel = connection.channel()
+                    channel.confirm_delivery()
+                    channel.basic_publish("", "unconsumed", b"held", pika.BasicProperties(delivery_mode=2))
+                    held["confirmed_at"] = time.monotonic()
+
+            waiting = threading.Thread(target=publish_unconsumed, daemon=True)
+            waiting.start()
+            # pika's blocking publish returns on the confirm; the consumer acks from the other connection.
+            done = threading.Event()
+            confirming = threading.Thread(target=lambda: (publisher.basic_publish(
+                "", "acked-first", b"consumed", pika.BasicProperties(delivery_mode=2)), done.set()), daemon=True)
+            confirming.start()
+            deadline = time.monotonic() + 30
+            while not done.is_set() and time.monotonic() < deadline:
+                consumer_connection.process_data_events(time_limit=0.1)
+            assert acked == [b"consumed"]
+            assert done.is_set(), "no confirm for a message consumed and acked while the follower is stalled"
+            assert "confirmed_at" not in held, "a message nobody consumed was confirmed before the stalled follower had it"
+            assert follower.name in in_sync(etcd)
+        finally:
+            follower.signal(signal.SIGCONT)
+        resumed_at = time.monotonic()
+        waiting.join(30)
+        assert held.get("confirmed_at", 0) >= resumed_at, "the held confirm never came"
+        publisher_connection.close()
+        consumer_connection.close()
