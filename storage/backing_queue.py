@@ -65,6 +65,12 @@ class BackingQueue(Protocol):
     def publish(self, message: Message, on_durable: Callable[[], None] | None = None,
                 expiry: int = 0) -> QueueEntry: ...
 
+    def publish_delivered(self, message: Message, on_durable: Callable[[], None] | None = None) -> QueueEntry:
+        """`publish` and `fetch` of that message in one step, for one that
+        goes to a consumer at once while nothing is ready (so it overtakes
+        nothing): the entry comes back taken, never having been ready
+        (RabbitMQ's publish_delivered)."""
+
     def fetch(self) -> QueueEntry | None: ...
 
     def ack(self, entries: Iterable[QueueEntry]) -> None: ...

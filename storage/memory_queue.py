@@ -51,6 +51,12 @@ class MemoryQueue:
         self.ready_bytes += len(message.body)
         return entry
 
+    def publish_delivered(self, message: Message, on_durable=None) -> QueueEntry:
+        entry = QueueEntry(self._next_seq, message)
+        self._next_seq += 1
+        entry.state = OUT
+        return entry
+
     def fetch(self) -> QueueEntry | None:
         while True:
             if self._requeued:

@@ -85,6 +85,9 @@ class PriorityQueue:
         self.ready_bytes += len(message.body)
         return entry
 
+    def publish_delivered(self, message: Message, on_durable: Callable[[], None] | None = None) -> QueueEntry:
+        return self._level(message).publish_delivered(message, on_durable)
+
     def fetch(self) -> QueueEntry | None:
         for level in self._descending:
             if level.ready:

@@ -6,12 +6,14 @@ an append-only sequence of `record.encode(body)` records, the body being one
 of (big-endian):
 
     PUBLISH  u8 1 | u64 seq | u8 flags | u64 expiry | u32 size | 16B msg_id [| payload]
-             flags: bit 0 persistent, bit 1 embedded (the payload follows)
+             flags: bit 0 persistent, bit 1 embedded (the payload follows),
+                    bit 2 delivered (published straight to a consumer)
     DELIVER  u8 2 | u64 seq * n      (n >= 1: every seq of one call that falls
     ACK      u8 3 | u64 seq * n       in this segment, in the order given)
 
 Recovery applies a file's records in file order: PUBLISH makes a seq live
-(and not delivered), DELIVER marks a live seq delivered, ACK forgets it.
+(delivered only with its flag), DELIVER marks a live seq delivered, ACK
+forgets it.
 
 In memory, per segment: one bit per slot ("published and not acked") and the
 count of set bits, i.e. segment_entries/8 bytes per segment (2 KiB by default,
@@ -54,7 +56,7 @@ from storage.writer import AppendFile, GroupCommitWriter
 log = logging.getLogger("hutch.storage")
 
 PUBLISH, DELIVER, ACK = 1, 2, 3
-PERSISTENT, EMBEDDED = 0x01, 0x02
+PERSISTENT, EMBEDDED, DELIVERED = 0x01, 0x02, 0x04
 
 _PUB = struct.Struct(">BQBQI16s")
 _PUB_SIZE = _PUB.size  # 38
@@ -387,10 +389,12 @@ class QueueIndex:
     # -- on the event loop: the hot path ------------------------------------
 
     def publish(self, seq: int, msg_id: bytes, size: int, payload: bytes, expiry: int = 0,
-                persistent: bool = True, done: Callable[[], None] | None = None) -> bool:
+                persistent: bool = True, done: Callable[[], None] | None = None, delivered: bool = False) -> bool:
         """Record a publish; True when `payload` was embedded in the index
         (then it need not go to the message store). `done` runs on the loop
-        once the record is durable (writer semantics)."""
+        once the record is durable (writer semantics). `delivered`: the
+        message went to a consumer as it was published; the record says so
+        itself, instead of a DELIVER record after it."""
         n = self.segment_entries
         number = seq // n
         seg = self._segments.get(number)
@@ -411,11 +415,11 @@ class QueueIndex:
         if live[i >> 3] & bit:
             raise ValueError("seq %d is already published and not acked" % seq)
         embed = len(payload) < self.embed_below
+        flags = (PERSISTENT if persistent else 0) | (DELIVERED if delivered else 0)
         if embed:
-            body = _PUB.pack(PUBLISH, seq, (PERSISTENT | EMBEDDED) if persistent else EMBEDDED,
-                             expiry, size, msg_id) + payload
+            body = _PUB.pack(PUBLISH, seq, flags | EMBEDDED, expiry, size, msg_id) + payload
         else:
-            body = _PUB.pack(PUBLISH, seq, PERSISTENT if persistent else 0, expiry, size, msg_id)
+            body = _PUB.pack(PUBLISH, seq, flags, expiry, size, msg_id)
         live[i >> 3] |= bit
         seg.count += 1
         self._entries += 1
@@ -708,7 +712,10 @@ def _apply(records: list[tuple[int, bytes]], base: int, n: int):
                 invalid += 1
                 continue
             pubs[seq] = (flags, expiry, size, msg_id, body[_PUB_SIZE:] if embedded else None)
-            delivered.discard(seq)
+            if flags & DELIVERED:
+                delivered.add(seq)
+            else:
+                delivered.discard(seq)
             if seq > max_seq:
                 max_seq = seq
         elif (kind == DELIVER or kind == ACK) and len(body) > 1 and (len(body) - 1) % 8 == 0:

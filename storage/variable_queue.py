@@ -161,6 +161,22 @@ class VariableQueue:
             self.monitor.charge(-self.page_out((len(self._head) - RAM_MESSAGES_LOW) * average))
         return entry
 
+    def publish_delivered(self, message: Message, on_durable: Callable[[], None] | None = None) -> QueueEntry:
+        """BackingQueue.publish_delivered: the entry never joins the ready
+        messages in RAM. A persistent message in a durable queue is written
+        with a record that marks it delivered as well."""
+        seq = self._next_seq
+        self._next_seq = seq + 1
+        entry = QueueEntry(seq, message)
+        entry.state = OUT
+        if self.durable and message.persistent:
+            if on_durable is None:
+                self._write(entry, None, delivered=True)
+            else:
+                self._unconfirmed[seq] = on_durable
+                self._write(entry, lambda: self._confirm(seq), delivered=True)
+        return entry
+
     def _confirm(self, seq: int) -> None:
         on_durable = self._unconfirmed.pop(seq, None)
         if on_durable is not None:
@@ -337,10 +353,11 @@ class VariableQueue:
 
     # -- disk ----------------------------------------------------------------
 
-    def _write(self, entry: QueueEntry, done: Callable[[], None] | None) -> None:
+    def _write(self, entry: QueueEntry, done: Callable[[], None] | None, delivered: bool = False) -> None:
         """Index record (and body in a store unless small enough to embed);
         `done` after the group commit that holds the index record, which was
-        submitted after the body."""
+        submitted after the body. `delivered`: the entry is taken already
+        (the record marks it delivered)."""
         message = entry.message
         payload = message.to_bytes()
         persistent = self.durable and message.persistent
@@ -353,7 +370,7 @@ class VariableQueue:
             store.write(message.msg_id, payload)
             entry.store = store
         self.index.publish(entry.seq, message.msg_id, len(message.body), payload, expiry=entry.expiry,
-                           persistent=persistent, done=done)
+                           persistent=persistent, done=done, delivered=delivered)
 
     def _delta_added(self, seq: int) -> None:
         """`seq` joined delta: a read in flight of its segment (or of a later

@@ -199,6 +199,28 @@ class InProcessQueueMachine(RuleBasedStateMachine):
                 self.q.publish(message)
             self.ready.append(n)
 
+    @precondition(lambda self: not self.ready)
+    @rule(persistent=st.booleans(), size=sizes, ack_later=st.booleans())
+    def publish_delivered(self, persistent, size, ack_later):
+        """A publish handed to a consumer at once (vhosts.queue's hand-off):
+        never ready, then acked or requeued like a fetched message, and
+        confirmed like any other."""
+        n = self.next
+        self.next += 1
+        body = make_body(n, size)
+        message = Message("", "q", content_header(persistent, len(body)), body)
+        self.msgs[n] = AMsg(body, persistent, len(message.to_bytes()) < EMBED)
+        if persistent:
+            self.durable_pending.append(n)
+            entry = self.q.publish_delivered(message, lambda n=n, q=self.q: q is self.q and self.confirmed.append(n))
+        else:
+            entry = self.q.publish_delivered(message)
+        assert (entry.message.body, entry.redelivered) == (body, False)
+        if ack_later:
+            self.unacked[n] = entry
+        else:
+            self._ack({n: entry})
+
     @rule(ack_later=st.booleans(), count=st.integers(1, 5))
     def fetch(self, ack_later, count):
         for _ in range(count):

@@ -403,16 +403,18 @@ class IndexMachine(RuleBasedStateMachine):
         assert not report.damaged
 
     @rule(sizes=st.lists(st.integers(0, 12), min_size=1, max_size=6),
-          gap=st.integers(0, 5), transient=st.booleans())
-    def publish(self, sizes, gap, transient):
+          gap=st.integers(0, 5), transient=st.booleans(), delivered=st.booleans())
+    def publish(self, sizes, gap, transient, delivered):
+        """`delivered`: published straight to a consumer (the record's flag)."""
         self.next += gap
         for size in sizes:
             seq = self.next
             payload = bytes([seq % 251]) * size
             persistent = not (transient and size % 2)
-            embedded = self.index.publish(seq, mid(seq * 7), size, payload, persistent=persistent)
+            embedded = self.index.publish(seq, mid(seq * 7), size, payload, persistent=persistent,
+                                          delivered=delivered)
             assert embedded == (size < EMBED)
-            self.model[seq] = [mid(seq * 7), size, payload if embedded else None, persistent, False]
+            self.model[seq] = [mid(seq * 7), size, payload if embedded else None, persistent, delivered]
             self.next += 1
             self.ever = True
 

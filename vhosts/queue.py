@@ -218,10 +218,12 @@ class Queue:
             # The fast path: no TTL, no length limit.
             backing = self.backing
             persists = backing.persists(message)
-            if self.consumers and not backing.ready and not persists and self._hand_off(message):
-                return HANDED_OFF
             waits = on_durable is not None and persists
-            backing.publish(message, on_durable if waits else None)
+            if not waits:
+                on_durable = None
+            if self.consumers and not backing.ready and self._hand_off(message, persists, on_durable):
+                return DURABLE_PENDING if waits else HANDED_OFF
+            backing.publish(message, on_durable)
             if self.consumers:
                 self.dispatch()
                 if self.backing.ready > PACE_ABOVE and self._credit > 0:
@@ -252,22 +254,21 @@ class Queue:
             self.expire()  # TTL 0: delivered at once or never
         return DURABLE_PENDING if waits else ACCEPTED
 
-    def _hand_off(self, message: Message) -> bool:
-        """Direct hand-off: a message that will not be written, published to a queue with nothing
-        ready (so nothing it would overtake), goes to the next consumer that can take it at
-        once, as `dispatch` would have sent it. A no-ack consumer gets it with no queue entry
-        (`deliver_fresh`), so the backing queue does not see it at all; an acking one gets it
-        through the backing queue (its entry must be requeueable in order). False, having done
-        nothing, when no consumer can take it now."""
+    def _hand_off(self, message: Message, persists: bool, on_durable: Callable[[], None] | None) -> bool:
+        """Direct hand-off: a message published to a queue with nothing ready (so nothing it
+        would overtake) goes to the next consumer that can take it at once, as `dispatch` would
+        have sent it. A no-ack consumer gets one that will not be written with no queue entry
+        (`deliver_fresh`), so the backing queue does not see it at all; otherwise the backing
+        queue makes the entry already taken (`publish_delivered`: written, and `on_durable`
+        called once it is on disk, when it `persists`), which an acking consumer can requeue
+        in order. False, having done nothing, when no consumer can take it now."""
         consumer = self._pick()
         if consumer is None:
             return False
-        if consumer.no_ack:
+        if consumer.no_ack and not persists:
             consumer.channel.deliver_fresh(consumer, self, message)
         else:
-            backing = self.backing
-            backing.publish(message)
-            consumer.channel.deliver(consumer, self, backing.fetch())
+            consumer.channel.deliver(consumer, self, self.backing.publish_delivered(message, on_durable))
         self._paced_deliveries += 1
         if self._credit < PACE_CREDIT:
             self._credit += 1
