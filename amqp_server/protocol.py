@@ -48,6 +48,9 @@ class AMQPProtocol(asyncio.BufferedProtocol):
         self.connection: Connection | None = None
         self._flush_scheduled = False
         self._closing = False  # close the transport once the output is written
+        # After acks: how many of the writer's appends must be written before
+        # anything more is (their records among them), else None.
+        self._records: int | None = None
 
     # -- asyncio.BufferedProtocol --------------------------------------------
 
@@ -92,8 +95,12 @@ class AMQPProtocol(asyncio.BufferedProtocol):
         connection = self.connection
         if connection.acks_handled:
             connection.acks_handled = False
-            if not self.writer.when_written(self.writer.submitted, self.wake):
+            self._records = self.writer.submitted
+        if self._records is not None:
+            # Also when woken again meanwhile (a confirm on another channel).
+            if not self.writer.when_written(self._records, self.wake):
                 return
+            self._records = None
         out = connection.take_output()
         if out:
             transport.writelines(out)
