@@ -184,19 +184,24 @@ class InProcessQueueMachine(RuleBasedStateMachine):
     def initial_budget(self, budget):
         self.budget = self.monitor.budget = budget
 
+    def _publish(self, publish, persistent: bool, size: int):
+        """`publish(message[, on_durable])` (a VariableQueue method) of the
+        next numbered message, recorded in the model; returns (number,
+        what `publish` returned)."""
+        n = self.next
+        self.next += 1
+        body = make_body(n, size)
+        message = Message("", "q", content_header(persistent, len(body)), body)
+        self.msgs[n] = AMsg(body, persistent, len(message.to_bytes()) < EMBED)
+        if not persistent:
+            return n, publish(message)
+        self.durable_pending.append(n)
+        return n, publish(message, lambda n=n, q=self.q: q is self.q and self.confirmed.append(n))
+
     @rule(batch=st.lists(st.tuples(st.booleans(), sizes), min_size=1, max_size=8))
     def publish(self, batch):
         for persistent, size in batch:
-            n = self.next
-            self.next += 1
-            body = make_body(n, size)
-            message = Message("", "q", content_header(persistent, len(body)), body)
-            self.msgs[n] = AMsg(body, persistent, len(message.to_bytes()) < EMBED)
-            if persistent:
-                self.durable_pending.append(n)
-                self.q.publish(message, lambda n=n, q=self.q: q is self.q and self.confirmed.append(n))
-            else:
-                self.q.publish(message)
+            n, _entry = self._publish(self.q.publish, persistent, size)
             self.ready.append(n)
 
     @precondition(lambda self: not self.ready)
@@ -205,17 +210,8 @@ class InProcessQueueMachine(RuleBasedStateMachine):
         """A publish handed to a consumer at once (vhosts.queue's hand-off):
         never ready, then acked or requeued like a fetched message, and
         confirmed like any other."""
-        n = self.next
-        self.next += 1
-        body = make_body(n, size)
-        message = Message("", "q", content_header(persistent, len(body)), body)
-        self.msgs[n] = AMsg(body, persistent, len(message.to_bytes()) < EMBED)
-        if persistent:
-            self.durable_pending.append(n)
-            entry = self.q.publish_delivered(message, lambda n=n, q=self.q: q is self.q and self.confirmed.append(n))
-        else:
-            entry = self.q.publish_delivered(message)
-        assert (entry.message.body, entry.redelivered) == (body, False)
+        n, entry = self._publish(self.q.publish_delivered, persistent, size)
+        assert (entry.message.body, entry.redelivered) == (self.msgs[n].body, False)
         if ack_later:
             self.unacked[n] = entry
         else:
