@@ -336,6 +336,20 @@ InProcessQueueMachine.TestCase.settings = settings(
 test_variable_queue_matches_model = InProcessQueueMachine.TestCase
 
 
+def test_a_message_handed_over_and_not_acked_comes_back_redelivered():
+    """The sequence the state machine may not reach in a given run: a persistent message handed
+    to a consumer as it was published, not acked, a clean stop (with and without summaries):
+    it comes back, redelivered (its index record says it was delivered)."""
+    for summaries in (True, False):
+        machine = InProcessQueueMachine()
+        try:
+            machine.publish_delivered(persistent=True, size=10, ack_later=True)
+            machine.restart(summaries)
+            machine.fetch(ack_later=False, count=1)
+        finally:
+            machine.teardown()
+
+
 # -- level B: the broker process -------------------------------------------------
 
 QUEUE = "durable-model"
