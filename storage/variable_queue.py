@@ -142,11 +142,7 @@ class VariableQueue:
         self.ready += 1
         self.ready_bytes += size
         if self.durable and message.persistent:
-            if on_durable is None:
-                self._write(entry, None)
-            else:
-                self._unconfirmed[seq] = on_durable
-                self._write(entry, lambda: self._confirm(seq))
+            self._write(entry, on_durable)
         (self._tail if self._delta_count else self._head).append(entry)
         cost = size + ENTRY_OVERHEAD
         self.ram_bytes += cost
@@ -170,11 +166,7 @@ class VariableQueue:
         entry = QueueEntry(seq, message)
         entry.state = OUT
         if self.durable and message.persistent:
-            if on_durable is None:
-                self._write(entry, None, delivered=True)
-            else:
-                self._unconfirmed[seq] = on_durable
-                self._write(entry, lambda: self._confirm(seq), delivered=True)
+            self._write(entry, on_durable, delivered=True)
         return entry
 
     def _confirm(self, seq: int) -> None:
@@ -353,11 +345,18 @@ class VariableQueue:
 
     # -- disk ----------------------------------------------------------------
 
-    def _write(self, entry: QueueEntry, done: Callable[[], None] | None, delivered: bool = False) -> None:
+    def _write(self, entry: QueueEntry, on_durable: Callable[[], None] | None = None,
+               delivered: bool = False) -> None:
         """Index record (and body in a store unless small enough to embed);
-        `done` after the group commit that holds the index record, which was
-        submitted after the body. `delivered`: the entry is taken already
-        (the record marks it delivered)."""
+        `on_durable` once, after the group commit that holds the index record
+        (submitted after the body) or at the entry's ack if that comes first
+        (`_unconfirmed`). `delivered`: the entry is taken already (the record
+        marks it delivered)."""
+        done = None
+        if on_durable is not None:
+            seq = entry.seq
+            self._unconfirmed[seq] = on_durable
+            done = lambda: self._confirm(seq)  # noqa: E731
         message = entry.message
         payload = message.to_bytes()
         persistent = self.durable and message.persistent
@@ -381,7 +380,7 @@ class VariableQueue:
     def _to_delta_end(self, entry: QueueEntry) -> None:
         self._paged_expiry(entry)
         if entry.store is None:
-            self._write(entry, None)
+            self._write(entry)
         self._delta_added(entry.seq)
         if not self._delta_count:
             self._delta_start = entry.seq
@@ -401,7 +400,7 @@ class VariableQueue:
             entry.state = PAGED
             self._paged_expiry(entry)
             if entry.store is None:
-                self._write(entry, None)
+                self._write(entry)
             self._delta_added(entry.seq)
             if not self._delta_count:
                 self._delta_end = entry.seq + 1

@@ -45,7 +45,7 @@ from amqp_server.mqtt import packets, topics
 from amqp_server.mqtt.exactly_once import ExactlyOnce
 from amqp_server.mqtt.packets import MalformedPacket, RefusedConnect
 from amqp_server.mqtt.sessions import Sessions, queue_name
-from storage import Message, QueueEntry
+from storage import Message
 from vhosts import Consumer
 from vhosts.access import Access
 from vhosts.errors import AMQPError
@@ -513,8 +513,8 @@ class MQTTConnection:
 
     def deliver_fresh(self, consumer: Consumer, queue, message: Message) -> None:
         """A message handed straight to a no-ack subscription (vhosts.Queue's hand-off): `deliver`
-        with an entry the backing queue never held (its ack releases nothing)."""
-        self.deliver(consumer, queue, QueueEntry(-1, message))
+        with the entry the backing queue makes already taken, as for any other hand-off."""
+        self.deliver(consumer, queue, queue.backing.publish_delivered(message))
 
     def deliver(self, consumer: Consumer, queue, entry) -> None:
         message = entry.message
