@@ -271,7 +271,9 @@ class Replicator:
     def _drop(self, link: FollowerLink, why: str) -> None:
         log.warning("follower %s: %s; dropping it from the in-sync set", link.name, why)
         link.state = "dropped"
-        link.transport.close()  # it reconnects and syncs again
+        # abort, not close: close() waits for the unsent bytes to drain first, and a follower cut off
+        # reads none of them, so it would stay required (replies waiting for it) until TCP gave up.
+        link.transport.abort()  # it reconnects and syncs again
 
     async def _check_lag(self) -> None:
         while True:
