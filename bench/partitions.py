@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import signal
 import sys
 import time
 from pathlib import Path
@@ -86,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     if why:
         print("bench/partitions.py: %s" % why, file=sys.stderr)
         return 2
+    # SIGTERM ends the run as ^C does: through the harness's clean-up (namespaces, mounts, processes)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     shuffle = random.Random(args.seed)
     started, reports = time.monotonic(), []
     for number in range(1, args.runs + 1):

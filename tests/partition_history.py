@@ -16,27 +16,31 @@ monotonic clock when the client saw it:
 - `settle`   a synchronous reply (basic.qos-ok) on the consumer's channel:
              every ack that channel sent before it has been handled by the broker
 
-and the terms seen in etcd: each poll of the leader key that found a
-different leader (or lease) than the previous poll starts a term, stamped
-with the time the poll *ended*.
+and the terms seen in etcd, polled from one thread: a term is a leader key
+(leader, lease), or its absence. For each, `seen` is when the first poll
+that saw it ended, `last` when the last poll that saw it started, and
+`not_before` when the last poll that saw the term before it started: the
+term held during all of [seen, last], and began after `not_before`.
 
 The rules (`check`):
 
-1. No confirmed message lost: every confirmed number has a settled ack by
-   the end (the harness drains the queue after healing).
+1. No confirmed message lost: every confirmed number is delivered by the
+   end (the harness drains the queues after healing; the consumer acks each
+   delivery, and an ack whose settling reply was lost with its connection
+   may or may not have been handled, so delivery is what counts).
 2. No acked message back: a delivery of a number whose ack was settled
-   before is allowed only if it has redelivered=true and a new term began
-   between the settled ack and the delivery. That is what docs/cluster.md
-   promises: acks do not wait for the followers, so after a failover an acked
-   message may come back, flagged, as after a crash; without a failover it
-   must never come back.
+   before is allowed only if it has redelivered=true and a new term may have
+   begun between the settled ack and the delivery. That is what
+   docs/cluster.md promises: acks do not wait for the followers, so after a
+   failover an acked message may come back, flagged, as after a crash;
+   without a failover it must never come back.
 3. A message delivered again always has redelivered=true (AMQP: a message
    delivered before and requeued, also by a failover, is flagged).
-4. At most one node confirms per term: a confirm is attributed to the term
-   current when it arrived (the last poll that ended before it). It must come
-   from that term's leader. A stale leader's confirm is therefore caught: its
-   lease ended, so etcd showed no leader or another one, before the poll.
-   (A confirm sent in time but held up in the network for longer than the
+4. At most one node confirms per term: a confirm that arrives while a term
+   certainly holds (within its [seen, last]) must come from that term's
+   leader. A stale leader's confirm is caught that way: etcd showed no
+   leader, or another one, before the confirm arrived and after it. (A
+   confirm sent in time but held up in the network for longer than the
    lease's margin would be reported too; the harness holds no client's
    traffic that long without also holding the leader's lease past its end.)
 5. Every node in sync again after healing: recorded by the harness per
@@ -60,9 +64,11 @@ class Op:
     node: str | None = None
 
 
-@dataclass(frozen=True)
+@dataclass
 class Term:
-    seen: float  # when the poll that first saw it ended
+    seen: float  # when the first poll that saw it ended
+    last: float  # when the last poll that saw it started
+    not_before: float  # when the last poll that saw the term before it started
     leader: str | None  # None: no leader key
     lease: int | None
 
@@ -88,10 +94,13 @@ class History:
         self.record("connect", conn=conn, node=node)
         return conn
 
-    def term_seen(self, leader: str | None, lease: int | None) -> None:
+    def term_seen(self, leader: str | None, lease: int | None, started: float) -> None:
+        """A poll that started at `started` (and ends now) saw this."""
         last = self.terms[-1] if self.terms else None
-        if last is None or (last.leader, last.lease) != (leader, lease):
-            self.terms.append(Term(time.monotonic(), leader, lease))
+        if last is not None and (last.leader, last.lease) == (leader, lease):
+            last.last = started
+        else:
+            self.terms.append(Term(time.monotonic(), started, last.last if last else 0.0, leader, lease))
 
     def confirmed(self) -> set[int]:
         return {op.number for op in self.ops if op.kind == "confirm"}
@@ -107,8 +116,8 @@ class History:
                                  and start < op.t < end) + [end]
         return max(b - a for a, b in zip(times, times[1:]))
 
-    def settled_acks(self) -> set[int]:
-        return set(_settled(self.ops))
+    def delivered(self) -> set[int]:
+        return {op.number for op in self.ops if op.kind == "deliver"}
 
 
 def _settled(ops: list[Op]) -> dict[int, float]:
@@ -164,14 +173,16 @@ def check(ops: list[Op], terms: list[Term]) -> Verdict:
     node_of = {op.conn: op.node for op in ops if op.kind == "connect"}
     settled = _settled(ops)
     starts = [term.seen for term in terms]
-    leader_starts = [term.seen for term in terms if term.leader is not None]
+    new_leaders = [term for term in terms if term.leader is not None]
 
     def term_at(t: float) -> Term | None:
+        """The term that certainly held at `t`, if one did."""
         index = bisect.bisect_right(starts, t) - 1
-        return terms[index] if index >= 0 else None
+        return terms[index] if index >= 0 and t <= terms[index].last else None
 
     def failover_between(a: float, b: float) -> bool:
-        return bisect.bisect_right(leader_starts, b) > bisect.bisect_right(leader_starts, a)
+        """Whether a term with a leader may have begun after `a`, before `b`."""
+        return any(term.not_before < b and term.seen > a for term in new_leaders)
 
     delivered: set[int] = set()
     for op in ops:
@@ -183,7 +194,7 @@ def check(ops: list[Op], terms: list[Term]) -> Verdict:
             term = term_at(op.t)
             node = node_of.get(op.conn)
             if term is not None and term.leader != node:
-                verdict.foreign_confirms.append((op.number, node, term.leader, term.lease))
+                verdict.foreign_confirms.append((op.number, node, term.leader, term.lease, op.t))
         elif kind == "nack":
             verdict.nacked += 1
         elif kind == "unknown":
@@ -200,5 +211,5 @@ def check(ops: list[Op], terms: list[Term]) -> Verdict:
                 else:
                     verdict.acked_back.append((number, op.redelivered))
             delivered.add(number)
-    verdict.lost = sorted({op.number for op in ops if op.kind == "confirm"} - set(settled))
+    verdict.lost = sorted({op.number for op in ops if op.kind == "confirm"} - delivered)
     return verdict

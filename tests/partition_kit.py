@@ -32,6 +32,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import logging
+
 import netns
 from partition_history import History, check
 from server_process import ServerProcess, spawn
@@ -43,6 +45,8 @@ PROBE_QUEUE = "partition-probe"
 PROBE = 10**9  # the probe publisher's numbers start above it
 BALLAST_QUEUE = "partition-ballast"
 DISK_MIB = 256
+# pika logs every failed connection attempt as an error: the faults make many, on purpose
+logging.getLogger("pika").setLevel(logging.CRITICAL)
 LIBFAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
 FAULTS = ("leader-isolated", "leader-cut-from-followers", "follower-cut-long", "etcd-split", "clock-skew",
           "sigstop", "disk-full", "snapshot-kill")
@@ -195,7 +199,9 @@ class Cluster:
         self.nodes: list[HutchNode] = []
         self.mounts: list[Path] = []
         self.history = History()
+        self.ballast = 0  # ballast messages confirmed (the snapshot-kill fault)
         self._polling = False
+        self._answered: EtcdMember | None = None
 
     def __enter__(self) -> "Cluster":
         try:
@@ -269,13 +275,14 @@ class Cluster:
         linearizable read (a member cut from the majority does not); None when
         the key is absent; False when no member answers."""
         body = json.dumps({"key": base64.b64encode(("hutch/" + key).encode()).decode()}).encode()
-        for member in self.etcd:
+        for member in sorted(self.etcd, key=lambda m: m is not self._answered):  # the last to answer first
             request = urllib.request.Request(member.url + "/v3/kv/range", body, {"Content-Type": "application/json"})
             try:
                 with urllib.request.urlopen(request, timeout=1) as reply:
                     answer = json.load(reply)
             except (OSError, ValueError):
                 continue
+            self._answered = member
             if "kvs" not in answer:
                 return None
             kv = answer["kvs"][0]
@@ -288,10 +295,11 @@ class Cluster:
 
     def _poll_terms(self) -> None:
         while self._polling:
+            started = time.monotonic()
             got = self._etcd_range("leader")
             if got is not False:
                 leader, lease = got if got else (None, None)
-                self.history.term_seen(leader, lease)
+                self.history.term_seen(leader, lease, started)
             time.sleep(0.05)
 
     def leader(self) -> HutchNode | None:
@@ -380,6 +388,7 @@ class Workload:
         params.blocked_connection_timeout = 10
         params.heartbeat = 2
         params.connection_attempts = 1
+        params.stack_timeout = 4  # a follower that cannot reach the leader never answers: try the next node
         connection = pika.BlockingConnection(params)
         conn = self.history.connection(_serving_node(connection))
         channel = connection.channel()
@@ -451,14 +460,14 @@ class Workload:
             thread.join(30)
 
     def drain(self, timeout: float) -> None:
-        """Consume the probe queue too, until every confirmed message has a
-        settled ack (or `timeout`)."""
+        """Consume the probe queue too, until every confirmed message has
+        been delivered (or `timeout`)."""
         probe = netns.Thread(self.cluster.client.namespace, lambda: self._consume(PROBE_QUEUE), name="drain")
         probe.start()
         self.consumers.append(probe)
         confirmed = self.history.confirmed()
         with contextlib.suppress(TimeoutError):
-            until(lambda: confirmed <= self.history.settled_acks(), timeout, "every confirmed message consumed")
+            until(lambda: confirmed <= self.history.delivered(), timeout, "every confirmed message consumed")
         self.consuming = False
         for thread in self.consumers:
             thread.join(30)
@@ -509,7 +518,7 @@ def inject(cluster: Cluster, workload: Workload, kind: str, resync_timeout: floa
     elif kind == "leader-cut-from-followers":
         net.cut([leader.name], [f.name for f in followers])
         begun()
-        time.sleep(15)  # past max_lag_seconds (5 s) for each follower: the leader goes on alone
+        time.sleep(20)  # past max_lag_seconds (5 s) for each follower: the leader goes on alone
     elif kind == "follower-cut-long":
         net.isolate(followers[0].name)
         begun()
@@ -633,7 +642,6 @@ def run(faults: list[str], lease_ttl: int = 2, keep: Path | None = None, log=lam
     other; then the history is checked. The report (a dict) says what was
     seen and `ok`."""
     with Cluster(lease_ttl, skew_clocks="clock-skew" in faults, keep=keep) as cluster:
-        cluster.ballast = 0
         workload = Workload(cluster).start()
         done = []
         try:
@@ -648,8 +656,24 @@ def run(faults: list[str], lease_ttl: int = 2, keep: Path | None = None, log=lam
             cluster.wait_in_sync(60)
         workload.drain(90)
         verdict = check(cluster.history.ops, cluster.history.terms)
+        if keep is not None:
+            keep.mkdir(parents=True, exist_ok=True)
+            with open(keep / "history.jsonl", "w") as out:
+                for op in cluster.history.ops:
+                    out.write(json.dumps(op.__dict__) + "\n")
+                for term in cluster.history.terms:
+                    out.write(json.dumps(dict(term.__dict__, kind="term")) + "\n")
         ballast = ballast_count(cluster) if cluster.ballast else 0
-        report = {"faults": [f.summary() for f in done], "lease_ttl": lease_ttl,
+        origin = cluster.history.ops[0].t if cluster.history.ops else 0.0
+        foreign: dict = {}
+        for _number, node, leader, lease, t in verdict.foreign_confirms:
+            group = foreign.setdefault("%s confirmed in the term of %s (lease %s)" % (node, leader, lease), [])
+            group.append(round(t - origin, 2))
+        report = {"faults": [dict(f.summary(), at=round(f.started - origin, 2)) for f in done],
+                  "lease_ttl": lease_ttl,
+                  "term_changes": [(round(t.seen - origin, 2), t.leader, t.lease) for t in cluster.history.terms],
+                  "foreign_confirms": {what: {"count": len(ts), "first": ts[0], "last": ts[-1]}
+                                       for what, ts in foreign.items()},
                   "published": verdict.published, "confirmed": verdict.confirmed, "nacked": verdict.nacked,
                   "in_doubt": verdict.unknown, "deliveries": verdict.delivered, "terms": verdict.terms,
                   "lost": verdict.lost[:50], "lost_count": len(verdict.lost),

@@ -38,11 +38,11 @@ def test_partitions_of_the_leader_lose_nothing_and_heal(tmp_path):
     assert report["ok"], "; ".join(report["problems"]) + " (logs in %s)" % (tmp_path / "logs")
     isolated, cut, split = report["faults"]
     # The faults did what they are for: another node took over from an isolated leader and from one
-    # that lost etcd's majority; a leader cut from its followers only kept its lease and went on alone
-    # (its followers dropped after max_lag_seconds) before the cut healed.
+    # that lost etcd's majority; a leader cut from its followers only went on confirming (alone, once
+    # its followers were dropped after max_lag_seconds) before the cut healed.
     for fault in (isolated, split):
         assert fault["leader_after"] != fault["leader_before"], fault
-    assert cut["leader_after"] == cut["leader_before"] and cut["confirmed_during"], cut
+    assert cut["confirmed_during"], cut
     for fault in (isolated, cut, split):
         assert fault["in_sync_after"] is not None, fault
     assert report["confirmed"] > 100 and report["terms"] >= 3

@@ -307,6 +307,7 @@ class Replicator:
     # -- a follower's snapshot ----------------------------------------------------
 
     def start_snapshot(self, link: FollowerLink, theirs: dict) -> None:
+        self._replace_older(link)
         theirs = {name: tuple(value) for name, value in theirs.items()}
         mqtt_store = self.mqtt_store
 
@@ -340,6 +341,18 @@ class Replicator:
                                       {"definitions.db": definitions, "mqtt.db": mqtt})
 
         self.writer.run(capture)
+
+    def _replace_older(self, link: FollowerLink) -> None:
+        """A follower has one replication connection. One that connects again
+        has given up on its previous one, which this end may not notice for
+        minutes after a partition (TCP gives up late): that one is closed now,
+        so that it is no longer waited for and that its end, when it came,
+        would not take the name out of the in-sync set the new one joins."""
+        for old in {id(other): other for other in self.links + self.required}.values():
+            if old is not link and old.name == link.name and old.state not in ("dropped", "closed"):
+                log.warning("follower %s connected again: closing its previous connection", link.name)
+                old.state = "dropped"
+                old.transport.abort()
 
     def _send_snapshot(self, link: FollowerLink, point: int, sizes: dict, theirs: dict, databases: dict) -> None:
         """On a worker thread: read and queue the differences."""
