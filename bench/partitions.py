@@ -57,7 +57,7 @@ def summarise(reports: list[dict]) -> dict:
             if fault["elected_after"] is not None:
                 entry["elected"].append(fault["elected_after"])
             entry["not_resynced"] += fault["in_sync_after"] is None
-            entry["leader_changed"] += fault["leader_after"] != fault["leader_before"]
+            entry["leader_changed"] += bool(fault.get("took_over", fault["leader_after"] != fault["leader_before"]))
     table = {kind: {"count": e["count"], "leader_changed": e["leader_changed"],
                     "failover_p50_s": percentile(e["outage"], 0.5), "failover_p99_s": percentile(e["outage"], 0.99),
                     "election_p50_s": percentile(e["elected"], 0.5), "election_p99_s": percentile(e["elected"], 0.99),

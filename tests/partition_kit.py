@@ -488,6 +488,7 @@ class Fault:
     longest_gap: float | None = None  # the longest time without a confirm, from the fault to the end of the resync
     in_sync_after: float | None = None  # seconds from healing until all three are in sync; None: never
     confirmed_during: bool = False  # a publish sent after the fault began was confirmed before it healed
+    took_over: list = field(default_factory=list)  # the other nodes elected from the fault to the resync
     note: str = ""
 
     def summary(self) -> dict:
@@ -567,6 +568,7 @@ def inject(cluster: Cluster, workload: Workload, kind: str, resync_timeout: floa
     new_terms = [t for t in cluster.history.terms[terms_before:] if t.leader is not None]
     if new_terms:
         fault.elected_after = new_terms[0].seen - fault.started
+    fault.took_over = sorted({t.leader for t in new_terms} - {fault.leader_before})
     after = cluster.leader()
     fault.leader_after = after.name if after else None
     with contextlib.suppress(TimeoutError):
