@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 
 from helpers import wait_for
+
+SECRET = "the-test-clusters-shared-secret"  # cluster.secret of every node the tests start
 from server_process import ROOT, ServerProcess, spawn  # noqa: F401 - ROOT for the cluster tests
 
 
@@ -112,7 +114,7 @@ class Node(ServerProcess):
              "--cluster-etcd", self.etcd_url, "--cluster-node-name", self.name,
              "--cluster-replication-port", str(p["replication"]), "--cluster-advertise", "127.0.0.1",
              "--cluster-lease-ttl", "2", *self.extra],
-            self.log_lines)
+            self.log_lines, env={"HUTCH_CLUSTER_SECRET": SECRET})
         return self
 
     def signal(self, sig: int) -> None:
