@@ -94,6 +94,7 @@ class Node(ServerProcess):
     etcd_url: str
     ports: dict
     extra: tuple = ()
+    secret: str = SECRET
     process: subprocess.Popen | None = None
     log_lines: list = field(default_factory=list)
 
@@ -114,7 +115,7 @@ class Node(ServerProcess):
              "--cluster-etcd", self.etcd_url, "--cluster-node-name", self.name,
              "--cluster-replication-port", str(p["replication"]), "--cluster-advertise", "127.0.0.1",
              "--cluster-lease-ttl", "2", *self.extra],
-            self.log_lines, env={"HUTCH_CLUSTER_SECRET": SECRET})
+            self.log_lines, env={"HUTCH_CLUSTER_SECRET": self.secret})
         return self
 
     def signal(self, sig: int) -> None:
@@ -156,6 +157,27 @@ def etcd_get(url: str, key: str) -> bytes | None:
             await client.close()
 
     return asyncio.run(get())
+
+
+def etcd_put(url: str, key: str, value: bytes, lease_of: str | None = None) -> None:
+    """Write one key; `lease_of`: on the lease the key of that name has
+    (so a test can change a running node's registration without detaching
+    it from the node's lease)."""
+    import asyncio
+    import urllib.parse
+
+    import aetcd
+
+    async def put():
+        parts = urllib.parse.urlsplit(url)
+        client = aetcd.Client(host=parts.hostname, port=parts.port, timeout=5)
+        try:
+            lease = (await client.get(lease_of.encode())).lease if lease_of is not None else None
+            await client.put(key.encode(), value, lease=lease or None)
+        finally:
+            await client.close()
+
+    asyncio.run(put())
 
 
 def leader_of(etcd: EtcdProcess, nodes: list[Node]) -> Node | None:
