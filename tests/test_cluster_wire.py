@@ -387,3 +387,60 @@ def test_a_client_of_a_follower_keeps_its_address_at_the_leader(tmp_path):
             assert raw.recv(8) == PROTOCOL_HEADER  # the broker's answer to a bad protocol header
         assert not [c for c in call(leader.ports["http"], "GET", "/api/connections").body
                     if c["peer_host"] == "10.9.8.7"]
+
+
+def cluster_pki(directory) -> dict:
+    """A CA, one certificate of it for the members, one of another CA."""
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    from test_tls import _issue, _name, _write
+
+    new_key = lambda: ec.generate_private_key(ec.SECP256R1())  # noqa: E731
+    ca_key, rogue_ca_key, member_key, rogue_key = new_key(), new_key(), new_key(), new_key()
+    ca = _issue("hutch cluster CA", ca_key, _name("hutch cluster CA"), ca_key, ca=True)
+    rogue_ca = _issue("another CA", rogue_ca_key, _name("another CA"), rogue_ca_key, ca=True)
+    return {"ca": _write(directory, "ca", ca, ca_key)[0],
+            "member": _write(directory, "member", _issue("member", member_key, ca.subject, ca_key), member_key),
+            "rogue": _write(directory, "rogue", _issue("member", rogue_key, rogue_ca.subject, rogue_ca_key),
+                            rogue_key)}
+
+
+def test_the_replication_stream_in_mutual_tls(tmp_path):
+    import ssl
+
+    pki = cluster_pki(tmp_path)
+    flags = ("--cluster-tls-certfile", pki["member"][0], "--cluster-tls-keyfile", pki["member"][1],
+             "--cluster-tls-cacertfile", pki["ca"])
+    with running(tmp_path, 2, *flags) as (etcd, nodes):  # in sync over TLS
+        leader = next(n for n in nodes if etcd_get(etcd.url, "hutch/leader") == n.name.encode())
+        publish(leader.url, "kept", MARK)  # confirmed: the follower has it
+        port = leader.ports["replication"]
+        register(etcd, "probe")
+
+        def member_over(cert: tuple[str, str] | None) -> Peer:
+            peer = Peer(port)
+            assert peer.hello(SECRET, "probe")[0] == WELCOME
+            if cert is None:
+                return peer
+            context = ssl.create_default_context(cafile=pki["ca"])
+            context.check_hostname = False
+            context.load_cert_chain(*cert)
+            return Peer(0, sock=context.wrap_socket(peer.sock))
+
+        # the secret without TLS: the stream never starts in clear text
+        plain = member_over(None)
+        plain.send(frame(LISTING, {"files": {}}))
+        assert plain.closed_within(30) and MARK not in plain.received and plain.file_bytes() == 0
+        # TLS with a certificate of another CA: refused
+        try:
+            rogue = member_over(pki["rogue"])
+            rogue.send(frame(LISTING, {"files": {}}))  # TLS 1.3: the client's certificate is judged after this
+            assert rogue.read_frame() is None
+        except (ssl.SSLError, OSError):
+            pass  # refused in the TLS handshake or at the first read
+        until(lambda: "certificate verify failed" in leader.log, 30, "the leader to say why it refused")
+        # a member's certificate: the snapshot, inside TLS
+        member = member_over(pki["member"])
+        snapshot(member)
+        assert MARK in member.received
+        member.close()

@@ -198,6 +198,11 @@ class Replicator:
         self.writer.gate = self.gate
 
     def link(self, name: str) -> FollowerLink:
+        """A new connection of follower `name`: any older one of the same
+        name (left half open by a partition, say) is dropped first, so that
+        its leaving the in-sync set comes before the new one's joining."""
+        for old in [link for link in self.connected if link.name == name and link.state not in ("dropped", "closed")]:
+            self._drop(old, "it connected again")
         return FollowerLink(self, name)
 
     def stop(self) -> None:
