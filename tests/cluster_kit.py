@@ -129,6 +129,18 @@ class Node(ServerProcess):
         """Its AMQP port accepts connections (the leader, or a forwarding follower)."""
         return port_open(self.port)
 
+    def leads(self) -> bool:
+        """It holds the leader key and has registered its client listeners,
+        which it does once they are open: a client connecting now reaches
+        its broker (a port that accepts may still be its follower's
+        forwarding, closed as the promotion goes on)."""
+        import json
+
+        if etcd_get(self.etcd_url, "hutch/leader") != self.name.encode():
+            return False
+        info = json.loads(etcd_get(self.etcd_url, "hutch/nodes/" + self.name) or b"{}")
+        return info.get("role") == "leader" and "amqp" in info.get("ports", {})
+
 
 def make_nodes(tmp: Path, etcd_url: str, count: int, *extra: str) -> list[Node]:
     nodes = []
@@ -352,5 +364,5 @@ def new_leader(etcd: EtcdProcess, nodes: list[Node], old: Node) -> Node:
         return leader if leader is not old else None
 
     leader = until(other, 30, "another node to be elected")
-    until(leader.serving, 30, "the new leader to serve")
+    until(leader.leads, 30, "the new leader to serve")
     return leader
