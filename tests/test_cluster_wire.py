@@ -132,7 +132,7 @@ def test_the_replication_port_survives_hostile_input(tmp_path):
         for peer in [*half_open, garbage, huge, truncated, not_json]:
             assert peer.closed_within(30), "the leader kept a hostile connection open"
             assert peer.file_bytes() == 0
-        assert "did not complete the handshake" in n1.log
+        until(lambda: "did not complete the handshake" in n1.log, 10, "the leader to log the silent ones")
         # it still serves, and a real follower joins
         publish(n1.url, "after", b"m")
         n2 = make_nodes(tmp_path / "other", etcd.url, 2)[1]
@@ -232,10 +232,10 @@ def test_a_follower_cut_off_is_dropped_and_back_in_sync_once_the_partition_heals
         until(lambda: in_sync(etcd) == ["n1", "n2"], 60, "n2 in sync through the relay")
         relay.cut()  # nothing flows, nobody is told
         until(lambda: in_sync(etcd) == ["n1"], 30, "the leader to drop the silent follower")
-        assert "nothing heard from it" in n1.log
+        until(lambda: "nothing heard from it" in n1.log, 10, "the leader to say why")
         relay.heal()  # the old connection stays dead: only a new one helps
         until(lambda: in_sync(etcd) == ["n1", "n2"], 60, "n2 back in sync without a restart")
-        assert "nothing from the leader" in n2.log
+        until(lambda: "nothing from the leader" in n2.log, 10, "the follower to say why")
         assert "rejoining" not in n2.log  # no re-execution either
         publish(n1.url, "after-the-partition", b"m")  # a confirm that waits for n2 again
     finally:
