@@ -444,3 +444,43 @@ def test_the_replication_stream_in_mutual_tls(tmp_path):
         snapshot(member)
         assert MARK in member.received
         member.close()
+
+
+def test_a_forwarded_connection_is_served_under_the_address_its_member_names(tmp_path):
+    """What a follower's forwarding tells the leader (the client's address,
+    inside the handshake's proof) is what the leader's checks use: loopback
+    users, the login log, connection listings. Only a member may say it."""
+    from pamqp import commands
+
+    with running(tmp_path, 1) as (etcd, (n1,)):
+        register(etcd, "n9")
+        http = n1.ports["http"]
+        assert call(http, "PUT", "/api/users/remote", {"password": "pw", "tags": ""}).status in (201, 204)
+        assert call(http, "PUT", "/api/permissions/%2F/remote",
+                    {"configure": ".*", "write": ".*", "read": ".*"}).status in (201, 204)
+
+        def forwarded(secret: str = SECRET) -> tuple[int, RawClient]:
+            client = RawClient(n1.ports["replication"], timeout=10)
+            kind, _answer = Peer(0, sock=client.sock).hello(secret, "n9", "forward", "amqp", ["10.1.2.3", 4444])
+            return kind, client
+
+        kind, stranger = forwarded("not-the-cluster-secret")
+        assert kind == REFUSED
+        stranger.sock.close()
+
+        kind, guest = forwarded()
+        assert kind == WELCOME
+        guest.handshake_start()
+        guest.login("guest", "guest")  # a loopback user, from 10.1.2.3: refused
+        assert guest.expect(commands.Connection.Close, 0).reply_code == 403
+        guest.sock.close()
+        until(lambda: "login refused for user 'guest' from ('10.1.2.3', 4444)" in n1.log, 10, "the refusal logged")
+
+        kind, remote = forwarded()
+        assert kind == WELCOME
+        remote.handshake("remote", "pw")
+        listed = until(lambda: [c for c in call(http, "GET", "/api/connections").body if c["user"] == "remote"], 30,
+                       "the forwarded connection listed")
+        assert (listed[0]["peer_host"], listed[0]["peer_port"]) == ("10.1.2.3", 4444)
+        assert listed[0]["port"] == n1.port  # the AMQP listener's, not the replication port
+        remote.sock.close()
