@@ -112,6 +112,7 @@ class Follower:
             except BaseException as exc:  # noqa: BLE001 - reported to the loop, which disconnects
                 failed.append(exc)
                 loop.call_soon_threadsafe(writer.close)
+                loop.call_soon_threadsafe(room.set)  # a reader waiting for room reads the end now
             finally:
                 applier.close()
 
