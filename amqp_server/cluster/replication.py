@@ -142,12 +142,12 @@ class FollowerLink(asyncio.Protocol):
                     self.backlog.append(record)
                     self.backlog_bytes += len(record)
             if self.backlog_bytes > limit:
-                self.replicator._drop(self, "%d bytes of changes waiting while it syncs" % self.backlog_bytes)
+                self.replicator.drop(self, "%d bytes of changes waiting while it syncs" % self.backlog_bytes)
             return
         self.transport.write(data)
         waiting = self.transport.get_write_buffer_size()
         if waiting > limit:
-            self.replicator._drop(self, "%d bytes waiting to be sent to it" % waiting)
+            self.replicator.drop(self, "%d bytes waiting to be sent to it" % waiting)
 
     async def put(self, record: bytes) -> None:
         """A snapshot's record, once its connection's buffer has room
@@ -202,7 +202,7 @@ class Replicator:
         name (left half open by a partition, say) is dropped first, so that
         its leaving the in-sync set comes before the new one's joining."""
         for old in [link for link in self.connected if link.name == name and link.state not in ("dropped", "closed")]:
-            self._drop(old, "it connected again")
+            self.drop(old, "it connected again")
         return FollowerLink(self, name)
 
     def stop(self) -> None:
@@ -323,7 +323,7 @@ class Replicator:
                 log.warning("follower %s left the in-sync set", link.name)
             self._release()
 
-    def _drop(self, link: FollowerLink, why: str) -> None:
+    def drop(self, link: FollowerLink, why: str) -> None:
         log.warning("follower %s: %s; dropping it (it reconnects and syncs again)", link.name, why)
         link.state = "dropped"
         link.backlog = None
@@ -338,7 +338,7 @@ class Replicator:
                 if link.state in ("dropped", "closed"):
                     continue
                 if now - link.heard > self.timeout:
-                    self._drop(link, "nothing heard from it for %.1f s" % (now - link.heard))
+                    self.drop(link, "nothing heard from it for %.1f s" % (now - link.heard))
                 elif now - link.told > self.timeout / 4:
                     link.told = now
                     link.transport.write(beat)
@@ -347,9 +347,9 @@ class Replicator:
                 if link.state in ("dropped", "closed"):
                     continue
                 if self.position - link.acked > self.max_lag_bytes:
-                    self._drop(link, "%d bytes behind" % (self.position - link.acked))
+                    self.drop(link, "%d bytes behind" % (self.position - link.acked))
                 elif self._holding(link, oldest) and now - oldest[2] > self.max_lag_seconds:
-                    self._drop(link, "no acknowledgement for %.1f s" % (now - oldest[2]))
+                    self.drop(link, "no acknowledgement for %.1f s" % (now - oldest[2]))
 
     async def caught_up(self, name: str) -> bool:
         """A planned hand-over to follower `name`, the writer drained: until
@@ -363,7 +363,7 @@ class Replicator:
                 if link.acked >= self.position:
                     return True
                 if time.monotonic() > deadline:
-                    self._drop(link, "not caught up for the hand-over")
+                    self.drop(link, "not caught up for the hand-over")
             await asyncio.sleep(CHECK_SECONDS)
         return False
 
