@@ -17,8 +17,8 @@ import pika
 import pytest
 
 from amqp_raw import PROTOCOL_HEADER, RawClient
-from cluster_kit import (SECRET, EtcdProcess, etcd_get, etcd_put, in_sync, make_nodes, port_open, print_logs, running,
-                         until)
+from cluster_kit import (SECRET, EtcdProcess, etcd_get, etcd_put, free_ports, in_sync, make_nodes, port_open,
+                         print_logs, running, started, until)
 from http_api import call
 from replication_raw import (HEAD, HEARTBEAT, HELLO, LISTING, REFUSED, SNAPSHOT_END, WELCOME, WRITE, Peer, file_frame,
                              frame, serve_handshake)
@@ -484,3 +484,35 @@ def test_a_forwarded_connection_is_served_under_the_address_its_member_names(tmp
         assert (listed[0]["peer_host"], listed[0]["peer_port"]) == ("10.1.2.3", 4444)
         assert listed[0]["port"] == n1.port  # the AMQP listener's, not the replication port
         remote.sock.close()
+
+
+def test_amqps_through_a_follower_is_served_by_the_leader_under_the_clients_address(tmp_path):
+    """TLS passes through the follower and the replication port: the
+    leader terminates it with its AMQPS listener's certificate."""
+    import ssl
+
+    pki = cluster_pki(tmp_path)
+    etcd = EtcdProcess(tmp_path).start()
+    nodes = make_nodes(tmp_path, etcd.url, 2)
+    for node in nodes:  # each its own AMQPS port
+        node.extra = ("--tls-certfile", pki["member"][0], "--tls-keyfile", pki["member"][1],
+                      "--tls-port", str(free_ports(1)[0]))
+    try:
+        with started(etcd, nodes):
+            leader = next(n for n in nodes if etcd_get(etcd.url, "hutch/leader") == n.name.encode())
+            (follower,) = [n for n in nodes if n is not leader]
+            until(leader.leads, 30, "the leader to register its listeners")
+            context = ssl.create_default_context(cafile=pki["ca"])
+            context.check_hostname = False
+            params = pika.ConnectionParameters("127.0.0.1", int(follower.extra[-1]),
+                                               credentials=pika.PlainCredentials("guest", "guest"),
+                                               ssl_options=pika.SSLOptions(context))
+            with pika.BlockingConnection(params) as connection:
+                port = connection._impl._transport._sock.getsockname()[1]  # pika keeps its socket private
+                connection.channel().queue_declare("over-tls", durable=True)
+                (listed,) = until(lambda: [c for c in call(leader.ports["http"], "GET", "/api/connections").body
+                                           if c["peer_port"] == port] or None, 30, "the connection listed")
+                assert listed["ssl"] is True and listed["peer_host"] == "127.0.0.1"
+                assert listed["port"] == int(leader.extra[-1])
+    finally:
+        print_logs(nodes)
