@@ -42,6 +42,7 @@ Theory of operation:
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import os
 import socket
@@ -312,10 +313,21 @@ class ClusterNode:
         except OSError as exc:
             raise ListenError("cannot listen for replication on %s:%d: %s" % (
                 cluster.replication_bind or self.advertise, cluster.replication_port, exc.strerror or exc)) from None
+        self._warn_if_unreachable(self.gateway.sock.getsockname()[0])
         await server.start()
         collect_rarely()
         await self._retrying(self.register)
         self._tasks.append(asyncio.get_running_loop().create_task(self._watch_members()))
+
+    def _warn_if_unreachable(self, bound: str) -> None:
+        """The replication listener binds the advertised address; a host name
+        that resolves to loopback here (Debian's /etc/hosts maps its own to
+        127.0.1.1) would hide it from the other machines."""
+        remote_etcd = any(not _loopback(host) for host, _port in self.etcd.endpoints)
+        if _loopback(bound) and remote_etcd:
+            log.warning("the replication listener is bound to %s, a loopback address (cluster.advertise %r resolves "
+                        "there): other machines cannot reach it; set cluster.advertise (or cluster.replication_bind) "
+                        "to this node's address", bound, self.advertise)
 
     async def _watch_members(self) -> None:
         while True:
@@ -438,3 +450,10 @@ class ClusterNode:
 
 def _nothing() -> None:
     return None
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
