@@ -41,8 +41,10 @@ def file_frame(kind: int, path: str, offset: int, data: bytes) -> bytes:
 class Peer:
     """One connection to a replication port (blocking socket)."""
 
-    def __init__(self, port: int, host: str = "127.0.0.1", timeout: float = 10.0, sock=None) -> None:
-        self.sock = sock if sock is not None else socket.create_connection((host, port), timeout=timeout)
+    def __init__(self, port: int, host: str = "127.0.0.1", timeout: float = 10.0, sock=None,
+                 source: str | None = None) -> None:
+        self.sock = sock if sock is not None else socket.create_connection(
+            (host, port), timeout=timeout, source_address=(source, 0) if source else None)
         self.sock.settimeout(timeout)
         self.received = bytearray()  # every byte read, for "was anything of value sent?"
         self._buffer = bytearray()

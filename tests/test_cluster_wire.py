@@ -133,6 +133,15 @@ def test_the_replication_port_survives_hostile_input(tmp_path):
             assert peer.closed_within(30), "the leader kept a hostile connection open"
             assert peer.file_bytes() == 0
         until(lambda: "did not complete the handshake" in n1.log, 10, "the leader to log the silent ones")
+        # a flood of silent connections from one address locks out no member at another
+        flood = [Peer(port) for _ in range(80)]
+        assert any(peer.closed_within(5) for peer in flood[64:]), "no limit per address"
+        register(etcd, "n9")
+        member = Peer(port, source="127.0.0.2")
+        assert member.hello(SECRET, "n9")[0] == WELCOME
+        member.close()
+        for peer in flood:
+            peer.close()
         # it still serves, and a real follower joins
         publish(n1.url, "after", b"m")
         n2 = make_nodes(tmp_path / "other", etcd.url, 2)[1]

@@ -6,14 +6,16 @@ follower forwards (served by the named listener's own protocol under the
 client's address, amqp_server.cluster.forwarded).
 
 Hostile input costs little: at most MAX_HANDSHAKES connections may be in
-their handshake at once (more are closed at once), each must finish it
-within HANDSHAKE_SECONDS, and no handshake frame exceeds HANDSHAKE_MAX
-bytes; a peer that fails is told why (REFUSED) when it got that far, and
-closed.
+their handshake at once, and PER_ADDRESS from one address (more are closed
+at once: a flood from one address does not lock out the members at the
+others), each must finish it within HANDSHAKE_SECONDS, and no handshake
+frame exceeds HANDSHAKE_MAX bytes; a peer that fails is told why (REFUSED)
+when it got that far, and closed.
 """
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import socket
 import ssl
@@ -24,7 +26,8 @@ from amqp_server.cluster.forwarded import forwarded
 
 log = logging.getLogger("hutch.cluster")
 
-MAX_HANDSHAKES = 64
+MAX_HANDSHAKES = 1024
+PER_ADDRESS = 64  # a follower's forwarded clients reconnecting at once come from one address
 
 
 class Gateway:
@@ -39,6 +42,7 @@ class Gateway:
         self.sock: socket.socket | None = None
         self._accepting: asyncio.Task | None = None
         self._handshakes: set[asyncio.Task] = set()
+        self._from: collections.Counter = collections.Counter()  # handshakes under way per address
 
     async def start(self, bind: str, port: int) -> None:
         self.sock = socket.create_server((bind, port), backlog=128)
@@ -64,15 +68,23 @@ class Gateway:
                 log.warning("replication port: cannot accept: %s", exc)
                 await asyncio.sleep(0.1)
                 continue
-            if len(self._handshakes) >= MAX_HANDSHAKES:
-                log.warning("replication port: %d handshakes under way; closing %s at once", MAX_HANDSHAKES,
-                            _address(address))
+            host = address[0] if isinstance(address, tuple) else str(address)
+            if len(self._handshakes) >= MAX_HANDSHAKES or self._from[host] >= PER_ADDRESS:
+                log.warning("replication port: %d handshakes under way (%d from %s); closing %s at once",
+                            len(self._handshakes), self._from[host], host, _address(address))
                 sock.close()
                 continue
             sock.setblocking(False)
             task = loop.create_task(self._admit(sock, address))
             self._handshakes.add(task)
-            task.add_done_callback(self._handshakes.discard)
+            self._from[host] += 1
+            task.add_done_callback(lambda done, host=host: self._done(done, host))
+
+    def _done(self, task: asyncio.Task, host: str) -> None:
+        self._handshakes.discard(task)
+        self._from[host] -= 1
+        if not self._from[host]:
+            del self._from[host]
 
     async def _admit(self, sock: socket.socket, address) -> None:
         loop = asyncio.get_running_loop()
