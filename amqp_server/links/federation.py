@@ -124,7 +124,7 @@ class FederationLink(Link):
         up = local = None
         try:
             self.uri, up = await self.connect(self.upstream.uris, "upstream")
-            _uri, local = await self.connect(["amqp:///" + quote(self.vhost, safe="")], "downstream")
+            _uri, local = await self.connect([self.downstream_uri], "downstream")
             self.local_connection = "<%s>" % self.name
             up_channel = await up.channel(publisher_confirms=False)
             local_channel = await local.channel(publisher_confirms=self.upstream.ack_mode == "on-confirm")
@@ -138,6 +138,11 @@ class FederationLink(Link):
                 sync.cancel()
         finally:
             await self.close(up, local)
+
+    @property
+    def downstream_uri(self) -> str:
+        """This broker's vhost of the link, as the link reaches it."""
+        return "amqp:///" + quote(self.vhost, safe="")
 
     async def follow(self, up, channel, forward, done: asyncio.Future) -> None:
         """Declare upstream, start consuming and keep in step with the local
