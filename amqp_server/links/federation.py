@@ -133,7 +133,9 @@ class FederationLink(Link):
             await up_channel.basic_qos(prefetch_count=self.upstream.prefetch_count)
             sync = asyncio.get_running_loop().create_task(self.follow(up, up_channel, forward, done))
             try:
-                await self.until_closed([(up, "upstream"), (local, "downstream")], done)
+                await self.until_closed([(up, "upstream connection"), (local, "downstream connection"),
+                                         (up_channel, "upstream channel"), (local_channel, "downstream channel")],
+                                        done)
             finally:
                 sync.cancel()
         finally:
@@ -260,7 +262,7 @@ class ExchangeLink(FederationLink):
         bound: dict = {}
         seen = (local, local.table.version)
         await self._sync_bindings(channel, local, bound)
-        await client.consume(channel, self.queue_name, forward, no_ack=self.upstream.ack_mode == "no-ack")
+        await channel.consume(self.queue_name, forward, no_ack=self.upstream.ack_mode == "no-ack")
         self.set_state(RUNNING)
         while True:
             await asyncio.sleep(SYNC_INTERVAL)
@@ -305,7 +307,7 @@ class QueueLink(FederationLink):
                 return
             wanted = queue.message_count == 0 and any(c.channel.can_deliver(c) for c in queue.consumers)
             if wanted and tag is None:
-                tag = await client.consume(channel, self.upstream_name, forward,
+                tag = await channel.consume(self.upstream_name, forward,
                                            no_ack=self.upstream.ack_mode == "no-ack")
             elif not wanted and tag is not None:
                 await channel.basic_cancel(tag)

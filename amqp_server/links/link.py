@@ -23,6 +23,7 @@ import random
 import time
 
 from amqp_server.links import client
+from amqp_server.links.connection import connect
 
 log = logging.getLogger("hutch.links")
 
@@ -109,34 +110,38 @@ class Link:
         failures = []
         for uri in order:
             try:
-                connection = await client.connect(client.resolve(uri, self.local),
-                                                  "%s %s (%s)" % (self.kind.capitalize(), self.name, end))
+                connection = await connect(client.resolve(uri, self.local),
+                                           "%s %s (%s)" % (self.kind.capitalize(), self.name, end))
             except Exception as exc:  # noqa: BLE001
                 failures.append("%s: %s" % (client.redacted(uri), describe(exc)))
                 continue
             return uri, connection
         raise SessionEnded("cannot connect to the %s: %s" % (end, "; ".join(failures) or "no URI given"))
 
-    async def until_closed(self, connections, done: asyncio.Future) -> None:
-        """Wait until `done` or one of the connections closes, or the owner
-        loses access; raises SessionEnded (ran=True) for a closed
-        connection, a failed `done` or the refusal."""
-        watchers = [asyncio.ensure_future(c.closing) for c, _end in connections]
+    async def until_closed(self, ends, done: asyncio.Future) -> None:
+        """Wait until `done`, or one of `ends` ((connection or channel,
+        name) pairs) closes, or the owner loses access; raises SessionEnded
+        (ran=True) for a closed end (with its cause), a failed `done` or the
+        refusal."""
+        watchers = [end.closing for end, _name in ends]
         access = asyncio.ensure_future(self._access_lost())
         try:
             finished, _pending = await asyncio.wait(watchers + [done, access], return_when=asyncio.FIRST_COMPLETED)
         finally:
             for watcher in watchers + [access]:
-                watcher.cancel()
+                watcher.cancel()  # an observer: the end itself stays open
         if access in finished:
             raise SessionEnded(access.result(), True)
         if done in finished and done.exception() is None:
             return
-        end = next((name for c, name in connections if c.is_closed), None)
         cause = done.exception() if done.done() else None
-        if end is None:
+        closed = next(((end, name) for end, name in ends if end.is_closed), None)
+        if closed is None:
             raise SessionEnded(describe(cause), True)
-        raise SessionEnded("%s connection closed%s" % (end, ": " + describe(cause) if cause else ""), True)
+        end, name = closed
+        if cause is None and not end.closing.cancelled():
+            cause = end.closing.exception()
+        raise SessionEnded("%s closed%s" % (name, ": " + describe(cause) if cause else ""), True)
 
     async def _access_lost(self) -> str:
         """The refusal, once the owner's access is gone."""
