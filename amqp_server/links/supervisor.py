@@ -121,6 +121,11 @@ class Links:
                 link.refusal = self._refusal(vhost.name, FEDERATION_UPSTREAM, upstream.name, uris)
                 link.start()
 
+    def may_connect(self, user_name: str):
+        """The check of the URIs of a parameter `user_name` sets
+        (amqp_server.links.access.may_connect)."""
+        return access.may_connect(self.broker, self.local, user_name)
+
     def _refusal(self, vhost: str, component: str, name: str, uris):
         """The link's access check (amqp_server.links.access): the owner of
         the parameter is looked up at each check, so it follows changes."""

@@ -10,7 +10,7 @@ of component "vhost-limits" named "limits" (read here, set through
 validates them as RabbitMQ 3.10's plugins do; its error lines come back as
 RabbitMQ's "Validation failed" 400, escaped for HTML as RabbitMQ does. The
 user setting a shovel or federation upstream must be allowed to connect to
-every vhost of this broker its URIs name (amqp_server.links.access), and is
+every vhost of this broker its URIs name (the links' `may_connect`), and is
 kept as the parameter's owner: not shown by these routes (RabbitMQ 3.10
 keeps no owner), exported with the definitions as
 "user_who_performed_action" (RabbitMQ's import ignores the key).
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import html
 
-from amqp_server.links.access import may_connect
 from amqp_server.management import access
 from amqp_server.management.errors import ApiError, bad_request, missing_keys, not_found
 from amqp_server.management.http import CREATED, NO_CONTENT
@@ -93,7 +92,7 @@ def put_parameter(req):
     existed = key in v.parameters
     try:
         req.broker.set_parameter(v.name, *key, body["value"], owner=req.user.name,
-                                 may_connect=may_connect(req.broker, req.node.links.local, req.user.name))
+                                 may_connect=req.node.links.may_connect(req.user.name))
     except ValueError as exc:
         raise validation_failed(exc) from None
     return NO_CONTENT if existed else CREATED
