@@ -145,8 +145,12 @@ def test_a_federation_link_stops_when_the_upstreams_user_loses_access(broker, ap
     # losing the link's own vhost counts too: the link writes there as the default user
     assert api.delete("/api/permissions/%s/%s" % (segment(mine), user)).status == 204
     failed = wait_for(lambda: link("error"), 30)
-    assert failed["error"] == 'the user who set it lost access: user "%s" may not connect to vhost "%s"' % (
-        user, mine)
+    reason = 'the user who set it lost access: user "%s" may not connect to vhost "%s"' % (user, mine)
+    assert failed["error"] == reason
+    listed = hutch_target(broker).run("federation_status", "--formatter", "json")
+    assert listed.returncode == 0, listed.stderr
+    assert [(row["status"], row["error"]) for row in json.loads(listed.stdout) if row["vhost"] == mine] == [
+        ("error", reason)]
 
 
 def test_the_owner_is_kept_across_a_restart_and_through_definitions(start_broker):
