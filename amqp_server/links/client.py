@@ -38,7 +38,7 @@ from pamqp.body import ContentBody
 from pamqp.frame import marshal
 from pamqp.header import ContentHeader
 
-from amqp_server import framing
+from amqp_server.amqp import framing
 
 @dataclass(frozen=True)
 class LocalNode:

@@ -12,7 +12,7 @@
   peer announcing a 4 GiB frame there is refused too.
 - `ScanningFrameReceiver`: after the handshake, what reads the connection's
   frames: one read of whatever the socket holds, cut into frames by the
-  broker's own scanner (`amqp_server.framing.FrameReader`, the C scan, which
+  broker's own scanner (`amqp_server.amqp.framing.FrameReader`, the C scan, which
   checks the size from the header and the end octet of every frame),
   instead of aiormq's three `readexactly` and a BytesIO per frame.
 - `ReadContentHeader`: a content header as read, whose properties are
@@ -36,7 +36,7 @@ from pamqp.exceptions import PAMQPException
 from pamqp.header import ContentHeader
 from pamqp.heartbeat import Heartbeat
 
-from amqp_server import framing
+from amqp_server.amqp import framing
 from vhosts.errors import AMQPError
 
 FRAME_MAX = 131072  # RabbitMQ's default frame_max, and pika's
