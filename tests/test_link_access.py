@@ -12,6 +12,8 @@ import json
 
 import pytest
 
+from amqp_server.links.access import names_this_broker
+from amqp_server.links.client import LocalNode
 from helpers import confirm_channel_in, unique, wait_for
 from http_api import Api, segment
 from hutchctl_targets import hutch_target
@@ -188,3 +190,14 @@ def test_the_owner_is_kept_across_a_restart_and_through_definitions(start_broker
     del exported["user_who_performed_action"]
     assert api.post("/api/definitions/a", {"parameters": [exported]}).status == 204
     shovel_state(api, "a", "s", "running")
+
+
+def test_which_uris_name_this_broker():
+    local = LocalNode("127.0.0.1", 5680, "guest", "guest", tls_port=5681)
+    for uri in ("amqp://", "amqp:///b", "amqp://u:p@127.0.0.1:5680/b", "amqp://localhost:5680", "amqp://[::1]:5680/b",
+                "amqp://127.1.2.3:5680/b", "amqps://localhost:5681/b", "amqp://0.0.0.0:5680/b"):
+        assert names_this_broker(uri, local), uri
+    for uri in ("amqp://127.0.0.1/b", "amqp://localhost:56810/b", "amqps://localhost/b",
+                "amqp://example.invalid:5680/b", "amqp://10.1.2.3:5680/b"):
+        assert not names_this_broker(uri, local), uri
+    assert names_this_broker("amqp://localhost/b", LocalNode("127.0.0.1", 5672, "guest", "guest"))

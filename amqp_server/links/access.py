@@ -22,8 +22,8 @@ link may not. So, as RabbitMQ's shovel does for host-less URIs:
 
 "This broker" is a URI without a host, or one whose host is a loopback or
 unspecified address, "localhost", this machine's name or the address the
-AMQP listener is bound to, with the listener's port (5672 when none is
-given for amqp://).
+AMQP listener is bound to, with the port of its AMQP or AMQPS listener
+(5672 when none is given for amqp://, 5671 for amqps://).
 """
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def names_this_broker(uri: str, local) -> bool:
     host = parts.hostname
     if not host:
         return True
-    if (parts.port or _DEFAULT_PORTS.get(parts.scheme)) != local.port:
+    if (parts.port or _DEFAULT_PORTS.get(parts.scheme)) not in (local.port, local.tls_port):
         return False
     if host in ("localhost", local.host, socket.gethostname()):
         return True

@@ -50,6 +50,7 @@ class LocalNode:
     password: str
     node: str = "hutch@localhost"  # this node's name (amqp_server.NODE), for status and x-received-from
     cluster_id: str = ""  # the global parameter internal_cluster_id: names what this node leaves upstream
+    tls_port: int | None = None  # the AMQPS listener's, when there is one
 
 
 def resolve(uri: str, local: LocalNode) -> str:
