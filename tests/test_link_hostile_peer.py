@@ -6,7 +6,8 @@ nor buffers what the peer sends (amqp_server.links.frames).
 The peer is a raw-socket server in a thread (it plays a hostile broker, so
 it is not a broker). It sends a frame header announcing about 2 GiB and then
 streams `FLOOD` bytes as long as the link reads them: before the handshake
-(in place of connection.start), after it, or garbage after it. The broker's
+(in place of connection.start), after it, or garbage after it; or it
+proposes a frame_max of 8 bytes. The broker's
 peak RSS (VmHWM) may not grow by anything near the flood: a bound, not a
 timing."""
 from __future__ import annotations
@@ -31,7 +32,8 @@ HUGE_FRAME = struct.pack(">BHI", 1, 0, 0x7FFFFFF0)  # a method frame announcing 
 
 class HostilePeer:
     """Accepts connections and misbehaves as `mode` says: "huge-start",
-    "huge-after-handshake", "garbage-after-handshake"."""
+    "huge-after-handshake", "garbage-after-handshake", "tiny-frame-max"
+    (proposes a frame_max below AMQP's minimum of 4096)."""
 
     def __init__(self, mode: str) -> None:
         self.mode = mode
@@ -87,8 +89,9 @@ class HostilePeer:
             server_properties={"product": "hostile", "capabilities": {"publisher_confirms": True}},
             mechanisms="PLAIN", locales="en_US"), 0))
         self._read_frame(sock)  # start-ok
-        sock.sendall(pamqp_frame.marshal(spec.Connection.Tune(channel_max=16, frame_max=0, heartbeat=0), 0))
-        self.tune_ok.append(self._read_frame(sock).frame_max)  # 0 proposed: "no limit"
+        proposed = 8 if self.mode == "tiny-frame-max" else 0  # 0: "no limit"
+        sock.sendall(pamqp_frame.marshal(spec.Connection.Tune(channel_max=16, frame_max=proposed, heartbeat=0), 0))
+        self.tune_ok.append(self._read_frame(sock).frame_max)
         self._read_frame(sock)  # connection.open
         sock.sendall(pamqp_frame.marshal(spec.Connection.OpenOk(), 0))
         self._read_frame(sock)  # channel.open
@@ -117,7 +120,7 @@ def peak_rss(broker) -> int:
     raise AssertionError("no VmHWM")
 
 
-@pytest.mark.parametrize("mode", ["huge-start", "huge-after-handshake", "garbage-after-handshake"])
+@pytest.mark.parametrize("mode", ["huge-start", "huge-after-handshake", "garbage-after-handshake", "tiny-frame-max"])
 def test_a_hostile_peer_fails_the_link_without_growing_the_broker(start_broker, mode):
     node = start_broker(expect=("AMQP", "HTTP"))
     api = Api(node.ports["HTTP"])
@@ -131,17 +134,22 @@ def test_a_hostile_peer_fails_the_link_without_growing_the_broker(start_broker, 
 
         def terminated():
             for status in api.get("/api/shovels/%2F").body:
-                if status["state"] == "terminated" and peer.connections >= 3 and len(peer.flooded) >= 2:
+                floods = 0 if mode == "tiny-frame-max" else 2
+                if status["state"] == "terminated" and peer.connections >= 3 and len(peer.flooded) >= floods:
                     return status
             return None
         status = wait_for(terminated, 90, what="the link failing and reconnecting")
         expected = {"huge-start": "larger than frame_max 131072",
                     "huge-after-handshake": "frame_too_large,2147483632,131064",
-                    "garbage-after-handshake": "invalid_frame_end_marker"}[mode]
+                    "garbage-after-handshake": "invalid_frame_end_marker",
+                    "tiny-frame-max": "the server proposed frame_max 8, below AMQP's frame-min-size 4096"}[mode]
         assert expected in status["reason"], status["reason"]
-        if mode != "huge-start":
-            assert set(peer.tune_ok) == {131072}  # the link's own limit, though the peer proposed none
-        assert max(peer.flooded) < FLOOD  # the link stopped reading: the flood could not be sent
+        if mode == "tiny-frame-max":
+            assert peer.tune_ok == []  # refused, not agreed to
+        else:
+            if mode != "huge-start":
+                assert set(peer.tune_ok) == {131072}  # the link's own limit, though the peer proposed none
+            assert max(peer.flooded) < FLOOD  # the link stopped reading: the flood could not be sent
         assert peak_rss(node) - before < RSS_BOUND
         assert node.process.poll() is None
         assert_serves(node.port)

@@ -42,8 +42,14 @@ from vhosts.errors import AMQPError
 FRAME_MAX = 131072  # RabbitMQ's default frame_max, and pika's
 
 
+FRAME_MIN_SIZE = 4096  # AMQP 0-9-1's frame-min-size: no peer may ask for less
+
+
 def tuned(proposed: int) -> int:
     """The frame_max a link answers a server's proposal with (0: no limit)."""
+    if 0 < proposed < FRAME_MIN_SIZE:
+        raise InvalidFrameError("the server proposed frame_max %d, below AMQP's frame-min-size %d" % (
+            proposed, FRAME_MIN_SIZE))
     return min(proposed, FRAME_MAX) if proposed else FRAME_MAX
 
 

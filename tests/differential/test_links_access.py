@@ -66,3 +66,15 @@ def test_federation_upstreams_are_checked_beyond_rabbitmq(sides):
     assert rabbit_user.put(path, value).status == 201
     reply = hutch_user.put(path, value)
     assert reply.status == 400 and "may not connect to vhost" in reply.body["reason"]
+
+
+def test_the_owner_in_an_export_is_ignored_by_rabbitmqs_import(sides):
+    (hutch, hutch_user), (rabbit, _rabbit_user) = sides[0]
+    user, mine, _theirs = sides[1]
+    value = {"src-uri": "amqp:///" + mine, "src-queue": "q", "dest-uri": "amqp:///" + mine, "dest-queue": "q2"}
+    assert hutch_user.put("/api/parameters/shovel/%s/s" % mine, {"value": value}).status == 201
+    exported = hutch.get("/api/definitions/" + mine).body
+    assert [item["user_who_performed_action"] for item in exported["parameters"]] == [user]
+    assert rabbit.post("/api/definitions/" + mine, {"parameters": exported["parameters"]}).status == 204
+    assert rabbit.get("/api/parameters/shovel/%s/s" % mine).body == hutch.get(
+        "/api/parameters/shovel/%s/s" % mine).body
