@@ -21,7 +21,7 @@ Who may point a link where: a link connects to a URI without a host
 the user setting the parameter may connect to the vhost such a URI names
 (`user "u" may not connect to vhost "b"`, in the URI's place among the error
 lines). `validate` takes that check as `may_connect(uri)` (None: no user
-to check, as for definitions imported at boot); amqp_server.links.access
+to check, as for a definitions import); amqp_server.links.access
 makes it, for shovels and, beyond RabbitMQ, federation upstreams, and for
 URIs that name this broker's own listener too.
 """

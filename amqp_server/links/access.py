@@ -17,8 +17,8 @@ link may not. So, as RabbitMQ's shovel does for host-less URIs:
   checks the owner again before every session and while it runs
   (`refusal`): an owner that was deleted or lost its permission stops the
   link, with the reason in its status, until access comes back. A
-  parameter without owner (imported at boot, or set before owners were
-  kept) is the broker's own and is not checked, as in RabbitMQ.
+  parameter without owner (set before owners were kept) is the broker's
+  own and is not checked.
 
 "This broker" is a URI without a host, or one whose host is a loopback or
 unspecified address, "localhost", this machine's name or the address the
