@@ -167,10 +167,11 @@ class BrokerServer:
         self.servers, self.listeners[:], acceptors = await open_listeners(config, factory, mqtt_factory)
         self.acceptors.update(acceptors)
         amqp_port = next(port for protocol, _host, port in self.listeners if protocol == "amqp")
+        tls_port = next((port for protocol, _host, port in self.listeners if protocol == "amqp/ssl"), None)
         local_host = "127.0.0.1" if config.bind in ("0.0.0.0", "", "::") else config.bind
         self.links = Links(self.broker, LocalNode(
             local_host, amqp_port, config.default_user, config.default_pass, NODE,
-            str(self.broker.global_parameters.get("internal_cluster_id", ""))))
+            str(self.broker.global_parameters.get("internal_cluster_id", "")), tls_port))
         self.management.node.links = self.links
         await self.links.start()
         try:
