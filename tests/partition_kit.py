@@ -40,6 +40,7 @@ from server_process import ServerProcess, spawn
 
 AMQP_PORT, HTTP_PORT, REPLICATION_PORT = 5672, 15672, 5679
 USER = PASSWORD = "harness"  # guest may only connect over loopback
+SECRET = "the-partition-harness-cluster-secret"  # cluster.secret of every node
 QUEUE = "partition-load"
 PROBE_QUEUE = "partition-probe"
 PROBE = 10**9  # the probe publisher's numbers start above it
@@ -142,11 +143,11 @@ class HutchNode(ServerProcess):
     def start(self) -> "HutchNode":
         self.log_lines.append("---- start\n")
         address = self.host.address
-        env = {}
+        env = {"HUTCH_CLUSTER_SECRET": SECRET}
         if self.faketime is not None:
             # The wall clock follows the file (re-read every second); the monotonic clock, which the
             # lease's deadline is measured on, is left alone (see the clock-skew fault).
-            env = {"LD_PRELOAD": LIBFAKETIME, "FAKETIME_TIMESTAMP_FILE": str(self.faketime),
+            env |= {"LD_PRELOAD": LIBFAKETIME, "FAKETIME_TIMESTAMP_FILE": str(self.faketime),
                    "FAKETIME_CACHE_DURATION": "1", "FAKETIME_DONT_FAKE_MONOTONIC": "1", "FAKETIME_DONT_RESET": "1"}
         self.process = spawn(
             ["--bind", address, "--port", str(AMQP_PORT), "--management-bind", address,
