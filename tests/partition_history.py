@@ -62,6 +62,7 @@ class Op:
     number: int | None = None
     redelivered: bool = False
     node: str | None = None
+    via: str | None = None  # connect: the node dialed (which forwards to `node` when it follows)
 
 
 @dataclass
@@ -87,11 +88,11 @@ class History:
         self.ops.append(op)  # list.append is atomic under the GIL
         return op
 
-    def connection(self, node: str | None) -> int:
+    def connection(self, node: str | None, via: str | None = None) -> int:
         with self._lock:
             self._next_conn += 1
             conn = self._next_conn
-        self.record("connect", conn=conn, node=node)
+        self.record("connect", conn=conn, node=node, via=via)
         return conn
 
     def term_seen(self, leader: str | None, lease: int | None, started: float) -> None:

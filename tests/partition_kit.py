@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import logging
 import os
 import shutil
 import signal
@@ -27,12 +28,9 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import logging
 
 import netns
 from partition_history import History, check
@@ -384,6 +382,7 @@ class Workload:
     def _connect(self, turn: int, queue: str):
         import pika
 
+        dialed = self.cluster.nodes[turn % len(self.urls)].name
         params = pika.URLParameters(self.urls[turn % len(self.urls)])
         params.socket_timeout = 3
         params.blocked_connection_timeout = 10
@@ -391,7 +390,7 @@ class Workload:
         params.connection_attempts = 1
         params.stack_timeout = 4  # a follower that cannot reach the leader never answers: try the next node
         connection = pika.BlockingConnection(params)
-        conn = self.history.connection(_serving_node(connection))
+        conn = self.history.connection(_serving_node(connection), dialed)
         channel = connection.channel()
         channel.queue_declare(queue, durable=True)
         return connection, channel, conn
@@ -646,12 +645,15 @@ def run(faults: list[str], lease_ttl: int = 2, keep: Path | None = None, log=lam
     seen and `ok`."""
     with Cluster(lease_ttl, skew_clocks="clock-skew" in faults, keep=keep) as cluster:
         workload = Workload(cluster).start()
-        done = []
+        done, unfinished = [], None
         try:
             for kind in faults:
                 fault = inject(cluster, workload, kind)
                 log("%s: %s" % (kind, json.dumps(fault.summary())))
                 done.append(fault)
+        except TimeoutError as exc:  # the cluster did not come back, or confirms stopped: checked all the same
+            unfinished = "the run did not finish: %s" % exc
+            log(unfinished)
         finally:
             workload.stop_publishing()
             cluster.net.heal()
@@ -686,6 +688,8 @@ def run(faults: list[str], lease_ttl: int = 2, keep: Path | None = None, log=lam
         if ballast < cluster.ballast:
             report["problems"].append("%d of %d confirmed ballast messages lost" % (cluster.ballast - ballast,
                                                                                      cluster.ballast))
+        if unfinished:
+            report["problems"].append(unfinished)
         for fault in done:
             if fault.in_sync_after is None:
                 report["problems"].append("%s: not every node in sync again within 60 s of healing" % fault.kind)
