@@ -17,7 +17,8 @@ monotonic clock when the client saw it:
              every ack that channel sent before it has been handled by the broker
 
 and the terms seen in etcd, polled from one thread: a term is a leader key
-(leader, lease), or its absence. For each, `seen` is when the first poll
+(the leader, and the key's create revision, which hutch uses as its term),
+or its absence. For each, `seen` is when the first poll
 that saw it ended, `last` when the last poll that saw it started, and
 `not_before` when the last poll that saw the term before it started: the
 term held during all of [seen, last], and began after `not_before`.
@@ -71,7 +72,7 @@ class Term:
     last: float  # when the last poll that saw it started
     not_before: float  # when the last poll that saw the term before it started
     leader: str | None  # None: no leader key
-    lease: int | None
+    term: int | None  # the leader key's create revision: hutch's term (docs/cluster.md)
 
 
 class History:
@@ -95,13 +96,13 @@ class History:
         self.record("connect", conn=conn, node=node, via=via)
         return conn
 
-    def term_seen(self, leader: str | None, lease: int | None, started: float) -> None:
+    def term_seen(self, leader: str | None, term: int | None, started: float) -> None:
         """A poll that started at `started` (and ends now) saw this."""
         last = self.terms[-1] if self.terms else None
-        if last is not None and (last.leader, last.lease) == (leader, lease):
+        if last is not None and (last.leader, last.term) == (leader, term):
             last.last = started
         else:
-            self.terms.append(Term(time.monotonic(), started, last.last if last else 0.0, leader, lease))
+            self.terms.append(Term(time.monotonic(), started, last.last if last else 0.0, leader, term))
 
     def confirmed(self) -> set[int]:
         return {op.number for op in self.ops if op.kind == "confirm"}
@@ -170,7 +171,7 @@ class Verdict:
 
 def check(ops: list[Op], terms: list[Term]) -> Verdict:
     ops = sorted(ops, key=lambda op: op.t)
-    verdict = Verdict(terms=len({(t.leader, t.lease) for t in terms if t.leader is not None}))
+    verdict = Verdict(terms=len({(t.leader, t.term) for t in terms if t.leader is not None}))
     node_of = {op.conn: op.node for op in ops if op.kind == "connect"}
     settled = _settled(ops)
     starts = [term.seen for term in terms]
@@ -195,7 +196,7 @@ def check(ops: list[Op], terms: list[Term]) -> Verdict:
             term = term_at(op.t)
             node = node_of.get(op.conn)
             if term is not None and term.leader != node:
-                verdict.foreign_confirms.append((op.number, node, term.leader, term.lease, op.t))
+                verdict.foreign_confirms.append((op.number, node, term.leader, term.term, op.t))
         elif kind == "nack":
             verdict.nacked += 1
         elif kind == "unknown":

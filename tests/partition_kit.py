@@ -270,7 +270,7 @@ class Cluster:
         return netns.run_in(self.client.namespace, call, timeout)
 
     def _etcd_range(self, key: str):
-        """The key's (value, lease) from the first etcd member that answers a
+        """The key's (value, create revision) from the first etcd member that answers a
         linearizable read (a member cut from the majority does not); None when
         the key is absent; False when no member answers."""
         body = json.dumps({"key": base64.b64encode(("hutch/" + key).encode()).decode()}).encode()
@@ -285,7 +285,7 @@ class Cluster:
             if "kvs" not in answer:
                 return None
             kv = answer["kvs"][0]
-            return base64.b64decode(kv.get("value", "")).decode(), int(kv.get("lease", 0))
+            return base64.b64decode(kv.get("value", "")).decode(), int(kv.get("create_revision", 0))
         return False
 
     def etcd_get(self, key: str):
@@ -297,8 +297,8 @@ class Cluster:
             started = time.monotonic()
             got = self._etcd_range("leader")
             if got is not False:
-                leader, lease = got if got else (None, None)
-                self.history.term_seen(leader, lease, started)
+                leader, term = got if got else (None, None)
+                self.history.term_seen(leader, term, started)
             time.sleep(0.05)
 
     def leader(self) -> HutchNode | None:
@@ -671,12 +671,12 @@ def run(faults: list[str], lease_ttl: int = 2, keep: Path | None = None, log=lam
         ballast = ballast_count(cluster) if cluster.ballast else 0
         origin = cluster.history.ops[0].t if cluster.history.ops else 0.0
         foreign: dict = {}
-        for _number, node, leader, lease, t in verdict.foreign_confirms:
-            group = foreign.setdefault("%s confirmed in the term of %s (lease %s)" % (node, leader, lease), [])
+        for _number, node, leader, term, t in verdict.foreign_confirms:
+            group = foreign.setdefault("%s confirmed in term %s (leader %s)" % (node, term, leader), [])
             group.append(round(t - origin, 2))
         report = {"faults": [dict(f.summary(), at=round(f.started - origin, 2)) for f in done],
                   "lease_ttl": lease_ttl,
-                  "term_changes": [(round(t.seen - origin, 2), t.leader, t.lease) for t in cluster.history.terms],
+                  "term_changes": [(round(t.seen - origin, 2), t.leader, t.term) for t in cluster.history.terms],
                   "foreign_confirms": {what: {"count": len(ts), "first": ts[0], "last": ts[-1]}
                                        for what, ts in foreign.items()},
                   "published": verdict.published, "confirmed": verdict.confirmed, "nacked": verdict.nacked,
