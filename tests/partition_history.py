@@ -17,8 +17,8 @@ monotonic clock when the client saw it:
              every ack that channel sent before it has been handled by the broker
 
 and the terms seen in etcd, polled from one thread: a term is a leader key
-(the leader, and the key's create revision, which hutch uses as its term),
-or its absence. For each, `seen` is when the first poll
+(the leader, and the key's create revision: every election creates the key
+anew), or its absence. For each, `seen` is when the first poll
 that saw it ended, `last` when the last poll that saw it started, and
 `not_before` when the last poll that saw the term before it started: the
 term held during all of [seen, last], and began after `not_before`.
@@ -72,7 +72,7 @@ class Term:
     last: float  # when the last poll that saw it started
     not_before: float  # when the last poll that saw the term before it started
     leader: str | None  # None: no leader key
-    term: int | None  # the leader key's create revision: hutch's term (docs/cluster.md)
+    term: int | None  # the leader key's create revision (one per election)
 
 
 class History:
