@@ -41,6 +41,8 @@ ALLOWED: dict[str, frozenset | None] = {
 # module prefix -> what it may import beyond its package's allow-list, and why
 EXTRA: dict[str, frozenset] = {
     "amqp_server.links": frozenset({"aiormq"}),  # the AMQP client of shovels and federation links
+    # AMQP 1.0 <-> 0-9-1 messages (one stream log, two protocols): Qpid Proton's codec, pamqp's properties
+    "vhosts.amqp10": frozenset({"proton", "pamqp"}),
 }
 FORBIDDEN: dict[str, frozenset] = {
     "cli": frozenset({"spark_sink", "pyspark"}),

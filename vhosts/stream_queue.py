@@ -25,6 +25,8 @@ Theory of operation
   yet written), an offset (below the first kept one: the first kept one),
   or a time (a timestamp or an interval such as "1h": the first record
   appended at or after it, looked up on the reader thread).
+- Records (vhosts.stream_records) hold AMQP 0-9-1 or stream-protocol
+  (AMQP 1.0) messages; a consumer here gets either as AMQP 0-9-1.
 - Filtering (RabbitMQ 3.13): a publish's `x-stream-filter-value` header is
   stored at the head of its record; a consumer with `x-stream-filter` (one
   value or a list) gets exactly the records with one of those values, plus
@@ -39,12 +41,12 @@ Theory of operation
 """
 from __future__ import annotations
 
-import struct
 from collections import deque
 from typing import Callable, Iterable
 
 from storage import Message, QueueEntry
 from storage.message import encode_value
+from vhosts.stream_records import decode_filter, encode, message_of
 from storage.stream_log import StreamLog
 from vhosts.clock import Clock, LoopClock
 from vhosts.consumer import Consumer
@@ -57,8 +59,6 @@ from vhosts.stream_arguments import (FIRST, LAST, NEXT, OFFSET, check_consumer_a
 
 READ_RECORDS = 256
 READ_BYTES = 1024 * 1024
-FILTER_VALUE = "x-stream-filter-value"
-_FILTER_LENGTH = struct.Struct(">H")
 
 
 class _Reader:
@@ -146,7 +146,7 @@ class StreamQueue:
             if isinstance(records, Exception):
                 done(records)
                 return
-            done([(offset, stamp, Message.from_bytes(payload[decode_filter(payload)[1]:]))
+            done([(offset, stamp, message_of(payload, decode_filter(payload)[1]))
                   for offset, stamp, payload in records])
         self.log.read(start, limit, decoded, max_bytes)
 
@@ -310,27 +310,9 @@ class StreamQueue:
         return consumers
 
 
-def encode(message: Message) -> bytes:
-    """A record's payload: the filter value (u16 length, UTF-8; empty: none),
-    then the message (`Message.to_bytes`). The filter value comes first so
-    a filtering reader skips a record without decoding its message."""
-    value = b""
-    if FILTER_VALUE.encode() in message.header:  # decode the properties only when it may be there
-        found = (message.headers or {}).get(FILTER_VALUE)
-        if isinstance(found, (str, bytes)):
-            value = (found.encode("utf-8") if isinstance(found, str) else found)[:0xFFFF]
-    return b"".join((_FILTER_LENGTH.pack(len(value)), value, message.to_bytes()))
-
-
-def decode_filter(payload: bytes) -> tuple[bytes, int]:
-    """A record's filter value and where its message starts."""
-    length = _FILTER_LENGTH.unpack_from(payload)[0]
-    return payload[2:2 + length], 2 + length
-
-
 def _entry(offset: int, payload: bytes, at: int) -> QueueEntry:
     """A record as a delivery: its message with the x-stream-offset header."""
-    message = Message.from_bytes(payload[at:])
+    message = message_of(payload, at)
     header = message.header_with({"x-stream-offset": encode_value(offset)})
     return QueueEntry(offset, Message(message.exchange, message.routing_key, header, message.body))
 
