@@ -21,6 +21,7 @@ from amqp_server.mqtt.retained import RetainedMessages
 from amqp_server.mqtt.sessions import Sessions
 from amqp_server.login_throttle import LoginThrottle
 from amqp_server.protocol import AMQPProtocol
+from amqp_server.stream.protocol import StreamNode, StreamProtocol
 from storage.data_directory import DataDirectory
 from storage.dead_letter_log import DeadLetterLogSettings
 from storage.definitions import DefinitionStore
@@ -172,9 +173,12 @@ class BrokerServer:
             return MQTTProtocol(self.broker, config, self.mqtt_sessions, self.connections, self.alarms, logins,
                                 self.writer)
 
+        self.stream_node = StreamNode(self.broker, config, self.writer, self.alarms, logins, self.connections)
+
         self.alarms.start()
         listeners = [("AMQP", config.port, None, factory)]
-        protocols = {"AMQP": "amqp", "AMQPS": "amqp/ssl", "MQTT": "mqtt", "MQTTS": "mqtt/ssl"}
+        protocols = {"AMQP": "amqp", "AMQPS": "amqp/ssl", "MQTT": "mqtt", "MQTTS": "mqtt/ssl",
+                     "STREAM": "stream", "STREAMS": "stream/ssl"}
         context = None
         if config.tls.enabled:
             try:
@@ -186,6 +190,10 @@ class BrokerServer:
             listeners.append(("MQTT", config.mqtt.port, None, mqtt_factory))
             if context is not None:
                 listeners.append(("MQTTS", config.mqtt.tls_port, context, mqtt_factory))
+        if config.stream.enabled:
+            listeners.append(("STREAM", config.stream.port, None, lambda: StreamProtocol(self.stream_node)))
+            if context is not None:
+                listeners.append(("STREAMS", config.stream.tls_port, context, lambda: StreamProtocol(self.stream_node)))
         for name, port, context, factory in listeners:
             try:
                 server = await loop.create_server(factory, config.bind, port, ssl=context, reuse_address=True)
@@ -222,6 +230,7 @@ class BrokerServer:
             connection.close_with(AMQPError(CONNECTION_FORCED, "broker forced connection closure with reason 'shutdown'"))
         for server in self.servers:
             await server.wait_closed()
+        self.stream_node.snapshot_all()
         # Everything queued reaches disk, then the summaries describe it
         # (blocking, but nothing is served any more), then the marker says so.
         await self.writer.drained()

@@ -83,7 +83,7 @@ class _Reader:
 class StreamQueue:
     __slots__ = ("name", "vhost", "durable", "arguments", "log", "consumers", "exclusive_consumer", "single_active",
                  "active", "had_consumers", "deleted", "flow_waiters", "policy", "stats", "clock", "_readers",
-                 "_wake_armed")
+                 "_wake_armed", "watchers")
 
     kind = "stream"
     delete_ok_count = 0  # RabbitMQ 3.10's queue.delete-ok of a stream
@@ -110,6 +110,10 @@ class StreamQueue:
         self.clock = clock or LoopClock()
         self._readers: dict[Consumer, _Reader] = {}
         self._wake_armed = False
+        # Readers beside AMQP consumers (the stream protocol's subscriptions,
+        # publishers): `records_available()` after each durable batch,
+        # `stream_deleted(queue)` when the stream goes.
+        self.watchers: set = set()
         self.policy = None
         self.apply_policy(policy)
 
@@ -161,21 +165,27 @@ class StreamQueue:
     # -- publish ---------------------------------------------------------------
 
     def publish(self, message: Message, on_durable: Callable[[], None] | None = None) -> int:
-        self.stats.publish += 1
-        self.log.append(encode(message), None, _Durable(self, on_durable))
+        self.append(encode(message), on_durable)
         return DURABLE_PENDING if on_durable is not None else ACCEPTED
+
+    def append(self, record: bytes, on_durable: Callable[[], None] | None = None) -> int:
+        """Append a record (vhosts.stream_records); its offset."""
+        self.stats.publish += 1
+        return self.log.append(record, None, _Durable(self, on_durable))
 
     def throttle(self, publisher) -> None:
         """Never asked: a stream is never `backed_up`."""
 
     def _durable(self) -> None:
-        if self._readers and not self._wake_armed:
+        if (self._readers or self.watchers) and not self._wake_armed:
             self._wake_armed = True
             self.clock.call_later(0, self._wake)
 
     def _wake(self) -> None:
         self._wake_armed = False
         self.dispatch()
+        for watcher in list(self.watchers):
+            watcher.records_available()
 
     # -- consumers ---------------------------------------------------------------
 
@@ -307,6 +317,9 @@ class StreamQueue:
         consumers = list(self.consumers)
         self.consumers.clear()
         self._readers.clear()
+        watchers, self.watchers = list(self.watchers), set()
+        for watcher in watchers:
+            watcher.stream_deleted(self)
         return consumers
 
 
