@@ -20,7 +20,7 @@ def partitions(vhost, super_stream: str) -> list[str]:
     bound = sorted((_order(args), dest.name)
                    for _source, dest, _key, args in _bindings(vhost, super_stream) if dest.kind == "queue")
     seen, out = set(), []
-    for _order, name in bound:
+    for _position, name in bound:
         if name not in seen:
             seen.add(name)
             out.append(name)
