@@ -1,0 +1,46 @@
+"""The stream protocol, differential against RabbitMQ 3.10.8's rabbitmq_stream
+plugin (port 5552; .ci/run enables it): the same rstream scenarios
+(tests/stream_scenarios.py) observe the same on both brokers.
+
+Only what RabbitMQ 3.10 has is compared: publish and confirm, the offset
+specifications, deduplication, stored offsets, the errors of stream
+commands. Super streams and single active consumer (3.11), filtering
+(3.13) and exact timestamps per message are hutch-only
+(tests/test_stream_protocol.py). Without RabbitMQ's stream port the tests
+skip, except in CI, where they fail.
+"""
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+import stream_scenarios
+from helpers import unique
+
+from .conftest import _in_ci
+
+pytestmark = pytest.mark.differential
+
+RABBITMQ_STREAM_PORT = 5552
+
+
+@pytest.fixture(scope="module")
+def rabbitmq_stream_port(rabbitmq_url) -> int:
+    try:
+        socket.create_connection(("127.0.0.1", RABBITMQ_STREAM_PORT), timeout=3).close()
+    except OSError as exc:
+        reason = "RabbitMQ's stream plugin does not listen on 127.0.0.1:%d (%s)" % (RABBITMQ_STREAM_PORT, exc)
+        if _in_ci():
+            pytest.fail(reason + " [CI is set, so this is a failure, not a skip]", pytrace=False)
+        pytest.skip(reason)
+    return RABBITMQ_STREAM_PORT
+
+
+@pytest.mark.parametrize("scenario", ["publish_confirm_consume", "offset_specs", "deduplication", "stored_offsets",
+                                      "stream_errors"])
+async def test_same_as_rabbitmq(scenario, broker, rabbitmq_stream_port):
+    run = getattr(stream_scenarios, scenario)
+    hutch = await run(broker.ports["STREAM"], unique("diff-stream"))
+    rabbit = await run(rabbitmq_stream_port, unique("diff-stream"))
+    assert hutch == rabbit
