@@ -347,3 +347,22 @@ def test_mutated_sessions(port, hutch):
         assert create(client, stream) == OK
         publish(client, stream, [b"after the fuzz"])
     wait_for(lambda: hutch.running(), what="the broker to be running")
+
+
+def test_heartbeats(port):
+    with StreamRaw(port) as client:
+        assert client.authenticate() == OK
+        client.read_key(0x14)
+        client.send(frame(0x14, struct.pack(">II", 1048576, 1)))  # one second
+        client.request(0x15, string("/"))
+        assert client.response_code(0x15) == OK
+        assert client.read_key(0x17) == b""  # the broker's heartbeat
+        # Then nothing from us: closed after two silent intervals.
+        assert client.closed()
+
+
+def test_listed_by_the_management_api(port, http):
+    with opened(port):
+        listed = wait_for(lambda: [c for c in http.get("/api/connections").body if c["protocol"] == "stream"],
+                          what="the stream connection in /api/connections")
+        assert listed[0]["user"] == "guest" and listed[0]["vhost"] == "/"
