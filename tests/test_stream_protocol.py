@@ -268,3 +268,42 @@ async def test_one_log_two_protocols(hutch, port):
     assert out[1][0] == b"from-stream"
     assert out[1][1] == {"a": "b", "n": 7, "x-stream-offset": 1}
     await delete(port, stream)
+
+
+async def test_filter_values_cross_protocols(hutch, port):
+    stream = unique("s")
+    await create(port, stream)
+    with pika.BlockingConnection(pika.URLParameters(hutch.url)) as connection:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        for region in ("eu", "us"):
+            channel.basic_publish("", stream, b"amqp-" + region.encode(),
+                                  pika.BasicProperties(headers={"x-stream-filter-value": region}))
+
+    async def region_of(message) -> str:
+        return message.application_properties["region"]
+    async with producer(port, filter_value_extractor=region_of) as p:
+        for region in ("eu", "us"):
+            await p.send_wait(stream, AMQPMessage(body=b"stream-" + region.encode(),
+                                                  application_properties={"region": region}))
+    got = await read(port, stream, FIRST, 2, filter_input=FilterConfiguration(
+        values_to_filter=["eu"], predicate=lambda m: True))
+    assert [b for _o, b in got] == [b"amqp-eu", b"stream-eu"]
+
+    def consume_amqp():
+        with pika.BlockingConnection(pika.URLParameters(hutch.url)) as connection:
+            channel = connection.channel()
+            channel.basic_qos(prefetch_count=10)
+            out = []
+            for method, _properties, body in channel.consume(
+                    stream, arguments={"x-stream-offset": "first", "x-stream-filter": "eu"}, inactivity_timeout=20):
+                if method is None:
+                    break
+                out.append(body)
+                channel.basic_ack(method.delivery_tag)
+                if len(out) == 2:
+                    break
+            channel.cancel()
+            return out
+    assert await asyncio.get_running_loop().run_in_executor(None, consume_amqp) == [b"amqp-eu", b"stream-eu"]
+    await delete(port, stream)
