@@ -7,6 +7,10 @@ tests/differential/test_diff_stream_protocol.py."""
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import shutil
+import subprocess
 
 import pika
 import pytest
@@ -15,7 +19,7 @@ from rstream import (AMQPMessage, ConsumerOffsetSpecification, FilterConfigurati
                      SuperStreamConsumer, SuperStreamProducer, amqp_decoder)
 from rstream.superstream import SuperStreamCreationOption
 
-from conftest import launch
+from conftest import ROOT, launch
 from helpers import unique
 from stream_scenarios import (consumer, create, deduplication, delete, offset_specs, producer, publish,
                               publish_confirm_consume, read, stream_errors, stored_offsets, until)
@@ -307,3 +311,20 @@ async def test_filter_values_cross_protocols(hutch, port):
             return out
     assert await asyncio.get_running_loop().run_in_executor(None, consume_amqp) == [b"amqp-eu", b"stream-eu"]
     await delete(port, stream)
+
+
+def test_javascript_stream_client(port):
+    """Another language's client: npm's rabbitmq-stream-js-client (installed by .ci/run into
+    tests/client_scripts), publishing with a reference and confirms, then reading back."""
+    script = ROOT / "tests" / "client_scripts" / "stream_round_trip.js"
+    node = shutil.which("node")
+    if node is None or not (script.parent / "node_modules" / "rabbitmq-stream-js-client").is_dir():
+        reason = "node or tests/client_scripts/node_modules missing (npm install --prefix tests/client_scripts)"
+        if os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no"):
+            pytest.fail(reason + " [CI is set, so this is a failure, not a skip]", pytrace=False)
+        pytest.skip(reason)
+    done = subprocess.run([node, str(script), str(port), unique("js")], capture_output=True, text=True, timeout=50)
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout)
+    assert seen == {"confirmed": [1, 2, 3, 4, 5], "sequence": 5,
+                    "received": [{"offset": i, "body": "js-%d" % i, "i": i + 1} for i in range(5)]}
