@@ -142,7 +142,7 @@ async def test_super_stream_route_partitions_and_consume(port):
 
     async def partition_key(message) -> str:
         return message.application_properties["k"]
-    # RouteType.Key: the client asks the broker (route) where each key goes.
+    # RouteType.Key: the client asks the broker (route) for the partitions of a key.
     async with SuperStreamProducer("127.0.0.1", port=port, username="guest", password="guest",
                                    super_stream=name, routing_extractor=partition_key, routing=RouteType.Key,
                                    super_stream_creation_option=SuperStreamCreationOption(n_partitions=3)) as p:
@@ -328,3 +328,47 @@ def test_javascript_stream_client(port):
     seen = json.loads(done.stdout)
     assert seen == {"confirmed": [1, 2, 3, 4, 5], "sequence": 5,
                     "received": [{"offset": i, "body": "js-%d" % i, "i": i + 1} for i in range(5)]}
+
+
+async def test_single_active_consumer_spreads_super_stream_partitions(port):
+    name = unique("ss")
+    partitions = [name + "-0", name + "-1"]
+
+    async def partition_key(message) -> str:
+        return message.application_properties["k"]
+
+    async with SuperStreamProducer("127.0.0.1", port=port, username="guest", password="guest",
+                                   super_stream=name, routing_extractor=partition_key,
+                                   super_stream_creation_option=SuperStreamCreationOption(n_partitions=2)):
+        pass  # creates the super stream
+    got = {"a": [], "b": []}
+    updates = {"a": [], "b": []}
+    members = {}
+
+    async def join(who: str) -> None:
+        async def on_update(active: bool, context, who=who):
+            updates[who].append((context.stream, active))
+            return OffsetSpecification(OffsetType.NEXT, 0)
+
+        async def on_message(message, context, who=who) -> None:
+            got[who].append((context.stream, bytes(message.body)))
+        c = members[who] = SuperStreamConsumer("127.0.0.1", port=port, username="guest", password="guest",
+                                               super_stream=name)
+        await c.start()
+        await c.subscribe(on_message, decoder=amqp_decoder, offset_specification=FIRST,
+                          properties={"single-active-consumer": "true", "name": "group", "super-stream": name},
+                          consumer_update_listener=on_update)
+    await join("a")
+    await until(lambda: len(updates["a"]) == 2, what="both partitions active on the first member")
+    assert sorted(updates["a"]) == [(partitions[0], True), (partitions[1], True)]
+    await join("b")
+    # Partition i goes to member i modulo 2: the second partition moves to b.
+    await until(lambda: updates["b"] == [(partitions[1], True)] and (partitions[1], False) in updates["a"],
+                what="the second partition to move to the second member")
+    # (rstream's key routing caches the first key's route: publish to the partitions directly.)
+    for key in ("0", "1", "0", "1"):
+        await publish(port, partitions[int(key)], [("p" + key).encode()])
+    await until(lambda: len(got["a"]) + len(got["b"]) == 4, what="four messages")
+    assert got == {"a": [(partitions[0], b"p0")] * 2, "b": [(partitions[1], b"p1")] * 2}
+    for c in members.values():
+        await c.close()

@@ -26,6 +26,7 @@ Theory of operation
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 
@@ -159,18 +160,22 @@ class StreamConnection:
         self.parse()
 
     def parse(self) -> None:
+        """Handle the frames received whole, up to INPUT_BUDGET bytes per loop
+        turn (then the rest waits a turn, so one client cannot starve the
+        others), and none while a publish is held back (`blocked_by`)."""
         budget = INPUT_BUDGET
         try:
-            for key, version, payload in self.reader.frames():
-                if self.state is CLOSED:
-                    return
-                self._handle(key, version, Fields(payload))
-                budget -= len(payload) + 8
-                if self.blocked_by or (budget <= 0 and self.reader.pending):
-                    self.io.pause_reading()
-                    if not self.blocked_by:
-                        self.io.call_soon(self._continue)
-                    return
+            with contextlib.closing(self.reader.frames()) as received:
+                for key, version, payload in received:
+                    if self.state is CLOSED:
+                        return
+                    self._handle(key, version, Fields(payload))
+                    budget -= len(payload) + 8
+                    if self.blocked_by or budget <= 0:
+                        self.io.pause_reading()
+                        if not self.blocked_by:
+                            self.io.call_soon(self._continue)
+                        return
         except FrameTooLarge as exc:
             self.close(codes.FRAME_TOO_LARGE, str(exc))
         except Malformed as exc:
