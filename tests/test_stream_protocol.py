@@ -7,6 +7,7 @@ tests/differential/test_diff_stream_protocol.py."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import shutil
@@ -20,7 +21,8 @@ from rstream import (AMQPMessage, ConsumerOffsetSpecification, FilterConfigurati
 from rstream.superstream import SuperStreamCreationOption
 
 from conftest import ROOT, launch
-from helpers import unique
+from helpers import unique, wait_for
+from http_api import Api
 from stream_scenarios import (consumer, create, deduplication, delete, offset_specs, producer, publish,
                               publish_confirm_consume, read, stream_errors, stored_offsets, until)
 
@@ -29,7 +31,7 @@ FIRST = ConsumerOffsetSpecification(OffsetType.FIRST, None)
 
 @pytest.fixture(scope="module")
 def hutch(tmp_path_factory):
-    broker = launch(tmp_path_factory.mktemp("stream"), expect=("AMQP", "STREAM"))
+    broker = launch(tmp_path_factory.mktemp("stream"), expect=("AMQP", "STREAM", "HTTP"))
     yield broker
     broker.stop()
 
@@ -271,6 +273,13 @@ async def test_one_log_two_protocols(hutch, port):
     assert out[0][0] == b"from-amqp" and out[0][1]["h"] == "v" and out[0][3] == "m-1"
     assert out[1][0] == b"from-stream"
     assert out[1][1] == {"a": "b", "n": 7, "x-stream-offset": 1}
+    # The management API's records (what Spark reads) and counts see both.
+    api = Api(hutch.ports["HTTP"])
+    records = api.get("/api/hutch/streams/%%2F/%s?start=0&limit=10" % stream).body["records"]
+    assert [base64.b64decode(r["body"]) for r in records] == [b"from-amqp", b"from-stream"]
+    assert records[1]["properties"]["headers"] == {"a": "b", "n": 7}
+    assert wait_for(lambda: api.get("/api/queues/%%2F/%s" % stream).body.get("messages") == 2,
+                    what="the stream's message count")
     await delete(port, stream)
 
 
