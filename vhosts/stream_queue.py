@@ -173,6 +173,14 @@ class StreamQueue:
         self.stats.publish += 1
         return self.log.append(record, None, _Durable(self, on_durable))
 
+    def append_batch(self, records: list[bytes], on_durable: Callable[[], None]) -> None:
+        """Append records; `on_durable` runs once the last is on disk (the
+        log makes records durable in order, so all of them are then)."""
+        self.stats.publish += len(records)
+        append, last = self.log.append, len(records) - 1
+        for i, record in enumerate(records):
+            append(record, None, _Durable(self, on_durable) if i == last else None)
+
     def throttle(self, publisher) -> None:
         """Never asked: a stream is never `backed_up`."""
 

@@ -6,7 +6,7 @@ protocols").
 Two layouts, told apart by the first uint16:
 - AMQP 0-9-1 (`encode`): uint16 filter length (0..0xFFFE; 0: none), the
   filter value (x-stream-filter-value), then `Message.to_bytes()`.
-- stream protocol (`encode_amqp10`): 0xFFFF, uint8 format (1: AMQP 1.0),
+- stream protocol (`amqp10_prefix`, then the message): 0xFFFF, uint8 format (1: AMQP 1.0),
   uint16 filter length, filter value, uint8 publisher reference length,
   the reference and, when it is not empty, the uint64 publishing id (what
   deduplication recovers, `publisher_of`), then the AMQP 1.0 message as the
@@ -42,16 +42,15 @@ def encode(message: Message) -> bytes:
     return b"".join((_U16.pack(len(value)), value, message.to_bytes()))
 
 
-def encode_amqp10(body: bytes, filter_value: bytes = b"", reference: bytes = b"", publishing_id: int = 0) -> bytes:
-    """A record of a stream-protocol publish (`body`: an AMQP 1.0 message)."""
+def amqp10_prefix(filter_value: bytes, reference: bytes) -> bytes:
+    """A stream-protocol record up to its publishing id (with a reference;
+    then the uint64 id and the message follow) or its message (without): the
+    same for every message a publisher sends with one filter value, so a
+    publish computes it once."""
     filter_value = filter_value[:_MAX_FILTER]
     reference = reference[:255]
-    parts = [_U16.pack(EXTENDED), bytes((AMQP10,)), _U16.pack(len(filter_value)), filter_value,
-             bytes((len(reference),)), reference]
-    if reference:
-        parts.append(_U64.pack(publishing_id))
-    parts.append(body)
-    return b"".join(parts)
+    return b"".join((_U16.pack(EXTENDED), bytes((AMQP10,)), _U16.pack(len(filter_value)), filter_value,
+                     bytes((len(reference),)), reference))
 
 
 def decode_filter(payload: bytes) -> tuple[bytes, int]:

@@ -4,10 +4,10 @@ deduplication by publisher reference.
 
 - A publisher (id 0-255) is declared on one stream, with an optional
   reference (write permission on the stream). Each message, and each
-  message of a sub-entry batch, becomes one record
-  (vhosts.stream_records.encode_amqp10); the publishing id is confirmed once
-  its record (the batch's last) is durable, in a PublishConfirm sent once per
-  loop turn per publisher.
+  message of a sub-entry batch, becomes one record (vhosts.stream_records);
+  a frame's records are appended together and its publishing ids confirmed
+  once the last is durable (the log makes records durable in order), in a
+  PublishConfirm sent once per loop turn per publisher.
 - With a reference, an id at or below the highest seen for it is confirmed
   without being stored (tracking.Tracking keeps the sequences, recovered
   from the records themselves); a declare with a reference is answered once
@@ -18,13 +18,17 @@ deduplication by publisher reference.
 from __future__ import annotations
 
 import logging
+import struct
 
 from amqp_server.stream import codes, frames
 from amqp_server.stream.chunks import BadBatch, unpack_batch
 from amqp_server.stream.frames import Fields
-from vhosts.stream_records import encode_amqp10
+from vhosts.stream_records import amqp10_prefix
 
 log = logging.getLogger("hutch.stream")
+
+_ENTRY = struct.Struct(">Qi")  # publishing id, message size
+_ID = struct.Struct(">Q")
 
 MAX_SUB_BATCH = 64 * 1024 * 1024  # RabbitMQ's max uncompressed sub-entry batch size
 
@@ -47,25 +51,32 @@ class Publisher:
 
 
 class Confirm:
-    """The durable callback of a publish: its id is confirmed (and, with a
-    reference, becomes the durable sequence)."""
+    """The durable callback of a Publish frame's records: its publishing ids
+    are confirmed (and, with a reference, the highest becomes the durable
+    sequence)."""
 
-    __slots__ = ("connection", "publisher", "publishing_id", "tracking")
+    __slots__ = ("connection", "publisher", "ids", "tracking")
 
-    def __init__(self, connection, publisher: Publisher, publishing_id: int, tracking) -> None:
+    def __init__(self, connection, publisher: Publisher, ids: list[int], tracking) -> None:
         self.connection = connection
         self.publisher = publisher
-        self.publishing_id = publishing_id
+        self.ids = ids
         self.tracking = tracking
 
     def __call__(self) -> None:
         if self.tracking is not None:
-            self.tracking.durable(self.publisher.reference, self.publishing_id)
-        confirm(self.connection, self.publisher, self.publishing_id)
+            self.tracking.durable(self.publisher.reference, max(self.ids))
+        self.publisher.confirmed.extend(self.ids)
+        _confirming(self.connection, self.publisher)
 
 
 def confirm(conn, publisher: Publisher, publishing_id: int) -> None:
     publisher.confirmed.append(publishing_id)
+    _confirming(conn, publisher)
+
+
+def _confirming(conn, publisher: Publisher) -> None:
+    """Confirms go out once per loop turn, per publisher."""
     if not conn.confirming:
         conn.io.call_soon(lambda: send_confirms(conn))
     conn.confirming.add(publisher)
@@ -125,6 +136,9 @@ def query_publisher_sequence(conn, version: int, f: Fields) -> None:
 
 
 def publish(conn, version: int, f: Fields) -> None:
+    """One Publish frame: its messages become records, appended together;
+    the frame's publishing ids are confirmed once its last record is on
+    disk (records are durable in order)."""
     publisher_id = f.u8()
     count = f.count(12)
     publisher = conn.publishers.get(publisher_id)
@@ -134,46 +148,62 @@ def publish(conn, version: int, f: Fields) -> None:
     if tracking is not None and not tracking.loaded:
         tracking = None  # cannot happen after a declare's answer; no deduplication without it
     reference = publisher.reference.encode("utf-8") if tracking is not None else b""
+    highest = tracking.accepted.get(publisher.reference, 0) if tracking is not None else 0
+    prefixes: dict[bytes, bytes] = {}
+    records: list[bytes] = []
+    ids: list[int] = []
+    data = f.data
     for _ in range(count):
-        publishing_id = f.u64()
         filter_value = b""
-        if version >= 2:
-            value = f.string()
-            filter_value = value.encode("utf-8") if value else b""
-        kind = f.data[f.pos] if f.left else 0
-        if kind & 0x80:
-            f.u8()
-            batch_count, uncompressed, size = f.u16(), f.i32(), f.i32()
-            data = f.raw(size)
-            if publisher is None:
-                errors.append((publishing_id, codes.PUBLISHER_DOES_NOT_EXIST))
-                continue
-            try:
-                messages = unpack_batch((kind >> 4) & 0x7, batch_count, uncompressed, data, MAX_SUB_BATCH,
-                                        codes.PRECONDITION_FAILED, codes.PRECONDITION_FAILED)
-            except BadBatch as exc:
-                log.info("stream connection from %s: %s", conn.peer, exc)
-                errors.append((publishing_id, exc.code))
-                continue
+        if version < 2 and f.left >= 13 and not data[f.pos + 8] & 0x80:
+            # The common entry, parsed in one step: publishing id, size, message.
+            publishing_id, size = _ENTRY.unpack_from(data, f.pos)
+            f.pos += 12
+            messages = (f.raw(size),)
         else:
-            body = f.bytes_()
-            if publisher is None:
-                errors.append((publishing_id, codes.PUBLISHER_DOES_NOT_EXIST))
-                continue
-            messages = [body or b""]
+            publishing_id = f.u64()
+            if version >= 2:
+                value = f.string()
+                filter_value = value.encode("utf-8") if value else b""
+            kind = data[f.pos] if f.left else 0
+            if kind & 0x80:
+                f.u8()
+                batch_count, uncompressed, size = f.u16(), f.i32(), f.i32()
+                batch = f.raw(size)
+                if publisher is None:
+                    errors.append((publishing_id, codes.PUBLISHER_DOES_NOT_EXIST))
+                    continue
+                try:
+                    messages = unpack_batch((kind >> 4) & 0x7, batch_count, uncompressed, batch, MAX_SUB_BATCH,
+                                            codes.PRECONDITION_FAILED, codes.PRECONDITION_FAILED)
+                except BadBatch as exc:
+                    log.info("stream connection from %s: %s", conn.peer, exc)
+                    errors.append((publishing_id, exc.code))
+                    continue
+            else:
+                messages = (f.bytes_() or b"",)
+        if publisher is None:
+            errors.append((publishing_id, codes.PUBLISHER_DOES_NOT_EXIST))
+            continue
         if queue.deleted:
             errors.append((publishing_id, codes.STREAM_DOES_NOT_EXIST))
             continue
         if tracking is not None:
-            if publishing_id <= tracking.accepted.get(publisher.reference, 0):
+            if publishing_id <= highest:
                 confirm(conn, publisher, publishing_id)  # a duplicate: confirmed, not stored
                 continue
-            tracking.accepted[publisher.reference] = publishing_id
-        on_durable = Confirm(conn, publisher, publishing_id, tracking)
-        last = len(messages) - 1
-        for i, message in enumerate(messages):
-            queue.append(encode_amqp10(message, filter_value, reference, publishing_id),
-                         on_durable if i == last else None)
+            highest = publishing_id
+        prefix = prefixes.get(filter_value)
+        if prefix is None:
+            prefix = prefixes[filter_value] = amqp10_prefix(filter_value, reference)
+        if reference:
+            prefix = prefix + _ID.pack(publishing_id)
+        records.extend(prefix + message for message in messages)
+        ids.append(publishing_id)
+    if records:
+        if tracking is not None:
+            tracking.accepted[publisher.reference] = highest
+        queue.append_batch(records, Confirm(conn, publisher, ids, tracking))
     f.end()
     if errors:
         conn.send(frames.frame(codes.PUBLISH_ERROR, 1, frames.u8(publisher_id), frames.array(
