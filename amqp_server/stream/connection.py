@@ -32,7 +32,8 @@ import time
 
 from amqp_server.stream import codes, consuming, frames, handshake, publishing, streams
 from amqp_server.stream.frames import Fields, FrameReader, FrameTooLarge, Malformed
-from amqp_server.stream.handshake import CLOSED, OPENING, PEER, TUNING
+from amqp_server.shared.client import CLOSED, INPUT_BUDGET, ClientConnection
+from amqp_server.stream.handshake import OPENING, PEER, TUNING
 from amqp_server.stream.publishing import Publisher
 from amqp_server.stream.subscription import Subscription
 from vhosts.access import Access
@@ -41,7 +42,6 @@ from vhosts.errors import AMQPError
 log = logging.getLogger("hutch.stream")
 
 INITIAL_FRAME_MAX = 8192
-INPUT_BUDGET = 128 * 1024
 
 
 # The commands of an open connection; each handler takes (connection, version, fields).
@@ -76,7 +76,7 @@ HANDSHAKE = {
 }
 
 
-class StreamConnection:
+class StreamConnection(ClientConnection):
     # What the management API reads of every connection (shapes.connection).
     channel_max = 0
     protocol = "stream"
@@ -103,7 +103,9 @@ class StreamConnection:
         self.subscriptions: dict[int, Subscription] = {}
         self.recv_oct = self.recv_cnt = self.send_oct = self.send_cnt = 0
         self.blocked_by: set = set()
+        self.alarms = node.alarms
         self.socket_paused = False
+        self.acks_handled = False  # the stream protocol has no acks to hold output for
         self.output: list[bytes] = []
         self.confirming: set[Publisher] = set()
         self._correlation = 0
@@ -139,12 +141,6 @@ class StreamConnection:
         """The most message bytes one Deliver frame may carry."""
         return (self.frame_max or 1 << 30) - 128
 
-    @property
-    def name(self) -> str:
-        host, port = (self.peer or ("", 0))[:2]
-        local = self.io.transport.get_extra_info("sockname") if self.io.transport is not None else None
-        return "%s:%d -> %s:%d" % (host, port, *(local[:2] if local else ("", 0)))
-
     def unacked_deliveries(self):
         return iter(())
 
@@ -171,7 +167,7 @@ class StreamConnection:
                         return
                     self._handle(key, version, Fields(payload))
                     budget -= len(payload) + 8
-                    if self.blocked_by or budget <= 0:
+                    if (self.blocked_by or budget <= 0) and self.state is not CLOSED:
                         self.io.pause_reading()
                         if not self.blocked_by:
                             self.io.call_soon(self._continue)
@@ -183,12 +179,6 @@ class StreamConnection:
         except Exception:
             log.exception("internal error on stream connection from %s", self.peer)
             self.close(codes.INTERNAL_ERROR, "internal error")
-
-    def _continue(self) -> None:
-        if self.state is CLOSED or self.blocked_by:
-            return
-        self.io.resume_reading()
-        self.parse()
 
     def _handle(self, key: int, version: int, f: Fields) -> None:
         if key == codes.HEARTBEAT:
@@ -271,28 +261,12 @@ class StreamConnection:
             self.broker.connection_closed(self)
             self.vhost = None
 
-    # -- flow control (the publisher port of vhosts) ----------------------------------
-
-    def throttled_by(self, source) -> None:
-        self.blocked_by.add(source)
-
-    def unblocked(self, source) -> None:
-        self.blocked_by.discard(source)
-        if not self.blocked_by and self.state is not CLOSED:
-            self.io.call_soon(self._continue)
+    # -- alarms (vhosts' publisher port: throttled_by and unblocked are ClientConnection's) --
 
     def alarm_blocked(self, alarms) -> None:
+        """A memory or disk alarm: reading stops after this publish (the
+        stream protocol has no blocked notification)."""
         self.blocked_by.add(alarms)
-
-    @property
-    def flow_state(self) -> str:
-        """As an AMQP connection's (the management API's `state`)."""
-        alarms = self.node.alarms
-        if alarms in self.blocked_by:
-            return "blocked"
-        if alarms.raised:
-            return "blocking"
-        return "flow" if self.blocked_by else "running"
 
     def alarm_cleared(self, alarms) -> None:
         self.unblocked(alarms)
@@ -314,8 +288,6 @@ class StreamConnection:
 
     def respond(self, key: int, correlation: int, code: int, *fields: bytes) -> None:
         self.send(frames.response(key, correlation, code, *fields))
-
-    # -- publishers ------------------------------------------------------------------
 
     # -- subscriptions -------------------------------------------------------------------
 
@@ -344,9 +316,3 @@ class StreamConnection:
             del self.publishers[publisher_id]
         self.send(frames.frame(codes.METADATA_UPDATE, 1, frames.u16(codes.METADATA_STREAM_NOT_AVAILABLE),
                                frames.string(name)))
-
-    # -- offsets ----------------------------------------------------------------------
-
-    # -- streams ---------------------------------------------------------------------
-
-    # -- super streams ---------------------------------------------------------------

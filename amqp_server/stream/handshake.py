@@ -11,6 +11,7 @@ import logging
 
 from pamqp import decode as amqp_decode
 
+from amqp_server.shared.client import CLOSED
 from amqp_server.stream import codes, frames
 from amqp_server.stream.frames import Fields
 from vhosts.access import Access
@@ -18,8 +19,8 @@ from vhosts.errors import AMQPError
 
 log = logging.getLogger("hutch.stream")
 
-# The connection's states (connection.StreamConnection)
-PEER, TUNING, OPENING, OPEN, CLOSED = "peer", "tuning", "opening", "open", "closed"
+# The connection's states (connection.StreamConnection; then amqp_server.shared.client.CLOSED)
+PEER, TUNING, OPENING, OPEN = "peer", "tuning", "opening", "open"
 
 SERVER_PROPERTIES = {"product": "RabbitMQ", "version": "3.13.7", "platform": "hutch (Python)",
                      "copyright": "hutch", "information": "the RabbitMQ stream protocol, served by hutch"}

@@ -1,11 +1,10 @@
-"""The stream listener's transport side: an asyncio.Protocol around a
-`StreamConnection` (batched writes once per loop turn, pause/resume on the
-socket's flow control), and `StreamNode`, what all stream connections of
-the broker share."""
+"""The stream listener's transport side (`StreamProtocol`) and `StreamNode`,
+what all stream connections of the broker share."""
 from __future__ import annotations
 
 import asyncio
 
+from amqp_server.shared.client import ClientProtocol
 from amqp_server.stream.connection import StreamConnection
 from amqp_server.stream.groups import Groups
 from amqp_server.stream.tracking import Tracking
@@ -56,68 +55,16 @@ class StreamNode:
             tracking.snapshot()
 
 
-class StreamProtocol(asyncio.Protocol):
+class StreamProtocol(ClientProtocol):
+    """The stream listener's protocol: the shared client transport
+    (amqp_server.shared.client: one read buffer, batched writes, flow
+    control) around a `StreamConnection`."""
+
     def __init__(self, node: StreamNode) -> None:
+        super().__init__(node.broker, node.config, node.connections, node.alarms, node.logins, node.writer)
         self.node = node
-        self.loop = asyncio.get_running_loop()
-        self.transport: asyncio.Transport | None = None
-        self.connection: StreamConnection | None = None
-        self._flush_scheduled = False
-        self._closing = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:
+        # Listed in `connections` (the management API) once Open succeeds.
         self.transport = transport
         self.connection = StreamConnection(self.node, self, transport.get_extra_info("peername"))
-
-    def data_received(self, data: bytes) -> None:
-        self.connection.received(data)
-
-    def eof_received(self) -> bool:
-        return False
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.connection.lost()
-
-    def pause_writing(self) -> None:
-        self.connection.socket_paused = True
-
-    def resume_writing(self) -> None:
-        self.connection.socket_paused = False
-        self.connection.output_resumed()
-
-    # -- what the connection asks of its IO --------------------------------------
-
-    def wake(self) -> None:
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            self.loop.call_soon(self._flush)
-
-    def _flush(self) -> None:
-        self._flush_scheduled = False
-        transport = self.transport
-        if transport is None or transport.is_closing():
-            return
-        out = self.connection.take_output()
-        if out:
-            transport.writelines(out)
-        if self._closing:
-            transport.close()
-
-    def close(self) -> None:
-        """Write what is pending, then close."""
-        self._closing = True
-        self.wake()
-
-    def call_later(self, delay: float, callback) -> asyncio.TimerHandle:
-        return self.loop.call_later(delay, callback)
-
-    def call_soon(self, callback) -> None:
-        self.loop.call_soon(callback)
-
-    def pause_reading(self) -> None:
-        if not self.transport.is_closing():
-            self.transport.pause_reading()
-
-    def resume_reading(self) -> None:
-        if not self.transport.is_closing():
-            self.transport.resume_reading()
