@@ -366,3 +366,57 @@ def test_listed_by_the_management_api(port, http):
         listed = wait_for(lambda: [c for c in http.get("/api/connections").body if c["protocol"] == "stream"],
                           what="the stream connection in /api/connections")
         assert listed[0]["user"] == "guest" and listed[0]["vhost"] == "/"
+
+
+def test_confirmed_messages_survive_sigkill(start_broker):
+    """Publish with confirms (and a publisher reference) until well past a
+    thousand confirms, SIGKILL the broker, restart it: every confirmed
+    message is there exactly once, in order, and the publisher sequence
+    covers the highest confirmed id."""
+    broker = start_broker(expect=("AMQP", "STREAM"))
+    stream = unique("kill")
+    confirmed: list[int] = []
+    with opened(broker.ports["STREAM"]) as client:
+        assert create(client, stream) == OK
+        client.request(0x01, b"\x01", string("ref"), string(stream))
+        assert client.response_code(0x01) == OK
+        next_id = 1
+        try:
+            while True:
+                batch = range(next_id, next_id + 50)
+                client.send(frame(0x02, struct.pack(">Bi", 1, len(batch)), b"".join(
+                    struct.pack(">Qi", i, len(amqp(b"%d" % i))) + amqp(b"%d" % i) for i in batch)))
+                next_id += 50
+                found = client.read()
+                while found is not None and found[0] != 0x03:
+                    found = client.read()
+                if found is None:
+                    break
+                (count,) = struct.unpack_from(">i", found[2], 1)
+                confirmed += [struct.unpack_from(">Q", found[2], 5 + 8 * i)[0] for i in range(count)]
+                if len(confirmed) >= 1500 and broker.running():
+                    broker.process.kill()  # SIGKILL with publishes in flight
+        except OSError:
+            pass  # the broker is gone
+    broker.process.wait()
+    assert len(confirmed) >= 1500
+    broker = start_broker("--data-dir", str(broker.data_dir), expect=("AMQP", "STREAM"))
+    with opened(broker.ports["STREAM"]) as client:
+        client.request(0x05, string("ref"), string(stream))
+        rest = client.read_key(0x8005)
+        assert struct.unpack_from(">HQ", rest, 4)[0] == OK
+        assert struct.unpack_from(">HQ", rest, 4)[1] >= max(confirmed)
+        client.request(0x07, b"\x02", string(stream), struct.pack(">HH", 1, 0xFFFF), string_map({}))
+        assert client.response_code(0x07) == OK
+        bodies: list[bytes] = []
+        while len(bodies) < max(confirmed):
+            rest = client.read_key(0x08)
+            entries = struct.unpack_from(">H", rest, 3)[0]
+            pos = 1 + 48
+            for _ in range(entries):
+                (size,) = struct.unpack_from(">I", rest, pos)
+                bodies.append(rest[pos + 4 + 5:pos + 4 + size])  # past the data section's 5-byte head
+                pos += 4 + size
+            client.send(frame(0x09, struct.pack(">BH", 2, 1)))
+    numbers = [int(b) for b in bodies]
+    assert numbers[:max(confirmed)] == list(range(1, max(confirmed) + 1))
