@@ -92,8 +92,9 @@ async def test_server_side_offsets(port):
 
 async def test_stream_errors(port):
     seen = await stream_errors(port, unique("s"))
-    assert seen == {"create": "ok", "create again": "StreamAlreadyExists", "delete": "ok", "delete again": "StreamDoesNotExist",
-                    "subscribe missing": "StreamDoesNotExist", "publish missing": "StreamDoesNotExist"}
+    assert seen == {"create": "ok", "create again": "StreamAlreadyExists", "delete": "ok",
+                    "delete again": "StreamDoesNotExist", "subscribe missing": "StreamDoesNotExist",
+                    "publish missing": "StreamDoesNotExist"}
 
 
 async def test_create_stream_arguments(port):
@@ -200,6 +201,7 @@ async def test_single_active_consumer(port):
 async def test_filtering(port):
     stream = unique("s")
     await create(port, stream)
+
     async def region_of(message) -> str | None:
         return message.application_properties.get("region")
     async with producer(port, filter_value_extractor=region_of) as p:

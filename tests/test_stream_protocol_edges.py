@@ -58,7 +58,7 @@ def publish(client: StreamRaw, stream: str, bodies: list[bytes], publisher_id: i
     """Declare a publisher, publish `bodies` as data sections, wait for the confirms."""
     client.request(0x01, struct.pack(">B", publisher_id), string(""), string(stream))
     assert client.response_code(0x01) == OK
-    entries = b"".join(struct.pack(">Q", i + 1) + struct.pack(">i", len(amqp(b)) ) + amqp(b)
+    entries = b"".join(struct.pack(">Q", i + 1) + struct.pack(">i", len(amqp(b))) + amqp(b)
                        for i, b in enumerate(bodies))
     client.send(frame(0x02, struct.pack(">Bi", publisher_id, len(bodies)), entries))
     confirmed = 0

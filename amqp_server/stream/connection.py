@@ -233,7 +233,7 @@ class StreamConnection(ClientConnection):
         log.info("closing stream connection from %s: %s", self.peer, reason)
         self._correlation += 1
         self.output.append(frames.frame(codes.CLOSE, 1, frames.u32(self._correlation), frames.u16(code),
-                                         frames.string(reason)))
+                                        frames.string(reason)))
         self.io.wake()
         self.io.close()
         self.lost()

@@ -22,7 +22,7 @@ def offset_spec(f: Fields) -> tuple[int, int]:
     raise Malformed("offset specification type %d" % kind)
 
 
-def resolve(conn, queue, spec: tuple[int, int], then) -> None:
+def resolve(queue, spec: tuple[int, int], then) -> None:
     """`then(offset)` with where `spec` starts in `queue`, as RabbitMQ 3.11+:
     an offset below the first kept is the first, one past the end is next."""
     kind, value = spec
@@ -72,7 +72,7 @@ def subscribe(conn, version: int, f: Fields) -> None:
         subscription.group = (conn.vhost.name, stream, name)
         conn.node.groups.join(subscription.group, subscription, partition)
     else:
-        resolve(conn, queue, spec, subscription.start_at)
+        resolve(queue, spec, subscription.start_at)
 
 
 def consumer_update_answer(conn, version: int, f: Fields) -> None:
@@ -95,7 +95,7 @@ def consumer_update_answer(conn, version: int, f: Fields) -> None:
     else:
         raise Malformed("offset specification type %d" % kind)
     subscription.next = -1
-    resolve(conn, subscription.queue, spec, subscription.start_at)
+    resolve(subscription.queue, spec, subscription.start_at)
 
 
 def credit(conn, version: int, f: Fields) -> None:
@@ -140,7 +140,7 @@ def query_offset(conn, version: int, f: Fields) -> None:
     def answer() -> None:
         offset = tracking.offsets.get(reference)
         conn.respond(codes.QUERY_OFFSET, correlation, codes.OK if offset is not None else codes.NO_OFFSET,
-                      frames.u64(offset or 0))
+                     frames.u64(offset or 0))
     tracking.when_loaded(answer)
 
 
@@ -152,10 +152,10 @@ def resolve_offset_spec(conn, version: int, f: Fields) -> None:
     queue = conn.stream(stream)
     if queue is None:
         return conn.respond(codes.RESOLVE_OFFSET_SPEC, correlation, codes.STREAM_DOES_NOT_EXIST,
-                             frames.u16(codes.OFFSET_OFFSET), frames.u64(0))
+                            frames.u16(codes.OFFSET_OFFSET), frames.u64(0))
     code = conn.check("queue", stream, "read")
     if code != codes.OK:
         return conn.respond(codes.RESOLVE_OFFSET_SPEC, correlation, code, frames.u16(codes.OFFSET_OFFSET),
-                             frames.u64(0))
-    resolve(conn, queue, spec, lambda offset: conn.respond(
+                            frames.u64(0))
+    resolve(queue, spec, lambda offset: conn.respond(
         codes.RESOLVE_OFFSET_SPEC, correlation, codes.OK, frames.u16(codes.OFFSET_OFFSET), frames.u64(offset)))

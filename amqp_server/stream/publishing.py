@@ -129,10 +129,10 @@ def query_publisher_sequence(conn, version: int, f: Fields) -> None:
     queue = conn.stream(stream)
     if queue is None:
         return conn.respond(codes.QUERY_PUBLISHER_SEQUENCE, correlation, codes.STREAM_DOES_NOT_EXIST,
-                             frames.u64(0))
+                            frames.u64(0))
     tracking = conn.node.tracking(queue)
     tracking.when_loaded(lambda: conn.respond(codes.QUERY_PUBLISHER_SEQUENCE, correlation, codes.OK,
-                                               frames.u64(tracking.accepted.get(reference, 0))))
+                                              frames.u64(tracking.accepted.get(reference, 0))))
 
 
 def publish(conn, version: int, f: Fields) -> None:

@@ -90,7 +90,7 @@ def stream_stats(conn, version: int, f: Fields) -> None:
     stats = {"first_chunk_id": -1 if empty else log_.first_offset,
              "committed_chunk_id": -1 if empty else log_.next_offset - 1}
     conn.respond(codes.STREAM_STATS, correlation, codes.OK,
-                  frames.array([frames.string(k) + frames.i64(v) for k, v in stats.items()]))
+                 frames.array([frames.string(k) + frames.i64(v) for k, v in stats.items()]))
 
 
 def exchange_command_versions(conn, version: int, f: Fields) -> None:
@@ -138,7 +138,7 @@ def create_super_stream(conn, version: int, f: Fields) -> None:
         log.info("stream connection from %s: create super stream %s refused: %s", conn.peer, name,
                  exc.reply_text)
         return conn.respond(codes.CREATE_SUPER_STREAM, correlation,
-                             CODES.get(exc.reply_code, codes.PRECONDITION_FAILED))
+                            CODES.get(exc.reply_code, codes.PRECONDITION_FAILED))
     conn.respond(codes.CREATE_SUPER_STREAM, correlation, codes.OK)
 
 
@@ -148,5 +148,5 @@ def delete_super_stream(conn, version: int, f: Fields) -> None:
         super_streams.delete(conn.vhost, name, conn, conn.access)
     except AMQPError as exc:
         return conn.respond(codes.DELETE_SUPER_STREAM, correlation,
-                             CODES.get(exc.reply_code, codes.INTERNAL_ERROR))
+                            CODES.get(exc.reply_code, codes.INTERNAL_ERROR))
     conn.respond(codes.DELETE_SUPER_STREAM, correlation, codes.OK)

@@ -82,4 +82,3 @@ def delete(vhost, name: str, owner, access) -> None:
     vhost.delete_exchange(name, access=access)
     for stream in streams:
         vhost.delete_queue(stream, owner, access=access)
-
