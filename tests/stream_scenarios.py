@@ -13,6 +13,7 @@ from rstream.exceptions import ServerError
 
 HOST = "127.0.0.1"
 CREDENTIALS = {"username": "guest", "password": "guest"}
+FIRST_SPEC = ConsumerOffsetSpecification(OffsetType.FIRST, None)
 
 
 async def until(predicate, timeout: float = 20.0, what: str = "the condition"):

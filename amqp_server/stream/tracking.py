@@ -11,8 +11,9 @@ Theory of operation
   flight, so a resend of a pending id is recognised too.
 - A snapshot (`tracking.json` in the stream's log directory: the offsets,
   the sequences and the log's next offset when taken) is written by the
-  group-commit writer (write, fsync, rename) at most once per SNAPSHOT_EVERY
-  seconds while something changed. Loading reads the snapshot, then replays
+  group-commit writer (write, fsync, rename through storage.files, so a
+  cluster's followers get it too) at most once per SNAPSHOT_EVERY seconds
+  while something changed. Loading reads the snapshot, then replays
   the records from its next offset to the end of the log for their
   publisher sequences: after a crash, deduplication knows every durable
   record's publishing id (invariant), and stored offsets are at most
@@ -27,6 +28,7 @@ import logging
 import os
 from typing import Callable
 
+from storage import files
 from storage.writer import GroupCommitWriter
 from vhosts.stream_records import publisher_of
 
@@ -140,7 +142,7 @@ class Tracking:
                 f.write(data)
                 if sync:
                     os.fsync(f.fileno())
-            os.replace(temporary, path)
+            files.replace(temporary, path)  # reported to the cluster's replication, as every file change
 
         self.writer.run(write, self._written)
 
