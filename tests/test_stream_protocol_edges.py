@@ -362,10 +362,16 @@ def test_heartbeats(port):
 
 
 def test_listed_by_the_management_api(port, http):
-    with opened(port):
+    stream = unique("s")
+    with opened(port) as client:
         listed = wait_for(lambda: [c for c in http.get("/api/connections").body if c["protocol"] == "stream"],
                           what="the stream connection in /api/connections")
         assert listed[0]["user"] == "guest" and listed[0]["vhost"] == "/"
+        assert create(client, stream) == OK
+        client.request(0x07, b"\x00", string(stream), struct.pack(">HH", 3, 1), string_map({}))
+        assert client.response_code(0x07) == OK
+        # A subscription is one of the stream's consumers, as in RabbitMQ.
+        assert http.get("/api/queues/%%2F/%s" % stream).body["consumers"] == 1
 
 
 def test_confirmed_messages_survive_sigkill(start_broker):

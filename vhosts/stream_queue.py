@@ -125,7 +125,8 @@ class StreamQueue:
 
     @property
     def consumer_count(self) -> int:
-        return len(self.consumers)
+        """AMQP consumers and the stream protocol's subscriptions."""
+        return len(self.consumers) + sum(1 for w in self.watchers if w.consumes)
 
     @property
     def size(self) -> int:

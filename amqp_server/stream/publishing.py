@@ -34,6 +34,7 @@ MAX_SUB_BATCH = 64 * 1024 * 1024  # RabbitMQ's max uncompressed sub-entry batch 
 
 
 class Publisher:
+    consumes = False  # not one of the stream's consumers (StreamQueue.consumer_count)
     __slots__ = ("id", "queue", "reference", "confirmed", "connection")
 
     def __init__(self, connection, publisher_id: int, queue, reference: str | None) -> None:

@@ -28,6 +28,7 @@ READ_BYTES = 1024 * 1024
 
 
 class Subscription:
+    consumes = True  # counted among the stream's consumers (StreamQueue.consumer_count)
     __slots__ = ("connection", "id", "queue", "credit", "next", "reading", "filters", "unfiltered", "active",
                  "group", "properties", "requested", "delivered", "closed")
 
