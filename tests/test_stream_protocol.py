@@ -383,3 +383,39 @@ async def test_single_active_consumer_spreads_super_stream_partitions(port):
     assert got == {"a": [(partitions[0], b"p0")] * 2, "b": [(partitions[1], b"p1")] * 2}
     for c in members.values():
         await c.close()
+
+
+async def test_bytes_that_are_no_amqp_message_reach_amqp_consumers_as_the_body(hutch, port):
+    """The stream protocol lets a client publish any bytes (rstream's RawMessage): an AMQP 0-9-1
+    consumer gets them as the body, without properties, and a stream consumer as they were."""
+    from rstream import RawMessage
+    stream = unique("s")
+    await create(port, stream)
+    async with producer(port) as p:
+        await p.send_wait(stream, RawMessage(b"plain bytes"))
+        await p.send_wait(stream, RawMessage(b"\x00\x53\x75\xa0\x20cut short"))
+    raw = []
+    c = consumer(port)
+    await c.start()
+    await c.subscribe(stream, lambda message, context: raw.append(bytes(message)), offset_specification=FIRST)
+    await until(lambda: len(raw) == 2, what="two raw messages")
+    await c.close()
+    assert raw == [b"plain bytes", b"\x00\x53\x75\xa0\x20cut short"]
+
+    def consume_amqp():
+        with pika.BlockingConnection(pika.URLParameters(hutch.url)) as connection:
+            channel = connection.channel()
+            channel.basic_qos(prefetch_count=10)
+            out = []
+            for method, _properties, body in channel.consume(stream, arguments={"x-stream-offset": "first"},
+                                                             inactivity_timeout=20):
+                if method is None:
+                    break
+                out.append(body)
+                channel.basic_ack(method.delivery_tag)
+                if len(out) == 2:
+                    break
+            channel.cancel()
+            return out
+    assert await asyncio.get_running_loop().run_in_executor(None, consume_amqp) == raw
+    await delete(port, stream)

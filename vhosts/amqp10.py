@@ -36,6 +36,22 @@ class NotAMessage(ValueError):
 
 
 def decode(data: bytes) -> proton.Message:
+    """The message in `data`; NotAMessage unless `data` is a sequence of
+    whole AMQP 1.0 values, each a described section (Proton's Message.decode
+    alone skips what it does not recognise, so arbitrary or cut bytes would
+    "decode" as an empty message)."""
+    if not data or data[0] != 0:
+        raise NotAMessage("not an AMQP 1.0 message: it does not start with a described section")
+    sections = proton.Data()
+    position = 0
+    try:
+        while position < len(data):
+            used = sections.decode(data[position:])
+            if used <= 0:
+                raise NotAMessage("not an AMQP 1.0 message")
+            position += used
+    except proton.DataException as exc:
+        raise NotAMessage("not an AMQP 1.0 message: %s" % exc) from None
     message = proton.Message()
     try:
         message.decode(data)
@@ -45,8 +61,17 @@ def decode(data: bytes) -> proton.Message:
 
 
 def to_amqp091(data: bytes, default_routing_key: str = "") -> Message:
-    """A stream-protocol message as a hutch (AMQP 0-9-1) message."""
-    m = decode(data)
+    """A stream-protocol message as a hutch (AMQP 0-9-1) message. The
+    protocol lets a client publish any bytes: what does not decode as an
+    AMQP 1.0 message is delivered as the body, without properties."""
+    try:
+        return _to_amqp091(decode(data), default_routing_key)
+    except (NotAMessage, ValueError, TypeError, OverflowError, KeyError):
+        empty = commands.Basic.Properties()
+        return Message("", default_routing_key, header.ContentHeader(0, len(data), empty).marshal(), bytes(data))
+
+
+def _to_amqp091(m: proton.Message, default_routing_key: str) -> Message:
     annotations = {str(k): v for k, v in (m.annotations or {}).items()}
     headers: dict = {}
     for key, value in (m.properties or {}).items():
@@ -109,7 +134,19 @@ def to_amqp091(data: bytes, default_routing_key: str = "") -> Message:
 
 def from_amqp091(message: Message) -> bytes:
     """A hutch (AMQP 0-9-1) message in the AMQP 1.0 format, as RabbitMQ
-    stores an AMQP 0-9-1 publish in a stream."""
+    stores an AMQP 0-9-1 publish in a stream. Properties Proton cannot
+    encode (a header value of a type AMQP 1.0 lacks) leave the message with
+    its body and routing annotations only, rather than undeliverable."""
+    try:
+        return _from_amqp091(message)
+    except Exception:  # proton raises its own errors (and others) on values it cannot encode
+        bare = proton.Message(body=message.body, inferred=True)
+        bare.annotations = {proton.symbol("x-exchange"): message.exchange,
+                            proton.symbol("x-routing-key"): message.routing_key}
+        return bare.encode()
+
+
+def _from_amqp091(message: Message) -> bytes:
     p = message.properties
     headers = p.headers or {}
     application = {}
