@@ -16,13 +16,14 @@ class StreamNode:
     management API's and the shutdown's), single-active-consumer groups and
     each stream's tracking."""
 
-    def __init__(self, broker, config, writer, alarms, logins, connections: set) -> None:
+    def __init__(self, broker, config, writer, alarms, logins, connections: set, listeners: list) -> None:
         self.broker = broker
         self.config = config
         self.writer = writer
         self.alarms = alarms
         self.logins = logins
         self.connections = connections
+        self.listeners = listeners  # (protocol, address, port) of the node's open listeners
         self.groups = Groups()
         self._tracking: dict[int, Tracking] = {}
 
@@ -40,12 +41,18 @@ class StreamNode:
         return found
 
     def advertised(self, connection) -> tuple[str, int]:
-        """The host and port metadata names for this node."""
+        """The host and port metadata names for this node: the settings'
+        advertised ones, else the cluster's advertised host (a connection a
+        follower forwarded arrives on the replication port) or the address
+        the client reached, and this node's stream (or stream TLS) port."""
         settings = self.config.stream
         transport = connection.io.transport
         local = transport.get_extra_info("sockname") if transport is not None else None
-        host = settings.advertised_host or (local[0] if local else "localhost")
-        port = settings.advertised_port or (local[1] if local else settings.port)
+        host = settings.advertised_host or self.config.cluster.advertise or (local[0] if local else "localhost")
+        if settings.advertised_port:
+            return host, settings.advertised_port
+        protocol = "stream/ssl" if transport is not None and transport.get_extra_info("ssl_object") else "stream"
+        port = next((bound for name, _host, bound in self.listeners if name == protocol), settings.port)
         return host, port
 
     def snapshot_all(self) -> None:
