@@ -15,9 +15,8 @@ import subprocess
 
 import pika
 import pytest
-from rstream import (AMQPMessage, ConsumerOffsetSpecification, FilterConfiguration, OffsetSpecification, OffsetType,
-                     RouteType,
-                     SuperStreamConsumer, SuperStreamProducer, amqp_decoder)
+from rstream import (AMQPMessage, ConsumerOffsetSpecification, FilterConfiguration, OffsetNotFound, OffsetSpecification,
+                     OffsetType, RouteType, SuperStreamConsumer, SuperStreamProducer, amqp_decoder)
 from rstream.superstream import SuperStreamCreationOption
 
 from conftest import ROOT, launch
@@ -418,4 +417,28 @@ async def test_bytes_that_are_no_amqp_message_reach_amqp_consumers_as_the_body(h
             channel.cancel()
             return out
     assert await asyncio.get_running_loop().run_in_executor(None, consume_amqp) == raw
+    await delete(port, stream)
+
+
+async def test_a_stream_declared_again_starts_with_no_sequences_or_offsets(hutch, port):
+    """A stream deleted and created again under the same name (the same directory) keeps none
+    of the old one's publisher sequences or stored offsets."""
+    stream = unique("s")
+    await create(port, stream)
+    assert await publish(port, stream, [b"old-1", b"old-2"], publisher_name="ref", ids=[1, 2]) == [1, 2]
+    c = consumer(port)
+    await c.start()
+    await c.store_offset(stream, "reader", 1)
+    await c.close()
+    wait_for(lambda: any("reader" in p.read_text() for p in hutch.data_dir.rglob("tracking.json")), 10,
+             what="the old stream's tracking snapshot")
+    await delete(port, stream)
+    await create(port, stream)
+    assert await publish(port, stream, [b"new-1", b"new-2"], publisher_name="ref", ids=[1, 2]) == [1, 2]
+    assert [b for _o, b in await read(port, stream, FIRST, 2)] == [b"new-1", b"new-2"]
+    c = consumer(port)
+    await c.start()
+    with pytest.raises(OffsetNotFound):
+        await c.query_offset(stream, "reader")
+    await c.close()
     await delete(port, stream)

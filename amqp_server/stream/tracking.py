@@ -19,7 +19,9 @@ Theory of operation
   record's publishing id (invariant), and stored offsets are at most
   SNAPSHOT_EVERY seconds old (RabbitMQ's store offset is asynchronous too:
   the command has no response).
-- Until loaded, requests that need the state wait in `_waiting`.
+- Until loaded, requests that need the state wait in `_waiting`. The
+  snapshot is read by the writer, after what was queued before (a deleted
+  stream's removal among them).
 """
 from __future__ import annotations
 
@@ -60,18 +62,33 @@ class Tracking:
     # -- loading -------------------------------------------------------------
 
     def _start(self) -> None:
-        try:
-            with open(self.path, encoding="utf-8") as f:
-                snapshot = json.load(f)
-            self.offsets = {str(k): int(v) for k, v in snapshot.get("offsets", {}).items()}
-            self.sequences = {str(k): int(v) for k, v in snapshot.get("sequences", {}).items()}
-            start = int(snapshot.get("next_offset", 0))
-        except FileNotFoundError:
-            start = 0
-        except (OSError, ValueError, AttributeError, TypeError) as exc:
-            # The records still carry every publisher sequence: replay them all.
-            log.warning("stream %s: unreadable tracking snapshot (%s), replaying the whole log", self.queue.name, exc)
-            self.offsets, self.sequences, start = {}, {}, 0
+        # Read on the writer thread, after every job queued before: a stream
+        # deleted and declared again under the same name shares the directory,
+        # and the old one's removal must come first (no stale sequences).
+        path = self.path
+
+        def read() -> dict | None:
+            try:
+                with open(path, encoding="utf-8") as f:
+                    return json.load(f)
+            except FileNotFoundError:
+                return None
+        self.writer.run(read, self._snapshot_read)
+
+    def _snapshot_read(self, snapshot) -> None:
+        start = 0
+        if snapshot is not None:
+            try:
+                if isinstance(snapshot, Exception):
+                    raise snapshot
+                self.offsets = {str(k): int(v) for k, v in snapshot.get("offsets", {}).items()}
+                self.sequences = {str(k): int(v) for k, v in snapshot.get("sequences", {}).items()}
+                start = int(snapshot.get("next_offset", 0))
+            except (OSError, ValueError, AttributeError, TypeError) as exc:
+                # The records still carry every publisher sequence: replay them all.
+                log.warning("stream %s: unreadable tracking snapshot (%s), replaying the whole log",
+                            self.queue.name, exc)
+                self.offsets, self.sequences, start = {}, {}, 0
         self._replay(max(start, self.queue.log.first_offset))
 
     def _replay(self, start: int) -> None:
