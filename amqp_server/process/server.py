@@ -139,6 +139,8 @@ class BrokerServer:
         # One table for every front end: AMQP, MQTT and HTTP failures of one
         # user from one address count together.
         self.logins = LoginThrottle(config.auth_failure_delay, config.auth_failure_delay_max)
+        self.stream_node = StreamNode(self.broker, config, self.writer, self.alarms, self.logins, self.connections,
+                                      self.listeners)
         self.management = ManagementListeners(self.broker, self.connections, config, self.writer, self.monitor,
                                               self.listeners, self.alarms, self.mqtt_sessions, self.logins)
         self.links: Links | None = None  # once the AMQP listener is open (a link may point at this node)
@@ -164,8 +166,6 @@ class BrokerServer:
             return MQTTProtocol(self.broker, config, self.mqtt_sessions, self.connections, self.alarms, logins,
                                 self.writer)
 
-        self.stream_node = StreamNode(self.broker, config, self.writer, self.alarms, logins, self.connections,
-                                      self.listeners)
         self.alarms.start()
         self.servers, self.listeners[:], acceptors = await open_listeners(
             config, factory, mqtt_factory, lambda: StreamProtocol(self.stream_node))
