@@ -6,6 +6,7 @@ version 2, super stream creation errors), and a fuzz of mutated sessions:
 the broker answers with the protocol's codes and keeps serving."""
 from __future__ import annotations
 
+import gzip
 import random
 import socket
 import struct
@@ -290,11 +291,17 @@ def test_frame_too_large(port):
 def _session(stream: str) -> list[bytes]:
     """A valid session's frames after the handshake, to mutate."""
     body = amqp(b"payload")
+    plain = b"".join(struct.pack(">I", len(m)) + m for m in (amqp(b"one"), amqp(b"two")))
+    packed = gzip.compress(plain)
     return [
         frame(0x0D, struct.pack(">I", 1), string(stream), string_map({"max-age": "1h"})),
         frame(0x01, struct.pack(">IB", 2, 3), string("ref"), string(stream)),
         frame(0x02, struct.pack(">Bi", 3, 2), struct.pack(">Q", 1) + struct.pack(">i", len(body)) + body,
               struct.pack(">Q", 2) + struct.pack(">i", len(body)) + body),
+        # version 2 (a filter value per message) and a gzip sub-entry batch
+        frame(0x02, struct.pack(">Bi", 3, 1), struct.pack(">Q", 3) + string("a") + struct.pack(">i", len(body)) + body,
+              version=2),
+        frame(0x02, struct.pack(">BiQBHii", 3, 1, 4, 0x80 | 1 << 4, 2, len(plain), len(packed)), packed),
         frame(0x07, struct.pack(">IB", 3, 1), string(stream), struct.pack(">HH", 1, 2),
               string_map({"filter.0": "a"})),
         frame(0x09, struct.pack(">BH", 1, 3)),
@@ -426,3 +433,22 @@ def test_confirmed_messages_survive_sigkill(start_broker):
             client.send(frame(0x09, struct.pack(">BH", 2, 1)))
     numbers = [int(b) for b in bodies]
     assert numbers[:max(confirmed)] == list(range(1, max(confirmed) + 1))
+
+
+def test_an_offset_stored_on_an_empty_stream_survives_a_restart(start_broker):
+    broker = start_broker(expect=("AMQP", "STREAM"))
+    stream = unique("empty")
+
+    def query(port: int) -> tuple[int, int]:
+        with opened(port) as client:
+            client.request(0x0B, string("reader"), string(stream))
+            return struct.unpack_from(">HQ", client.read_key(0x800B), 4)
+
+    with opened(broker.ports["STREAM"]) as client:
+        assert create(client, stream) == OK
+        client.send(frame(0x0A, string("reader"), string(stream), struct.pack(">Q", 5)))
+    wait_for(lambda: query(broker.ports["STREAM"]) == (OK, 5), what="the stored offset")
+    broker.stop()  # a clean stop writes the snapshot
+    broker = start_broker("--data-dir", str(broker.data_dir), expect=("AMQP", "STREAM"))
+    assert query(broker.ports["STREAM"]) == (OK, 5)
+    assert "Traceback" not in broker.log

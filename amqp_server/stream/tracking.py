@@ -154,6 +154,8 @@ class Tracking:
         sync = self.writer.durability == "fsync"
 
         def write() -> None:
+            # An empty stream has no directory yet (its first segment makes it).
+            os.makedirs(os.path.dirname(path), exist_ok=True)
             temporary = path + ".tmp"
             with open(temporary, "wb") as f:
                 f.write(data)
