@@ -442,3 +442,17 @@ async def test_a_stream_declared_again_starts_with_no_sequences_or_offsets(hutch
         await c.query_offset(stream, "reader")
     await c.close()
     await delete(port, stream)
+
+
+async def test_retention_from_create_arguments(port):
+    """max-length-bytes and stream-max-segment-size-bytes given at create apply to the log:
+    whole old segments go, and a subscription from first starts at the oldest kept."""
+    stream = unique("s")
+    assert await create(port, stream, {"max-length-bytes": "20000", "stream-max-segment-size-bytes": "5000"}) == "ok"
+    bodies = [b"%03d" % i + b"x" * 200 for i in range(200)]
+    for start in range(0, 200, 50):
+        await publish(port, stream, bodies[start:start + 50])
+    got = await read(port, stream, FIRST, 1)
+    first = got[0][0]
+    assert 0 < first < 200 and got[0][1] == bodies[first]
+    await delete(port, stream)
