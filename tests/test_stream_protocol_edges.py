@@ -15,7 +15,7 @@ import pytest
 
 from conftest import ALL_PERMISSIONS, launch
 from helpers import unique, wait_for
-from http_api import segment
+from http_api import call, segment
 from stream_raw import StreamRaw, frame, string, string_map
 
 OK, STREAM_DOES_NOT_EXIST, SUBSCRIPTION_ID_DOES_NOT_EXIST = 1, 2, 4
@@ -28,7 +28,7 @@ PUBLISHER_DOES_NOT_EXIST = 18
 def hutch(tmp_path_factory):
     # A short failed-login delay: the refused logins below need not wait.
     broker = launch(tmp_path_factory.mktemp("stream-edges"), "--auth-failure-delay", "0.01",
-                    expect=("AMQP", "STREAM", "HTTP"))
+                    expect=("AMQP", "STREAM", "HTTP", "PROMETHEUS"))
     yield broker
     broker.stop()
 
@@ -368,7 +368,7 @@ def test_heartbeats(port):
         assert client.closed()
 
 
-def test_listed_by_the_management_api(port, http):
+def test_listed_by_the_management_api(port, http, hutch):
     stream = unique("s")
     with opened(port) as client:
         listed = wait_for(lambda: [c for c in http.get("/api/connections").body if c["protocol"] == "stream"],
@@ -379,6 +379,9 @@ def test_listed_by_the_management_api(port, http):
         assert client.response_code(0x07) == OK
         # A subscription is one of the stream's consumers, as in RabbitMQ.
         assert http.get("/api/queues/%%2F/%s" % stream).body["consumers"] == 1
+        assert http.get("/api/overview").status == 200
+        for path in ("/metrics", "/metrics/per-object"):
+            assert call(hutch.ports["PROMETHEUS"], "GET", path).status == 200
 
 
 def test_confirmed_messages_survive_sigkill(start_broker):
