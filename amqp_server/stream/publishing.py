@@ -131,9 +131,11 @@ def query_publisher_sequence(conn, version: int, f: Fields) -> None:
     if queue is None:
         return conn.respond(codes.QUERY_PUBLISHER_SEQUENCE, correlation, codes.STREAM_DOES_NOT_EXIST,
                             frames.u64(0))
+    # The highest id on disk, not one still in flight: a client resuming from it may send a
+    # pending id again, which deduplication then confirms without storing it twice.
     tracking = conn.node.tracking(queue)
     tracking.when_loaded(lambda: conn.respond(codes.QUERY_PUBLISHER_SEQUENCE, correlation, codes.OK,
-                                              frames.u64(tracking.accepted.get(reference, 0))))
+                                              frames.u64(tracking.sequences.get(reference, 0))))
 
 
 def publish(conn, version: int, f: Fields) -> None:
