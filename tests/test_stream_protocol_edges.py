@@ -455,3 +455,17 @@ def test_an_offset_stored_on_an_empty_stream_survives_a_restart(start_broker):
     broker = start_broker("--data-dir", str(broker.data_dir), expect=("AMQP", "STREAM"))
     assert query(broker.ports["STREAM"]) == (OK, 5)
     assert "Traceback" not in broker.log
+
+
+def test_deleting_the_vhost_closes_its_stream_connections(port, http):
+    vhost = unique("vh")
+    assert http.put("/api/vhosts/" + segment(vhost)).status == 201
+    assert http.put("/api/permissions/%s/guest" % segment(vhost), ALL_PERMISSIONS).status in (201, 204)
+    with opened(port, vhost) as client:
+        stream = unique("s")
+        assert create(client, stream) == OK
+        client.request(0x07, b"\x00", string(stream), struct.pack(">HH", 1, 10), string_map({}))
+        assert client.response_code(0x07) == OK
+        assert http.delete("/api/vhosts/" + segment(vhost)).status == 204
+        # The server's Close (RabbitMQ's stream plugin sends one), then the socket closes.
+        assert close_code(client) is not None
