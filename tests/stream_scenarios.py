@@ -197,3 +197,39 @@ async def stream_errors(port: int, stream: str) -> dict:
         except ServerError as exc:
             out["publish missing"] = type(exc).__name__
     return out
+
+
+def raw_codes(port: int, stream: str) -> dict:
+    """Response codes of requests no client library sends wrong, over a raw
+    socket (tests/stream_raw.py): what each broker answers."""
+    import struct
+
+    from stream_raw import StreamRaw, frame, string, string_map
+    out = {}
+    with StreamRaw(port) as client:
+        out["wrong password"] = client.authenticate("guest", "wrong")
+    with StreamRaw(port) as client:
+        out["unknown mechanism"] = client.authenticate(mechanism="NOPE")
+    with StreamRaw(port) as client:
+        out["unknown vhost"] = client.open("no-such-vhost-" + stream)
+    with StreamRaw(port) as client:
+        assert client.open() == 1
+        client.request(0x01, b"\x05", string(""), string(stream))
+        out["declare publisher, no stream"] = client.response_code(0x01)
+        client.request(0x07, b"\x05", string(stream), struct.pack(">HH", 1, 1), string_map({}))
+        out["subscribe, no stream"] = client.response_code(0x07)
+        client.send(frame(0x02, struct.pack(">BiQi", 9, 1, 42, 1) + b"x"))
+        out["publish, no publisher"] = client.read_key(0x04).hex()
+        client.send(frame(0x09, struct.pack(">BH", 5, 10)))
+        out["credit, no subscription"] = client.read_key(0x8009).hex()
+        client.request(0x0C, b"\x05")
+        out["unsubscribe, no subscription"] = client.response_code(0x0C)
+        client.request(0x06, b"\x05")
+        out["delete publisher, none"] = client.response_code(0x06)
+        client.request(0x0B, string("nobody"), string(stream))
+        out["query offset, no stream"] = client.response_code(0x0B)
+        client.request(0x0E, string(stream))
+        out["delete, no stream"] = client.response_code(0x0E)
+        client.request(0x0F, struct.pack(">i", 1), string(stream))
+        out["metadata, no stream"] = client.read_key(0x800F)[4:].hex()
+    return out

@@ -62,18 +62,24 @@ def delete(conn, version: int, f: Fields) -> None:
 
 
 def metadata(conn, version: int, f: Fields) -> None:
+    """The leader (this node) of each stream; the broker list names only the
+    brokers an entry refers to, as RabbitMQ's (none when no stream exists)."""
     correlation = f.u32()
     streams = f.strings()
-    host, port = conn.node.advertised(conn)
     entries = []
+    found = False
     for name in streams:
         if conn.stream(name) is not None:
+            found = True
             entries.append(frames.string(name) + frames.u16(codes.OK) + frames.u16(0) + frames.array([]))
         else:
             entries.append(frames.string(name) + frames.u16(codes.STREAM_DOES_NOT_EXIST) + frames.u16(0xFFFF)
                            + frames.array([]))
-    conn.send(frames.frame(codes.METADATA | codes.RESPONSE, 1, frames.u32(correlation),
-                           frames.array([frames.u16(0) + frames.string(host) + frames.u32(port)]),
+    brokers = []
+    if found:
+        host, port = conn.node.advertised(conn)
+        brokers.append(frames.u16(0) + frames.string(host) + frames.u32(port))
+    conn.send(frames.frame(codes.METADATA | codes.RESPONSE, 1, frames.u32(correlation), frames.array(brokers),
                            frames.array(entries)))
 
 

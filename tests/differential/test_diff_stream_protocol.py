@@ -4,13 +4,15 @@ plugin (port 5552; .ci/run enables it): the same rstream scenarios
 
 Only what RabbitMQ 3.10 has is compared: publish and confirm, the offset
 specifications, deduplication, stored offsets, the errors of stream
-commands. Super streams and single active consumer (3.11), filtering
+commands, and over a raw socket the response codes of bad requests
+(SASL, vhost, unknown publisher and subscription, missing streams). Super streams and single active consumer (3.11), filtering
 (3.13) and exact timestamps per message are hutch-only
 (tests/test_stream_protocol.py). Without RabbitMQ's stream port the tests
 skip, except in CI, where they fail.
 """
 from __future__ import annotations
 
+import asyncio
 import socket
 
 import pytest
@@ -38,9 +40,11 @@ def rabbitmq_stream_port(rabbitmq_url) -> int:
 
 
 @pytest.mark.parametrize("scenario", ["publish_confirm_consume", "offset_specs", "deduplication", "stored_offsets",
-                                      "stream_errors"])
+                                      "stream_errors", "raw_codes"])
 async def test_same_as_rabbitmq(scenario, broker, rabbitmq_stream_port):
     run = getattr(stream_scenarios, scenario)
-    hutch = await run(broker.ports["STREAM"], unique("diff-stream"))
-    rabbit = await run(rabbitmq_stream_port, unique("diff-stream"))
+    name = unique("diff-stream")  # the same on both: raw_codes' metadata answers carry it
+    hutch, rabbit = run(broker.ports["STREAM"], name), run(rabbitmq_stream_port, name)
+    if asyncio.iscoroutine(hutch):
+        hutch, rabbit = await hutch, await rabbit
     assert hutch == rabbit
