@@ -1,14 +1,14 @@
 """The stream protocol, differential against RabbitMQ 3.10.8's rabbitmq_stream
-plugin (port 5552; .ci/run enables it): the same rstream scenarios
+plugin (port 5552; tests/prepare.sh enables it): the same scenarios
 (tests/stream_scenarios.py) observe the same on both brokers.
 
 Only what RabbitMQ 3.10 has is compared: publish and confirm, the offset
 specifications, deduplication, stored offsets, the errors of stream
-commands, and over a raw socket the response codes of bad requests
-(SASL, vhost, unknown publisher and subscription, missing streams). Super streams and single active consumer (3.11), filtering
-(3.13) and exact timestamps per message are hutch-only
-(tests/test_stream_protocol.py). Without RabbitMQ's stream port the tests
-skip, except in CI, where they fail.
+commands, and over a raw socket the response codes of bad requests (SASL,
+vhost, unknown publisher and subscription, missing streams, metadata).
+Super streams and single active consumer (3.11), filtering (3.13) and exact
+timestamps per message are hutch-only (tests/test_stream_protocol.py).
+Without RabbitMQ's stream port the tests skip, except in CI, where they fail.
 """
 from __future__ import annotations
 
