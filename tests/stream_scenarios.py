@@ -232,4 +232,20 @@ def raw_codes(port: int, stream: str) -> dict:
         out["delete, no stream"] = client.response_code(0x0E)
         client.request(0x0F, struct.pack(">i", 1), string(stream))
         out["metadata, no stream"] = client.read_key(0x800F)[4:].hex()
+        client.send(frame(0x7777, b"whatever"))
+        out["unknown command"] = _close_code(client)
+    with StreamRaw(port) as client:
+        client.send(frame(0x7777, b"whatever"))
+        out["unknown command before the handshake"] = _close_code(client)
     return out
+
+
+def _close_code(client) -> int | None:
+    """The code of the Close the broker sends before closing the socket (None: no Close)."""
+    import struct
+    while True:
+        found = client.read()
+        if found is None:
+            return None
+        if found[0] == 0x16:
+            return struct.unpack_from(">H", found[2], 4)[0]

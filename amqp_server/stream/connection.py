@@ -9,7 +9,8 @@ Theory of operation
   bytes (RabbitMQ's initial_frame_max); then to the negotiated frame_max.
 - A frame that does not parse, a command unknown or out of place, or an
   oversized frame: the connection is closed with a Close carrying the
-  protocol's code (unknown frame, frame too large), as RabbitMQ does; a
+  protocol's code (unknown frame, frame too large), as RabbitMQ does (before
+  Open succeeded, the socket is closed without one, as RabbitMQ does); a
   request the connection can answer (a missing stream, a refused
   permission) gets its response code and the connection stays.
 - The commands live by subject: `handshake`, `publishing`, `consuming`,
@@ -33,7 +34,7 @@ import time
 from amqp_server.stream import codes, consuming, frames, handshake, publishing, streams
 from amqp_server.stream.frames import Fields, FrameReader, FrameTooLarge, Malformed
 from amqp_server.shared.client import CLOSED, INPUT_BUDGET, ClientConnection
-from amqp_server.stream.handshake import OPENING, PEER, TUNING
+from amqp_server.stream.handshake import OPEN, OPENING, PEER, TUNING
 from amqp_server.stream.publishing import Publisher
 from amqp_server.stream.subscription import Subscription
 from vhosts.access import Access
@@ -227,14 +228,16 @@ class StreamConnection(ClientConnection):
 
     def close(self, code: int, reason: str) -> None:
         """Close with `code` (a protocol error, the broker stopping, an
-        administrator): a Close request, then the socket."""
+        administrator): a Close request, then the socket; before Open
+        succeeded only the socket, as RabbitMQ does."""
         if self.state is CLOSED:
             return
         log.info("closing stream connection from %s: %s", self.peer, reason)
-        self._correlation += 1
-        self.output.append(frames.frame(codes.CLOSE, 1, frames.u32(self._correlation), frames.u16(code),
-                                        frames.string(reason)))
-        self.io.wake()
+        if self.state is OPEN:
+            self._correlation += 1
+            self.output.append(frames.frame(codes.CLOSE, 1, frames.u32(self._correlation), frames.u16(code),
+                                            frames.string(reason)))
+            self.io.wake()
         self.io.close()
         self.lost()
 
