@@ -97,7 +97,11 @@ def test_sasl_mechanisms_and_failures(port):
         assert client.authenticate(mechanism="AMQPLAIN", opaque=table) == OK
 
 
-def test_tune_then_open(port):
+def test_peer_properties_tune_then_open(port):
+    with StreamRaw(port) as client:
+        client.request(0x11, string_map({"product": "raw"}))
+        rest = client.read_key(0x8011)
+        assert b"\x00\x07version\x00\x063.13.7" in rest  # the stream protocol's reference release
     with StreamRaw(port) as client:
         assert client.authenticate() == OK
         frame_max, heartbeat = struct.unpack(">II", client.read_key(0x14))

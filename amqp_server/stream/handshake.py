@@ -8,6 +8,7 @@ connection closes, as RabbitMQ does."""
 from __future__ import annotations
 
 import logging
+import platform
 
 from pamqp import decode as amqp_decode
 
@@ -16,21 +17,27 @@ from amqp_server.stream import codes, frames
 from amqp_server.stream.frames import Fields
 from vhosts.access import Access
 from vhosts.errors import AMQPError
+from vhosts.node import NODE
 
 log = logging.getLogger("hutch.stream")
 
 # The connection's states (connection.StreamConnection; then amqp_server.shared.client.CLOSED)
 PEER, TUNING, OPENING, OPEN = "peer", "tuning", "opening", "open"
 
-SERVER_PROPERTIES = {"product": "RabbitMQ", "version": "3.13.7", "platform": "hutch (Python)",
-                     "copyright": "hutch", "information": "the RabbitMQ stream protocol, served by hutch"}
+# As the AMQP face's server properties: the product is hutch, and `version`
+# names the RabbitMQ release whose stream protocol it follows (clients read
+# it to decide what the broker can do: single active consumer from 3.11,
+# filtering from 3.13).
+SERVER_PROPERTIES = {"product": "hutch", "version": "3.13.7", "platform": "Python " + platform.python_version(),
+                     "copyright": "hutch contributors", "information": "hutch, the RabbitMQ stream protocol",
+                     "cluster_name": NODE}
 
 
 def peer_properties(conn, version: int, f: Fields) -> None:
     correlation = f.u32()
     conn.client_properties = f.string_map()
     conn.send(frames.response(codes.PEER_PROPERTIES, correlation, codes.OK,
-                              frames.string_map({**SERVER_PROPERTIES, "cluster_name": conn.node.cluster_name})))
+                              frames.string_map(SERVER_PROPERTIES)))
 
 
 def mechanisms(conn) -> list[str]:

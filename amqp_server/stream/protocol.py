@@ -27,10 +27,6 @@ class StreamNode:
         self.groups = Groups()
         self._tracking: dict[int, Tracking] = {}
 
-    @property
-    def cluster_name(self) -> str:
-        return str(self.broker.global_parameters.get("cluster_name", "hutch"))
-
     def tracking(self, queue) -> Tracking:
         """The stream's tracking (loaded on first use)."""
         found = self._tracking.get(id(queue))
