@@ -33,13 +33,17 @@ class ManagementListeners:
         management, metrics = self.config.management, self.config.prometheus
         if management.enabled:
             self.node.sampler.start()
-            await self._open("HTTP", "http", http.make_app(self.node, ROUTES), management.bind, management.port)
+            app = http.make_app(self.node, ROUTES, management.max_body_size, management.request_timeout)
+            # aiohttp's keep-alive timer runs from the opening and from each answer, and
+            # incoming bytes do not reset it: a request head must be complete within it
+            await self._open("HTTP", "http", app, management.bind, management.port,
+                             keepalive_timeout=management.request_timeout)
         if metrics.enabled:
             await self._open("PROMETHEUS", "http/prometheus", prometheus.make_app(self.node), metrics.bind,
                              metrics.port)
 
-    async def _open(self, name: str, protocol: str, app: web.Application, bind: str, port: int) -> None:
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    async def _open(self, name: str, protocol: str, app: web.Application, bind: str, port: int, **server) -> None:
+        runner = web.AppRunner(app, access_log=None, handle_signals=False, **server)
         await runner.setup()
         site = web.TCPSite(runner, bind, port, reuse_address=True)
         try:
