@@ -15,11 +15,8 @@ import pytest
 
 from browser import Ui
 from conftest import ALL_PERMISSIONS
-from helpers import unique, wait_for
+from helpers import unavailable, unique, wait_for
 from http_api import call, segment
-
-pytestmark = pytest.mark.skipif(not (shutil.which("chromium") and shutil.which("chromedriver")),
-                                reason="needs Debian's chromium and chromium-driver (.ci/run installs them)")
 
 PAGES = ["", "connections", "channels", "exchanges", "queues", "dead-letters", "users", "vhosts", "policies",
          "limits", "shovels", "federation"]
@@ -27,6 +24,8 @@ PAGES = ["", "connections", "channels", "exchanges", "queues", "dead-letters", "
 
 @pytest.fixture(scope="module")
 def ui(broker):
+    if not (shutil.which("chromium") and shutil.which("chromedriver")):
+        unavailable("needs Debian's chromium and chromium-driver (.ci/run installs them)")
     browser = Ui(broker.ports["HTTP"])
     browser.login("guest", "guest")
     browser.one("#tab-queues")
