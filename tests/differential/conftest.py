@@ -61,10 +61,10 @@ def rabbitmq_url() -> str:
     return url
 
 
-@pytest.fixture
-def rabbitmq_api(rabbitmq_url):
+def rabbitmq_management(rabbitmq_url: str) -> tuple[int, tuple[str, str]]:
     """(port, credentials) of the reference RabbitMQ's management API
-    ($DIFFERENTIAL_RABBITMQ_API, else http://127.0.0.1:15672)."""
+    ($DIFFERENTIAL_RABBITMQ_API, else http://127.0.0.1:15672); a skip, or a
+    failure in CI, when it does not answer."""
     url = urlparse(os.environ.get("DIFFERENTIAL_RABBITMQ_API") or "http://127.0.0.1:15672")
     credentials = (urlparse(rabbitmq_url).username or "guest", urlparse(rabbitmq_url).password or "guest")
     try:
@@ -77,6 +77,11 @@ def rabbitmq_api(rabbitmq_url):
             pytest.fail(reason + " [CI is set, so this is a failure, not a skip]", pytrace=False)
         pytest.skip(reason)
     return url.port, credentials
+
+
+@pytest.fixture
+def rabbitmq_api(rabbitmq_url):
+    return rabbitmq_management(rabbitmq_url)
 
 
 @pytest.fixture
