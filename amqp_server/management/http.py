@@ -7,14 +7,14 @@ Theory of operation:
 - Authentication is HTTP basic against the broker's users (loopback-only
   users only from loopback); then the route's tag requirement
   (`access.require`). Every refusal is RabbitMQ's status and JSON body.
-- Before any of that, a cross-origin `Origin` is refused, and after it the
-  body is read within RabbitMQ's size limit and must be JSON
-  (`request_checks`: why, and what RabbitMQ does differently).
   A wrong password is answered after the broker's login-throttle delay
   (`amqp_server.login_throttle`, the table AMQP logins use too), awaited
   so that other requests are served meanwhile, and cut short when the
   broker stops (its shutdown waits for every pending answer). A 401 carries
   the Basic challenge except to the web UI's own requests (`_challenge`).
+- Before any of that a cross-origin `Origin` is refused; after it the body
+  is read within RabbitMQ's size limit and must be JSON (`request_checks`:
+  why, and what RabbitMQ does differently).
 - A handler gets an `ApiRequest` and returns the JSON body (status 200),
   `CREATED`/`NO_CONTENT`, or raises `ApiError`; it may be a coroutine.
   Nothing a client sends may take the broker down: unexpected exceptions
@@ -27,10 +27,10 @@ import base64
 import binascii
 import datetime
 import decimal
-import inspect
-import ipaddress
 import email.parser
 import email.policy
+import inspect
+import ipaddress
 import json
 import logging
 from urllib.parse import parse_qsl, unquote

@@ -26,12 +26,13 @@ answer (aiohttp's keep-alive timer, set by the listener), as cowboy's
 from __future__ import annotations
 
 import asyncio
+from urllib.parse import urlsplit
 
 from aiohttp import web
-from yarl import URL
 
 from amqp_server.management.errors import ApiError
 
+DEFAULT_PORTS = {"http": 80, "https": 443}
 JSON = "application/json"
 MULTIPART = "multipart/form-data"
 TOO_LARGE = "Exceeded HTTP request body size limit"  # RabbitMQ's reason
@@ -39,19 +40,20 @@ TOO_LARGE = "Exceeded HTTP request body size limit"  # RabbitMQ's reason
 
 def cross_origin(request: web.Request) -> str | None:
     """None when the request has no `Origin` or one naming the origin it was
-    sent to (scheme aside: a TLS-terminating proxy may stand in between),
-    else the reason it is refused."""
+    sent to (scheme aside: a TLS-terminating proxy may stand in between; a
+    `Host` without a port is the scheme's default port), else the reason it
+    is refused."""
     origin = request.headers.get("Origin")
     if origin is None:
         return None
     host_header = request.headers.get("Host", "")
     try:
-        url = URL(origin)
-        host = URL("http://" + host_header)
-    except ValueError:
-        url = host = None
-    if url is not None and host is not None and url.host and url.host == host.host and (
-            url.port == host.port if host.explicit_port is not None else url.is_default_port()):
+        url, host = urlsplit(origin), urlsplit("//" + host_header)
+        same = (url.scheme in DEFAULT_PORTS and url.hostname is not None and url.hostname == host.hostname
+                and (url.port or DEFAULT_PORTS[url.scheme]) == (host.port or DEFAULT_PORTS[url.scheme]))
+    except ValueError:  # a port out of range or not a number
+        same = False
+    if same:
         return None
     return "cross-origin request refused: Origin %s is not the origin of Host %s" % (origin, host_header or "(none)")
 
