@@ -192,8 +192,8 @@ def test_malformed_and_deeply_nested_json_is_a_400(broker, api, body):
 
 @pytest.fixture
 def slow_broker(start_broker):
-    """A broker whose HTTP clients have 1 s to send a request head."""
-    return start_broker("--management-request-timeout", "1", expect=("AMQP", "HTTP"))
+    """A broker whose HTTP clients (API and metrics) have 1 s to send a request head."""
+    return start_broker("--management-request-timeout", "1", expect=("AMQP", "HTTP", "PROMETHEUS"))
 
 
 def test_a_request_head_sent_one_byte_at_a_time_is_cut_off(slow_broker):
@@ -237,13 +237,16 @@ def test_a_request_that_never_finishes_its_head_or_body_is_cut_off(slow_broker):
     port = slow_broker.ports["HTTP"]
     with socket.create_connection(("127.0.0.1", port), timeout=20) as silent, \
             socket.create_connection(("127.0.0.1", port), timeout=20) as half_head, \
+            socket.create_connection(("127.0.0.1", slow_broker.ports["PROMETHEUS"]), timeout=20) as metrics, \
             socket.create_connection(("127.0.0.1", port), timeout=20) as half_body:
         half_head.sendall(b"GET /api/overview HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        metrics.sendall(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n")
         half_body.sendall(b"PUT /api/vhosts/%s HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: %s\r\n"
                           b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{"
                           % (unique("slow").encode(), GUEST.encode()))
         assert read_all(silent) == b""
         assert read_all(half_head) == b""
+        assert read_all(metrics) == b""
         answer = read_all(half_body)
     assert answer.startswith(b"HTTP/1.1 408") and b"request_timeout" in answer
     assert "Traceback" not in slow_broker.log

@@ -40,7 +40,7 @@ class ManagementListeners:
                              keepalive_timeout=management.request_timeout)
         if metrics.enabled:
             await self._open("PROMETHEUS", "http/prometheus", prometheus.make_app(self.node), metrics.bind,
-                             metrics.port)
+                             metrics.port, keepalive_timeout=management.request_timeout)
 
     async def _open(self, name: str, protocol: str, app: web.Application, bind: str, port: int, **server) -> None:
         runner = web.AppRunner(app, access_log=None, handle_signals=False, **server)
