@@ -24,7 +24,7 @@ def in_ci() -> bool:
 
 def unavailable(reason: str):
     """A service a test needs is missing: a skip on a developer's machine, a
-    failure in CI, where .ci/run installs every service."""
+    failure in CI, where tests/prepare.sh installs every service."""
     if in_ci():
         pytest.fail(reason + " [CI is set, so this is a failure, not a skip]", pytrace=False)
     pytest.skip(reason)

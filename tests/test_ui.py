@@ -27,7 +27,7 @@ PAGES = ["", "connections", "channels", "exchanges", "queues", "dead-letters", "
 @pytest.fixture(scope="module")
 def ui(broker):
     if not (shutil.which("chromium") and shutil.which("chromedriver")):
-        unavailable("needs Debian's chromium and chromium-driver (.ci/run installs them)")
+        unavailable("needs Debian's chromium and chromium-driver (tests/prepare.sh installs them)")
     browser = Ui(broker.ports["HTTP"])
     browser.login("guest", "guest")
     browser.one("#tab-queues")

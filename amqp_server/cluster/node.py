@@ -41,9 +41,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import signal
 import socket
 import sys
+from typing import Any, Callable
 
 from aiohttp import web
 
@@ -52,9 +52,10 @@ from amqp_server.cluster.lease import LeaseKeeper
 from amqp_server.cluster.proxy import Proxy
 from amqp_server.cluster.follower import Follower
 from amqp_server.cluster.replication import Replicator
-from amqp_server.config import BrokerConfig
-from amqp_server.management import prometheus
-from amqp_server.server import CLEAN_SHUTDOWN, BrokerServer, ListenError, collect_rarely
+from amqp_server.shared.allocator import collect_rarely
+from amqp_server.shared.config import BrokerConfig
+from amqp_server.shared.errors import ListenError
+from storage.data_directory import CLEAN_SHUTDOWN
 
 log = logging.getLogger("hutch.cluster")
 
@@ -68,8 +69,14 @@ class ClusterError(ValueError):
 
 
 class ClusterNode:
-    def __init__(self, config: BrokerConfig) -> None:
+    def __init__(self, config: BrokerConfig, open_broker: Callable[[BrokerConfig], Any],
+                 follower_metrics: Callable[["ClusterNode"], web.Application]) -> None:
+        """Built by the composition root (amqp_server.process.cluster), which
+        gives it `open_broker` (a leader's broker, opened and not started) and
+        `follower_metrics` (the aiohttp app of a follower's own /metrics)."""
         self.config = config
+        self.open_broker = open_broker
+        self.follower_metrics = follower_metrics
         cluster = config.cluster
         self.name = cluster.node_name or socket.gethostname()
         self.advertise = cluster.advertise or socket.gethostname()
@@ -79,7 +86,7 @@ class ClusterNode:
                                   self.fence)
         self.role = "joining"
         self.leader: str | None = None
-        self.server: BrokerServer | None = None
+        self.server = None  # the leader's broker (amqp_server.process.server.BrokerServer)
         self.replicator: Replicator | None = None
         self.follower = Follower(self.name, config.data_dir, config.storage.durability == "fsync")
         self._following: asyncio.Task | None = None
@@ -223,16 +230,12 @@ class ClusterNode:
                 await self.proxy.listen(protocol, bind, port)
             if config.prometheus.enabled:  # a follower's own metrics, not the leader's
                 protocol, bind, port = "http/prometheus", config.prometheus.bind, config.prometheus.port
-                self._metrics = web.AppRunner(prometheus.follower_app(self._follower_metrics), access_log=None,
-                                              handle_signals=False)
+                self._metrics = web.AppRunner(self.follower_metrics(self), access_log=None, handle_signals=False)
                 await self._metrics.setup()
                 await web.TCPSite(self._metrics, bind, port, reuse_address=True).start()
         except OSError as exc:
             raise ListenError("cannot listen for %s on %s:%d: %s" % (protocol, bind, port,
                                                                     exc.strerror or exc)) from None
-
-    def _follower_metrics(self) -> str:
-        return prometheus.render_follower(self.name, self.follower.state, self.follower.position, self.leader)
 
     def _leader_address(self, protocol: str) -> tuple[str, int] | None:
         info = self._leader_info
@@ -258,7 +261,7 @@ class ClusterNode:
         await self.proxy.stop()
         await self._stop_metrics()
         cluster = self.config.cluster
-        self.server = BrokerServer(self.config)
+        self.server = self.open_broker(self.config)
         server = self.server
         server.management.node.cluster = self
         server.broker.promising = self.keeper.valid  # also for confirms that wait for no disk
@@ -393,27 +396,3 @@ class ClusterNode:
 
 def _nothing() -> None:
     return None
-
-
-async def serve_node(config: BrokerConfig) -> None:
-    """Run a cluster node until SIGINT/SIGTERM."""
-    node = ClusterNode(config)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    running = loop.create_task(node.run(stop))
-    stopping = loop.create_task(stop.wait())
-    await asyncio.wait((running, stopping), return_when=asyncio.FIRST_COMPLETED)
-    if running.done() and running.exception() is not None:
-        stopping.cancel()
-        await node.stop()
-        raise running.exception()  # a listener that cannot open: reported by cli.server
-    log.info("shutting down")
-    if not running.done():
-        running.cancel()
-    try:
-        await running
-    except asyncio.CancelledError:
-        pass
-    await node.stop()
