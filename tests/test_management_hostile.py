@@ -251,3 +251,22 @@ def test_a_request_that_never_finishes_its_head_or_body_is_cut_off(slow_broker):
     assert answer.startswith(b"HTTP/1.1 408") and b"request_timeout" in answer
     assert "Traceback" not in slow_broker.log
     assert call(port, "GET", "/api/overview").status == 200
+
+
+@pytest.mark.parametrize("head", [
+    b"GET /api/" + b"a" * 20000 + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+    b"GET /api/overview HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * 20000 + b"\r\n\r\n",
+    b"GET /api/overview HTTP/1.1\r\nHost: 127.0.0.1\r\n" + b"".join(b"X-%d: a\r\n" % i for i in range(500)) + b"\r\n",
+    b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + bytes(range(256)) + b"\r\n\r\n",  # a TLS hello
+    b"GET /api/overview HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: -5\r\n\r\n",
+    b"POST /api/definitions HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+], ids=["long request line", "long header", "500 headers", "tls hello", "negative length", "bad chunk"])
+def test_a_head_beyond_the_parser_s_limits_is_a_4xx(broker, head):
+    """aiohttp's bounds (request line and header fields of 8190 bytes, 128
+    headers) keep a head's memory small; what breaks them is answered 4xx."""
+    with socket.create_connection(("127.0.0.1", broker.ports["HTTP"]), timeout=10) as sock:
+        sock.sendall(head)
+        answer = read_all(sock)
+    assert answer[:10] in (b"HTTP/1.1 4", b"HTTP/1.0 4") and answer[9:10] == b"4", answer[:200]
+    assert "Traceback" not in broker.log
+    assert call(broker.ports["HTTP"], "GET", "/api/overview").status == 200
