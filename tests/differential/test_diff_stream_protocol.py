@@ -13,6 +13,7 @@ Without RabbitMQ's stream port the tests skip, except in CI, where they fail.
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 
 import pytest
@@ -24,19 +25,19 @@ from .conftest import _in_ci
 
 pytestmark = pytest.mark.differential
 
-RABBITMQ_STREAM_PORT = 5552
-
 
 @pytest.fixture(scope="module")
 def rabbitmq_stream_port(rabbitmq_url) -> int:
+    """The reference RabbitMQ's stream port on 127.0.0.1: $DIFFERENTIAL_RABBITMQ_STREAM_PORT, else 5552."""
+    port = int(os.environ.get("DIFFERENTIAL_RABBITMQ_STREAM_PORT") or 5552)
     try:
-        socket.create_connection(("127.0.0.1", RABBITMQ_STREAM_PORT), timeout=3).close()
+        socket.create_connection(("127.0.0.1", port), timeout=3).close()
     except OSError as exc:
-        reason = "RabbitMQ's stream plugin does not listen on 127.0.0.1:%d (%s)" % (RABBITMQ_STREAM_PORT, exc)
+        reason = "RabbitMQ's stream plugin does not listen on 127.0.0.1:%d (%s)" % (port, exc)
         if _in_ci():
             pytest.fail(reason + " [CI is set, so this is a failure, not a skip]", pytrace=False)
         pytest.skip(reason)
-    return RABBITMQ_STREAM_PORT
+    return port
 
 
 @pytest.mark.parametrize("scenario", ["publish_confirm_consume", "offset_specs", "deduplication", "stored_offsets",
