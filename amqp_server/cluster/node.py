@@ -44,6 +44,7 @@ import os
 import signal
 import socket
 import sys
+import time
 
 from aiohttp import web
 
@@ -54,6 +55,7 @@ from amqp_server.cluster.follower import Follower
 from amqp_server.cluster.replication import Replicator
 from amqp_server.config import BrokerConfig
 from amqp_server.management import prometheus
+from amqp_server.management.figures import member_figures
 from amqp_server.server import CLEAN_SHUTDOWN, BrokerServer, ListenError, collect_rarely
 
 log = logging.getLogger("hutch.cluster")
@@ -61,6 +63,7 @@ log = logging.getLogger("hutch.cluster")
 POLL_SECONDS = 0.25  # how often a follower looks at the leader key
 MEMBERS_SECONDS = 1.0  # how often the leader refreshes what it reports of the others
 TRANSFER_SECONDS = 10  # a planned hand-over's etcd key lives this long at most
+FIGURES_SECONDS = 5.0  # how often a follower republishes its memory and disk figures
 
 
 class ClusterError(ValueError):
@@ -92,6 +95,8 @@ class ClusterNode:
         self.running: dict[str, dict] = {}
         self._tasks: list[asyncio.Task] = []
         self._metrics: web.AppRunner | None = None  # a follower's /metrics
+        self.started = time.monotonic()
+        self._figures_at = 0.0  # time.monotonic() of the last registration with figures
 
     # -- membership ----------------------------------------------------------
 
@@ -99,9 +104,12 @@ class ClusterNode:
         """What `nodes/<name>` holds: how the others reach this node."""
         ports = {protocol: port for protocol, _host, port in (self.server.listeners if self.server else ())}
         return {"advertise": self.advertise, "replication_port": self.config.cluster.replication_port,
-                "role": self.role, "ports": ports, "pid": os.getpid()}
+                "role": self.role, "ports": ports, "pid": os.getpid(),
+                # memory, disk, descriptors: the leader's /api/nodes shows them for this member
+                "figures": member_figures(self.config, int((time.monotonic() - self.started) * 1000))}
 
     async def register(self) -> None:
+        self._figures_at = time.monotonic()
         await self.etcd.register(self.name, self.describe(), self.keeper.lease_id)
 
     async def eligible(self, by_position: bool) -> bool:
@@ -174,6 +182,8 @@ class ClusterNode:
                 elif self.leader != self.name:
                     await self._withdraw_position()
                     await self._follow(self.leader)
+                    if time.monotonic() - self._figures_at >= FIGURES_SECONDS:
+                        await self.register()
             except EtcdUnavailable as exc:
                 log.warning("etcd unreachable: %s", exc)
             try:
@@ -305,6 +315,11 @@ class ClusterNode:
                              lag_seconds=link["lag_seconds"] if link else None)
             nodes.append(entry)
         return {"leader": self.name, "nodes": nodes, "in_sync": [self.name] + in_sync}
+
+    def figures(self, name: str) -> dict:
+        """A running member's memory, disk and descriptor figures as it last
+        published them (management.figures; {} when unknown)."""
+        return self.running.get(name, {}).get("figures") or {}
 
     async def forget(self, name: str) -> None:
         try:

@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import resource
 import time
 from dataclasses import dataclass, field
 
 from amqp_server.alarms import DISK, MEMORY, ResourceAlarms, resident_memory
 from amqp_server.login_throttle import LoginThrottle
+from amqp_server.management.figures import open_files
 from amqp_server.management.rates import RateSampler
 
 # The RabbitMQ release whose API (and definitions format) hutch answers as.
@@ -69,10 +69,3 @@ class Node:
         """Resident memory of this process (RabbitMQ's mem_used, rss strategy)."""
         return resident_memory()
 
-
-def open_files() -> int:
-    """File descriptors this process holds."""
-    try:
-        return len(os.listdir("/proc/self/fd"))
-    except OSError:
-        return 0

@@ -126,9 +126,10 @@ def node_info(req, reading=None) -> dict:
     return out
 
 
-def nodes(req) -> list:
+def _members(req) -> list:
     """This node; in a cluster (this node leads) also every other member,
-    with its role and replication state (hutch's `cluster_*` fields)."""
+    with its role and replication state (hutch's `cluster_*` fields) and the
+    memory, disk and descriptor figures it last published."""
     listed = [node_info(req)]
     cluster = req.node.cluster
     if cluster is not None:
@@ -139,14 +140,24 @@ def nodes(req) -> list:
             else:
                 listed.append({"name": "hutch@" + member["name"], "cluster_node": member["name"], "type": "disc",
                                "running": member["running"], "cluster_role": "follower",
-                               "replication": replication})
-    return present(listed, req.query)
+                               "replication": replication,
+                               **(cluster.figures(member["name"]) if member["running"] else {})})
+    return listed
+
+
+def nodes(req) -> list:
+    return present(_members(req), req.query)
 
 
 def node(req) -> dict:
-    if req.params["node"] != shapes.NODE:
-        raise not_found()
-    return node_info(req)
+    """One node: this one, or (on a cluster's leader) a member."""
+    if req.params["node"] == shapes.NODE:
+        return node_info(req)
+    if req.node.cluster is not None:
+        for member in _members(req)[1:]:
+            if member["name"] == req.params["node"]:
+                return member
+    raise not_found()
 
 
 def whoami(req) -> dict:

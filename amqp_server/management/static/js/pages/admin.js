@@ -2,7 +2,7 @@
 // #/policies, #/limits (administrators; policies for policymakers too).
 
 import * as api from '../api.js';
-import { h, clear, enc, num, link, facts, section, form, table, json, parseObject } from '../dom.js';
+import { h, clear, enc, num, link, facts, section, form, table, json, parseObject, CONFIRM_DELETE } from '../dom.js';
 import { pagedList } from '../list.js';
 
 const TAGS = ['administrator', 'monitoring', 'policymaker', 'management', 'impersonator'];
@@ -34,11 +34,12 @@ export async function users(view) {
   return refresh;
 }
 
-export async function user(view, params) {
+export async function user(view, params, ctx) {
   const path = '/users/' + enc(params.name);
   const info = h('div');
   const perms = h('div');
   const vhosts = (await api.get('/vhosts?columns=name')).map((v) => [v.name, v.name]);
+  const shown = await api.get(path);  // the update form starts from what the user has
   const refresh = async () => {
     const u = await api.get(path);
     clear(info).append(facts([['Tags', tagList(u.tags)], ['Limits', json(u.limits)]]));
@@ -65,12 +66,15 @@ export async function user(view, params) {
     })),
   section('Update this user', form('update-user', [
     { name: 'password', label: 'New password (empty: keep)', type: 'password' },
-    { name: 'tags', label: 'Tags', value: '' },
+    { name: 'tags', label: 'Tags (comma separated: ' + TAGS.join(', ') + ')', value: tagList(shown.tags) },
   ], 'Update user', async (v) => {
+    // RabbitMQ's PUT replaces the user: send what was not changed as it is
     const current = await api.get(path);
     const body = { tags: v.tags };
     if (v.password) body.password = v.password; else body.password_hash = current.password_hash;
     await api.put(path, body);
+    // a user changing its own password goes on with the new one
+    if (v.password && params.name === ctx.user()) api.signIn(params.name, v.password);
     await refresh();
     return 'User updated.';
   })),
@@ -78,7 +82,7 @@ export async function user(view, params) {
     await api.del(path);
     location.hash = '#/users';
     return 'Deleted.';
-  })));
+  }, CONFIRM_DELETE)));
   return refresh;
 }
 
@@ -128,7 +132,7 @@ export async function vhost(view, params, ctx) {
         await ctx.vhostsChanged();
         location.hash = '#/vhosts';
         return 'Deleted.';
-      })));
+      }, CONFIRM_DELETE)));
   return refresh;
 }
 
@@ -141,6 +145,7 @@ export async function policies(view, _params, ctx) {
       ['Apply to', (p) => p['apply-to']], ['Definition', (p) => json(p.definition)],
       ['Priority', (p) => num(p.priority), { num: true }],
       ['', (p) => h('button', { type: 'button', class: 'delete-policy', onclick: async () => {
+        if (!window.confirm(CONFIRM_DELETE)) return;
         await api.del('/policies/' + enc(p.vhost) + '/' + enc(p.name));
         await refresh();
       } }, 'Delete')],
