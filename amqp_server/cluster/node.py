@@ -242,7 +242,8 @@ class ClusterNode:
                                                                     exc.strerror or exc)) from None
 
     def _follower_metrics(self) -> str:
-        return prometheus.render_follower(self.name, self.follower.state, self.follower.position, self.leader)
+        return prometheus.render_follower(self.name, self.follower.state, self.follower.position, self.leader,
+                                          member_figures(self.config, int((time.monotonic() - self.started) * 1000)))
 
     def _leader_address(self, protocol: str) -> tuple[str, int] | None:
         info = self._leader_info
