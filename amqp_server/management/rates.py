@@ -30,7 +30,7 @@ DATA = ("recv_oct", "send_oct")
 NODE_FIGURES = ("mem_used", "fd_used", "sockets_used", "disk_free")
 
 QUEUE_FIELDS = LENGTHS + QUEUE_STATS
-VHOST_FIELDS = LENGTHS + VHOST_STATS + DATA
+VHOST_FIELDS = LENGTHS + VHOST_STATS
 NODE_FIELDS = NODE_FIGURES + CHURN_FIELDS
 
 _queue_stats = attrgetter(*QUEUE_STATS)
@@ -53,15 +53,10 @@ class RateSampler:
 
     def _samples(self):
         """(object, fields, retention, values) of everything that reports rates, now."""
-        connections = list(self.connections)
         unacked: Counter = Counter()
-        data: dict = {}
-        for connection in connections:
+        for connection in list(self.connections):
             for queue, _entry in connection.unacked_deliveries():
                 unacked[queue] += 1
-            if connection.vhost is not None:
-                recv, send = data.get(connection.vhost, (0, 0))
-                data[connection.vhost] = (recv + connection.recv_oct, send + connection.send_oct)
             yield connection, DATA, BASIC, _data(connection)
         for vhost in self.broker.vhosts.values():
             ready = held = 0
@@ -70,7 +65,7 @@ class RateSampler:
                 ready += count
                 held += waiting
                 yield queue, QUEUE_FIELDS, BASIC, (count, waiting, *_queue_stats(queue.stats))
-            yield vhost, VHOST_FIELDS, GLOBAL, (ready, held, *_vhost_stats(vhost.stats), *data.get(vhost, (0, 0)))
+            yield vhost, VHOST_FIELDS, GLOBAL, (ready, held, *_vhost_stats(vhost.stats))
         figures = self.figures()
         yield self.broker, NODE_FIELDS, GLOBAL, (*(figures[n] for n in NODE_FIGURES), *_churn(self.broker.churn))
 

@@ -97,7 +97,8 @@ def vhost(reading, vhost, unacked: Counter, connections) -> dict:
     }
     for key in ("recv_oct", "send_oct"):
         out[key] = sum(getattr(c, key) for c in clients)
-        out[key + "_details"] = reading.details([vhost], (key,), "data_rates")
+        # over its open connections, as the totals (each connection keeps its own history)
+        out[key + "_details"] = reading.details(clients, (key,), "data_rates")
     stats = message_stats(reading, vhost, vhost.stats, VHOST_STATS)
     if stats is not None:
         out["message_stats"] = stats

@@ -66,7 +66,7 @@ export async function user(view, params, ctx) {
     })),
   section('Update this user', form('update-user', [
     { name: 'password', label: 'New password (empty: keep)', type: 'password' },
-    { name: 'tags', label: 'Tags (comma separated: ' + TAGS.join(', ') + ')', value: tagList(shown.tags) },
+    { name: 'tags', label: 'Tags (comma separated)', value: tagList(shown.tags), placeholder: TAGS.join(', ') },
   ], 'Update user', async (v) => {
     // RabbitMQ's PUT replaces the user: send what was not changed as it is
     const current = await api.get(path);

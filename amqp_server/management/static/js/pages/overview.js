@@ -44,10 +44,15 @@ const memory = (n) => ('mem_used' in n ? usage(n.mem_used, n.mem_limit, n.mem_al
 const disk = (n) => ('disk_free' in n ? usage(n.disk_free_limit, n.disk_free, n.disk_free_alarm,
   bytes(n.disk_free) + ' free (limit ' + bytes(n.disk_free_limit) + ')') : '');
 
+// The cluster's name of a member, when its node name does not say it.
+function memberName(n) {
+  return n.cluster_node && !n.name.endsWith('@' + n.cluster_node) ? ' (' + n.cluster_node + ')' : '';
+}
+
 function nodeTable(nodes) {
   const clustered = nodes.some((n) => 'cluster_role' in n);
   const columns = [
-    ['Name', (n) => link('#/nodes/' + enc(n.name), n.name)],
+    ['Name', (n) => [link('#/nodes/' + enc(n.name), n.name), memberName(n)]],
     clustered ? ['Role', (n) => n.cluster_role || ''] : null,
     clustered ? ['In sync', (n) => ((n.replication || {}).in_sync ? 'yes' : h('span', { class: 'alarm' }, 'no'))] : null,
     clustered ? ['Replication', (n) => (n.replication || {}).state || ''] : null,
