@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import yaml
 
-from amqp_server.config import BrokerConfig
+from amqp_server.shared.config import BrokerConfig
 
 
 class SettingsError(ValueError):

@@ -63,7 +63,7 @@ class EtcdProcess:
 
     def start(self) -> "EtcdProcess":
         if shutil.which("etcd") is None:
-            reason = "no etcd binary (Debian: etcd-server; .ci/run installs it)"
+            reason = "no etcd binary (Debian: etcd-server; tests/prepare.sh installs it)"
             if os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no"):
                 pytest.fail(reason + " [CI is set, so this is a failure, not a skip]", pytrace=False)
             pytest.skip(reason)

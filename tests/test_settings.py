@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from amqp_server.config import BrokerConfig, TLSConfig
+from amqp_server.shared.config import BrokerConfig, TLSConfig
 from cli.settings import SettingsError, load_settings
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -19,7 +19,7 @@ from helpers import unique, wait_for
 from http_api import call, segment
 
 pytestmark = pytest.mark.skipif(not (shutil.which("chromium") and shutil.which("chromedriver")),
-                                reason="needs Debian's chromium and chromium-driver (.ci/run installs them)")
+                                reason="needs Debian's chromium and chromium-driver (tests/prepare.sh installs them)")
 
 # The questions RabbitMQ's UI asks before a destructive action.
 CONFIRM_DELETE = "Are you sure? This object cannot be recovered after deletion."

@@ -16,7 +16,7 @@ raise LookupError and invalid values ValueError, with rabbitmqctl's words.
 Open connections register here (`open_vhost` / `connection_closed`) so that
 limits can count them and deleting a vhost or a user closes theirs (320, as
 RabbitMQ). A connection is any object with `user`, `vhost`, `channels` and
-`force_close(reason)` (amqp_server.connection.Connection).
+`force_close(reason)` (amqp_server.amqp.connection.Connection).
 
 Runtime parameters (vhosts.parameters) describe shovels and federation
 upstreams; what runs them (amqp_server.links) follows them through

@@ -165,10 +165,10 @@ class VirtualHost:
         for xname, xtype in PREDECLARED:
             self.exchanges[xname] = Exchange(xname, xtype, durable=True, builtin=True)
         self.exchanges[TRACE_EXCHANGE] = Exchange(TRACE_EXCHANGE, "topic", durable=True, internal=True, builtin=True)
-        # The firehose is on (amqp_server.firehose); not kept across restarts, as in RabbitMQ.
+        # The firehose is on (vhosts.firehose); not kept across restarts, as in RabbitMQ.
         self.tracing = False
         # Direct reply-to: live reply token -> deliver(message) of its channel's
-        # reply consumer (amqp_server.direct_reply_to registers them).
+        # reply consumer (amqp_server.amqp.direct_reply_to registers them).
         self.reply_consumers: dict[str, Callable[[Message], None]] = {}
 
     # -- lookups -------------------------------------------------------------

@@ -41,10 +41,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import signal
 import socket
 import sys
 import time
+from typing import Any, Callable
 
 from aiohttp import web
 
@@ -53,10 +53,11 @@ from amqp_server.cluster.lease import LeaseKeeper
 from amqp_server.cluster.proxy import Proxy
 from amqp_server.cluster.follower import Follower
 from amqp_server.cluster.replication import Replicator
-from amqp_server.config import BrokerConfig
-from amqp_server.management import prometheus
-from amqp_server.management.figures import member_figures
-from amqp_server.server import CLEAN_SHUTDOWN, BrokerServer, ListenError, collect_rarely
+from amqp_server.shared.allocator import collect_rarely
+from amqp_server.shared.config import BrokerConfig
+from amqp_server.shared.errors import ListenError
+from storage.data_directory import CLEAN_SHUTDOWN
+from amqp_server.shared.figures import member_figures
 
 log = logging.getLogger("hutch.cluster")
 
@@ -71,8 +72,14 @@ class ClusterError(ValueError):
 
 
 class ClusterNode:
-    def __init__(self, config: BrokerConfig) -> None:
+    def __init__(self, config: BrokerConfig, open_broker: Callable[[BrokerConfig], Any],
+                 follower_metrics: Callable[["ClusterNode"], web.Application]) -> None:
+        """Built by the composition root (amqp_server.process.cluster), which
+        gives it `open_broker` (a leader's broker, opened and not started) and
+        `follower_metrics` (the aiohttp app of a follower's own /metrics)."""
         self.config = config
+        self.open_broker = open_broker
+        self.follower_metrics = follower_metrics
         cluster = config.cluster
         self.name = cluster.node_name or socket.gethostname()
         self.advertise = cluster.advertise or socket.gethostname()
@@ -82,7 +89,7 @@ class ClusterNode:
                                   self.fence)
         self.role = "joining"
         self.leader: str | None = None
-        self.server: BrokerServer | None = None
+        self.server = None  # the leader's broker (amqp_server.process.server.BrokerServer)
         self.replicator: Replicator | None = None
         self.follower = Follower(self.name, config.data_dir, config.storage.durability == "fsync")
         self._following: asyncio.Task | None = None
@@ -106,7 +113,10 @@ class ClusterNode:
         return {"advertise": self.advertise, "replication_port": self.config.cluster.replication_port,
                 "role": self.role, "ports": ports, "pid": os.getpid(),
                 # memory, disk, descriptors: the leader's /api/nodes shows them for this member
-                "figures": member_figures(self.config, int((time.monotonic() - self.started) * 1000))}
+                "figures": member_figures(self.config, self.uptime_ms())}
+
+    def uptime_ms(self) -> int:
+        return int((time.monotonic() - self.started) * 1000)
 
     async def register(self) -> None:
         self._figures_at = time.monotonic()
@@ -233,17 +243,12 @@ class ClusterNode:
                 await self.proxy.listen(protocol, bind, port)
             if config.prometheus.enabled:  # a follower's own metrics, not the leader's
                 protocol, bind, port = "http/prometheus", config.prometheus.bind, config.prometheus.port
-                self._metrics = web.AppRunner(prometheus.follower_app(self._follower_metrics), access_log=None,
-                                              handle_signals=False)
+                self._metrics = web.AppRunner(self.follower_metrics(self), access_log=None, handle_signals=False)
                 await self._metrics.setup()
                 await web.TCPSite(self._metrics, bind, port, reuse_address=True).start()
         except OSError as exc:
             raise ListenError("cannot listen for %s on %s:%d: %s" % (protocol, bind, port,
                                                                     exc.strerror or exc)) from None
-
-    def _follower_metrics(self) -> str:
-        return prometheus.render_follower(self.name, self.follower.state, self.follower.position, self.leader,
-                                          member_figures(self.config, int((time.monotonic() - self.started) * 1000)))
 
     def _leader_address(self, protocol: str) -> tuple[str, int] | None:
         info = self._leader_info
@@ -269,7 +274,7 @@ class ClusterNode:
         await self.proxy.stop()
         await self._stop_metrics()
         cluster = self.config.cluster
-        self.server = BrokerServer(self.config)
+        self.server = self.open_broker(self.config)
         server = self.server
         server.management.node.cluster = self
         server.broker.promising = self.keeper.valid  # also for confirms that wait for no disk
@@ -319,7 +324,7 @@ class ClusterNode:
 
     def figures(self, name: str) -> dict:
         """A running member's memory, disk and descriptor figures as it last
-        published them (management.figures; {} when unknown)."""
+        published them (shared.figures; {} when unknown)."""
         return self.running.get(name, {}).get("figures") or {}
 
     async def forget(self, name: str) -> None:
@@ -409,27 +414,3 @@ class ClusterNode:
 
 def _nothing() -> None:
     return None
-
-
-async def serve_node(config: BrokerConfig) -> None:
-    """Run a cluster node until SIGINT/SIGTERM."""
-    node = ClusterNode(config)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    running = loop.create_task(node.run(stop))
-    stopping = loop.create_task(stop.wait())
-    await asyncio.wait((running, stopping), return_when=asyncio.FIRST_COMPLETED)
-    if running.done() and running.exception() is not None:
-        stopping.cancel()
-        await node.stop()
-        raise running.exception()  # a listener that cannot open: reported by cli.server
-    log.info("shutting down")
-    if not running.done():
-        running.cancel()
-    try:
-        await running
-    except asyncio.CancelledError:
-        pass
-    await node.stop()

@@ -25,7 +25,7 @@ a link needs that aiormq does not give as is.
   only user of those channels.
 - `ScanningFrameReceiver`: what reads a link connection's frames: a read
   of whatever the socket has, cut into frames by the broker's own scanner
-  (`amqp_server.framing`, the C scan), instead of aiormq's three
+  (`amqp_server.amqp.framing`, the C scan), instead of aiormq's three
   `readexactly` and a BytesIO per frame. Installed as aiormq's
   `FrameReceiver` for the broker process, in which links are aiormq's only
   user. Content headers it reads decode their properties when first asked
@@ -57,7 +57,7 @@ from pamqp.frame import marshal
 from pamqp.header import ContentHeader
 from pamqp.heartbeat import Heartbeat
 
-from amqp_server import framing
+from amqp_server.amqp import framing
 from vhosts.errors import AMQPError
 
 log = logging.getLogger("hutch.links")

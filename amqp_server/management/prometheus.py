@@ -13,7 +13,7 @@ from __future__ import annotations
 from aiohttp import web
 from vhosts.stats import MessageStats
 
-from amqp_server.alarms import DISK, MEMORY
+from amqp_server.shared.alarms import DISK, MEMORY
 from amqp_server.management import shapes
 from amqp_server.management.node import COMPATIBLE_VERSION
 
@@ -205,7 +205,7 @@ def _disk_metrics(out: Exposition, free: int, limit: int) -> None:
 def render_follower(name: str, state: str, position: int, leader: str | None, figures: dict) -> str:
     """What a cluster's follower exposes (it runs no broker): its role and
     replication, and its own memory and disk (`figures`:
-    management.figures.member_figures)."""
+    amqp_server.shared.figures.member_figures)."""
     out = Exposition()
     out.one("rabbitmq_process_resident_memory_bytes", GAUGE, "Memory used in bytes", figures["mem_used"])
     out.one("rabbitmq_resident_memory_limit_bytes", GAUGE, "Memory high watermark in bytes", figures["mem_limit"])

@@ -13,7 +13,7 @@ import json
 from collections import Counter
 from urllib.parse import quote
 
-from amqp_server import NODE
+from vhosts.node import NODE
 from amqp_server.management.rates import LENGTHS, QUEUE_STATS, VHOST_STATS, Reading  # noqa: F401 - for the handlers
 
 

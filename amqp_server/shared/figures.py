@@ -1,8 +1,8 @@
 """A process's own resource figures in RabbitMQ's node fields, measured
-where the process runs: the leader's `Node` reports its own, and a
-cluster follower measures these and publishes them with its membership
-(amqp_server.cluster.node), so the leader's `/api/nodes` shows each
-member's real memory and disk rather than none.
+where the process runs: the management face's `Node` reports its own, and
+a cluster follower measures these and publishes them with its membership
+(amqp_server.cluster.node) and in its /metrics, so the leader's
+`/api/nodes` shows each member's real memory and disk rather than none.
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import os
 import resource
 import shutil
 
-from amqp_server.alarms import disk_free_limit, memory_limit, resident_memory
+from amqp_server.shared.alarms import disk_free_limit, memory_limit, resident_memory
 
 
 def open_files() -> int:
