@@ -127,9 +127,11 @@ def test_policy_set_and_deleted_through_the_ui(guest, api):
     found = api.get("/api/policies/%2F/" + name).body
     assert (found["pattern"], found["definition"], found["priority"]) == ("^ui-policed\\.", {"max-length": 7}, 3)
     guest.wait_text("#policies", name)
+    # clicked after the script returns: the question it asks blocks the page until answered
     guest.driver.execute_script("""
         for (const row of document.querySelectorAll('#policies tbody tr'))
-          if (row.cells[1].innerText === arguments[0]) row.querySelector('button.delete-policy').click();""", name)
+          if (row.cells[1].innerText === arguments[0])
+            setTimeout(() => row.querySelector('button.delete-policy').click(), 0);""", name)
     assert guest.confirmation() == CONFIRM_DELETE
     guest.wait(lambda: api.get("/api/policies/%2F/" + name).status == 404, "policy deleted")
 
