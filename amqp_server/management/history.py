@@ -142,10 +142,6 @@ class Track:
             out.append(0 if point < 0 else sum(tier.values[point * width + c] for c in columns))
         return out
 
-    def memory(self) -> int:
-        """Bytes held by the points (bench/management_history.py)."""
-        return sum(t.times.buffer_info()[1] * 8 + t.values.buffer_info()[1] * 8 for t in self.tiers)
-
 
 def details(rate: float, wanted: Range | None, samples: list[int] | None, times: list[int] | None) -> dict:
     """RabbitMQ's `X_details`: the current rate alone, or with a range its

@@ -86,14 +86,6 @@ class RateSampler:
         found = self._tracks.get(id(subject))
         return found[1] if found is not None and found[0] is subject else None
 
-    def rate(self, subject, name: str) -> float:
-        track = self.track(subject)
-        return round(track.rate((name,)), 1) if track is not None else 0.0
-
-    def memory(self) -> int:
-        """Bytes the history's points take (bench/management_history.py)."""
-        return sum(track.memory() for _subject, track in self._tracks.values())
-
     def start(self) -> None:
         self.sample()
         self._task = asyncio.get_running_loop().create_task(self._run())
