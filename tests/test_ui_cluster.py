@@ -8,17 +8,14 @@ measured of itself.
 from __future__ import annotations
 
 import os
-import shutil
 
 import pytest
 
-from browser import Ui
+from browser import Ui, require_chromium
 from cluster_kit import cluster, leader_of, until  # noqa: F401 - cluster is a fixture
 from http_api import call
 
-pytestmark = [pytest.mark.timeout(150),
-              pytest.mark.skipif(not (shutil.which("chromium") and shutil.which("chromedriver")),
-                                 reason="needs Debian's chromium and chromium-driver (.ci/run installs them)")]
+pytestmark = pytest.mark.timeout(150)
 
 
 def resident_bytes(pid: int) -> int:
@@ -41,6 +38,7 @@ def rows(ui) -> dict:
 
 
 def test_overview_and_node_pages_show_every_member(cluster):
+    require_chromium()
     etcd, nodes = cluster
     leader = leader_of(etcd, nodes)
     followers = [n for n in nodes if n is not leader]

@@ -27,6 +27,14 @@ export function clear(el) {
   return el;
 }
 
+// Replace el's content. What is awaited for it is awaited before anything is
+// removed (fill(el, table(await ...))), so two refreshes that overlap leave
+// one table, not two (`clear(el).append(table(await ...))` empties first).
+export function fill(el, ...children) {
+  el.replaceChildren();
+  return append(el, children);
+}
+
 export const enc = encodeURIComponent;
 
 export function link(hash, text) {

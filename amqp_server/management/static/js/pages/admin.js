@@ -2,7 +2,7 @@
 // #/policies, #/limits (administrators; policies for policymakers too).
 
 import * as api from '../api.js';
-import { h, clear, enc, num, link, facts, section, form, table, json, parseObject, CONFIRM_DELETE } from '../dom.js';
+import { h, clear, fill, enc, num, link, facts, section, form, table, json, parseObject, CONFIRM_DELETE } from '../dom.js';
 import { pagedList } from '../list.js';
 
 const TAGS = ['administrator', 'monitoring', 'policymaker', 'management', 'impersonator'];
@@ -43,7 +43,7 @@ export async function user(view, params, ctx) {
   const refresh = async () => {
     const u = await api.get(path);
     clear(info).append(facts([['Tags', tagList(u.tags)], ['Limits', json(u.limits)]]));
-    clear(perms).append(table([
+    fill(perms, table([
       ['Virtual host', (p) => p.vhost], ['Configure', (p) => p.configure], ['Write', (p) => p.write],
       ['Read', (p) => p.read],
       ['', (p) => h('button', { type: 'button', onclick: async () => {
@@ -118,7 +118,7 @@ export async function vhost(view, params, ctx) {
     const v = await api.get(path);
     clear(info).append(facts([['Description', v.description || ''], ['Tags', tagList(v.tags)],
       ['Messages', num(v.messages)], ['Tracing', v.tracing ? 'yes' : 'no']]));
-    clear(perms).append(table([
+    fill(perms, table([
       ['User', (p) => link('#/users/' + enc(p.user), p.user)], ['Configure', (p) => p.configure],
       ['Write', (p) => p.write], ['Read', (p) => p.read],
     ], await api.get(path + '/permissions'), 'No permissions'));
@@ -140,7 +140,7 @@ export async function policies(view, _params, ctx) {
   const holder = h('div', { id: 'policies' });
   const path = () => (ctx.vhost() ? '/policies/' + enc(ctx.vhost()) : '/policies');
   const refresh = async () => {
-    clear(holder).append(table([
+    fill(holder, table([
       ['Virtual host', (p) => p.vhost], ['Name', (p) => p.name], ['Pattern', (p) => p.pattern],
       ['Apply to', (p) => p['apply-to']], ['Definition', (p) => json(p.definition)],
       ['Priority', (p) => num(p.priority), { num: true }],
@@ -178,10 +178,10 @@ export async function limits(view) {
       await api.del('/' + kind + '-limits/' + enc(r.owner) + '/' + enc(r.name));
       await refresh();
     } }, 'Clear');
-    clear(vhostHolder).append(table([['Virtual host', (r) => r.owner], ['Limit', (r) => r.name],
+    fill(vhostHolder, table([['Virtual host', (r) => r.owner], ['Limit', (r) => r.name],
       ['Value', (r) => num(r.value), { num: true }], ['', remove('vhost')]],
     rows(await api.get('/vhost-limits'), 'vhost'), 'No virtual host limits'));
-    clear(userHolder).append(table([['User', (r) => r.owner], ['Limit', (r) => r.name],
+    fill(userHolder, table([['User', (r) => r.owner], ['Limit', (r) => r.name],
       ['Value', (r) => num(r.value), { num: true }], ['', remove('user')]],
     rows(await api.get('/user-limits'), 'user'), 'No user limits'));
   };

@@ -5,7 +5,7 @@
 // (administrators). #/nodes/{name}: one node.
 
 import * as api from '../api.js';
-import { h, clear, num, bytes, section, table, form, enc, facts, link } from '../dom.js';
+import { h, clear, fill, num, bytes, section, table, form, enc, facts, link } from '../dom.js';
 import { historyChart, rangePicker, rangeQuery } from '../charts.js';
 
 const RATES = ['publish', 'confirm', 'deliver_get', 'redeliver', 'ack', 'get', 'drop_unroutable'];
@@ -101,7 +101,7 @@ export async function page(view, _params, ctx) {
       ['Total', () => num(queueTotals.messages), { num: true }],
     ], [o]), h('p', { class: 'muted' }, o.product_name + ' ' + o.product_version + ' on node ' + o.node
                                            + (vhost ? ' - virtual host ' + vhost : '')));
-    if (ctx.can('monitoring')) clear(nodes).append(nodeTable(await api.get('/nodes')));
+    if (ctx.can('monitoring')) fill(nodes, nodeTable(await api.get('/nodes')));
     clear(listeners).append(table([
       ['Protocol', (l) => l.protocol], ['Bound to', (l) => l.ip_address], ['Port', (l) => l.port, { num: true }],
     ], o.listeners || []));
