@@ -56,6 +56,22 @@ export function timeRange(u, min, max, span) {
   return [min, max];
 }
 
+// Time labels on one line, as long as the range needs: seconds within a
+// few minutes, minutes within hours, the day beyond (uPlot's two-line
+// default runs its labels into each other on a narrow chart).
+const pad = (n) => String(n).padStart(2, '0');
+function timeLabels(u, splits) {
+  const span = u.scales.x.max - u.scales.x.min;
+  return splits.map((t) => {
+    const d = new Date(t * 1000);
+    const clock = pad(d.getHours()) + ':' + pad(d.getMinutes());
+    if (span <= 900) return clock + ':' + pad(d.getSeconds());
+    if (span <= 6 * 3600) return clock;
+    return pad(d.getDate()) + '/' + pad(d.getMonth() + 1) + ' ' + clock;
+  });
+}
+const TIME_AXIS = { values: timeLabels, space: 70 };
+
 // Samples are newest first; charts want times (s) and values oldest first.
 function lengthPoints(details) {
   const samples = (details && details.samples) || [];
@@ -63,8 +79,11 @@ function lengthPoints(details) {
 }
 
 // A counter's samples as rates: the change over each increment, at its end.
+// The newest sample's time is now rounded up (RabbitMQ's): its increment has
+// not ended, so it is left out rather than drawn as a fall.
 function ratePoints(details) {
-  const points = lengthPoints(details);
+  const now = Date.now() / 1000;
+  const points = lengthPoints(details).filter(([t]) => t <= now);
   return points.slice(1).map(([t, v], i) => [t, Math.max(0, (v - points[i][1]) / (t - points[i][0]))]);
 }
 
@@ -93,7 +112,7 @@ export function historyChart(title, labels, kind, unit = '') {
   }))];
   const empty = [[], ...labels.map(() => [])];
   // uPlot is the global the vendored script defines.
-  const plot = new window.uPlot({ width: 460, height: 180, series, axes: [{}, { size: 60 }],
+  const plot = new window.uPlot({ width: 460, height: 180, series, axes: [TIME_AXIS, { size: 60 }],
                                   hooks: { setScale: [recordRange(element)] },
                                   scales: { x: { time: true, range: (u, min, max) => timeRange(u, min, max, chartRange()[0]) },
                                             y: { range: (_u, _min, max) => [0, Math.max(max, 1)] } } },
@@ -118,7 +137,7 @@ export function historyChart(title, labels, kind, unit = '') {
 export function seriesChart(title, times, series, span = 600) {
   const element = chartElement(title);
   const labels = Object.keys(series);
-  new window.uPlot({ width: 620, height: 200, axes: [{}, { size: 50 }], hooks: { setScale: [recordRange(element)] },
+  new window.uPlot({ width: 620, height: 200, axes: [TIME_AXIS, { size: 50 }], hooks: { setScale: [recordRange(element)] },
                      scales: { x: { time: true, range: (u, min, max) => timeRange(u, min, max, span) } },
                      series: [{}, ...labels.map((label, i) => ({ label, stroke: COLOURS[i % COLOURS.length], width: 1.5,
                                                                  paths: window.uPlot.paths.stepped({ align: 1 }) }))] },
