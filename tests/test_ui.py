@@ -78,7 +78,14 @@ def test_every_page_opens_without_an_error(guest, api):
     cells = [text.replace(",", "") for text in guest.texts("#totals td")]
     assert cells[2] == str(totals["exchanges"])
     guest.wait(lambda: guest.find("#nodes td"), "nodes")
-    assert guest.texts("#nodes td")[0] == api.get("/api/nodes").body[0]["name"]
+    node = api.get("/api/nodes").body[0]["name"]
+    assert guest.texts("#nodes td")[0] == node
+    guest.click_text("#nodes a", node)
+    guest.wait_text("#view h1", node)
+    guest.wait(lambda: guest.find("#node-details td"), "the node's details")
+    # the node's memory over the chosen range, from its history
+    guest.wait(lambda: int(_chart(guest, 0).get("max") or 0) > 0, "the node's memory chart")
+    assert [text for text in guest.texts("#view .error") if text] == []
 
 
 def test_queue_created_published_to_read_and_deleted_through_the_ui(guest, api):
