@@ -13,12 +13,13 @@ import shutil
 import tempfile
 import time
 
-import pytest
 from selenium import webdriver
 from selenium.common.exceptions import NoAlertPresentException, StaleElementReferenceException
 from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
+
+from helpers import unavailable
 
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage")
@@ -26,14 +27,10 @@ WAIT = 15.0  # seconds any UI condition may take on a loaded machine
 
 
 def require_chromium() -> None:
-    """Skip the calling test without Debian's chromium and chromium-driver;
-    fail instead when CI is set (tests/prepare.sh installs both)."""
-    if shutil.which("chromium") and shutil.which("chromedriver"):
-        return
-    reason = "needs Debian's chromium and chromium-driver (tests/prepare.sh installs them)"
-    if os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no"):
-        pytest.fail(reason + " [CI is set, so this is a failure, not a skip]", pytrace=False)
-    pytest.skip(reason)
+    """Debian's chromium and chromium-driver, or the test is unavailable (a
+    skip; a failure in CI)."""
+    if not (shutil.which("chromium") and shutil.which("chromedriver")):
+        unavailable("needs Debian's chromium and chromium-driver (tests/prepare.sh installs them)")
 
 
 def chromium(profile: str, width: int = 1280, height: int = 900) -> webdriver.Chrome:

@@ -7,7 +7,9 @@ One browser serves the module; tests/ui_screenshots.py drives the same
 """
 from __future__ import annotations
 
+import http.server
 import json
+import threading
 
 import pika
 import pytest
@@ -595,3 +597,42 @@ def test_destructive_actions_ask_first_and_a_no_changes_nothing(guest, api, vhos
     guest.one("form#delete-exchange button[type=submit]").click()
     assert guest.confirmation(accept=False) == CONFIRM_DELETE
     assert api.get("/api/exchanges/%s/%s" % (v, exchange)).status == 200
+
+
+def test_a_page_on_another_site_cannot_use_the_browser_s_credentials(guest, api):
+    """Issue 28's attack in a real browser: it has cached an administrator's
+    Basic credentials (a visit to /api/...), then a page on another origin
+    submits a text/plain form to /api/definitions that would create an
+    administrator. hutch refuses it for its Origin (403); nobody is created."""
+    evil = unique("evil")
+    definitions = json.dumps({"users": [{"name": evil, "password": "x", "tags": "administrator"}], "pad": ""})
+    name, value = definitions[:-2], definitions[-2:]  # a text/plain form sends name=value: ..."pad": "="}
+    page = ("<html><body><form method='POST' enctype='text/plain' action='%sapi/definitions'>"
+            "<input name='%s' value='%s'></form><script>document.forms[0].submit()</script></body></html>"
+            % (guest.base, name.replace("'", "&#39;"), value.replace("'", "&#39;")))
+
+    class Attacker(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            body = page.encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    site = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Attacker)
+    threading.Thread(target=site.serve_forever, daemon=True).start()
+    try:
+        host = guest.base.split("//", 1)[1]
+        guest.driver.get("http://guest:guest@%sapi/whoami" % host)  # the browser now holds the credentials
+        guest.wait(lambda: "guest" in guest.driver.page_source, "whoami with cached credentials")
+        guest.driver.get("http://127.0.0.1:%d/" % site.server_address[1])
+        guest.wait(lambda: "cross-origin request refused" in guest.driver.page_source, "hutch's 403 to the form")
+        assert api.get("/api/users/" + evil).status == 404
+    finally:
+        site.shutdown()
+        site.server_close()
+        guest.driver.get(guest.base)
