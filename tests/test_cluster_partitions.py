@@ -11,10 +11,9 @@ Needs root, `ip` (iproute2), `nft` (nftables), `unshare` and etcd: skipped
 without them, a failure when CI is set (.ci/run installs them)."""
 from __future__ import annotations
 
-import os
-
 import pytest
 
+from helpers import unavailable
 from partition_kit import requirements_missing, run
 
 pytestmark = pytest.mark.timeout(240)
@@ -22,17 +21,10 @@ pytestmark = pytest.mark.timeout(240)
 FAULTS = ["leader-isolated", "leader-cut-from-followers", "etcd-split"]
 
 
-def needs_the_harness() -> None:
-    why = requirements_missing(FAULTS)
-    if why is None:
-        return
-    if os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no"):
-        pytest.fail(why + " [CI is set, so this is a failure, not a skip]", pytrace=False)
-    pytest.skip(why)
-
-
 def test_partitions_of_the_leader_lose_nothing_and_heal(tmp_path):
-    needs_the_harness()
+    why = requirements_missing(FAULTS)
+    if why is not None:
+        unavailable(why)
     report = run(FAULTS, lease_ttl=2, keep=tmp_path / "logs", log=print)
     print(report)
     assert report["ok"], "; ".join(report["problems"]) + " (logs in %s)" % (tmp_path / "logs")
