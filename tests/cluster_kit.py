@@ -101,18 +101,29 @@ class Node(ServerProcess):
     def port(self) -> int:
         return self.ports["amqp"]
 
+    def _listeners(self) -> list[str]:
+        p = self.ports
+        return ["--bind", "127.0.0.1", "--port", str(p["amqp"]),
+                "--management-bind", "127.0.0.1", "--management-port", str(p["http"]),
+                "--prometheus-bind", "127.0.0.1", "--prometheus-port", str(p["prometheus"]),
+                "--mqtt-port", str(p["mqtt"]), "--mqtt-tls-port", "0", "--data-dir", str(self.data_dir)]
+
     def start(self) -> "Node":
         self.log_lines.append("---- start\n")
         p = self.ports
         self.process = spawn(
-            ["--bind", "127.0.0.1", "--port", str(p["amqp"]),
-             "--management-bind", "127.0.0.1", "--management-port", str(p["http"]),
-             "--prometheus-bind", "127.0.0.1", "--prometheus-port", str(p["prometheus"]),
-             "--mqtt-port", str(p["mqtt"]), "--mqtt-tls-port", "0", "--data-dir", str(self.data_dir),
+            [*self._listeners(),
              "--cluster-etcd", self.etcd_url, "--cluster-node-name", self.name,
              "--cluster-replication-port", str(p["replication"]), "--cluster-advertise", "127.0.0.1",
              "--cluster-lease-ttl", "2", *self.extra],
             self.log_lines)
+        return self
+
+    def start_alone(self) -> "Node":
+        """The same node without a cluster: a single broker on its data directory."""
+        self.log_lines.append("---- start alone\n")
+        self.process = spawn(self._listeners(), self.log_lines)
+        until(self.serving, 60, "%s to serve alone" % self.name)
         return self
 
     def signal(self, sig: int) -> None:

@@ -32,6 +32,9 @@ class Follower:
         self.position = 0  # received (not necessarily applied yet)
         self.synced: tuple[int, int] | None = None  # (term, position); written by the applier thread
         self._applier: threading.Thread | None = None  # the last connection's
+        # Persists `synced` (amqp_server.cluster.state), on the applier thread;
+        # given None before a connection's first change is applied.
+        self.record = lambda mark: None
 
     async def idle(self) -> None:
         """Until the last connection's applier has applied what it received
@@ -41,12 +44,13 @@ class Follower:
         if thread is not None and thread.is_alive():
             await asyncio.get_running_loop().run_in_executor(None, thread.join)
 
-    async def follow(self, host: str, port: int) -> None:
-        """Until the connection ends (then the caller finds the leader again)."""
+    async def follow(self, host: str, port: int, aside: str | None = None) -> None:
+        """Until the connection ends (then the caller finds the leader again);
+        `aside`: where the snapshot moves the files it replaces or removes."""
         loop = asyncio.get_running_loop()
         reader, writer = await asyncio.open_connection(host, port)
         jobs: queue.SimpleQueue = queue.SimpleQueue()
-        applier = replica.Applier(self.root, self.fsync)
+        applier = replica.Applier(self.root, self.fsync, aside)
         failed: list[BaseException] = []
 
         def acked(position: int) -> None:
@@ -54,17 +58,23 @@ class Follower:
                 writer.write(control(ACK, {"position": position}))
 
         def apply_loop() -> None:
+            first = True
             try:
                 while True:
                     job = jobs.get()
                     if job is None:
                         return
                     records, mark = job
+                    if first:  # a snapshot begins: the directory holds no known position until it ends
+                        self.record(None)
+                        first = False
                     self.synced = None  # until this job is applied and synced
                     for kind, payload in records:
                         applier.apply(kind, memoryview(payload))
                     applier.sync()
                     if mark is not None:
+                        applier.aside = None  # the snapshot is applied: the live stream follows
+                        self.record(mark)
                         self.synced = mark
                         loop.call_soon_threadsafe(acked, mark[1])
             except BaseException as exc:  # noqa: BLE001 - reported to the loop, which disconnects

@@ -134,7 +134,6 @@ class Replicator:
         self.required: list[FollowerLink] = []
         self.in_sync: list[str] = []  # as recorded in etcd
         self.waiting: collections.deque = collections.deque()  # (position, fire, since)
-        self.withheld = 0
         self._changing = asyncio.Lock()
         self._checker: asyncio.Task | None = None
         self.server: asyncio.Server | None = None
@@ -227,11 +226,14 @@ class Replicator:
     def _release(self) -> None:
         waiting = self.waiting
         while waiting and self._satisfied(waiting[0][0]):
-            position, fire, _since = waiting.popleft()
             if not self.lease_valid():
-                self.withheld += 1
-                continue  # fencing: a stale leader promises nothing
+                return  # fencing: held while the lease may have run out (lease_revived releases them)
+            position, fire, _since = waiting.popleft()
             fire()
+
+    def lease_revived(self) -> None:
+        """etcd answered that the lease is alive after all: no other leader was elected meanwhile."""
+        self._release()
 
     def acknowledged(self, link: FollowerLink) -> None:
         if link.state == "following" and link.acked >= link.snapshot_end and \
