@@ -50,16 +50,17 @@ def port_open(port: int) -> bool:
 class EtcdProcess:
     """etcd 3.4 on two free loopback ports with its own data directory."""
 
-    def __init__(self, tmp: Path, client_port: int | None = None) -> None:
+    def __init__(self, tmp: Path, client_port: int | None = None, tls: dict | None = None) -> None:
         self.client_port, self.peer_port = free_ports(2)
         if client_port is not None:
             self.client_port = client_port
         self.data_dir = tmp / "etcd"
         self.process: subprocess.Popen | None = None
+        self.tls = tls  # {"cert", "key", "ca"}: clients must present a certificate that "ca" signed
 
     @property
     def url(self) -> str:
-        return "http://127.0.0.1:%d" % self.client_port
+        return "%s://127.0.0.1:%d" % ("https" if self.tls else "http", self.client_port)
 
     def start(self) -> "EtcdProcess":
         if shutil.which("etcd") is None:
@@ -73,7 +74,9 @@ class EtcdProcess:
             ["etcd", "--name", "default", "--data-dir", str(self.data_dir),
              "--listen-client-urls", client, "--advertise-client-urls", client,
              "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-             "--initial-cluster", "default=" + peer],
+             "--initial-cluster", "default=" + peer,
+             *(["--cert-file", self.tls["cert"], "--key-file", self.tls["key"], "--client-cert-auth",
+                "--trusted-ca-file", self.tls["ca"]] if self.tls else [])],
             stdout=self.log, stderr=subprocess.STDOUT)
         until(lambda: port_open(self.client_port), 20, "etcd to listen")
         return self

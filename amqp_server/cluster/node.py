@@ -133,6 +133,8 @@ class ClusterNode:
         self._tasks: list[asyncio.Task] = []
         self._metrics: web.AppRunner | None = None  # a follower's /metrics
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.in_sync_alarm = False  # _check_in_sync_alarm
+        self._led_at = 0.0
 
     # -- membership ----------------------------------------------------------
 
@@ -438,6 +440,7 @@ class ClusterNode:
 
     async def _lead(self, term: int) -> None:
         self.role = "leader"
+        self._led_at = time.monotonic()
         self.leader = self.name
         log.info("cluster node %s: elected leader", self.name)
         await self.proxy.stop()
@@ -462,6 +465,7 @@ class ClusterNode:
 
     async def _watch_members(self, term: int) -> None:
         while True:
+            self._check_in_sync_alarm()
             try:
                 self.members = await self.etcd.members()
                 self.running = await self.etcd.nodes()
@@ -525,7 +529,24 @@ class ClusterNode:
                              lag_bytes=link["lag_bytes"] if link else None,
                              lag_seconds=link["lag_seconds"] if link else None)
             nodes.append(entry)
-        return {"leader": self.name, "nodes": nodes, "in_sync": [self.name] + in_sync}
+        return {"leader": self.name, "nodes": nodes, "in_sync": [self.name] + in_sync,
+                "in_sync_alarm": self.in_sync_alarm}
+
+    def _check_in_sync_alarm(self) -> None:
+        """The durability alarm: raised while the in-sync set is this leader
+        alone although other members exist (a confirm then rests on one
+        disk), except in the first max_lag_seconds after an election, while
+        the followers catch up; cleared when a follower is in sync again."""
+        others = (set(self.members) | set(self.running)) - {self.name}
+        alone = bool(others) and self.replicator is not None and not self.replicator.in_sync and \
+            time.monotonic() - self._led_at > self.config.cluster.max_lag_seconds
+        if alone and not self.in_sync_alarm:
+            log.warning("cluster node %s: in-sync alarm: the in-sync set is this leader alone (%s not in sync): "
+                        "confirmed messages are on one node's disk only", self.name, ", ".join(sorted(others)))
+        elif self.in_sync_alarm and not alone:
+            log.info("cluster node %s: in-sync alarm cleared: %s in sync", self.name,
+                     ", ".join(self.replicator.in_sync) if self.replicator else "")
+        self.in_sync_alarm = alone
 
     async def forget(self, name: str) -> None:
         try:
@@ -578,6 +599,7 @@ class ClusterNode:
         if not await self._retrying(lambda: self.etcd.set_in_sync(self.name, names)):
             self.fence("another node holds the leader key")
         self._save(ClusterState(self.state.cluster, self.state.term, self.state.lineage, names))
+        self._check_in_sync_alarm()
 
     async def _retrying(self, call) -> object:
         while True:

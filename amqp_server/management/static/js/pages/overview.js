@@ -33,6 +33,9 @@ function nodeTable(nodes) {
     ['Name', (n) => n.name],
     roles ? ['Role', (n) => n.role || ''] : null,
     lags ? ['Lag', (n) => num(n.lag !== undefined ? n.lag : n.replication_lag), { num: true }] : null,
+    nodes.some((n) => 'cluster_role' in n) ? ['Cluster', (n) => (n.in_sync_alarm
+      ? h('span', { class: 'alarm' }, 'in-sync alarm: only this leader holds the data')
+      : n.cluster_role + (n.replication && n.replication.state ? ' (' + n.replication.state + ')' : ''))] : null,
     ['Running', (n) => (n.running === false ? h('span', { class: 'alarm' }, 'down') : 'yes')],
     ['Memory', (n) => usage(n.mem_used, n.mem_limit, n.mem_alarm,
       bytes(n.mem_used) + ' of ' + bytes(n.mem_limit) + ' high watermark')],
