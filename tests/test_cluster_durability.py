@@ -67,4 +67,12 @@ def test_a_management_change_is_answered_once_a_follower_holds_it_and_survives_a
         until(lambda: follower.name in in_sync(etcd), 60, "the follower in sync")
         leader.kill()
         new = new_leader(etcd, nodes, leader)
+        until(lambda: answers(new, "/api/overview"), 30, "the new leader's management API")
         assert call(new.ports["http"], "GET", "/api/users/keeper").status == 200
+
+
+def answers(node, path: str) -> bool:
+    try:
+        return call(node.ports["http"], "GET", path).status == 200
+    except OSError:  # its forwarding listener closing as it takes over
+        return False
