@@ -12,7 +12,7 @@ import pika
 import pytest
 from aetcd import rpc
 
-from cluster_kit import EtcdProcess, Load, in_sync, make_nodes, running, until
+from cluster_kit import EtcdProcess, Load, in_sync, make_nodes, print_logs, running, until
 from test_tls import pki  # noqa: F401 - a CA, a server certificate for 127.0.0.1, a client certificate
 
 pytestmark = pytest.mark.timeout(240)
@@ -81,6 +81,7 @@ def test_a_node_reaches_etcd_over_tls_with_a_client_certificate_and_a_login(tmp_
         refused.stop()
         node.stop()
         etcd.stop()
+        print_logs([refused, node])
 
 
 def test_an_etcd_outage_restarts_no_node_and_a_long_one_is_survived(tmp_path):

@@ -44,6 +44,7 @@ from aetcd import rpc, watcher
 log = logging.getLogger("hutch.cluster")
 
 RETRY_SECONDS = 1.0
+CONNECT_SECONDS = 5.0
 
 
 class EtcdUnavailable(Exception):
@@ -151,9 +152,13 @@ class Etcd:
                 self._client = (TLSClient(credentials=self.credentials, **settings) if self.credentials
                                 else aetcd.Client(**settings))
             try:
+                # a TLS handshake and a login (etcd checks a bcrypt hash) may take longer than a request
+                await asyncio.wait_for(self._client.connect(), max(self.timeout, CONNECT_SECONDS))
                 return await asyncio.wait_for(request(self._client), self.timeout)
-            except aetcd.exceptions.UnauthenticatedError as exc:
+            except (aetcd.exceptions.UnauthenticatedError, aetcd.exceptions.InvalidArgumentError) as exc:
                 # a wrong user or password, or an expired token (a new connection logs in again)
+                if isinstance(exc, aetcd.exceptions.InvalidArgumentError) and "authentication failed" not in str(exc):
+                    raise
                 problem = "etcd refused the login of user %r: %s" % (self.user, exc) if self.user else exc
                 await self._drop()
             except (aetcd.ConnectionFailedError, aetcd.ConnectionTimeoutError, aetcd.InternalError,

@@ -143,7 +143,7 @@ class LeaseKeeper:
                              % (self.ttl * (OUTAGE_LEASES + 1) - self.margin))
                 return
             try:
-                alive = await asyncio.wait_for(etcd.refresh(self.lease_id), max(0.1, self.ttl / 4))
+                alive = await asyncio.wait_for(etcd.refresh(self.lease_id), self.ttl / 2)
             except (EtcdUnavailable, asyncio.TimeoutError) as exc:
                 log.warning("cannot refresh the etcd lease: %s", exc or "timed out")
                 continue
