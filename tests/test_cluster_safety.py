@@ -200,3 +200,33 @@ def test_etcd_losing_its_keys_with_a_member_gone_waits_and_force_boot_chooses(tm
         until(lambda: second.name in in_sync(etcd), 60, "the other node to follow")
         leader.start()
         until(lambda: len(in_sync(etcd)) == 3, 90, "the old leader back in sync")
+
+
+def test_a_restarted_node_with_the_most_complete_copy_still_wins_and_a_killed_leader_sets_aside(tmp_path):
+    """min_in_sync_replicas 1 on three nodes: B (the lower name) stalls
+    while confirms go on with C alone. Every node is then killed, and B and
+    C restarted: each knows how much it holds (before: a restarted process
+    posted "unknown", B won the tie on its name and the messages only C had
+    were lost), so C leads with every confirmed message. The old leader,
+    killed with writes it may not have replicated, rejoins and moves what it
+    gives up beside its data directory."""
+    from test_cluster_failover import MIN_IN_SYNC_1, confirm_while_stopped
+
+    with running(tmp_path, 3, *MIN_IN_SYNC_1) as (etcd, nodes):
+        leader = leader_of(etcd, nodes)
+        behind, ahead = sorted((n for n in nodes if n is not leader), key=lambda n: n.name)
+        confirmed = confirm_while_stopped(leader, behind, "complete")
+        assert behind.name in in_sync(etcd)
+        for node in (leader, ahead, behind):
+            node.kill()
+        behind.start()
+        ahead.start()
+        new = until(lambda: (lambda n: n if n in (behind, ahead) else None)(serving_leader(etcd, nodes)), 60,
+                    "a leader among the restarted nodes")
+        posted = {n.name: etcd_get(etcd.url, "hutch/positions/" + n.name) for n in (behind, ahead)}
+        assert new is ahead, "%s was elected, not %s; positions: %s" % (new.name, ahead.name, posted)
+        assert message_count(ahead, "complete") == confirmed
+        leader.start()
+        until(lambda: leader.name in in_sync(etcd), 90, "the old leader in sync")
+        assert glob.glob(str(leader.data_dir) + ".set-aside-*"), "the old leader set nothing aside"
+        assert "are moved to" in leader.log

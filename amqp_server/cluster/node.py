@@ -21,8 +21,10 @@ Theory of operation:
   elections, so (term, position) orders the copies: the most complete one
   is the one to lead. Three cases, by etcd's `cluster` record:
   - the record is this node's cluster: it campaigns when it is eligible
-    (named in `in_sync`) and no other running in-sync node has posted more
-    (every one of them must have posted; ties: the lowest name). A planned
+    (named in `in_sync`) and no other in-sync node has posted more (every
+    running one must have posted, and a follower of the set that is not
+    running is given 2 x lease_ttl to come back and post; ties: the lowest
+    name). A planned
     hand-over names its node (`transfer`), which campaigns alone once it
     has everything;
   - no record and no identity here (a new cluster): a node with data
@@ -88,6 +90,7 @@ MEMBERS_SECONDS = 1.0  # how often the leader refreshes what it reports of the o
 TRANSFER_SECONDS = 10  # a planned hand-over's etcd key lives this long at most
 FOUNDING_LEASES = 2  # an empty node founds a new cluster after this many lease_ttl from its start
 SAY_SECONDS = 10.0  # a node that waits says why this often
+RESTART_LEASES = 2  # an election waits this many lease_ttl for an in-sync follower that is not running
 
 
 class ClusterError(ValueError):
@@ -125,6 +128,7 @@ class ClusterNode:
         self._leader_info: dict = {}  # nodes/<leader> of the leader followed
         self._posted: dict | None = None  # positions/<name> as last written
         self._began = time.monotonic()
+        self._leaderless_since = time.monotonic()  # since when no leader was seen
         self._said: dict[str, float] = {}  # what a waiting node said, and when
         self.proxy = Proxy(self._leader_address)
         # The leader's view of the others, refreshed every MEMBERS_SECONDS.
@@ -187,14 +191,22 @@ class ClusterNode:
         return theirs > mine or theirs == mine and name < self.name
 
     async def _most_complete(self, names: list[str]) -> bool:
-        """Whether no other running in-sync node holds more than this one,
-        once each has posted its position."""
+        """Whether no other in-sync node holds more than this one, once each
+        running one has posted its position, and each follower of the set
+        (names[1:]: the leader records itself first) that is not running
+        yet has had RESTART_LEASES x lease_ttl to come back: a follower
+        restarting with everything may be slower to start than one with less."""
         running, posted = await self.etcd.nodes(), await self.etcd.positions()
+        patience = time.monotonic() - self._leaderless_since < RESTART_LEASES * self.config.cluster.lease_ttl
         for name in names:
-            if name == self.name or name not in running:
+            if name == self.name:
                 continue
-            if name not in posted or self._outranked(name, posted[name]):
-                return False  # not posted yet, or more complete
+            if name not in posted:
+                if name in running or patience and name != names[0]:
+                    return False  # not posted yet
+                continue
+            if self._outranked(name, posted[name]):
+                return False
         return True
 
     async def _founding(self) -> bool:
@@ -307,6 +319,8 @@ class ClusterNode:
         await self._keep_in_sync(record, behind)
         if polls % int(MEMBERS_SECONDS / POLL_SECONDS) == 0 and not await self.etcd.registered(self.name):
             await self.register()  # etcd lost nodes/<name>
+        if self.leader is not None:
+            self._leaderless_since = time.monotonic()
         if self.leader is None or behind:
             await self._unfollow()  # the applier is done: the position on disk is final
             await self._post_position()
