@@ -5,7 +5,7 @@ every .py file in the project's packages.
 - storage: stdlib, pamqp;
 - vhosts: stdlib, routing, storage;
 - amqp_server: stdlib (asyncio included), uvloop, pamqp, aiohttp (the management API), aetcd
-  (the cluster's etcd client), vhosts, routing, storage; aiormq in amqp_server.links only
+  (the cluster's etcd client; and grpc, its transport, for etcd's TLS credentials), vhosts, routing, storage; aiormq in amqp_server.links only
   (shovels and federation are AMQP clients inside the broker: a well-kept asyncio client
   rather than a second one of our own);
 - cli: anything (it is the composition root), but nothing imports cli;
@@ -34,7 +34,8 @@ ALLOWED: dict[str, frozenset | None] = {
     "routing": frozenset(),
     "storage": frozenset({"pamqp"}),
     "vhosts": frozenset({"routing", "storage"}),
-    "amqp_server": frozenset({"vhosts", "routing", "storage", "pamqp", "uvloop", "aiohttp", "aetcd"}),
+    "amqp_server": frozenset({"vhosts", "routing", "storage", "pamqp", "uvloop", "aiohttp", "aetcd",
+                              "grpc"}),  # grpc: aetcd's transport, for etcd's TLS credentials
     "cli": ANYTHING,
     "spark_sink": ANYTHING,
 }
