@@ -342,5 +342,14 @@ def new_leader(etcd: EtcdProcess, nodes: list[Node], old: Node) -> Node:
         return leader if leader is not old else None
 
     leader = until(other, 30, "another node to be elected")
-    until(leader.serving, 30, "the new leader to serve")
+    until(lambda: leader.serving() and registered_ports(etcd, leader), 30, "the new leader to serve")
     return leader
+
+
+def registered_ports(etcd: EtcdProcess, node: Node) -> bool:
+    """The leader registers its listeners once they are open (a follower's
+    forwarding listeners answer on the same ports before it leads)."""
+    import json
+
+    info = etcd_get(etcd.url, "hutch/nodes/" + node.name)
+    return bool(info and json.loads(info).get("role") == "leader" and json.loads(info).get("ports"))

@@ -346,6 +346,7 @@ class ClusterNode:
         identity = (record or {}).get("id") or self.state.cluster or new_identity()
         if not await self.etcd.campaign(self.name, self.keeper.lease_id, seen, {"id": identity, "term": term}):
             return False
+        await self.proxy.stop()  # forwarding to no one: a client connecting now is refused, and retries
         transfer = await self.etcd.transfer_to()
         if transfer is not None:
             await self.etcd.clear_transfer()
