@@ -230,3 +230,60 @@ def test_a_restarted_node_with_the_most_complete_copy_still_wins_and_a_killed_le
         until(lambda: leader.name in in_sync(etcd), 90, "the old leader in sync")
         assert glob.glob(str(leader.data_dir) + ".set-aside-*"), "the old leader set nothing aside"
         assert "are moved to" in leader.log
+
+
+def put_keys(etcd, values: dict) -> None:
+    import asyncio
+    import urllib.parse
+
+    import aetcd
+
+    async def put():
+        parts = urllib.parse.urlsplit(etcd.url)
+        client = aetcd.Client(host=parts.hostname, port=parts.port, timeout=5)
+        try:
+            await client.delete_prefix(b"hutch/")
+            for key, value in values.items():
+                await client.put(key.encode(), value)
+        finally:
+            await client.close()
+
+    asyncio.run(put())
+
+
+def test_etcd_restored_from_an_older_backup_or_given_a_new_prefix_loses_nothing(tmp_path):
+    """etcd's keys replaced by an older copy (as a restore from a backup
+    taken before a failover would): the record's term is older than the
+    nodes have seen, so they re-establish the cluster (a higher term) from
+    the most complete member instead of trusting it. Then every node is
+    restarted with another etcd prefix (no keys there): the same."""
+    with running(tmp_path, 3) as (etcd, nodes):
+        backup = {key: etcd_get(etcd.url, key) for key in ("hutch/cluster", "hutch/in_sync")}
+        leader = leader_of(etcd, nodes)
+        publish_confirmed(leader, "kept", 100)
+        leader.kill()
+        new = until(lambda: (lambda n: n if n not in (None, leader) else None)(serving_leader(etcd, nodes)), 60,
+                    "another leader")
+        leader.start()
+        until(lambda: len(in_sync(etcd)) == 3, 90, "three nodes in sync")
+        publish_confirmed(new, "kept", 100, 100)
+        term = json.loads(etcd_get(etcd.url, "hutch/cluster"))["term"]
+        assert json.loads(backup["hutch/cluster"])["term"] < term
+
+        put_keys(etcd, backup)
+        until(lambda: json.loads(etcd_get(etcd.url, "hutch/cluster") or b'{"term": 0}')["term"] > term, 60,
+              "the cluster re-established with a newer term")
+        until(lambda: len(in_sync(etcd)) == 3, 90, "three nodes in sync again")
+        assert message_count(until(lambda: serving_leader(etcd, nodes), 30, "a leader"), "kept") == 200
+
+        for node in nodes:
+            node.stop()
+        for node in nodes:
+            node.extra = node.extra + ("--cluster-etcd-prefix", "moved")
+            node.start()
+        until(lambda: len(json.loads(etcd_get(etcd.url, "moved/in_sync") or b"[]")) == 3, 90,
+              "the cluster under the new prefix")
+        name = etcd_get(etcd.url, "moved/leader").decode()
+        leader = next(n for n in nodes if n.name == name)
+        until(lambda: json.loads(etcd_get(etcd.url, "moved/nodes/" + name)).get("ports"), 30, "it to serve")
+        assert message_count(leader, "kept") == 200
