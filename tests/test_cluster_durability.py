@@ -4,6 +4,8 @@ when only the leader holds the data, and management changes answered only
 once a follower holds them."""
 from __future__ import annotations
 
+import os
+import shutil
 import signal
 import threading
 import time
@@ -35,10 +37,29 @@ def test_the_in_sync_alarm_is_raised_while_the_leader_alone_is_in_sync(tmp_path)
         until(lambda: leader_entry(leader)["in_sync_alarm"] is True, 30, "the alarm in /api/nodes")
         assert "hutch_cluster_in_sync_alarm 1" in metrics(leader)
         assert "in-sync alarm: the in-sync set is this leader alone" in leader.log
+        shown_in_the_ui(leader)
         follower.start()
         until(lambda: leader_entry(leader)["in_sync_alarm"] is False, 60, "the alarm to clear")
         assert "hutch_cluster_in_sync_alarm 0" in metrics(leader)
         assert "in-sync alarm cleared" in leader.log
+
+
+def shown_in_the_ui(leader) -> None:
+    """The overview's node table, in a real browser, shows the alarm."""
+    if not (shutil.which("chromium") and shutil.which("chromedriver")):
+        reason = "needs Debian's chromium and chromium-driver (.ci/run installs them)"
+        if os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no"):
+            pytest.fail(reason + " [CI is set, so this is a failure, not a skip]", pytrace=False)
+        return
+    from browser import Ui
+
+    ui = Ui(leader.ports["http"])
+    try:
+        ui.login("guest", "guest")
+        ui.open("")
+        ui.wait_text("#nodes", "in-sync alarm: only this leader holds the data")
+    finally:
+        ui.close()
 
 
 def test_a_management_change_is_answered_once_a_follower_holds_it_and_survives_a_failover(tmp_path):

@@ -51,11 +51,13 @@ class EtcdUnavailable(Exception):
     """No etcd endpoint answered."""
 
 
-class TLSClient(aetcd.Client):
-    """aetcd 1.0 opens plaintext channels only: the same client over a TLS
-    channel (grpc's own credentials), its connection steps otherwise aetcd's."""
+class Client(aetcd.Client):
+    """aetcd's client, its connection steps aetcd 1.0's but for two: over a
+    TLS channel (grpc's own credentials) when `credentials` are given (aetcd
+    opens plaintext channels only), and the login given CONNECT_SECONDS
+    rather than a request's timeout (etcd checks a bcrypt hash)."""
 
-    def __init__(self, *args, credentials: grpc.ChannelCredentials, **kwargs) -> None:
+    def __init__(self, *args, credentials: grpc.ChannelCredentials | None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._credentials = credentials
 
@@ -67,12 +69,14 @@ class TLSClient(aetcd.Client):
             return
         try:
             self._is_connecting = True
-            self.channel = grpc.aio.secure_channel("%s:%d" % (self._host, self._port), self._credentials,
-                                                   options=list(self._options.items()))
+            target, options = "%s:%d" % (self._host, self._port), list(self._options.items())
+            self.channel = rpc.insecure_channel(target, options=options) if self._credentials is None else \
+                rpc.secure_channel(target, self._credentials, options=options)
             if self._username is not None:
                 try:
                     reply = await rpc.AuthStub(self.channel).Authenticate(
-                        rpc.AuthenticateRequest(name=self._username, password=self._password), timeout=self._timeout)
+                        rpc.AuthenticateRequest(name=self._username, password=self._password),
+                        timeout=max(self._timeout or 0, CONNECT_SECONDS))
                 except rpc.AioRpcError as exc:
                     aetcd.exceptions._handle_exception(exc)
                 self.metadata = (("token", reply.token),)
@@ -149,10 +153,9 @@ class Etcd:
                 self._next += 1
                 settings = dict(host=host, port=port, username=self.user, password=self.password,
                                 timeout=self.timeout, connect_wait_timeout=max(1, int(self.timeout)))
-                self._client = (TLSClient(credentials=self.credentials, **settings) if self.credentials
-                                else aetcd.Client(**settings))
+                self._client = Client(credentials=self.credentials, **settings)
             try:
-                # a TLS handshake and a login (etcd checks a bcrypt hash) may take longer than a request
+                # a TLS handshake and a login may take longer than a request
                 await asyncio.wait_for(self._client.connect(), max(self.timeout, CONNECT_SECONDS))
                 return await asyncio.wait_for(request(self._client), self.timeout)
             except (aetcd.exceptions.UnauthenticatedError, aetcd.exceptions.InvalidArgumentError) as exc:
