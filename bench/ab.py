@@ -44,11 +44,15 @@ class TreeHutch:
 
 
 def build_extension(root: str) -> bool:
-    """amqp_server/_framing.c compiled in place under `root` (as `pip install` would)."""
-    source = os.path.join(root, "amqp_server", "_framing.c")
-    if not os.path.exists(source):
+    """The C twin compiled in place under `root` (as `pip install` would): amqp_server/amqp/_framing.c,
+    or amqp_server/_framing.c in a tree from before the layout of docs/architecture.md."""
+    for package in (("amqp_server", "amqp"), ("amqp_server",)):
+        source = os.path.join(root, *package, "_framing.c")
+        if os.path.exists(source):
+            break
+    else:
         return False
-    target = os.path.join(root, "amqp_server", "_framing" + sysconfig.get_config_var("EXT_SUFFIX"))
+    target = os.path.join(root, *package, "_framing" + sysconfig.get_config_var("EXT_SUFFIX"))
     cmd = ["cc", "-O2", "-shared", "-fPIC", "-I" + sysconfig.get_paths()["include"], source, "-o", target]
     return subprocess.run(cmd, capture_output=True).returncode == 0
 

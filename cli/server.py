@@ -23,11 +23,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.basicConfig(stream=sys.stderr, level=config.log_level.upper(), format=LOG_FORMAT)
 
-    from amqp_server.server import ListenError, run
+    from amqp_server.process.server import run
+    from amqp_server.shared.errors import ListenError
 
     try:
         if config.cluster.enabled:
-            from amqp_server.cluster.node import serve_node
+            from amqp_server.process.cluster import serve_node
 
             run(config, serve_node)
         else:

@@ -17,6 +17,10 @@ import os
 import shutil
 from dataclasses import dataclass
 
+# Written by a clean stop, removed at the next start: its presence says the
+# recovery summaries describe the files (docs/storage.md).
+CLEAN_SHUTDOWN = "clean_shutdown"
+
 
 @dataclass(frozen=True)
 class DataDirectory:

@@ -21,7 +21,7 @@ Theory of operation:
   included: nothing more will happen to them), `submitted` those queued.
   `when_written(mark, callback)` tells the loop when the first `mark`
   appends are written, before their sync: the connection's output waits on
-  it after acks (amqp_server.protocol, docs/storage.md "Acks"). Writing and
+  it after acks (amqp_server.shared.client, docs/storage.md "Acks"). Writing and
   syncing stay on one thread: a second thread for the syncs would let a
   write overtake a sync in progress, but its hand-over cost 20 % more broker
   CPU per message at a moderate persistent rate (docs/benchmarks.md).

@@ -217,16 +217,16 @@ def spark():
 
 @pytest.fixture(scope="session")
 def framing_c():
-    """amqp_server._framing, the C twins of the hot paths; its tests skip
+    """amqp_server.amqp._framing, the C twins of the hot paths; its tests skip
     where it was not built (no compiler), and fail in CI, which builds it."""
     from hutchctl_targets import unavailable
 
     try:
-        from amqp_server import _framing
+        from amqp_server.amqp import _framing
     except ImportError as exc:
-        unavailable("amqp_server._framing is not built (%s)" % exc)
-    from amqp_server.framing import C_VERSION
+        unavailable("amqp_server.amqp._framing is not built (%s)" % exc)
+    from amqp_server.amqp.framing import C_VERSION
 
     if getattr(_framing, "VERSION", None) != C_VERSION:
-        unavailable("amqp_server._framing at %s is a stale build (rebuild it in place)" % _framing.__file__)
+        unavailable("amqp_server.amqp._framing at %s is a stale build (rebuild it in place)" % _framing.__file__)
     return _framing

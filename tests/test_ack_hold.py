@@ -1,4 +1,4 @@
-"""The rule that output after acks waits for their records (amqp_server.protocol,
+"""The rule that output after acks waits for their records (amqp_server.shared.client,
 docs/storage.md "Acks"), held at the protocol with a real disk writer.
 
 tests/test_ack_crash.py shows the rule end to end (acks, a later reply, SIGKILL);
@@ -14,12 +14,12 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from amqp_server.protocol import AMQPProtocol
+from amqp_server.amqp.protocol import AMQPProtocol
 from storage.writer import AppendFile, GroupCommitWriter
 
 
 class Output:
-    """What AMQPProtocol asks of a connection when it writes."""
+    """What ClientProtocol asks of a connection when it writes."""
 
     def __init__(self) -> None:
         self.acks_handled = False

@@ -3,8 +3,8 @@ raised, the reason texts, and that exactly the blocked connections are
 released when the last alarm clears."""
 from __future__ import annotations
 
-from amqp_server.alarms import DISK, MEMORY, ResourceAlarms, disk_free_limit, memory_limit
-from amqp_server.config import BrokerConfig
+from amqp_server.shared.alarms import DISK, MEMORY, ResourceAlarms, disk_free_limit, memory_limit
+from amqp_server.shared.config import BrokerConfig
 from storage.memory_monitor import total_memory
 
 

@@ -1,4 +1,4 @@
-"""amqp_server.fastpath must be byte-identical to pamqp (DESIGN.md section 5).
+"""amqp_server.amqp.fastpath must be byte-identical to pamqp (DESIGN.md section 5).
 
 The oracle is pamqp itself: frames are marshalled and unmarshalled with
 pamqp.frame and compared with the hand-written codecs. pamqp's constructors
@@ -22,8 +22,8 @@ from pamqp import commands
 from pamqp.body import ContentBody as Body
 from pamqp import frame as pamqp_frame
 
-from amqp_server import fastpath
-from amqp_server.framing import decode_method
+from amqp_server.amqp import fastpath
+from amqp_server.amqp.framing import decode_method
 from vhosts.errors import AMQPError
 
 MALFORMED = (ValueError, IndexError)  # UnicodeDecodeError is a ValueError

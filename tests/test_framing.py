@@ -1,4 +1,4 @@
-"""Sans-IO framing (amqp_server.framing): the frame reader fed whole, one byte
+"""Sans-IO framing (amqp_server.amqp.framing): the frame reader fed whole, one byte
 at a time, in random chunks and with trailing bytes; its 501 checks; the input
 budget; splitting content into body frames; method decoding errors.
 
@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from pamqp import commands
 from pamqp import frame as pamqp_frame
 
-from amqp_server import framing
-from amqp_server.framing import (
+from amqp_server.amqp import framing
+from amqp_server.amqp.framing import (
     CONTENT,
     FrameReader,
     content_frames,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from amqp_server.framing import CONTENT, FrameReader, content_header_prefix, decode_method
+from amqp_server.amqp.framing import CONTENT, FrameReader, content_header_prefix, decode_method
 from vhosts.errors import AMQPError
 
 sys.path.insert(0, str(Path(__file__).parent))

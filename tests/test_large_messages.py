@@ -2,7 +2,7 @@
 
 A body of 1 MiB is copied a few times on its way (its frames joined, the
 delivery built): with glibc's defaults each copy was a fresh mmap whose 256
-pages faulted in one by one (amqp_server.allocator). The kernel counts those
+pages faulted in one by one (amqp_server.shared.allocator). The kernel counts those
 faults per process, so a client can see whether the broker reuses memory.
 """
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Pure-MQTT behaviour compared with Mosquitto (Debian's `mosquitto`, which
-.ci/run installs): each scenario runs against hutch and a Mosquitto started
+tests/prepare.sh installs): each scenario runs against hutch and a Mosquitto started
 on a free port with a generated config, and both observations must be equal.
 
 Without a mosquitto binary the tests skip, except in CI ($CI set), where they fail.
@@ -40,7 +40,7 @@ def _listening(port: int) -> bool:
 def mosquitto(tmp_path_factory) -> int:
     binary = shutil.which("mosquitto") or shutil.which("mosquitto", path="/usr/sbin:/sbin")
     if binary is None:
-        reason = "no mosquitto binary; .ci/run installs Debian's mosquitto"
+        reason = "no mosquitto binary; tests/prepare.sh installs Debian's mosquitto"
         if _in_ci():
             pytest.fail(reason + " [CI is set, so this is a failure, not a skip]", pytrace=False)
         pytest.skip(reason)

@@ -20,8 +20,8 @@ import aio_pika
 import pika
 import pytest
 
-from amqp_server.config import BrokerConfig, ManagementConfig, MQTTConfig, PrometheusConfig, StorageConfig
-from amqp_server.server import BrokerServer
+from amqp_server.shared.config import BrokerConfig, ManagementConfig, MQTTConfig, PrometheusConfig, StorageConfig
+from amqp_server.process.server import BrokerServer
 from conftest import launch
 from helpers import connect, drain, unique
 from http_api import Api, segment

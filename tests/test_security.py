@@ -18,7 +18,7 @@ import pytest
 from pika.exceptions import ProbableAuthenticationError
 
 from amqp_raw import TIMEOUT, RawClient, plain_response, start_ok_frame
-from amqp_server.login_throttle import MAX_ENTRIES, LoginThrottle
+from amqp_server.shared.login_throttle import MAX_ENTRIES, LoginThrottle
 from helpers import assert_serves, connect, unique, wait_for
 from http_api import Api, call, segment
 from mqtt_raw import RawMQTT

@@ -19,7 +19,7 @@ from helpers import unique, wait_for
 from http_api import call, segment
 
 pytestmark = pytest.mark.skipif(not (shutil.which("chromium") and shutil.which("chromedriver")),
-                                reason="needs Debian's chromium and chromium-driver (.ci/run installs them)")
+                                reason="needs Debian's chromium and chromium-driver (tests/prepare.sh installs them)")
 
 PAGES = ["", "connections", "channels", "exchanges", "queues", "dead-letters", "users", "vhosts", "policies",
          "limits", "shovels", "federation"]

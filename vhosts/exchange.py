@@ -14,7 +14,7 @@ PREDECLARED = (
     ("amq.match", "headers"),
 )
 # The firehose's exchange (RabbitMQ's trace_on): predeclared too, internal,
-# so only the broker publishes to it (amqp_server.firehose).
+# so only the broker publishes to it (vhosts.firehose).
 TRACE_EXCHANGE = "amq.rabbitmq.trace"
 
 

@@ -154,6 +154,8 @@ class VirtualHost:
         self.operator_policies: dict[str, Policy] = {}
         # (component, name) -> JSON value: runtime parameters (vhosts.parameters); kept by the Broker.
         self.parameters: dict[tuple[str, str], object] = {}
+        # (component, name) -> the user who set it, for those a user set (the links check its access)
+        self.parameter_owners: dict[tuple[str, str], str] = {}
         self._bound_from: dict[Destination, set[str]] = {}
         # The names of the x-delayed-message exchanges, which publish looks
         # up first, and what holds their delayed messages.
@@ -165,10 +167,10 @@ class VirtualHost:
         for xname, xtype in PREDECLARED:
             self.exchanges[xname] = Exchange(xname, xtype, durable=True, builtin=True)
         self.exchanges[TRACE_EXCHANGE] = Exchange(TRACE_EXCHANGE, "topic", durable=True, internal=True, builtin=True)
-        # The firehose is on (amqp_server.firehose); not kept across restarts, as in RabbitMQ.
+        # The firehose is on (vhosts.firehose); not kept across restarts, as in RabbitMQ.
         self.tracing = False
         # Direct reply-to: live reply token -> deliver(message) of its channel's
-        # reply consumer (amqp_server.direct_reply_to registers them).
+        # reply consumer (amqp_server.amqp.direct_reply_to registers them).
         self.reply_consumers: dict[str, Callable[[Message], None]] = {}
 
     # -- lookups -------------------------------------------------------------

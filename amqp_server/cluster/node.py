@@ -48,10 +48,14 @@ Theory of operation:
   does (`BrokerServer`), records itself alone in `in_sync`, starts the
   replication stream (replication.Replicator: the storage writer's gate, so
   no durability reply leaves before the in-sync followers hold it or while
-  its lease may have run out) and serves; followers join `in_sync` once
-  they hold everything confirmed. It checks every second that etcd still
-  names it leader of its cluster and term: if not (keys lost or replaced),
-  it stops at once and rejoins.
+  its lease may have run out) and its replication port (gateway.Gateway:
+  only running members holding the cluster secret pass), and serves;
+  followers join `in_sync` once they hold everything confirmed. Its term
+  (the one its campaign wrote) names its stream: a follower never follows
+  a lower one (follower.Follower, which starts from the highest term its
+  directory has seen). It checks every second that etcd still names it
+  leader of its cluster and term: if not (keys lost or replaced), it stops
+  at once and rejoins.
 - etcd unreachable: nothing changes while it is out; the leader confirms
   nothing once its lease may have run out and goes on when etcd answers
   that the lease is alive (lease.LeaseKeeper); a node whose lease etcd
@@ -64,24 +68,29 @@ Theory of operation:
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import os
-import signal
 import socket
+import ssl
 import sys
 import time
+from typing import Any, Callable
 
 from aiohttp import web
 
+from amqp_server.cluster import handshake
 from amqp_server.cluster.etcd import Etcd, EtcdUnavailable
+from amqp_server.cluster.follower import Follower
+from amqp_server.cluster.gateway import Gateway
 from amqp_server.cluster.lease import LeaseKeeper
 from amqp_server.cluster.proxy import Proxy
-from amqp_server.cluster.follower import Follower
 from amqp_server.cluster.replication import Replicator
 from amqp_server.cluster.state import LEADING, ClusterState, DataDirectory, diverged, new_identity, rank
-from amqp_server.config import BrokerConfig
-from amqp_server.management import prometheus
-from amqp_server.server import CLEAN_SHUTDOWN, BrokerServer, ListenError, collect_rarely
+from amqp_server.shared.allocator import collect_rarely
+from amqp_server.shared.config import BrokerConfig
+from amqp_server.shared.errors import ListenError
+from storage.data_directory import CLEAN_SHUTDOWN
 
 log = logging.getLogger("hutch.cluster")
 
@@ -104,8 +113,14 @@ def _posted_rank(posted: dict | None) -> tuple[int, int]:
 
 
 class ClusterNode:
-    def __init__(self, config: BrokerConfig) -> None:
+    def __init__(self, config: BrokerConfig, open_broker: Callable[[BrokerConfig], Any],
+                 follower_metrics: Callable[["ClusterNode"], web.Application]) -> None:
+        """Built by the composition root (amqp_server.process.cluster), which
+        gives it `open_broker` (a leader's broker, opened and not started) and
+        `follower_metrics` (the aiohttp app of a follower's own /metrics)."""
         self.config = config
+        self.open_broker = open_broker
+        self.follower_metrics = follower_metrics
         cluster = config.cluster
         self.name = cluster.node_name or socket.gethostname()
         self.advertise = cluster.advertise or socket.gethostname()
@@ -115,13 +130,20 @@ class ClusterNode:
                                   self.fence, self._renewed, self._revived, lambda: self.role == "leader")
         self.role = "joining"
         self.leader: str | None = None
-        self.server: BrokerServer | None = None
+        self.server = None  # the leader's broker (amqp_server.process.server.BrokerServer)
         self.replicator: Replicator | None = None
+        self.gateway: Gateway | None = None
         self.directory = DataDirectory(config.data_dir)
         self.state = ClusterState()
         self.has_data = False
+        self.secret = (cluster.secret or "").encode()
+        try:
+            self.tls_server, tls_client = handshake.server_context(cluster), handshake.client_context(cluster)
+        except (OSError, ssl.SSLError) as exc:
+            raise ListenError("cannot load the cluster's TLS certificate, key or CA (cluster.tls_*): %s" % exc) from None
         fsync = config.storage.durability == "fsync"
-        self.follower = Follower(self.name, config.data_dir, fsync)
+        self.follower = Follower(self.name, config.data_dir, fsync, self.secret, tls_client,
+                                 cluster.replication_timeout)
         self.follower.record = lambda mark: self.directory.record_position(mark, fsync)
         self._following: asyncio.Task | None = None
         self._followed: str | None = None
@@ -130,7 +152,7 @@ class ClusterNode:
         self._began = time.monotonic()
         self._leaderless_since = time.monotonic()  # since when no leader was seen
         self._said: dict[str, float] = {}  # what a waiting node said, and when
-        self.proxy = Proxy(self._leader_address)
+        self.proxy = Proxy(self._leader_address, self._dial)
         # The leader's view of the others, refreshed every MEMBERS_SECONDS.
         self.members: dict[str, dict] = {}
         self.running: dict[str, dict] = {}
@@ -283,6 +305,7 @@ class ClusterNode:
             os.remove(marker)
         os.makedirs(self.config.data_dir, exist_ok=True)
         self.state = self.directory.load()
+        self.follower.term = self.state.term  # never a stream of a lower term than this directory has seen
         self.has_data = self.directory.holds_data()
         held = self.directory.position()
         log.info("cluster node %s: data directory %s: %s", self.name, self.config.data_dir,
@@ -425,21 +448,34 @@ class ClusterNode:
                 await self.proxy.listen(protocol, bind, port)
             if config.prometheus.enabled:  # a follower's own metrics, not the leader's
                 protocol, bind, port = "http/prometheus", config.prometheus.bind, config.prometheus.port
-                self._metrics = web.AppRunner(prometheus.follower_app(self._follower_metrics), access_log=None,
-                                              handle_signals=False)
+                self._metrics = web.AppRunner(self.follower_metrics(self), access_log=None, handle_signals=False)
                 await self._metrics.setup()
                 await web.TCPSite(self._metrics, bind, port, reuse_address=True).start()
         except OSError as exc:
             raise ListenError("cannot listen for %s on %s:%d: %s" % (protocol, bind, port,
                                                                     exc.strerror or exc)) from None
 
-    def _follower_metrics(self) -> str:
-        return prometheus.render_follower(self.name, self.follower.state, self.follower.position, self.leader)
-
     def _leader_address(self, protocol: str) -> tuple[str, int] | None:
+        """Where to forward a `protocol` client: the leader's replication
+        port, once the leader has registered that listener."""
         info = self._leader_info
-        port = info.get("ports", {}).get(protocol)
-        return (info["advertise"], port) if port else None
+        return (info["advertise"], info["replication_port"]) if info.get("ports", {}).get(protocol) else None
+
+    async def _dial(self, host: str, port: int, protocol: str, client: list):
+        sock, _term = await handshake.dial(host, port, self.secret, self.name, "forward", protocol, client)
+        return sock
+
+    async def _is_member(self, name: str) -> bool:
+        """Whether `name` is a running member (its nodes/ key), as the leader
+        last saw them or, failing that, as etcd says now."""
+        if name in self.running:
+            return True
+        try:
+            self.running = await self.etcd.nodes()
+        except EtcdUnavailable as exc:
+            log.warning("etcd unreachable: %s; refusing %s meanwhile", exc, name)
+            return False
+        return name in self.running
 
     async def _unfollow(self) -> None:
         self.proxy.close_all()  # their leader is gone or changed: the clients reconnect
@@ -461,7 +497,7 @@ class ClusterNode:
         await self.proxy.stop()
         await self._stop_metrics()
         cluster = self.config.cluster
-        self.server = BrokerServer(self.config)
+        self.server = self.open_broker(self.config)
         server = self.server
         server.management.node.cluster = self
         server.broker.promising = self.keeper.valid  # also for confirms that wait for no disk
@@ -470,13 +506,30 @@ class ClusterNode:
         self.replicator = Replicator(
             asyncio.get_running_loop(), self.config.data_dir, server.writer, server.definitions, server.mqtt_store,
             self.keeper.valid, term, cluster.min_in_sync_replicas or 0, cluster.max_lag_bytes,
-            cluster.max_lag_seconds, self.record_in_sync)
+            cluster.max_lag_seconds, self.record_in_sync, cluster.replication_timeout)
         await self._retrying(lambda: self.etcd.set_in_sync(self.name, [self.name]))
-        await self.replicator.start(self.config.bind, cluster.replication_port)
+        self.replicator.start()
+        self.gateway = Gateway(self.secret, term, self._is_member, self.replicator, server.acceptor, self.tls_server)
+        try:
+            await self.gateway.start(cluster.replication_bind or self.advertise, cluster.replication_port)
+        except OSError as exc:
+            raise ListenError("cannot listen for replication on %s:%d: %s" % (
+                cluster.replication_bind or self.advertise, cluster.replication_port, exc.strerror or exc)) from None
+        self._warn_if_unreachable(self.gateway.sock.getsockname()[0])
         await server.start()
         collect_rarely()
         await self._retrying(self.register)
         self._tasks.append(asyncio.get_running_loop().create_task(self._watch_members(term)))
+
+    def _warn_if_unreachable(self, bound: str) -> None:
+        """The replication listener binds the advertised address; a host name
+        that resolves to loopback here (Debian's /etc/hosts maps its own to
+        127.0.1.1) would hide it from the other machines."""
+        remote_etcd = any(not _loopback(host) for host, _port in self.etcd.endpoints)
+        if _loopback(bound) and remote_etcd:
+            log.warning("the replication listener is bound to %s, a loopback address (cluster.advertise %r resolves "
+                        "there): other machines cannot reach it; set cluster.advertise (or cluster.replication_bind) "
+                        "to this node's address", bound, self.advertise)
 
     async def _watch_members(self, term: int) -> None:
         while True:
@@ -603,6 +656,7 @@ class ClusterNode:
         else:
             log.warning("cluster node %s: %s left the in-sync set: the hand-over ends in an election", self.name,
                         name)
+        self.gateway.stop()
         self.replicator.stop()
         await self.etcd.resign(self.name)
         self.fence("the leadership was handed over")
@@ -652,6 +706,8 @@ class ClusterNode:
         if self.server is not None:
             # Through the gate still: what the writer drains reaches the followers first.
             await self.server.stop()
+        if self.gateway is not None:
+            self.gateway.stop()
         if self.replicator is not None:
             self._record_end()
             self.replicator.stop()
@@ -663,25 +719,8 @@ def _nothing() -> None:
     return None
 
 
-async def serve_node(config: BrokerConfig) -> None:
-    """Run a cluster node until SIGINT/SIGTERM."""
-    node = ClusterNode(config)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    running = loop.create_task(node.run(stop))
-    stopping = loop.create_task(stop.wait())
-    await asyncio.wait((running, stopping), return_when=asyncio.FIRST_COMPLETED)
-    if running.done() and running.exception() is not None:
-        stopping.cancel()
-        await node.stop()
-        raise running.exception()  # a listener that cannot open: reported by cli.server
-    log.info("shutting down")
-    if not running.done():
-        running.cancel()
+def _loopback(host: str) -> bool:
     try:
-        await running
-    except asyncio.CancelledError:
-        pass
-    await node.stop()
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"

@@ -41,7 +41,7 @@ def _tracing(value) -> bool | None:
 def put_vhost(req):
     """Creates the vhost or replaces its description and tags (absent: none,
     as RabbitMQ); "tracing" turns the firehose on or off
-    (amqp_server.firehose), absent leaves it as it is. A default queue type
+    (vhosts.firehose), absent leaves it as it is. A default queue type
     is accepted and not kept: RabbitMQ 3.10 reports "undefined" whatever
     was sent, and hutch has classic queues only. The user who creates it
     gets full permissions on it, as on RabbitMQ."""

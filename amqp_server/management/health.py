@@ -1,6 +1,6 @@
 """Health checks (RabbitMQ's /api/health/checks/...): 200 {"status": "ok"}
 when healthy, 503 {"status": "failed", ...} otherwise. The alarm checks
-report the memory and disk alarms (amqp_server.alarms); hutch runs as a
+report the memory and disk alarms (amqp_server.shared.alarms); hutch runs as a
 single node and has no mirrored or quorum queues, so those checks pass."""
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ Theory of operation:
   users only from loopback); then the route's tag requirement
   (`access.require`). Every refusal is RabbitMQ's status and JSON body.
   A wrong password is answered after the broker's login-throttle delay
-  (`amqp_server.login_throttle`, the table AMQP logins use too), awaited
+  (`amqp_server.shared.login_throttle`, the table AMQP logins use too), awaited
   so that other requests are served meanwhile, and cut short when the
   broker stops (its shutdown waits for every pending answer). A 401 carries
   the Basic challenge except to the web UI's own requests (`_challenge`).

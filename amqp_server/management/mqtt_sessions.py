@@ -20,18 +20,6 @@ from amqp_server.management import access, shapes
 from amqp_server.management.errors import amqp_errors_as_http, not_authorised, not_found
 from amqp_server.management.http import NO_CONTENT
 from amqp_server.management.listing import present
-from amqp_server.mqtt import topics
-
-
-def _filters(req, vhost) -> dict[str, list[str]]:
-    """Subscription queue name -> its binding keys on the MQTT exchange, as MQTT topic filters."""
-    exchange = vhost.exchanges.get(req.node.config.mqtt.exchange)
-    found: dict[str, list[str]] = {}
-    if exchange is not None:
-        for dest, key, _arguments in exchange.table.bindings():
-            if dest.kind == "queue":
-                found.setdefault(dest.name, []).append(topics.to_mqtt(key))
-    return found
 
 
 def _shape(vhost, session, filters: dict) -> dict:
@@ -64,7 +52,7 @@ def _shape(vhost, session, filters: dict) -> dict:
 
 
 def _in(req, vhost) -> list[dict]:
-    filters = _filters(req, vhost)
+    filters = req.node.mqtt_sessions.topic_filters(vhost, req.node.config.mqtt.exchange)
     return [_shape(vhost, session, filters) for session in req.node.mqtt_sessions.in_vhost(vhost)]
 
 
@@ -85,7 +73,7 @@ def _find(req):
 
 def session(req) -> dict:
     vhost, found = _find(req)
-    return _shape(vhost, found, _filters(req, vhost))
+    return _shape(vhost, found, req.node.mqtt_sessions.topic_filters(vhost, req.node.config.mqtt.exchange))
 
 
 def end_session(req):

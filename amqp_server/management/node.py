@@ -7,8 +7,8 @@ import resource
 import time
 from dataclasses import dataclass, field
 
-from amqp_server.alarms import DISK, MEMORY, ResourceAlarms, resident_memory
-from amqp_server.login_throttle import LoginThrottle
+from amqp_server.shared.alarms import DISK, MEMORY, ResourceAlarms, resident_memory
+from amqp_server.shared.login_throttle import LoginThrottle
 from amqp_server.management.rates import RateSampler
 
 # The RabbitMQ release whose API (and definitions format) hutch answers as.
@@ -18,8 +18,8 @@ COMPATIBLE_VERSION = "3.10.8"
 @dataclass
 class Node:
     broker: object  # vhosts.Broker
-    connections: set  # open amqp_server.connection.Connection objects
-    config: object  # amqp_server.config.BrokerConfig
+    connections: set  # open amqp_server.amqp.connection.Connection objects
+    config: object  # amqp_server.shared.config.BrokerConfig
     writer: object  # storage.writer.GroupCommitWriter
     monitor: object  # storage.memory_monitor.MemoryMonitor
     sampler: RateSampler

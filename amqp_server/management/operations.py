@@ -19,8 +19,9 @@ from pamqp import commands, header
 from storage import Message
 from vhosts.errors import ACCESS_REFUSED, NOT_FOUND, PRECONDITION_FAILED, AMQPError
 
-from amqp_server import NODE, direct_reply_to, firehose
-from amqp_server.channel import check_properties
+from vhosts import firehose, reply_to
+from vhosts.properties import check_properties
+from vhosts.node import NODE
 from amqp_server.management.errors import (ApiError, amqp_errors_as_http, bad_request, missing_keys,
                                            not_authorised)
 from amqp_server.management.http import NO_CONTENT
@@ -240,8 +241,8 @@ def publish(req) -> dict:
         if len(payload) > limit:
             raise AMQPError(PRECONDITION_FAILED, "message size %d is larger than configured max size %d"
                             % (len(payload), limit))
-        if props.reply_to == direct_reply_to.PSEUDO_QUEUE:
-            raise direct_reply_to.no_consumer()
+        if props.reply_to == reply_to.PSEUDO_QUEUE:
+            raise reply_to.no_consumer()
         check_properties(props, req.user)
     except AMQPError as exc:
         raise channel_error(exc) from None

@@ -13,7 +13,7 @@ from __future__ import annotations
 from aiohttp import web
 from vhosts.stats import MessageStats
 
-from amqp_server.alarms import DISK, MEMORY
+from amqp_server.shared.alarms import DISK, MEMORY
 from amqp_server.management import shapes
 from amqp_server.management.node import COMPATIBLE_VERSION
 

@@ -13,7 +13,7 @@ import json
 from collections import Counter
 from urllib.parse import quote
 
-from amqp_server import NODE
+from vhosts.node import NODE
 
 
 QUEUE_STATS = ("ack", "deliver", "deliver_get", "deliver_no_ack", "get", "get_empty", "get_no_ack", "publish",

@@ -1,15 +1,16 @@
-"""The MQTT listener's transport side: the AMQP protocol's IO (batched
-writes once per loop turn, flow control) around an MQTTConnection."""
+"""The MQTT listener's protocol: the shared client IO (batched writes once
+per loop turn, flow control: amqp_server.shared.client) around an
+MQTTConnection."""
 from __future__ import annotations
 
 import asyncio
 
 from amqp_server.mqtt.session import MQTTConnection
 from amqp_server.mqtt.sessions import Sessions
-from amqp_server.protocol import AMQPProtocol
+from amqp_server.shared.client import ClientProtocol
 
 
-class MQTTProtocol(AMQPProtocol):
+class MQTTProtocol(ClientProtocol):
     def __init__(self, broker, config, sessions: Sessions, connections: set, alarms, logins, writer) -> None:
         super().__init__(broker, config, connections, alarms, logins, writer)
         self.sessions = sessions

@@ -4,7 +4,7 @@ topic exchange, as RabbitMQ's MQTT plugin does it (docs/mqtt.md).
 Theory of operation:
 - States: CONNECTING until a CONNECT is accepted, then CONNECTED, CLOSED once
   the socket is gone; REFUSING while a refused login waits out its delay
-  (amqp_server.login_throttle, shared with AMQP and HTTP) before its
+  (amqp_server.shared.login_throttle, shared with AMQP and HTTP) before its
   CONNACK. Any packet but CONNECT first, a second CONNECT or a malformed
   packet closes the network connection (MQTT 3.1.1 4.8).
 - A subscription at QoS N is a binding of `amq.topic` (`mqtt.exchange`) to
@@ -40,7 +40,7 @@ from collections import deque
 
 from pamqp import encode
 
-from amqp_server.connection import CLOSED, INPUT_BUDGET, Connection
+from amqp_server.shared.client import CLOSED, INPUT_BUDGET, ClientConnection
 from amqp_server.mqtt import packets, topics
 from amqp_server.mqtt.exactly_once import ExactlyOnce
 from amqp_server.mqtt.packets import MalformedPacket, RefusedConnect
@@ -71,7 +71,7 @@ def content_header(qos: int, size: int) -> bytes:
     return _HEADER_START.pack(60, 0, size) + _PROPERTIES[qos]
 
 
-class MQTTConnection:
+class MQTTConnection(ClientConnection):
     # What the management API reads of every connection (shapes.connection).
     auth_mechanism = "none"
     channel_max = 0
@@ -99,7 +99,7 @@ class MQTTConnection:
         self.channels: dict = {}  # MQTT has none (the API and the channel limits count them)
         self.recv_oct = self.recv_cnt = self.send_oct = self.send_cnt = 0
         # PUBACK/PUBREC acked a delivery since the last write: as over AMQP,
-        # the next write waits for the ack's record (amqp_server.protocol).
+        # the next write waits for the ack's record (amqp_server.shared.client).
         self.acks_handled = False
         self.consumers: dict[int, Consumer] = {}
         self.unacked: dict[int, tuple] = {}
@@ -143,8 +143,6 @@ class MQTTConnection:
 
     # -- what the management API shows ---------------------------------------
 
-    name = Connection.name  # "peer_host:peer_port -> host:port", as RabbitMQ names both
-
     @property
     def protocol(self) -> str:
         return "MQTT 3.1.1" if self.level == 4 else "MQTT 3.1"
@@ -172,7 +170,7 @@ class MQTTConnection:
 
     def received(self, data: bytes | memoryview) -> None:
         """`data` is valid during this call only (a view of the shared read
-        buffer, amqp_server.protocol): what is kept is copied."""
+        buffer, amqp_server.shared.client): what is kept is copied."""
         if self.state is CLOSED or self.state is REFUSING:
             return
         self._heard = True
@@ -255,11 +253,6 @@ class MQTTConnection:
 
     # -- flow control (the publisher port of vhosts), as for AMQP publishers ----
 
-    throttled_by = Connection.throttled_by
-    unblocked = Connection.unblocked
-    _continue = Connection._continue
-    flow_state = Connection.flow_state
-
     def alarm_blocked(self, alarms) -> None:
         """A memory or disk alarm: stop reading (MQTT has no notification)."""
         self.blocked_by.add(alarms)
@@ -304,7 +297,7 @@ class MQTTConnection:
         host = self.peer[0] if self.peer else ""
         user = self.broker.authenticate(username, password or "", host in ("127.0.0.1", "::1"))
         if user is None:
-            # Answered after a delay (amqp_server.login_throttle), shared with
+            # Answered after a delay (amqp_server.shared.login_throttle), shared with
             # AMQP and HTTP logins; meanwhile nothing more is read.
             log.warning("MQTT login refused for user '%s' from %s", username, self.peer)
             self.io.pause_reading()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, NamedTuple
 
+from amqp_server.mqtt import topics
 from amqp_server.mqtt.exactly_once import ExactlyOnce
 from amqp_server.mqtt.retained import RetainedMessages
 
@@ -92,6 +93,18 @@ class Sessions:
             qos2 = connection.qos2 if connection is not None else self.kept.get((name, cid))
             sessions.append(Session(cid, connection, qos2, sorted(queues.get(cid, ()), key=lambda q: q.name)))
         return sessions
+
+    @staticmethod
+    def topic_filters(vhost, exchange_name: str) -> dict[str, list[str]]:
+        """Subscription queue name -> its binding keys on the MQTT exchange
+        `exchange_name`, as MQTT topic filters (for the management API)."""
+        exchange = vhost.exchanges.get(exchange_name)
+        found: dict[str, list[str]] = {}
+        if exchange is not None:
+            for dest, key, _arguments in exchange.table.bindings():
+                if dest.kind == "queue":
+                    found.setdefault(dest.name, []).append(topics.to_mqtt(key))
+        return found
 
     def persistent_count(self, vhosts) -> int:
         """How many persistent sessions `in_vhost` lists over `vhosts`, in one

@@ -54,7 +54,7 @@ def rabbitmq_url() -> str:
     url = os.environ.get("DIFFERENTIAL_RABBITMQ_URL") or DEFAULT_URL
     problem = _probe(url)
     if problem is not None:
-        reason = "no RabbitMQ reachable at %s (%s); .ci/run installs and starts one" % (url, problem)
+        reason = "no RabbitMQ reachable at %s (%s); tests/prepare.sh installs and starts one" % (url, problem)
         if _in_ci():
             pytest.fail(reason + " [CI is set, so this is a failure, not a skip]", pytrace=False)
         pytest.skip(reason)

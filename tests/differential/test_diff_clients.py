@@ -2,7 +2,7 @@
 reference RabbitMQ: the rabbitmq-c command-line tools (amqp-tools), and
 RabbitMQ's tutorials written with php-amqplib and Ruby's Bunny
 (tests/client_scripts). Each prints what it saw; the two brokers must print
-the same. .ci/run installs the Debian packages; without them the tests skip,
+the same. tests/prepare.sh installs the Debian packages; without them the tests skip,
 except in CI ($CI set), where they fail.
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ PHP_AMQPLIB = Path("/usr/share/php/PhpAmqpLib/autoload.php")
 
 def need(program: str, package: str) -> None:
     if shutil.which(program) is None:
-        reason = "%s is not installed (Debian package %s; .ci/run installs it)" % (program, package)
+        reason = "%s is not installed (Debian package %s; tests/prepare.sh installs it)" % (program, package)
         if _in_ci():
             pytest.fail(reason + " [CI is set, so this is a failure, not a skip]", pytrace=False)
         pytest.skip(reason)

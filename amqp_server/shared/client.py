@@ -1,10 +1,14 @@
-"""The only module that touches a transport: asyncio.BufferedProtocol <-> Connection.
+"""A client connection as every face's listener holds it.
+
+`ClientProtocol` is the only class that touches a transport (asyncio.BufferedProtocol <->
+a face's connection); `ClientConnection` is the base of those connections: their name, and the
+credit flow and alarm state the vhosts' publisher port and the management API see.
 
 Writes are batched: the connection appends frames and calls `wake`, and one
 `call_soon` per loop turn writes everything with a single `writelines`.
 
 Acks before replies: when the client's acks were handled since the last
-write (`Connection.acks_handled`), the write waits until the disk writer has
+write (`acks_handled`), the write waits until the disk writer has
 handed every record queued so far -- the acks' among them -- to the OS
 (`GroupCommitWriter.when_written`; no fsync). A client that sees any later
 frame on this connection thus knows its acks survive a crash of the broker
@@ -22,21 +26,70 @@ the memory in use stayed flat (docs/benchmarks.md, "Fuzz soak").
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING
 
-from amqp_server.alarms import ResourceAlarms
-from amqp_server.config import BrokerConfig
-from amqp_server.connection import Connection
-from amqp_server.login_throttle import LoginThrottle
-from storage.writer import GroupCommitWriter
-from vhosts import Broker
+if TYPE_CHECKING:
+    from amqp_server.shared.alarms import ResourceAlarms
+    from amqp_server.shared.config import BrokerConfig
+    from amqp_server.shared.login_throttle import LoginThrottle
+    from storage.writer import GroupCommitWriter
+    from vhosts import Broker
 
 READ_SIZE = 256 * 1024  # asyncio's own read size
 _read_buffer = memoryview(bytearray(READ_SIZE))
+# A connection's last state, whatever the face: the socket is gone.
+CLOSED = "closed"
+# Input handled per loop turn, so one busy connection cannot starve the others: then reading
+# pauses until the next turn.
+INPUT_BUDGET = 128 * 1024
 
 
-class AMQPProtocol(asyncio.BufferedProtocol):
-    def __init__(self, broker: Broker, config: BrokerConfig, connections: set, alarms: ResourceAlarms,
-                 logins: LoginThrottle, writer: GroupCommitWriter) -> None:
+class ClientConnection:
+    """What every face's connection shares. A subclass has `io` (its
+    ClientProtocol), `peer`, `state`, `alarms`, `blocked_by` (the flow
+    sources holding its reading) and `parse()` (handle what is buffered)."""
+
+    @property
+    def name(self) -> str:
+        """RabbitMQ's connection name, "peer_host:peer_port -> host:port"."""
+        peer = self.peer or ("", 0)
+        transport = self.io.transport
+        local = (transport.get_extra_info("sockname") if transport is not None else None) or ("", 0)
+        return "%s:%d -> %s:%d" % (peer[0], peer[1], local[0], local[1])
+
+    # -- flow control: the publisher port of vhosts ------------------------------
+
+    def throttled_by(self, source) -> None:
+        self.blocked_by.add(source)
+
+    def unblocked(self, source) -> None:
+        self.blocked_by.discard(source)
+        if not self.blocked_by and self.state is not CLOSED:
+            self.io.call_soon(self._continue)
+
+    @property
+    def flow_state(self) -> str:
+        """RabbitMQ's `state`: blocked (published during an alarm), blocking
+        (an alarm is raised but this connection has not published since),
+        flow (credit flow holds its reading), else running."""
+        if self.alarms in self.blocked_by:
+            return "blocked"
+        if self.alarms.raised:
+            return "blocking"
+        return "flow" if self.blocked_by else "running"
+
+    def _continue(self) -> None:
+        if self.state is CLOSED or self.blocked_by:
+            return
+        self.io.resume_reading()
+        self.parse()
+
+
+class ClientProtocol(asyncio.BufferedProtocol):
+    """A listener's protocol; a face's subclass makes its connection in `connection_made`."""
+
+    def __init__(self, broker: "Broker", config: "BrokerConfig", connections: set, alarms: "ResourceAlarms",
+                 logins: "LoginThrottle", writer: "GroupCommitWriter") -> None:
         self.broker = broker
         self.writer = writer
         self.logins = logins
@@ -45,7 +98,7 @@ class AMQPProtocol(asyncio.BufferedProtocol):
         self.alarms = alarms
         self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
-        self.connection: Connection | None = None
+        self.connection: ClientConnection | None = None
         self._flush_scheduled = False
         self._closing = False  # close the transport once the output is written
         # After acks: how many of the writer's appends must be written before
@@ -53,12 +106,6 @@ class AMQPProtocol(asyncio.BufferedProtocol):
         self._records: int | None = None
 
     # -- asyncio.BufferedProtocol --------------------------------------------
-
-    def connection_made(self, transport: asyncio.Transport) -> None:
-        self.transport = transport
-        self.connection = Connection(self.broker, self.config, self, transport.get_extra_info("peername"),
-                                     self.alarms)
-        self.connections.add(self.connection)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return _read_buffer
@@ -80,7 +127,7 @@ class AMQPProtocol(asyncio.BufferedProtocol):
         self.connection.socket_paused = False
         self.connection.output_resumed()
 
-    # -- what Connection asks of its IO --------------------------------------
+    # -- what a ClientConnection asks of its IO --------------------------------------
 
     def wake(self) -> None:
         if not self._flush_scheduled:

@@ -24,17 +24,18 @@ Theory of operation:
 """
 from __future__ import annotations
 
-import re
 from typing import TYPE_CHECKING
 
 from pamqp import commands
 
-from amqp_server import declarations, direct_reply_to, fastpath, firehose
-from amqp_server.deliveries import Deliveries
-from amqp_server.framing import FRAME_BODY, FRAME_HEADER, content_header_prefix, decode_method, erlang_binary, named_method
+from amqp_server.amqp import declarations, direct_reply_to, fastpath
+from vhosts import firehose
+from amqp_server.amqp.deliveries import Deliveries
+from amqp_server.amqp.framing import FRAME_BODY, FRAME_HEADER, content_header_prefix, decode_method, erlang_binary, named_method
 from storage import Message
 from storage.message import HEADERS, REPLY_TO
 from vhosts.access import Access
+from vhosts.properties import check_properties
 from vhosts.errors import (
     AMQPError,
     FRAME_ERROR,
@@ -45,7 +46,7 @@ from vhosts.errors import (
 )
 
 if TYPE_CHECKING:
-    from amqp_server.connection import Connection
+    from amqp_server.amqp.connection import Connection
 
 OPEN = "open"
 CLOSING = "closing"
@@ -54,8 +55,6 @@ BASIC_CLASS = 60
 # user_id (bit 4) and expiration (bit 8) in the first property-flags word
 # (header[12:14]): publishes with either are checked as RabbitMQ does.
 _CHECKED_PROPERTIES = 0x0010 | 0x0100
-_INTEGER_PREFIX = re.compile(r"[+-]?[0-9]+")
-MAX_EXPIRATION = 315360000000  # ten years in ms, RabbitMQ's limit
 NACK = -1  # in `_awaiting`: a refused publish, nacked when its turn comes
 
 
@@ -423,42 +422,3 @@ class Channel(Deliveries):
             self.restore_unacked([a for a in self._tx if a[0] == "settle"])
             self._tx = []
         super().release()
-
-
-def check_properties(props, user) -> None:
-    """RabbitMQ's publish checks of user_id and expiration (in that order),
-    for a message published by `user` (over AMQP or the management API)."""
-    if props.user_id is not None and props.user_id != user.name and "impersonator" not in user.tags:
-        raise AMQPError(
-            PRECONDITION_FAILED,
-            "user_id property set to '%s' but authenticated user was '%s'" % (props.user_id, user.name),
-        )
-    if props.expiration is not None:
-        problem = _expiration_problem(props.expiration)
-        if problem:
-            raise AMQPError(PRECONDITION_FAILED, "invalid expiration '%s': %s" % (props.expiration, problem))
-
-
-def _expiration_problem(text: str) -> str | None:
-    """Why RabbitMQ refuses an expiration (Erlang's string:to_integer, then
-    rabbit_misc:check_expiry), in its own words; None when it is valid."""
-    match = _INTEGER_PREFIX.match(text)
-    if match is None:
-        return "no_integer"
-    rest = text[match.end():]
-    if rest:
-        return "{leftover_string,%s}" % _erlang_string(rest)
-    value = int(match.group())
-    if value < 0:
-        return "{value_negative,%d}" % value
-    if value > MAX_EXPIRATION:
-        return "{value_too_large,%d}" % value
-    return None
-
-
-def _erlang_string(text: str) -> str:
-    """A string as Erlang's ~p prints it: quoted when printable, else a list of bytes."""
-    raw = text.encode("utf-8")
-    if all(32 <= b < 127 for b in raw):
-        return '"%s"' % text.replace("\\", "\\\\").replace('"', '\\"')
-    return "[%s]" % ",".join(str(b) for b in raw)

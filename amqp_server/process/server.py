@@ -1,17 +1,16 @@
-"""Listeners and the process lifetime: start, log the ports, stop on a signal."""
+"""A node's broker, composed: the data directory and storage, the domain
+(vhosts), every face (AMQP, MQTT, management, links) given what it needs,
+the listeners; and the process lifetime (start, stop on a signal)."""
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import os
 import signal
 import sqlite3
-import ssl
 
-from amqp_server import NODE, allocator, framing
-from amqp_server.alarms import ResourceAlarms
-from amqp_server.config import BrokerConfig
+from amqp_server.amqp import framing
+from amqp_server.amqp.protocol import AMQPProtocol
 from amqp_server.links.client import LocalNode
 from amqp_server.links.supervisor import Links
 from amqp_server.management import ManagementListeners
@@ -19,9 +18,13 @@ from amqp_server.management.listeners import ListenerError
 from amqp_server.mqtt.protocol import MQTTProtocol
 from amqp_server.mqtt.retained import RetainedMessages
 from amqp_server.mqtt.sessions import Sessions
-from amqp_server.login_throttle import LoginThrottle
-from amqp_server.protocol import AMQPProtocol
-from storage.data_directory import DataDirectory
+from amqp_server.process.listeners import open_listeners
+from amqp_server.shared import allocator
+from amqp_server.shared.alarms import ResourceAlarms
+from amqp_server.shared.config import BrokerConfig
+from amqp_server.shared.errors import ListenError
+from amqp_server.shared.login_throttle import LoginThrottle
+from storage.data_directory import CLEAN_SHUTDOWN, DataDirectory
 from storage.dead_letter_log import DeadLetterLogSettings
 from storage.definitions import DefinitionStore
 from storage.memory_monitor import MemoryMonitor, budget_bytes
@@ -30,19 +33,9 @@ from storage.vhost_storage import StorageSettings, VhostStorage, dir_name
 from storage.writer import GroupCommitWriter
 from vhosts import Broker
 from vhosts.errors import CONNECTION_FORCED, AMQPError
+from vhosts.node import NODE
 
 log = logging.getLogger("hutch.server")
-
-
-def tls_context(config: BrokerConfig) -> ssl.SSLContext:
-    tls = config.tls
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(tls.certfile, tls.keyfile)
-    if tls.cacertfile:
-        context.load_verify_locations(tls.cacertfile)
-    if tls.verify_peer:
-        context.verify_mode = ssl.CERT_REQUIRED if tls.fail_if_no_peer_cert else ssl.CERT_OPTIONAL
-    return context
 
 
 def open_data_directory(path: str) -> DataDirectory:
@@ -59,9 +52,6 @@ def open_definitions(data_dir: str) -> DefinitionStore:
         return DefinitionStore(path)
     except (OSError, sqlite3.Error) as exc:
         raise ListenError("cannot open the definitions store %s: %s" % (path, exc)) from None
-
-
-CLEAN_SHUTDOWN = "clean_shutdown"
 
 
 class BrokerServer:
@@ -128,15 +118,17 @@ class BrokerServer:
         )
         log.info("event loop: %s", type(asyncio.get_running_loop()).__module__.split(".")[0])
         if framing.ACCELERATED:
-            log.info("per-message paths: C (amqp_server._framing)")
+            log.info("per-message paths: C (amqp_server.amqp._framing)")
         else:
-            log.warning("per-message paths: pure Python (amqp_server._framing was not built: no C compiler or "
+            log.warning("per-message paths: pure Python (amqp_server.amqp._framing was not built: no C compiler or "
                         "Python headers at install); about a third slower")
         self.connections: set = set()
         self.alarms = ResourceAlarms(config)
         self.servers: list[asyncio.Server] = []
         # (protocol, address, port) of every open listener, as RabbitMQ lists them
         self.listeners: list[tuple[str, str, int]] = []
+        # protocol -> (protocol factory, TLS context, address) of each listener (`acceptor`)
+        self.acceptors: dict[str, tuple] = {}
         try:
             self.mqtt_store = MQTTStore(os.path.join(config.data_dir, "mqtt.db"))
         except sqlite3.Error as exc:
@@ -161,7 +153,6 @@ class BrokerServer:
         self.data_directory.remove_created()
 
     async def start(self) -> None:
-        loop = asyncio.get_running_loop()
         config = self.config
         logins = self.logins
 
@@ -173,40 +164,26 @@ class BrokerServer:
                                 self.writer)
 
         self.alarms.start()
-        listeners = [("AMQP", config.port, None, factory)]
-        protocols = {"AMQP": "amqp", "AMQPS": "amqp/ssl", "MQTT": "mqtt", "MQTTS": "mqtt/ssl"}
-        context = None
-        if config.tls.enabled:
-            try:
-                context = tls_context(config)
-            except (OSError, ssl.SSLError) as exc:
-                raise ListenError("cannot load the TLS certificate or key: %s" % exc) from None
-            listeners.append(("AMQPS", config.tls.port, context, factory))
-        if config.mqtt.enabled:
-            listeners.append(("MQTT", config.mqtt.port, None, mqtt_factory))
-            if context is not None:
-                listeners.append(("MQTTS", config.mqtt.tls_port, context, mqtt_factory))
-        for name, port, context, factory in listeners:
-            try:
-                server = await loop.create_server(factory, config.bind, port, ssl=context, reuse_address=True)
-            except OSError as exc:
-                raise ListenError("cannot listen for %s on %s:%d: %s" % (name, config.bind, port, exc.strerror or exc)) from None
-            self.servers.append(server)
-            for sock in server.sockets:
-                host, bound = sock.getsockname()[:2]
-                self.listeners.append((protocols[name], host, bound))
-                log.info("listening for %s on %s:%d", name, host, bound)
+        self.servers, self.listeners[:], acceptors = await open_listeners(config, factory, mqtt_factory)
+        self.acceptors.update(acceptors)
         amqp_port = next(port for protocol, _host, port in self.listeners if protocol == "amqp")
+        tls_port = next((port for protocol, _host, port in self.listeners if protocol == "amqp/ssl"), None)
         local_host = "127.0.0.1" if config.bind in ("0.0.0.0", "", "::") else config.bind
         self.links = Links(self.broker, LocalNode(
             local_host, amqp_port, config.default_user, config.default_pass, NODE,
-            str(self.broker.global_parameters.get("internal_cluster_id", ""))))
+            str(self.broker.global_parameters.get("internal_cluster_id", "")), tls_port))
         self.management.node.links = self.links
         await self.links.start()
         try:
             await self.management.start()
         except ListenerError as exc:
             raise ListenError(str(exc)) from None
+
+    def acceptor(self, protocol: str) -> tuple | None:
+        """(protocol factory, TLS context, address) of the `protocol`
+        listener: a client connection a cluster follower forwards is served
+        by it (amqp_server.cluster.gateway)."""
+        return self.acceptors.get(protocol) or self.management.acceptors.get(protocol)
 
     async def stop(self) -> None:
         # Definitions are final from here on: what closing the connections
@@ -251,28 +228,10 @@ async def serve(config: BrokerConfig) -> None:
     except BaseException:
         server.abandon()
         raise
-    collect_rarely()
+    allocator.collect_rarely()
     await stop.wait()
     log.info("shutting down")
     await server.stop()
-
-
-# Objects allocated before the cyclic garbage collector's youngest generation is scanned. Python's
-# default (700) scans it about every hundred messages (a message costs a handful of tracked
-# objects: the scanned item, Message, its queue entry, the unacked record), and every tenth scan
-# an older generation with it; almost everything per message is freed by reference counting, so
-# those scans find nothing. Cycles still get collected, just 100 times less often.
-GC_YOUNG = 70_000
-
-
-def collect_rarely() -> None:
-    """Once started: what start-up made (definitions, recovered queues) is moved out of the
-    collector's sight (`gc.freeze`, it lives as long as the broker), and the youngest generation
-    is scanned every GC_YOUNG allocations instead of 700."""
-    gc.collect()
-    gc.freeze()
-    _, older, oldest = gc.get_threshold()
-    gc.set_threshold(GC_YOUNG, older, oldest)
 
 
 def run(config: BrokerConfig, main=serve) -> None:
@@ -290,9 +249,3 @@ def run(config: BrokerConfig, main=serve) -> None:
             if config.event_loop == "uvloop":
                 raise ListenError("event_loop is uvloop, but uvloop is not installed (pip install uvloop)") from None
     (asyncio.run if uvloop is None else uvloop.run)(main(config))
-
-
-class ListenError(Exception):
-    """The broker cannot start: a listener could not be opened (port in use,
-    bad address, TLS files), the data directory could not be created or its
-    definitions store opened, or uvloop was asked for and is not installed."""

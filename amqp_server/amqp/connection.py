@@ -19,12 +19,12 @@ Theory of operation:
   paused or `_out` holds more than OUTPUT_HIGH bytes, and consumers on this connection then receive
   nothing until `output_resumed` dispatches again. After acks
   (`acks_handled`) the protocol holds the output until their records are
-  written to the OS (amqp_server.protocol).
+  written to the OS (amqp_server.shared.client).
 - Credit flow: when something this connection publishes into cannot keep
   up (a queue whose consumers are output-bound, see vhosts.queue; the disk
   writer with too much queued, see storage.writer), it is added to
   `blocked_by` and reading stops until every such source calls `unblocked`.
-- Resource alarms (amqp_server.alarms): a publish while the memory or disk
+- Resource alarms (amqp_server.shared.alarms): a publish while the memory or disk
   alarm is raised adds the alarms to `blocked_by` the same way, and sends
   connection.blocked / connection.unblocked to clients with that capability.
   `flow_state` is RabbitMQ's connection state for the management API.
@@ -47,9 +47,10 @@ from typing import TYPE_CHECKING
 
 from pamqp import commands, decode
 
-from amqp_server.channel import Channel
-from amqp_server.config import BrokerConfig
-from amqp_server.framing import (
+from amqp_server.amqp.channel import Channel
+from amqp_server.shared.client import CLOSED, INPUT_BUDGET, ClientConnection
+from amqp_server.shared.config import BrokerConfig
+from amqp_server.amqp.framing import (
     CONTENT,
     FRAME_BODY,
     FRAME_HEADER,
@@ -78,15 +79,14 @@ from vhosts.errors import (
 )
 
 if TYPE_CHECKING:
-    from amqp_server.alarms import ResourceAlarms
-    from amqp_server.protocol import AMQPProtocol
+    from amqp_server.shared.alarms import ResourceAlarms
+    from amqp_server.amqp.protocol import AMQPProtocol
 
 log = logging.getLogger("hutch.connection")
 
-HEADER, START_OK, TUNE_OK, OPEN_WAIT, RUNNING, CLOSING, CLOSED = (
-    "header", "start_ok", "tune_ok", "open_wait", "running", "closing", "closed")
+HEADER, START_OK, TUNE_OK, OPEN_WAIT, RUNNING, CLOSING = (
+    "header", "start_ok", "tune_ok", "open_wait", "running", "closing")  # then CLOSED
 
-INPUT_BUDGET = 128 * 1024
 # Bytes queued for one write before consumers on this connection wait. Counted in bytes, not
 # writes: a turn's input (INPUT_BUDGET of small publishes) must fit as deliveries, or the rest of
 # it queues up and the queues stop handing messages straight to their consumers (vhosts.queue).
@@ -147,7 +147,7 @@ def _frames_of_content(channel: int, method: bytes, header: bytes, body: bytes, 
     return frames
 
 
-class Connection:
+class Connection(ClientConnection):
     protocol = "AMQP 0-9-1"  # as the management API names it
 
     def __init__(self, broker: Broker, config: BrokerConfig, io: "AMQPProtocol", peer: tuple | None,
@@ -190,14 +190,6 @@ class Connection:
         broker.churn.connection_created += 1
 
     # -- output --------------------------------------------------------------
-
-    @property
-    def name(self) -> str:
-        """RabbitMQ's connection name, "peer_host:peer_port -> host:port"."""
-        peer = self.peer or ("", 0)
-        transport = self.io.transport
-        local = (transport.get_extra_info("sockname") if transport is not None else None) or ("", 0)
-        return "%s:%d -> %s:%d" % (peer[0], peer[1], local[0], local[1])
 
     def unacked_deliveries(self):
         """(queue, entry) of every delivery not acked yet, over the channels
@@ -273,7 +265,7 @@ class Connection:
 
     def received(self, data: bytes | memoryview) -> None:
         """`data` is valid during this call only (a view of the shared read
-        buffer, amqp_server.protocol): what is kept is copied."""
+        buffer, amqp_server.shared.client): what is kept is copied."""
         self._received_since_tick = True
         self.recv_oct += len(data)
         self.recv_cnt += 1
@@ -345,14 +337,6 @@ class Connection:
             self.io.pause_reading()
             self.io.call_soon(self._continue)
 
-    def throttled_by(self, source) -> None:
-        self.blocked_by.add(source)
-
-    def unblocked(self, source) -> None:
-        self.blocked_by.discard(source)
-        if not self.blocked_by and self.state is not CLOSED:
-            self.io.call_soon(self._continue)
-
     def alarm_blocked(self, alarms: "ResourceAlarms") -> None:
         self.blocked_by.add(alarms)
         if self.client_has("connection.blocked"):
@@ -364,23 +348,6 @@ class Connection:
             self._told_blocked = False
             self.send_method(0, commands.Connection.Unblocked())
         self.unblocked(alarms)
-
-    @property
-    def flow_state(self) -> str:
-        """RabbitMQ's `state`: blocked (published during an alarm), blocking
-        (an alarm is raised but this connection has not published since),
-        flow (credit flow holds its reading), else running."""
-        if self.alarms in self.blocked_by:
-            return "blocked"
-        if self.alarms.raised:
-            return "blocking"
-        return "flow" if self.blocked_by else "running"
-
-    def _continue(self) -> None:
-        if self.state is CLOSED or self.blocked_by:
-            return
-        self.io.resume_reading()
-        self.parse()
 
     def _frame(self, frame_type: int, number: int, payload: bytes) -> None:
         if frame_type == FRAME_HEARTBEAT and number == 0:
@@ -525,7 +492,7 @@ class Connection:
         host = self.peer[0] if self.peer else ""
         if self.user is None:
             log.warning("login refused for user '%s' from %s (mechanism %s)", username, self.peer, method.mechanism)
-            # Answered after a delay (amqp_server.login_throttle); meanwhile
+            # Answered after a delay (amqp_server.shared.login_throttle); meanwhile
             # CLOSING discards whatever else the client sends.
             self.state = CLOSING
             self._timer.cancel()
@@ -544,17 +511,11 @@ class Connection:
         )
 
     def _update_secret(self, method) -> None:
-        """RabbitMQ 3.8+ (OAuth 2 token refresh): the new secret must still
-        log in as this connection's user. RabbitMQ's internal backend ignores
-        the secret; a refusing backend closes with 530 and this text."""
-        secret = method.new_secret
-        if isinstance(secret, (bytes, bytearray)):
-            secret = secret.decode("utf-8", "replace")
-        user = self.user
-        if self.broker.authenticate(user.name, secret or "", self._from_loopback()) is not user:
-            log.warning("secret update refused for user '%s' from %s", user.name, self.peer)
-            raise AMQPError(NOT_ALLOWED, "New secret was refused by one of the backends")
-        log.info("user '%s' from %s updated its secret, reason: %s", user.name, self.peer, method.reason)
+        """RabbitMQ 3.8+ (OAuth 2 token refresh), as 3.10's internal backend
+        answers it: update-secret-ok whatever the new secret. The connection
+        is already authenticated and a password grants nothing new; only
+        token backends, which hutch does not have, check the secret."""
+        log.info("user '%s' from %s updated its secret, reason: %s", self.user.name, self.peer, method.reason)
         self.send_method(0, commands.Connection.UpdateSecretOk())
 
     def _refuse_login(self, mechanism: str) -> None:

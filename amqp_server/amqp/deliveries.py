@@ -10,7 +10,7 @@ Invariants:
   consumer's nor the channel's (global) prefetch is reached.
 - Releasing the channel requeues every unacked message (redelivered=true)
   and cancels every consumer (auto-delete queues go when their last one goes).
-- The direct reply-to consumer (amqp_server.direct_reply_to) is
+- The direct reply-to consumer (amqp_server.amqp.direct_reply_to) is
   `reply_consumer`, not one of `consumers`: it has no queue.
 """
 from __future__ import annotations
@@ -20,8 +20,9 @@ import os
 
 from pamqp import commands
 
-from amqp_server import direct_reply_to, fastpath, firehose
-from amqp_server.framing import named_method
+from amqp_server.amqp import direct_reply_to, fastpath
+from vhosts import firehose
+from amqp_server.amqp.framing import named_method
 from storage.message import encode_value
 from vhosts import Consumer
 from vhosts.queue_types import QUORUM

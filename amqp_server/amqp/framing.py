@@ -13,7 +13,7 @@ content header and a single body frame on the same channel, is listed as one
 item (frame type CONTENT) with its arguments decoded, so the connection hands
 the message on in one call instead of three frames' worth of dispatch; anything
 else (a malformed or immediate publish too) is listed frame by frame. The
-scan is the per-message hot path: `amqp_server._framing` (C, built when a
+scan is the per-message hot path: `amqp_server.amqp._framing` (C, built when a
 compiler is at hand) does it when importable and of this layout (C_VERSION),
 `_scan_python` below otherwise, and tests/test_framing.py holds the two to the
 same output.
@@ -192,7 +192,7 @@ def _content_at(buf: bytearray, pos: int, limit: int, channel: int, frame_max: i
 # build of another layout (left from an older checkout) is not used.
 C_VERSION = 2
 try:
-    from amqp_server import _framing as C_TWINS
+    from amqp_server.amqp import _framing as C_TWINS
 except ImportError:  # no C compiler at install time
     C_TWINS = None
 if getattr(C_TWINS, "VERSION", None) != C_VERSION:

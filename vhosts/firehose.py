@@ -28,7 +28,7 @@ from typing import NamedTuple
 from storage import Message
 from vhosts.exchange import TRACE_EXCHANGE
 
-from amqp_server import NODE
+from vhosts.node import NODE
 
 _U32 = struct.Struct(">I")
 _I32 = struct.Struct(">i")

@@ -32,16 +32,15 @@ from typing import TYPE_CHECKING
 
 from pamqp import commands
 
-from amqp_server import fastpath
+from amqp_server.amqp import fastpath
 from storage.message import reply_to, with_reply_to
 from vhosts.errors import NOT_ALLOWED, PRECONDITION_FAILED, AMQPError
+from vhosts.reply_to import PSEUDO_QUEUE, TOKEN_PREFIX, no_consumer
 
 if TYPE_CHECKING:
-    from amqp_server.channel import Channel
+    from amqp_server.amqp.channel import Channel
     from storage import Message
 
-PSEUDO_QUEUE = "amq.rabbitmq.reply-to"
-TOKEN_PREFIX = PSEUDO_QUEUE + "."
 _PSEUDO_QUEUE = PSEUDO_QUEUE.encode("ascii")
 # The property as a shortstr on the wire: a header without these bytes
 # cannot ask for direct reply-to, so most never have reply_to located.
@@ -105,15 +104,3 @@ def rewritten(header: bytes, consumer: ReplyConsumer | None) -> bytes:
     if consumer is None:
         raise no_consumer()
     return with_reply_to(header, consumer._token_bytes)
-
-
-def no_consumer() -> AMQPError:
-    """A publish asking for a direct reply on a channel without a reply
-    consumer (the management API's publish never has one)."""
-    return AMQPError(PRECONDITION_FAILED, "fast reply consumer does not exist")
-
-
-def declared(vhost, name: str) -> bool:
-    """queue.declare of a name starting `amq.rabbitmq.reply-to` (passive or
-    not, as RabbitMQ): the pseudo-queue and live tokens exist."""
-    return name == PSEUDO_QUEUE or name in vhost.reply_consumers

@@ -5,13 +5,13 @@ once per message; pamqp's generic (de)serialisers cost several times more than
 these. Each function here must give exactly what pamqp gives (property tests in
 tests/test_fastpath.py hold them to it); everything else goes through pamqp.
 `deliver`, a whole delivery in one bytes object, is the C twin in
-amqp_server._framing when that is built, `deliver_python` otherwise.
+amqp_server.amqp._framing when that is built, `deliver_python` otherwise.
 """
 from __future__ import annotations
 
 import struct
 
-from amqp_server.framing import C_TWINS, FRAME_END_BYTE, FRAME_METHOD, content_frames
+from amqp_server.amqp.framing import C_TWINS, FRAME_END_BYTE, FRAME_METHOD, content_frames
 
 PUBLISH = 0x003C0028
 ACK = 0x003C0050

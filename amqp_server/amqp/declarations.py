@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from pamqp import commands
 
-from amqp_server import direct_reply_to
-from amqp_server.framing import named_method
+from vhosts import reply_to
+from amqp_server.amqp.framing import named_method
 
 
 def _reply(channel, method) -> None:
@@ -53,7 +53,7 @@ def exchange_unbind(channel, m) -> None:
 
 
 def queue_declare(channel, m) -> None:
-    if m.queue.startswith(direct_reply_to.PSEUDO_QUEUE):
+    if m.queue.startswith(reply_to.PSEUDO_QUEUE):
         _reply_to_declare(channel, m)
         return
     queue = channel.vhost.declare_queue(
@@ -74,7 +74,7 @@ def queue_declare(channel, m) -> None:
 def _reply_to_declare(channel, m) -> None:
     """The pseudo-queue and a live token exist for any declare (RabbitMQ: 0
     messages, 1 consumer, no permission checked); other such names are 404."""
-    if not direct_reply_to.declared(channel.vhost, m.queue):
+    if not reply_to.declared(channel.vhost, m.queue):
         raise channel.vhost.no_queue(m.queue)
     channel.most_recent_queue = m.queue
     if not m.nowait:

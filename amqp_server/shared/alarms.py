@@ -26,8 +26,8 @@ import shutil
 
 from storage.memory_monitor import total_memory
 
-from amqp_server import allocator
-from amqp_server.config import BrokerConfig
+from amqp_server.shared import allocator
+from amqp_server.shared.config import BrokerConfig
 
 log = logging.getLogger("hutch.alarms")
 
@@ -95,7 +95,7 @@ class ResourceAlarms:
     def check(self) -> None:
         self.mem_used = resident_memory()
         if self.mem_used > self.memory_limit and allocator.give_back():
-            self.mem_used = resident_memory()  # what malloc kept free is not in use (amqp_server.allocator)
+            self.mem_used = resident_memory()  # what malloc kept free is not in use (amqp_server.shared.allocator)
         try:
             self.disk_free = shutil.disk_usage(self.config.data_dir).free
         except OSError:

@@ -1,0 +1,21 @@
+"""Direct reply-to's names and rules that every face knows (the AMQP
+channel serves the pseudo-queue: amqp_server.amqp.direct_reply_to; the
+management API's publish refuses to ask for it)."""
+from __future__ import annotations
+
+from vhosts.errors import PRECONDITION_FAILED, AMQPError
+
+PSEUDO_QUEUE = "amq.rabbitmq.reply-to"
+TOKEN_PREFIX = PSEUDO_QUEUE + "."
+
+
+def no_consumer() -> AMQPError:
+    """A publish asking for a direct reply on a channel without a reply
+    consumer (the management API's publish never has one)."""
+    return AMQPError(PRECONDITION_FAILED, "fast reply consumer does not exist")
+
+
+def declared(vhost, name: str) -> bool:
+    """queue.declare of a name starting `amq.rabbitmq.reply-to` (passive or
+    not, as RabbitMQ): the pseudo-queue and live tokens exist."""
+    return name == PSEUDO_QUEUE or name in vhost.reply_consumers
