@@ -20,7 +20,8 @@ Invariants:
 `synced` is what an election compares (amqp_server.cluster.node): (the
 leader's term, the position) its data directory holds exactly, applied and
 synced; None while a snapshot or a record is half applied, and in a
-process that has not followed anyone yet (it cannot know).
+process that has not followed anyone yet (the node then reads the position
+its data directory kept: `record` persists each one, amqp_server.cluster.state).
 """
 from __future__ import annotations
 

@@ -45,8 +45,9 @@ Theory of operation (leader side, `Replicator`):
   stops being required: with `min_in_sync` 0 an electable node never
   misses a confirmed change.
 - The stream's positions are this leader's: SNAPSHOT_END carries its
-  `term` (its lease id), so a follower can say which stream its position
-  counts (the election compares positions of one term only).
+  `term` (its election's, amqp_server.cluster.node), so a follower can
+  say which stream its position counts (elections order copies by term,
+  then position).
 
 The follower's end: amqp_server.cluster.follower; the framing: stream.
 """
@@ -170,7 +171,7 @@ class Replicator:
         self.definitions = definitions
         self.mqtt_store = mqtt_store
         self.lease_valid = lease_valid
-        self.term = term  # names this leader's stream (its lease id)
+        self.term = term  # names this leader's stream (its election's term)
         self.min_in_sync = min_in_sync
         self.max_lag_bytes = max_lag_bytes
         self.max_lag_seconds = max_lag_seconds
