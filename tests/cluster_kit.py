@@ -220,12 +220,15 @@ def in_sync(etcd: EtcdProcess) -> list[str]:
 
 @contextlib.contextmanager
 def started(etcd: EtcdProcess, nodes: list[Node]):
-    """Start the nodes; enter once every one is in sync. On leaving (also when
-    they did not get in sync), the nodes and etcd are stopped."""
+    """Start the nodes; enter once every one is in sync and the leader
+    serves (the in-sync set is written before its listeners open). On
+    leaving (also when they did not get in sync), the nodes and etcd are
+    stopped."""
     try:
         for node in nodes:
             node.start()
         until(lambda: len(in_sync(etcd)) == len(nodes), 60, "%d nodes in sync" % len(nodes))
+        until(lambda: any(node.leads() for node in nodes), 30, "the leader to serve")
         yield
     finally:
         for node in nodes:
