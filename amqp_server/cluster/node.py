@@ -712,6 +712,7 @@ class ClusterNode:
             self._record_end()
             self.replicator.stop()
         self.keeper.stop(revoke=True)
+        self.directory.close()
         await self.etcd.close()
 
 
