@@ -7,19 +7,18 @@ One browser serves the module; tests/ui_screenshots.py drives the same
 """
 from __future__ import annotations
 
+import http.server
 import json
 import shutil
+import threading
 
 import pika
 import pytest
 
 from browser import Ui
 from conftest import ALL_PERMISSIONS
-from helpers import unique, wait_for
+from helpers import unavailable, unique, wait_for
 from http_api import call, segment
-
-pytestmark = pytest.mark.skipif(not (shutil.which("chromium") and shutil.which("chromedriver")),
-                                reason="needs Debian's chromium and chromium-driver (tests/prepare.sh installs them)")
 
 PAGES = ["", "connections", "channels", "exchanges", "queues", "dead-letters", "users", "vhosts", "policies",
          "limits", "shovels", "federation"]
@@ -27,6 +26,8 @@ PAGES = ["", "connections", "channels", "exchanges", "queues", "dead-letters", "
 
 @pytest.fixture(scope="module")
 def ui(broker):
+    if not (shutil.which("chromium") and shutil.which("chromedriver")):
+        unavailable("needs Debian's chromium and chromium-driver (tests/prepare.sh installs them)")
     browser = Ui(broker.ports["HTTP"])
     browser.login("guest", "guest")
     browser.one("#tab-queues")
@@ -446,3 +447,42 @@ def _rows(ui, css: str) -> list[list[str]]:
     return ui.driver.execute_script("""
         return Array.from(document.querySelectorAll(arguments[0] + ' tbody tr'),
                           r => Array.from(r.cells, c => c.innerText))""", css)
+
+
+def test_a_page_on_another_site_cannot_use_the_browser_s_credentials(guest, api):
+    """Issue 28's attack in a real browser: it has cached an administrator's
+    Basic credentials (a visit to /api/...), then a page on another origin
+    submits a text/plain form to /api/definitions that would create an
+    administrator. hutch refuses it for its Origin (403); nobody is created."""
+    evil = unique("evil")
+    definitions = json.dumps({"users": [{"name": evil, "password": "x", "tags": "administrator"}], "pad": ""})
+    name, value = definitions[:-2], definitions[-2:]  # a text/plain form sends name=value: ..."pad": "="}
+    page = ("<html><body><form method='POST' enctype='text/plain' action='%sapi/definitions'>"
+            "<input name='%s' value='%s'></form><script>document.forms[0].submit()</script></body></html>"
+            % (guest.base, name.replace("'", "&#39;"), value.replace("'", "&#39;")))
+
+    class Attacker(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            body = page.encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    site = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Attacker)
+    threading.Thread(target=site.serve_forever, daemon=True).start()
+    try:
+        host = guest.base.split("//", 1)[1]
+        guest.driver.get("http://guest:guest@%sapi/whoami" % host)  # the browser now holds the credentials
+        guest.wait(lambda: "guest" in guest.driver.page_source, "whoami with cached credentials")
+        guest.driver.get("http://127.0.0.1:%d/" % site.server_address[1])
+        guest.wait(lambda: "cross-origin request refused" in guest.driver.page_source, "hutch's 403 to the form")
+        assert api.get("/api/users/" + evil).status == 404
+    finally:
+        site.shutdown()
+        site.server_close()
+        guest.driver.get(guest.base)

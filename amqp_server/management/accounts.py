@@ -180,8 +180,10 @@ def bulk_delete_users(req):
     names = req.body().get("users")
     if not isinstance(names, list):
         raise bad_request("[{key_missing,users}]")
-    for name in names:
+    for name in names:  # in order, as RabbitMQ: the ones before a missing user are deleted
         if isinstance(name, str):
+            if name not in req.broker.users:
+                raise bad_request(["no_such_user", name])
             req.broker.delete_user(name)
     return NO_CONTENT
 

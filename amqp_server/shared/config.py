@@ -65,6 +65,12 @@ class ManagementConfig:
     # Seconds between the samples message rates are computed from.
     # [collect_statistics_interval, in ms there]
     sample_interval: float = 5.0
+    # Largest request body in bytes (RabbitMQ's management.http.max_body_size).
+    max_body_size: int = 10000000
+    # Seconds a connection (API or metrics) may take to send a request head
+    # (from its opening or the previous answer), and the longest pause inside a
+    # body (cowboy's request_timeout, 5 s, in RabbitMQ).
+    request_timeout: float = 5.0
 
 
 @dataclass
