@@ -158,8 +158,10 @@ class LeaseKeeper:
                 self.on_renewed()
                 continue
             # Alive when etcd received the refresh, after `sent`: the lease lasts until ttl after that.
+            was_valid = clock() < self.deadline
             self.deadline = sent + self.ttl - self.margin
             if lapsed:
-                lapsed = False
                 log.warning("etcd answers again and the lease is alive: promising again")
+            if lapsed or not was_valid:  # replies held meanwhile (an answer may come just past the deadline)
+                lapsed = False
                 self.on_revived()
