@@ -91,6 +91,7 @@ from amqp_server.shared.allocator import collect_rarely
 from amqp_server.shared.config import BrokerConfig
 from amqp_server.shared.errors import ListenError
 from storage.data_directory import CLEAN_SHUTDOWN
+from amqp_server.shared.figures import member_figures
 
 log = logging.getLogger("hutch.cluster")
 
@@ -100,6 +101,7 @@ TRANSFER_SECONDS = 10  # a planned hand-over's etcd key lives this long at most
 FOUNDING_LEASES = 2  # an empty node founds a new cluster after this many lease_ttl from its start
 SAY_SECONDS = 10.0  # a node that waits says why this often
 RESTART_LEASES = 2  # an election waits this many lease_ttl for an in-sync follower that is not running
+FIGURES_SECONDS = 5.0  # how often a follower republishes its memory and disk figures
 
 
 class ClusterError(ValueError):
@@ -161,6 +163,8 @@ class ClusterNode:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.in_sync_alarm = False  # _check_in_sync_alarm
         self._led_at = 0.0
+        self.started = time.monotonic()
+        self._figures_at = 0.0  # time.monotonic() of the last registration with figures
 
     # -- membership ----------------------------------------------------------
 
@@ -170,9 +174,15 @@ class ClusterNode:
         ports = {protocol: port for protocol, _host, port in (self.server.listeners if self.server else ())}
         return {"advertise": self.advertise, "replication_port": self.config.cluster.replication_port,
                 "role": self.role, "ports": ports, "pid": os.getpid(), "cluster": self.state.cluster,
-                "term": self.state.term, "lineage": self.state.lineage}
+                "term": self.state.term, "lineage": self.state.lineage,
+                # memory, disk, descriptors: the leader's /api/nodes shows them for this member
+                "figures": member_figures(self.config, self.uptime_ms())}
+
+    def uptime_ms(self) -> int:
+        return int((time.monotonic() - self.started) * 1000)
 
     async def register(self) -> None:
+        self._figures_at = time.monotonic()
         await self.etcd.register(self.name, self.describe(), self.keeper.lease_id)
 
     def _say(self, message: str) -> None:
@@ -352,6 +362,8 @@ class ClusterNode:
         elif self.leader != self.name:
             await self._withdraw_position()
             await self._follow(self.leader)
+            if time.monotonic() - self._figures_at >= FIGURES_SECONDS:
+                await self.register()
         return False
 
     async def _keep_in_sync(self, record: dict | None, behind: bool) -> None:
@@ -615,6 +627,11 @@ class ClusterNode:
             log.info("cluster node %s: in-sync alarm cleared: %s in sync", self.name,
                      ", ".join(self.replicator.in_sync) if self.replicator else "")
         self.in_sync_alarm = alone
+
+    def figures(self, name: str) -> dict:
+        """A running member's memory, disk and descriptor figures as it last
+        published them (shared.figures; {} when unknown)."""
+        return self.running.get(name, {}).get("figures") or {}
 
     async def forget(self, name: str) -> None:
         try:

@@ -37,7 +37,8 @@ def _connection(req):
 
 
 def _connections(req, found) -> list:
-    return present(found, req.query, lambda c: shapes.connection(req.node.sampler, c), shapes.connection_name)
+    reading = shapes.reading_of(req)
+    return present(found, req.query, lambda c: shapes.connection(reading, c), shapes.connection_name)
 
 
 def _channel_list(req, found) -> list:
@@ -55,7 +56,7 @@ def vhost_connections(req) -> list:
 
 
 def connection(req) -> dict:
-    return shapes.connection(req.node.sampler, _connection(req))
+    return shapes.connection(shapes.reading_of(req), _connection(req))
 
 
 def close_connection(req):
