@@ -20,6 +20,10 @@ CASES = {
                  {"DIFFERENTIAL_RABBITMQ_URL": "amqp://guest:guest@%s/" % CLOSED}, "no RabbitMQ reachable"),
     "rabbitmq management": ("tests/differential/test_links_interop.py::test_shovel_hutch_to_rabbitmq",
                             {"DIFFERENTIAL_RABBITMQ_API": "http://" + CLOSED}, "no RabbitMQ management API"),
+    "rabbitmq stream plugin": ("tests/differential/test_diff_stream_protocol.py::test_same_as_rabbitmq[raw_codes]",
+                               {"DIFFERENTIAL_RABBITMQ_STREAM_PORT": "1"}, "RabbitMQ's stream plugin"),
+    "node": ("tests/test_stream_protocol.py::test_javascript_stream_client", {"PATH": "/nonexistent"},
+             "node or tests/client_scripts/node_modules missing"),
 }
 
 

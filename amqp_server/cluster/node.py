@@ -453,6 +453,10 @@ class ClusterNode:
             listeners.append(("mqtt", config.bind, config.mqtt.port))
             if config.tls.enabled:
                 listeners.append(("mqtt/ssl", config.bind, config.mqtt.tls_port))
+        if config.stream.enabled:  # stream clients are told the leader's address by its metadata
+            listeners.append(("stream", config.bind, config.stream.port))
+            if config.tls.enabled:
+                listeners.append(("stream/ssl", config.bind, config.stream.tls_port))
         if config.management.enabled:
             listeners.append(("http", config.management.bind, config.management.port))
         try:

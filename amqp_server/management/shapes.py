@@ -156,7 +156,7 @@ def queue(reading, q, unacked: int, unacked_bytes: int, consumers: list, policy=
     out = {
         "arguments": q.arguments,
         "auto_delete": q.auto_delete,
-        "consumers": len(q.consumers),
+        "consumers": q.consumer_count,  # a stream's counts its stream-protocol subscriptions too
         "consumer_capacity": 1.0 if q.consumers else 0,
         "consumer_utilisation": 1.0 if q.consumers else None,
         "durable": q.durable,

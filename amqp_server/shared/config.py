@@ -118,6 +118,26 @@ class MQTTConfig:
 
 
 @dataclass
+class StreamConfig:
+    """The RabbitMQ stream protocol listener (RabbitMQ's rabbitmq_stream plugin,
+    docs/streams.md), onto the same stream queues as AMQP 0-9-1."""
+
+    enabled: bool = True
+    port: int = 5552  # [stream.listeners.tcp]
+    # The stream protocol over TLS, with the certificate and key of `tls`, when
+    # those are set. [stream.listeners.ssl]
+    tls_port: int = 5551
+    # Host and port metadata tells clients to connect to (RabbitMQ's
+    # advertised_host/advertised_port); None: the cluster's advertised host or
+    # else the address the client reached, and this node's stream port.
+    advertised_host: str | None = None
+    advertised_port: int | None = None
+    # Largest frame accepted and proposed in Tune; heartbeat seconds proposed. [stream.frame_max, stream.heartbeat]
+    frame_max: int = 1048576
+    heartbeat: int = 60
+
+
+@dataclass
 class ClusterConfig:
     """Replication and automatic failover (docs/cluster.md): off, and the node
     runs alone, while `etcd` is empty."""
@@ -216,4 +236,5 @@ class BrokerConfig:
     prometheus: PrometheusConfig = field(default_factory=PrometheusConfig)
     dead_letter_log: DeadLetterLogConfig = field(default_factory=DeadLetterLogConfig)
     mqtt: MQTTConfig = field(default_factory=MQTTConfig)
+    stream: StreamConfig = field(default_factory=StreamConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
