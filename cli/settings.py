@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import os
 import re
 import types
 import typing
@@ -295,16 +296,33 @@ _NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,99}$")
 
 
 def _check_cluster(cluster) -> None:
-    """What the per-field checks cannot see: the etcd URLs' form, the node name."""
+    """What the per-field checks cannot see: the etcd URLs' form, the node
+    name, etcd's TLS and login settings."""
+    schemes = set()
     for url in cluster.etcd:
         parts = urllib.parse.urlsplit(url)
         try:
             port = parts.port
         except ValueError:
             port = None
-        if parts.scheme != "http" or not parts.hostname or port is None or parts.path not in ("", "/"):
+        if parts.scheme not in ("http", "https") or not parts.hostname or port is None or \
+                parts.path not in ("", "/"):
             raise SettingsError(f"setting 'cluster.etcd': {url!r} is not an etcd client URL "
-                                "of the form http://host:port")
+                                "of the form http://host:port or https://host:port")
+        schemes.add(parts.scheme)
+    if len(schemes) > 1:
+        raise SettingsError("setting 'cluster.etcd': the URLs must all be http:// or all https://")
+    etcd_tls = ("etcd_cacert", "etcd_cert", "etcd_key")
+    if schemes == {"http"} and any(getattr(cluster, name) for name in etcd_tls):
+        raise SettingsError("settings 'cluster.etcd_cacert', 'etcd_cert' and 'etcd_key' need https:// etcd URLs")
+    if bool(cluster.etcd_cert) != bool(cluster.etcd_key):
+        raise SettingsError("settings 'cluster.etcd_cert' and 'cluster.etcd_key' must be set together")
+    for name in etcd_tls:
+        path = getattr(cluster, name)
+        if path and not os.path.isfile(path):
+            raise SettingsError(f"setting 'cluster.{name}': no such file {path!r}")
+    if bool(cluster.etcd_user) != bool(cluster.etcd_password):
+        raise SettingsError("settings 'cluster.etcd_user' and 'cluster.etcd_password' must be set together")
     if cluster.enabled and not cluster.secret:
         raise SettingsError("setting 'cluster.secret' is required with 'cluster.etcd': every node of the cluster "
                             "needs the same secret (HUTCH_CLUSTER_SECRET), e.g. the output of "

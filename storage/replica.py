@@ -37,7 +37,9 @@ PART = ".part"  # a whole file being sent in pieces (write_records)
 # stopped cleanly may trust it; a promoted follower must recover as after a
 # crash, every message redelivered) and SQLite's files (sent as content).
 _SQLITE = (".db", ".db-wal", ".db-shm", ".db-journal")
-_LOCAL = ("clean_shutdown",)
+# The cluster's own files (amqp_server.cluster.state) say what this node
+# holds, and `force_boot` is an operator's word to this node only.
+_LOCAL = ("clean_shutdown", "cluster_state", "cluster_position", "force_boot")
 
 
 def file_record(kind: int, path: str, offset: int, data: bytes) -> bytes:
@@ -175,13 +177,31 @@ def _whole_database(path: str) -> None:
 
 class Applier:
     """A follower's side: applies records to `root` (blocking calls, on one
-    thread); `sync()` makes what was applied durable."""
+    thread); `sync()` makes what was applied durable. With `aside` (a
+    directory), a file that a record would remove or replace is moved there
+    first instead (a follower stepping back keeps what it had)."""
 
-    def __init__(self, root: str, fsync: bool = True) -> None:
+    def __init__(self, root: str, fsync: bool = True, aside: str | None = None) -> None:
         self.root = root
         self.fsync = fsync
+        self.aside = aside
         self._open: dict[str, int] = {}
         self._touched: set[str] = set()
+
+    def _set_aside(self, relative: str) -> None:
+        if self.aside is None:
+            return
+        # a SQLite database goes with its write-ahead log
+        for name in (relative, relative + "-wal", relative + "-shm") if relative.endswith(".db") else (relative,):
+            path = os.path.join(self.root, name)
+            if not os.path.lexists(path):
+                continue
+            target = os.path.join(self.aside, name)
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            try:
+                os.rename(path, target)
+            except OSError:  # another file system: copy, then let the record go on
+                (shutil.copytree if os.path.isdir(path) else shutil.copy2)(path, target)
 
     def _fd(self, relative: str) -> int:
         fd = self._open.get(relative)
@@ -223,6 +243,7 @@ class Applier:
             self._touched.add(relative)
         elif kind == WRITE:
             self._close(relative)
+            self._set_aside(relative)
             os.makedirs(os.path.dirname(path), exist_ok=True)
             tmp = path + ".tmp"
             with open(tmp, "wb") as f:
@@ -235,6 +256,7 @@ class Applier:
             self._fd(relative)
         elif kind == REMOVE:
             self._close_under(relative)
+            self._set_aside(relative)
             if os.path.isdir(path):
                 shutil.rmtree(path, ignore_errors=True)
             else:
@@ -246,6 +268,7 @@ class Applier:
             self._close_under(relative)
             target = data.decode()
             self._close_under(target)
+            self._set_aside(target)
             try:
                 os.rename(path, os.path.join(self.root, target))
             except FileNotFoundError:

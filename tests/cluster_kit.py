@@ -52,16 +52,17 @@ def port_open(port: int) -> bool:
 class EtcdProcess:
     """etcd 3.4 on two free loopback ports with its own data directory."""
 
-    def __init__(self, tmp: Path, client_port: int | None = None) -> None:
+    def __init__(self, tmp: Path, client_port: int | None = None, tls: dict | None = None) -> None:
         self.client_port, self.peer_port = free_ports(2)
         if client_port is not None:
             self.client_port = client_port
         self.data_dir = tmp / "etcd"
         self.process: subprocess.Popen | None = None
+        self.tls = tls  # {"cert", "key", "ca"}: clients must present a certificate that "ca" signed
 
     @property
     def url(self) -> str:
-        return "http://127.0.0.1:%d" % self.client_port
+        return "%s://127.0.0.1:%d" % ("https" if self.tls else "http", self.client_port)
 
     def start(self) -> "EtcdProcess":
         if shutil.which("etcd") is None:
@@ -75,7 +76,9 @@ class EtcdProcess:
             ["etcd", "--name", "default", "--data-dir", str(self.data_dir),
              "--listen-client-urls", client, "--advertise-client-urls", client,
              "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-             "--initial-cluster", "default=" + peer],
+             "--initial-cluster", "default=" + peer,
+             *(["--cert-file", self.tls["cert"], "--key-file", self.tls["key"], "--client-cert-auth",
+                "--trusted-ca-file", self.tls["ca"]] if self.tls else [])],
             stdout=self.log, stderr=subprocess.STDOUT)
         until(lambda: port_open(self.client_port), 20, "etcd to listen")
         return self
@@ -104,20 +107,30 @@ class Node(ServerProcess):
     def port(self) -> int:
         return self.ports["amqp"]
 
+    def _listeners(self) -> list[str]:
+        p = self.ports
+        return ["--bind", "127.0.0.1", "--port", str(p["amqp"]),
+                "--management-bind", "127.0.0.1", "--management-port", str(p["http"]),
+                "--prometheus-bind", "127.0.0.1", "--prometheus-port", str(p["prometheus"]),
+                "--mqtt-port", str(p["mqtt"]), "--mqtt-tls-port", "0", "--stream-port", str(p["stream"]),
+                "--stream-tls-port", "0", "--data-dir", str(self.data_dir)]
+
     def start(self) -> "Node":
         self.log_lines.append("---- start\n")
         p = self.ports
         self.process = spawn(
-            ["--bind", "127.0.0.1", "--port", str(p["amqp"]),
-             "--management-bind", "127.0.0.1", "--management-port", str(p["http"]),
-             "--prometheus-bind", "127.0.0.1", "--prometheus-port", str(p["prometheus"]),
-             "--mqtt-port", str(p["mqtt"]), "--mqtt-tls-port", "0", "--stream-port", str(p["stream"]),
-             "--stream-tls-port", "0",
-             "--data-dir", str(self.data_dir),
+            [*self._listeners(),
              "--cluster-etcd", self.etcd_url, "--cluster-node-name", self.name,
              "--cluster-replication-port", str(p["replication"]), "--cluster-advertise", "127.0.0.1",
              "--cluster-lease-ttl", "2", *self.extra],
             self.log_lines, env={"HUTCH_CLUSTER_SECRET": self.secret})
+        return self
+
+    def start_alone(self) -> "Node":
+        """The same node without a cluster: a single broker on its data directory."""
+        self.log_lines.append("---- start alone\n")
+        self.process = spawn(self._listeners(), self.log_lines)
+        until(self.serving, 60, "%s to serve alone" % self.name)
         return self
 
     def signal(self, sig: int) -> None:
@@ -208,12 +221,15 @@ def in_sync(etcd: EtcdProcess) -> list[str]:
 
 @contextlib.contextmanager
 def started(etcd: EtcdProcess, nodes: list[Node]):
-    """Start the nodes; enter once every one is in sync. On leaving (also when
-    they did not get in sync), the nodes and etcd are stopped."""
+    """Start the nodes; enter once every one is in sync and the leader
+    serves (the in-sync set is written before its listeners open). On
+    leaving (also when they did not get in sync), the nodes and etcd are
+    stopped."""
     try:
         for node in nodes:
             node.start()
         until(lambda: len(in_sync(etcd)) == len(nodes), 60, "%d nodes in sync" % len(nodes))
+        until(lambda: any(node.leads() for node in nodes), 30, "the leader to serve")
         yield
     finally:
         for node in nodes:
@@ -368,3 +384,4 @@ def new_leader(etcd: EtcdProcess, nodes: list[Node], old: Node) -> Node:
     leader = until(other, 30, "another node to be elected")
     until(leader.leads, 30, "the new leader to serve")
     return leader
+

@@ -56,7 +56,8 @@ SUBPACKAGES: dict[str, tuple[frozenset | None, frozenset]] = {
     # (aiormq) reading frames with the AMQP face's sans-IO codec
     "amqp_server.links": (frozenset({"amqp_server.shared", "amqp_server.amqp.framing"}),
                           frozenset({"pamqp", "aiormq"})),
-    "amqp_server.cluster": (frozenset({"amqp_server.shared"}), frozenset({"aetcd", "aiohttp"})),
+    # grpc: aetcd's transport, for etcd's TLS credentials (amqp_server.cluster.etcd)
+    "amqp_server.cluster": (frozenset({"amqp_server.shared"}), frozenset({"aetcd", "grpc", "aiohttp"})),
     "amqp_server.stream": (frozenset({"amqp_server.shared"}), frozenset({"pamqp"})),  # the stream protocol
     "amqp_server.process": (ANYTHING, frozenset({"aiohttp", "uvloop"})),
 }

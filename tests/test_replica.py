@@ -93,3 +93,30 @@ def test_a_big_whole_file_goes_in_pieces_and_replaces_the_old_one_at_once(tmp_pa
               + replica.append_records("store/0.rdq", 3, big))
     with open(os.path.join(root, "store/0.rdq"), "rb") as f:
         assert f.read() == b"abc" + big
+
+
+def test_a_follower_stepping_back_moves_what_it_gives_up_aside(tmp_path):
+    """With `aside`, the files a snapshot replaces or removes (a SQLite
+    database with its write-ahead log) are moved there, not erased; the
+    cluster's own files are never sent nor removed."""
+    leader, follower, aside = str(tmp_path / "leader"), str(tmp_path / "follower"), str(tmp_path / "aside")
+    write(leader, "vhosts/a/queues/q/0.idx", b"leader")
+    write(follower, "vhosts/a/queues/q/0.idx", b"follower's newer")
+    write(follower, "vhosts/a/queues/mine/0.idx", b"only here")
+    write(follower, "definitions.db", b"follower's users")
+    write(follower, "definitions.db-wal", b"and their last commit")
+    write(follower, "cluster_state", b"{}")
+    records = list(replica.differences(leader, replica.sizes(leader), replica.listing(follower)))
+    records += replica.write_records("definitions.db", b"leader's users")
+    apply_all(replica.Applier(follower, aside=aside), records)
+    assert replica.listing(follower) == replica.listing(leader)
+    assert os.path.exists(os.path.join(follower, "cluster_state"))
+    with open(os.path.join(follower, "definitions.db"), "rb") as f:
+        assert f.read() == b"leader's users"
+    kept = {}
+    for directory, _dirs, names in os.walk(aside):
+        for name in names:
+            with open(os.path.join(directory, name), "rb") as f:
+                kept[os.path.relpath(os.path.join(directory, name), aside)] = f.read()
+    assert kept == {"vhosts/a/queues/q/0.idx": b"follower's newer", "vhosts/a/queues/mine/0.idx": b"only here",
+                    "definitions.db": b"follower's users", "definitions.db-wal": b"and their last commit"}

@@ -192,7 +192,12 @@ def test_cluster_settings_from_flags_env_and_file(tmp_path):
 
 @pytest.mark.parametrize("argv,message", [
     (["--cluster-etcd", "10.0.0.1:2379"], "'10.0.0.1:2379' is not an etcd client URL"),
-    (["--cluster-etcd", "https://e:2379"], "is not an etcd client URL of the form http://host:port"),
+    (["--cluster-etcd", "ftp://e:2379"], "is not an etcd client URL of the form http://host:port or https://"),
+    (["--cluster-etcd", "http://e:1,https://f:2"], "the URLs must all be http:// or all https://"),
+    (["--cluster-etcd", "http://e:1", "--cluster-etcd-cacert", "/etc/hostname"], "need https:// etcd URLs"),
+    (["--cluster-etcd", "https://e:1", "--cluster-etcd-cacert", "/no/such.pem"], "no such file '/no/such.pem'"),
+    (["--cluster-etcd", "https://e:1", "--cluster-etcd-cert", "/etc/hostname"], "must be set together"),
+    (["--cluster-etcd", "http://e:1", "--cluster-etcd-user", "hutch"], "'cluster.etcd_user' and "),
     (["--cluster-etcd", "http://e"], "'http://e' is not an etcd client URL"),
     (["--cluster-etcd", "http://e:99999"], "'http://e:99999' is not an etcd client URL"),
     (["--cluster-node-name", "a b"], "setting 'cluster.node_name' must be letters"),

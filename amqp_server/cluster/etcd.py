@@ -15,14 +15,20 @@ Keys, under the configured prefix (`hutch/` by default):
 - `transfer`: the node a planned hand-over (`hutchctl transfer_leadership`)
   is for, on a short lease: while it exists only that node campaigns;
 - `positions/<name>`: posted by each running node while there is no
-  leader, on its lease: JSON {"term": the lease id of the leader whose
-  replication stream it followed, "position": the byte offset in that
-  stream its data directory holds, applied and synced}, both null when it
-  does not know (a restarted process). Eligible nodes compare them so that
-  the most complete one campaigns (amqp_server.cluster.node).
+  leader, on its lease: JSON {"cluster": its data directory's cluster
+  identity, "term", "position": the term of the stream its data directory
+  holds and how far (amqp_server.cluster.state; null: unknown), "data":
+  whether the directory holds anything}. Nodes compare them so that the
+  most complete one campaigns (amqp_server.cluster.node).
+- `cluster`: JSON {"id": the cluster identity, "term": the current
+  leader's term}, written with `leader` by the winning campaign (the terms
+  count elections: each leader's is one more than any seen before).
 
 Every call has a timeout; a node that cannot reach any of the URLs raises
 `EtcdUnavailable`, and `connect` keeps trying (logging why) until one answers.
+With `https://` URLs the connection is TLS (cluster.etcd_cacert, and
+etcd_cert/etcd_key for a client certificate); with cluster.etcd_user the
+node authenticates (aetcd's user and password login).
 """
 from __future__ import annotations
 
@@ -32,23 +38,87 @@ import logging
 import urllib.parse
 
 import aetcd
+import grpc
+from aetcd import rpc, watcher
 
 log = logging.getLogger("hutch.cluster")
 
 RETRY_SECONDS = 1.0
+CONNECT_SECONDS = 5.0
 
 
 class EtcdUnavailable(Exception):
     """No etcd endpoint answered."""
 
 
+class Client(aetcd.Client):
+    """aetcd's client, its connection steps aetcd 1.0's but for two: over a
+    TLS channel (grpc's own credentials) when `credentials` are given (aetcd
+    opens plaintext channels only), and the login given CONNECT_SECONDS
+    rather than a request's timeout (etcd checks a bcrypt hash)."""
+
+    def __init__(self, *args, credentials: grpc.ChannelCredentials | None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._credentials = credentials
+
+    async def connect(self) -> None:
+        if self._connected.is_set():
+            return
+        if self._is_connecting:
+            await asyncio.wait_for(self._connected.wait(), self._connect_wait_timeout)
+            return
+        try:
+            self._is_connecting = True
+            target, options = "%s:%d" % (self._host, self._port), list(self._options.items())
+            self.channel = rpc.insecure_channel(target, options=options) if self._credentials is None else \
+                rpc.secure_channel(target, self._credentials, options=options)
+            if self._username is not None:
+                try:
+                    reply = await rpc.AuthStub(self.channel).Authenticate(
+                        rpc.AuthenticateRequest(name=self._username, password=self._password),
+                        timeout=max(self._timeout or 0, CONNECT_SECONDS))
+                except rpc.AioRpcError as exc:
+                    aetcd.exceptions._handle_exception(exc)
+                self.metadata = (("token", reply.token),)
+            self.kvstub = rpc.KVStub(self.channel)
+            self.clusterstub = rpc.ClusterStub(self.channel)
+            self.leasestub = rpc.LeaseStub(self.channel)
+            self.maintenancestub = rpc.MaintenanceStub(self.channel)
+            self._watcher = watcher.Watcher(rpc.WatchStub(self.channel), timeout=self._timeout,
+                                            metadata=self.metadata)
+            self._connected.set()
+        finally:
+            self._is_connecting = False
+
+
+def _read(path: str | None) -> bytes | None:
+    if path is None:
+        return None
+    with open(path, "rb") as f:
+        return f.read()
+
+
 class Etcd:
-    def __init__(self, urls: list[str], prefix: str, timeout: float) -> None:
-        self.endpoints = [(u.hostname, u.port) for u in map(urllib.parse.urlsplit, urls)]
+    def __init__(self, urls: list[str], prefix: str, timeout: float, cacert: str | None = None,
+                 cert: str | None = None, key: str | None = None, user: str | None = None,
+                 password: str | None = None) -> None:
+        parts = list(map(urllib.parse.urlsplit, urls))
+        self.endpoints = [(u.hostname, u.port) for u in parts]
+        self.scheme = parts[0].scheme if parts else "http"
         self.prefix = prefix.strip("/").encode() + b"/"
         self.timeout = timeout
+        self.user, self.password = user, password
+        self.credentials = None
+        if self.scheme == "https":  # files read once, at start: a missing one is refused then
+            self.credentials = grpc.ssl_channel_credentials(_read(cacert), _read(key), _read(cert))
         self._client: aetcd.Client | None = None
         self._next = 0  # the endpoint to try next
+
+    @classmethod
+    def configured(cls, cluster, timeout: float) -> "Etcd":
+        """For the `cluster` settings (amqp_server.config.ClusterConfig)."""
+        return cls(cluster.etcd, cluster.etcd_prefix, timeout, cluster.etcd_cacert, cluster.etcd_cert,
+                   cluster.etcd_key, cluster.etcd_user, cluster.etcd_password)
 
     def key(self, *parts: str) -> bytes:
         return self.prefix + "/".join(parts).encode()
@@ -62,7 +132,7 @@ class Etcd:
             try:
                 await self._call(lambda c: c.status())
                 host, port = self.endpoints[(self._next - 1) % len(self.endpoints)]
-                log.info("etcd reached at http://%s:%d", host, port)
+                log.info("etcd reached at %s://%s:%d", self.scheme, host, port)
                 return
             except EtcdUnavailable as exc:
                 if attempts % 10 == 0:
@@ -71,7 +141,7 @@ class Etcd:
                 await asyncio.sleep(RETRY_SECONDS)
 
     def urls(self) -> str:
-        return ", ".join("http://%s:%d" % e for e in self.endpoints)
+        return ", ".join("%s://%s:%d" % (self.scheme, *e) for e in self.endpoints)
 
     async def _call(self, request):
         """`request(client)` on the current endpoint, or on the next ones when
@@ -81,12 +151,21 @@ class Etcd:
             if self._client is None:
                 host, port = self.endpoints[self._next % len(self.endpoints)]
                 self._next += 1
-                self._client = aetcd.Client(host=host, port=port, timeout=self.timeout,
-                                            connect_wait_timeout=max(1, int(self.timeout)))
+                settings = dict(host=host, port=port, username=self.user, password=self.password,
+                                timeout=self.timeout, connect_wait_timeout=max(1, int(self.timeout)))
+                self._client = Client(credentials=self.credentials, **settings)
             try:
+                # a TLS handshake and a login may take longer than a request
+                await asyncio.wait_for(self._client.connect(), max(self.timeout, CONNECT_SECONDS))
                 return await asyncio.wait_for(request(self._client), self.timeout)
+            except (aetcd.exceptions.UnauthenticatedError, aetcd.exceptions.InvalidArgumentError) as exc:
+                # a wrong user or password, or an expired token (a new connection logs in again)
+                if isinstance(exc, aetcd.exceptions.InvalidArgumentError) and "authentication failed" not in str(exc):
+                    raise
+                problem = "etcd refused the login of user %r: %s" % (self.user, exc) if self.user else exc
+                await self._drop()
             except (aetcd.ConnectionFailedError, aetcd.ConnectionTimeoutError, aetcd.InternalError,
-                    asyncio.TimeoutError, OSError) as exc:
+                    grpc.aio.AioRpcError, asyncio.TimeoutError, OSError) as exc:
                 problem = exc
                 await self._drop()
         raise EtcdUnavailable(str(problem) or type(problem).__name__)
@@ -118,27 +197,39 @@ class Etcd:
 
     # -- election and membership ---------------------------------------------
 
-    async def campaign(self, name: str, lease_id: int) -> bool:
-        """Become the leader if there is none; True when this node now is."""
-        key = self.key("leader")
+    async def cluster(self) -> tuple[dict | None, bytes | None]:
+        """The cluster's record {"id", "term"} and its stored bytes (None, None: absent)."""
+        got = await self._call(lambda c: c.get(self.key("cluster")))
+        if got is None:
+            return None, None
+        try:
+            record = json.loads(got.value)
+            return {"id": str(record["id"]), "term": int(record["term"])}, got.value
+        except (ValueError, KeyError, TypeError):
+            return {"id": None, "term": 0}, got.value  # not hutch's: treated as another cluster's
+
+    async def campaign(self, name: str, lease_id: int, seen: bytes | None, record: dict) -> bool:
+        """Become the leader if there is none and the cluster's record is still
+        `seen` (the bytes read; None: absent), writing `record` with the leader
+        key; True when this node now leads."""
+        key, cluster = self.key("leader"), self.key("cluster")
 
         async def txn(c):
-            ok, _ = await c.transaction(compare=[c.transactions.create(key) == 0],
-                                        success=[c.transactions.put(key, name.encode(), lease=lease_id)],
+            unchanged = c.transactions.create(cluster) == 0 if seen is None else c.transactions.value(cluster) == seen
+            ok, _ = await c.transaction(compare=[c.transactions.create(key) == 0, unchanged],
+                                        success=[c.transactions.put(key, name.encode(), lease=lease_id),
+                                                 c.transactions.put(cluster, json.dumps(record).encode())],
                                         failure=[])
             return ok
 
         return await self._call(txn)
 
+    async def registered(self, name: str) -> bool:
+        return await self._call(lambda c: c.get(self.key("nodes", name))) is not None
+
     async def leader(self) -> str | None:
         got = await self._call(lambda c: c.get(self.key("leader")))
         return got.value.decode() if got is not None else None
-
-    async def leader_term(self) -> int | None:
-        """The revision at which the current `leader` key was created: it
-        grows with every election (the leader's term, a fencing token)."""
-        got = await self._call(lambda c: c.get(self.key("leader")))
-        return got.create_revision if got is not None else None
 
     async def resign(self, name: str) -> bool:
         """Delete the leader key if `name` holds it (a planned hand-over)."""

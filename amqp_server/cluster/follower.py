@@ -20,7 +20,8 @@ Invariants:
 `synced` is what an election compares (amqp_server.cluster.node): (the
 leader's term, the position) its data directory holds exactly, applied and
 synced; None while a snapshot or a record is half applied, and in a
-process that has not followed anyone yet (it cannot know).
+process that has not followed anyone yet (the node then reads the position
+its data directory kept: `record` persists each one, amqp_server.cluster.state).
 """
 from __future__ import annotations
 
@@ -53,11 +54,14 @@ class Follower:
         self.secret = secret
         self.tls = tls  # ssl.SSLContext (the replication stream in TLS) or None
         self.timeout = timeout
-        self.term = 0  # the highest leader term followed
+        self.term = 0  # the highest leader term followed (the node starts it from its directory's)
         self.state = "syncing"
         self.position = 0  # received (not necessarily applied yet)
         self.synced: tuple[int, int] | None = None  # (term, position); written by the applier thread
         self._applier: threading.Thread | None = None  # the last connection's
+        # Persists `synced` (amqp_server.cluster.state), on the applier thread;
+        # given None before a connection's first change is applied.
+        self.record = lambda mark: None
 
     async def idle(self) -> None:
         """Until the last connection's applier has applied what it received
@@ -67,8 +71,9 @@ class Follower:
         if thread is not None and thread.is_alive():
             await asyncio.get_running_loop().run_in_executor(None, thread.join)
 
-    async def follow(self, host: str, port: int) -> None:
-        """Until the connection ends (then the caller finds the leader again)."""
+    async def follow(self, host: str, port: int, aside: str | None = None) -> None:
+        """Until the connection ends (then the caller finds the leader again);
+        `aside`: where the snapshot moves the files it replaces or removes."""
         loop = asyncio.get_running_loop()
         sock, term = await handshake.dial(host, port, self.secret, self.name, "replicate")
         if term < self.term:
@@ -82,7 +87,7 @@ class Follower:
             sock.close()
             raise
         jobs: queue.SimpleQueue = queue.SimpleQueue()
-        applier = replica.Applier(self.root, self.fsync)
+        applier = replica.Applier(self.root, self.fsync, aside)
         failed: list[BaseException] = []
         waiting = [0]  # bytes queued for the applier (changed on the loop only)
         room = asyncio.Event()
@@ -96,17 +101,23 @@ class Follower:
                 writer.write(control(ACK, {"position": position}))
 
         def apply_loop() -> None:
+            first = True
             try:
                 while True:
                     job = jobs.get()
                     if job is None:
                         return
                     records, mark, size = job
+                    if first:  # a snapshot begins: the directory holds no known position until it ends
+                        self.record(None)
+                        first = False
                     self.synced = None  # until this job is applied and synced
                     for kind, payload in records:
                         applier.apply(kind, memoryview(payload))
                     applier.sync()
                     if mark is not None:
+                        applier.aside = None  # the snapshot is applied: the live stream follows
+                        self.record(mark)
                         self.synced = mark
                     loop.call_soon_threadsafe(applied, size, mark[1] if mark is not None else None)
             except BaseException as exc:  # noqa: BLE001 - reported to the loop, which disconnects

@@ -1,41 +1,67 @@
 """A cluster node's life: join, follow or lead, and stop.
 
 Theory of operation:
-- At start the node reaches etcd (retrying and saying so while it cannot),
-  takes its lease (`LeaseKeeper`) and registers under `nodes/<name>`.
-- It may become the leader only when it is *eligible*: etcd's `in_sync`
-  list is absent (a new cluster) or names it. Eligible and leaderless, it
-  campaigns; the etcd transaction lets exactly one node win.
-- Election by position: with no leader, every node posts how much of the
-  last leader's stream it holds (`positions/<name>`: that leader's term and
-  the position it has applied and synced, Follower.synced; null when it
-  does not know, as in a restarted process). An eligible node campaigns
-  only once every other running node on the `in_sync` list has posted, and
-  none holds more: a position of the same term further on, or a known one
-  where its own is unknown (ties: the lowest name). A position of another
-  term is one not posted yet for this election: it is waited for, as a
-  node that posted nothing is (each posts within a poll; one that stalls
-  drops out when its lease ends). A node withdraws its position once it
-  follows a leader, so a position left from an earlier leaderless time (the
-  null every node posts before the first election) is never read as one
-  for this election. So the most complete in-sync node leads,
-  which `cluster.min_in_sync_replicas` relies on (a confirm waits for N
-  in-sync followers, not all; replication.py). A planned hand-over names
-  its node (`transfer`), which campaigns alone once it has everything.
+- At start the node reads what its data directory knows of its cluster
+  (amqp_server.cluster.state: the cluster identity, the term and position
+  it holds, the lineage of its stream, the in-sync set last seen), reaches
+  etcd (retrying and saying so while it cannot), takes its lease
+  (`LeaseKeeper`) and registers under `nodes/<name>`.
+- Data is never thrown away to follow someone else. A node follows only a
+  leader of its own cluster identity; a node with no identity adopts the
+  leader's only when its data directory holds nothing. A node holding data
+  of another cluster, or of its own (it ran alone), refuses, says why and
+  waits (`hutchctl force_boot` makes its data the cluster's; docs/cluster.md).
+  When following would remove changes this directory holds and the leader
+  never had (its position runs past where, in the leader's lineage, its
+  term ended), the files the snapshot replaces or removes are moved to a
+  dated directory beside the data directory first.
+- Elections. With no leader, every node posts `positions/<name>`: its
+  identity, the (term, position) its directory holds (persisted: a
+  restarted node knows it) and whether it holds data. The terms count
+  elections, so (term, position) orders the copies: the most complete one
+  is the one to lead. Three cases, by etcd's `cluster` record:
+  - the record is this node's cluster: it campaigns when it is eligible
+    (named in `in_sync`) and no other in-sync node has posted more (every
+    running one must have posted, and a follower of the set that is not
+    running is given 2 x lease_ttl to come back and post; ties: the lowest
+    name). A planned
+    hand-over names its node (`transfer`), which campaigns alone once it
+    has everything;
+  - no record and no identity here (a new cluster): a node with data
+    campaigns first (the lowest-named one, if several); nodes with nothing
+    wait 2 x lease_ttl from their start before one of them founds an empty
+    cluster, so a node with data started with them or shortly after leads
+    and keeps its data;
+  - no record, or an older one, while this node has an identity (etcd's keys
+    were lost, restored from an old backup, or the prefix changed): the
+    cluster is re-established from its most complete member, once every
+    node of the in-sync set this directory last saw has posted; until then
+    the node waits and says so, and `hutchctl force_boot` names the node to
+    lead when some are lost for good.
+  The winner's transaction creates `leader` (on its lease) only if absent
+  and the `cluster` record is unchanged, writing the record with the new
+  term: exactly one node wins.
 - A follower keeps its data directory a copy of the leader's
-  (follower.Follower), reconnecting whenever the leader changes.
+  (follower.Follower), reconnecting whenever the leader changes, and
+  persists the position it holds after every applied change.
 - The leader opens the data directory exactly as a restart after a crash
   does (`BrokerServer`), records itself alone in `in_sync`, starts the
   replication stream (replication.Replicator: the storage writer's gate, so
-  no durability reply leaves before the in-sync followers hold it or after
-  the lease's local deadline) and its replication port (gateway.Gateway:
+  no durability reply leaves before the in-sync followers hold it or while
+  its lease may have run out) and its replication port (gateway.Gateway:
   only running members holding the cluster secret pass), and serves;
   followers join `in_sync` once they hold everything confirmed. Its term
-  is the etcd revision that created its `leader` key: it grows with every
-  election, and a follower never follows a lower one (follower.Follower).
-- A node that loses its lease (leader or not) re-executes itself: every
-  socket closes at once, nothing more is promised, and the fresh process
-  rejoins as a follower of whoever leads now.
+  (the one its campaign wrote) names its stream: a follower never follows
+  a lower one (follower.Follower, which starts from the highest term its
+  directory has seen). It checks every second that etcd still names it
+  leader of its cluster and term: if not (keys lost or replaced), it stops
+  at once and rejoins.
+- etcd unreachable: nothing changes while it is out; the leader confirms
+  nothing once its lease may have run out and goes on when etcd answers
+  that the lease is alive (lease.LeaseKeeper); a node whose lease etcd
+  ended takes a new one and registers again, except the leader, which
+  re-executes itself: every socket closes at once, nothing more is
+  promised, and the fresh process rejoins.
 - A clean stop (SIGTERM) revokes the lease, so a successor need not wait
   for it to run out.
 """
@@ -60,6 +86,7 @@ from amqp_server.cluster.gateway import Gateway
 from amqp_server.cluster.lease import LeaseKeeper
 from amqp_server.cluster.proxy import Proxy
 from amqp_server.cluster.replication import Replicator
+from amqp_server.cluster.state import LEADING, ClusterState, DataDirectory, diverged, new_identity, rank
 from amqp_server.shared.allocator import collect_rarely
 from amqp_server.shared.config import BrokerConfig
 from amqp_server.shared.errors import ListenError
@@ -71,11 +98,20 @@ log = logging.getLogger("hutch.cluster")
 POLL_SECONDS = 0.25  # how often a follower looks at the leader key
 MEMBERS_SECONDS = 1.0  # how often the leader refreshes what it reports of the others
 TRANSFER_SECONDS = 10  # a planned hand-over's etcd key lives this long at most
+FOUNDING_LEASES = 2  # an empty node founds a new cluster after this many lease_ttl from its start
+SAY_SECONDS = 10.0  # a node that waits says why this often
+RESTART_LEASES = 2  # an election waits this many lease_ttl for an in-sync follower that is not running
 FIGURES_SECONDS = 5.0  # how often a follower republishes its memory and disk figures
 
 
 class ClusterError(ValueError):
     """A cluster operation refused; the message is for the operator."""
+
+
+def _posted_rank(posted: dict | None) -> tuple[int, int]:
+    if not posted or posted.get("term") is None or posted.get("position") is None:
+        return rank(None)
+    return rank((int(posted["term"]), int(posted["position"])))
 
 
 class ClusterNode:
@@ -91,41 +127,54 @@ class ClusterNode:
         self.name = cluster.node_name or socket.gethostname()
         self.advertise = cluster.advertise or socket.gethostname()
         timeout = max(0.5, cluster.lease_ttl / 4)
-        self.etcd = Etcd(cluster.etcd, cluster.etcd_prefix, timeout)
-        self.keeper = LeaseKeeper(lambda: Etcd(cluster.etcd, cluster.etcd_prefix, timeout), cluster.lease_ttl,
-                                  self.fence)
+        self.etcd = Etcd.configured(cluster, timeout)
+        self.keeper = LeaseKeeper(lambda: Etcd.configured(cluster, timeout), cluster.lease_ttl,
+                                  self.fence, self._renewed, self._revived, lambda: self.role == "leader")
         self.role = "joining"
         self.leader: str | None = None
         self.server = None  # the leader's broker (amqp_server.process.server.BrokerServer)
         self.replicator: Replicator | None = None
         self.gateway: Gateway | None = None
+        self.directory = DataDirectory(config.data_dir)
+        self.state = ClusterState()
+        self.has_data = False
         self.secret = (cluster.secret or "").encode()
         try:
             self.tls_server, tls_client = handshake.server_context(cluster), handshake.client_context(cluster)
         except (OSError, ssl.SSLError) as exc:
             raise ListenError("cannot load the cluster's TLS certificate, key or CA (cluster.tls_*): %s" % exc) from None
-        self.follower = Follower(self.name, config.data_dir, config.storage.durability == "fsync", self.secret,
-                                 tls_client, cluster.replication_timeout)
+        fsync = config.storage.durability == "fsync"
+        self.follower = Follower(self.name, config.data_dir, fsync, self.secret, tls_client,
+                                 cluster.replication_timeout)
+        self.follower.record = lambda mark: self.directory.record_position(mark, fsync)
         self._following: asyncio.Task | None = None
         self._followed: str | None = None
         self._leader_info: dict = {}  # nodes/<leader> of the leader followed
         self._posted: dict | None = None  # positions/<name> as last written
+        self._began = time.monotonic()
+        self._leaderless_since = time.monotonic()  # since when no leader was seen
+        self._said: dict[str, float] = {}  # what a waiting node said, and when
         self.proxy = Proxy(self._leader_address, self._dial)
         # The leader's view of the others, refreshed every MEMBERS_SECONDS.
         self.members: dict[str, dict] = {}
         self.running: dict[str, dict] = {}
         self._tasks: list[asyncio.Task] = []
         self._metrics: web.AppRunner | None = None  # a follower's /metrics
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.in_sync_alarm = False  # _check_in_sync_alarm
+        self._led_at = 0.0
         self.started = time.monotonic()
         self._figures_at = 0.0  # time.monotonic() of the last registration with figures
 
     # -- membership ----------------------------------------------------------
 
     def describe(self) -> dict:
-        """What `nodes/<name>` holds: how the others reach this node."""
+        """What `nodes/<name>` holds: how the others reach this node, and
+        (for followers to check) its cluster, term and lineage."""
         ports = {protocol: port for protocol, _host, port in (self.server.listeners if self.server else ())}
         return {"advertise": self.advertise, "replication_port": self.config.cluster.replication_port,
-                "role": self.role, "ports": ports, "pid": os.getpid(),
+                "role": self.role, "ports": ports, "pid": os.getpid(), "cluster": self.state.cluster,
+                "term": self.state.term, "lineage": self.state.lineage,
                 # memory, disk, descriptors: the leader's /api/nodes shows them for this member
                 "figures": member_figures(self.config, self.uptime_ms())}
 
@@ -136,17 +185,29 @@ class ClusterNode:
         self._figures_at = time.monotonic()
         await self.etcd.register(self.name, self.describe(), self.keeper.lease_id)
 
+    def _say(self, message: str) -> None:
+        """Log a reason to wait, once every SAY_SECONDS."""
+        now = time.monotonic()
+        if now - self._said.get(message, -SAY_SECONDS) >= SAY_SECONDS:
+            self._said[message] = now
+            log.error("cluster node %s: %s", self.name, message)
+
+    def _save(self, state: ClusterState) -> None:
+        self.directory.save(state)
+        self.state = state
+
     async def eligible(self, by_position: bool) -> bool:
-        """May this node campaign (the theory above); `by_position`: unless
-        a planned hand-over names it."""
+        """May this node campaign in its own cluster (the theory above);
+        `by_position`: unless a planned hand-over names it."""
         names = await self.etcd.in_sync()
         if names is None:
-            return True  # a new cluster
+            return True  # its founder stopped before writing one: only it has the identity yet
         return self.name in names and (not by_position or await self._most_complete(names))
 
     async def _post_position(self) -> None:
-        synced = self.follower.synced
-        value = {"term": synced[0], "position": synced[1]} if synced else {"term": None, "position": None}
+        held = self.directory.position()
+        value = {"cluster": self.state.cluster, "term": held[0] if held else None,
+                 "position": held[1] if held else None, "data": self.has_data}
         if value != self._posted:
             await self.etcd.post_position(self.name, value, self.keeper.lease_id)
             self._posted = value
@@ -156,27 +217,95 @@ class ClusterNode:
             await self.etcd.withdraw_position(self.name)
             self._posted = None
 
+    def _outranked(self, name: str, posted: dict | None) -> bool:
+        """Whether `name`, having posted `posted`, holds more than this node (ties: the lowest name)."""
+        theirs, mine = _posted_rank(posted), _posted_rank(self._posted)
+        return theirs > mine or theirs == mine and name < self.name
+
     async def _most_complete(self, names: list[str]) -> bool:
-        """Whether no other running in-sync node holds more of the last
-        leader's stream than this one, once each has posted its position."""
+        """Whether no other in-sync node holds more than this one, once each
+        running one has posted its position, and each follower of the set
+        (names[1:]: the leader records itself first) that is not running
+        yet has had RESTART_LEASES x lease_ttl to come back: a follower
+        restarting with everything may be slower to start than one with less."""
         running, posted = await self.etcd.nodes(), await self.etcd.positions()
-        term = self._posted["term"]
-        mine = (term is not None, self._posted["position"] or 0)
+        patience = time.monotonic() - self._leaderless_since < RESTART_LEASES * self.config.cluster.lease_ttl
         for name in names:
-            if name == self.name or name not in running:
+            if name == self.name:
                 continue
-            theirs = posted.get(name)
-            if theirs is None or None not in (term, theirs["term"]) and theirs["term"] != term:
-                return False  # not posted for this election yet
-            held = (theirs["term"] is not None, theirs["position"] or 0)
-            if held > mine or held == mine and name < self.name:
+            if name not in posted:
+                if name in running or patience and name != names[0]:
+                    return False  # not posted yet
+                continue
+            if self._outranked(name, posted[name]):
                 return False
         return True
+
+    async def _founding(self) -> bool:
+        """No cluster record and no identity here: may this node found one?"""
+        running, posted = await self.etcd.nodes(), await self.etcd.positions()
+        others = {name: value for name, value in posted.items() if name != self.name and name in running}
+        if any(value.get("cluster") for value in others.values()):
+            return False  # members of a cluster re-establishing it: not for this node to found another
+        with_data = sorted(name for name, value in others.items() if value.get("data"))
+        if self.has_data:
+            return not with_data or self.name < with_data[0]
+        if with_data or time.monotonic() - self._began < FOUNDING_LEASES * self.config.cluster.lease_ttl:
+            return False  # a node with data leads; or one may still be on its way
+        return all(self.name < name for name in others)
+
+    async def _recovering(self, record: dict | None) -> bool:
+        """etcd has no record of this node's cluster, or an older one: may
+        this node re-establish it? Once every node of the in-sync set it
+        last saw has posted, the most complete one does."""
+        running, posted = await self.etcd.nodes(), await self.etcd.positions()
+        peers = {name: value for name, value in posted.items()
+                 if name != self.name and name in running and value.get("cluster") == self.state.cluster}
+        missing = [name for name in self.state.in_sync if name != self.name and name not in peers]
+        if missing:
+            what = "has no record of" if record is None else "holds an older record (term %d, this node has seen " \
+                "term %d) of" % (record["term"], self.state.term)
+            self._say("etcd %s cluster %s (its keys were lost, restored from an older backup, or the prefix "
+                      "changed): waiting for %s (in sync when last seen) to re-establish it from the most complete "
+                      "copy; if they are lost for good, run `hutchctl force_boot --data-dir DIR` on the node whose "
+                      "data is to lead" % (what, self.state.cluster, ", ".join(missing)))
+            return False
+        return not any(self._outranked(name, value) for name, value in peers.items())
+
+    async def _may_campaign(self, record: dict | None, behind: bool) -> bool:
+        if self.directory.force_boot():
+            log.warning("cluster node %s: force_boot: campaigning with this node's data (%s)", self.name,
+                        self.config.data_dir)
+            return True
+        if record is None or behind:
+            return await (self._recovering(record) if self.state.cluster else self._founding())
+        if record["id"] != self.state.cluster:
+            if self.state.cluster is not None or self.has_data:
+                self._refuse("cluster %s has no leader" % record["id"], record["id"])
+            return False  # an empty node: it waits to follow a leader
+        transfer = await self.etcd.transfer_to()
+        return transfer in (None, self.name) and await self.eligible(transfer is None)
+
+    def _refuse(self, situation: str, cluster: str | None) -> None:
+        mine = ("data of cluster %s" % self.state.cluster if self.state.cluster
+                else "data of its own (it never was in a cluster)")
+        self._say("the data directory %s holds %s and %s: not following it, which would replace this node's data. "
+                  "To make this node's data the cluster's, stop the other nodes, then run `hutchctl force_boot "
+                  "--data-dir %s` here (their differing files are set aside, not erased); to join cluster %s "
+                  "instead, stop this node and move its data directory away (docs/cluster.md)"
+                  % (self.config.data_dir, mine, situation, self.config.data_dir, cluster))
+
+    def _behind(self, record: dict | None) -> bool:
+        """etcd's record is missing or older than this node's directory knows."""
+        if self.state.cluster is None:
+            return False
+        return record is None or record["id"] == self.state.cluster and record["term"] < self.state.term
 
     # -- the roles -----------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
         log.info("cluster node %s: reaching etcd at %s", self.name, self.etcd.urls())
+        self._loop = asyncio.get_running_loop()
         # Only the node that stopped cleanly may trust its marker; a copy is changed under it.
         # Without it, promotion recovers as after a crash, and so every message it recovers is
         # delivered with redelivered=true: that covers a delivery whose delivered record had not
@@ -185,56 +314,130 @@ class ClusterNode:
         if os.path.exists(marker):
             os.remove(marker)
         os.makedirs(self.config.data_dir, exist_ok=True)
+        self.state = self.directory.load()
+        self.follower.term = self.state.term  # never a stream of a lower term than this directory has seen
+        self.has_data = self.directory.holds_data()
+        held = self.directory.position()
+        log.info("cluster node %s: data directory %s: %s", self.name, self.config.data_dir,
+                 "cluster %s, term %d, holding %s" % (self.state.cluster, held[0] if held else self.state.term,
+                                                      "an unknown position" if held is None else
+                                                      "its whole stream" if held[1] == LEADING else
+                                                      "position %d" % held[1])
+                 if self.state.cluster else "holds data of its own" if self.has_data else "empty")
         await self.etcd.connect()
         await self.keeper.start()
+        self._began = time.monotonic()
         self.role = "follower"
         await self._forward()
         await self._retrying(self.register)
+        polls = 0
         while not stop.is_set():
             try:
-                self.leader = await self.etcd.leader()
-                if self.leader is None:
-                    await self._unfollow()  # the applier is done: Follower.synced is final
-                    await self._post_position()
-                    transfer = await self.etcd.transfer_to()
-                    if transfer in (None, self.name) and await self.eligible(transfer is None) and \
-                            await self.etcd.campaign(self.name, self.keeper.lease_id):
-                        if transfer is not None:
-                            await self.etcd.clear_transfer()
-                        await self._lead()
-                        break
-                elif self.leader != self.name:
-                    await self._withdraw_position()
-                    await self._follow(self.leader)
-                    if time.monotonic() - self._figures_at >= FIGURES_SECONDS:
-                        await self.register()
+                if await self._step(polls):
+                    break
             except EtcdUnavailable as exc:
                 log.warning("etcd unreachable: %s", exc)
+            polls += 1
             try:
                 await asyncio.wait_for(stop.wait(), POLL_SECONDS)
             except asyncio.TimeoutError:
                 pass
         await stop.wait()
 
+    async def _step(self, polls: int) -> bool:
+        """One look at etcd; True once this node leads."""
+        self.leader = await self.etcd.leader()
+        record, seen = await self.etcd.cluster()
+        behind = self._behind(record)
+        await self._keep_in_sync(record, behind)
+        if polls % int(MEMBERS_SECONDS / POLL_SECONDS) == 0 and not await self.etcd.registered(self.name):
+            await self.register()  # etcd lost nodes/<name>
+        if self.leader is not None:
+            self._leaderless_since = time.monotonic()
+        if self.leader is None or behind:
+            await self._unfollow()  # the applier is done: the position on disk is final
+            await self._post_position()
+            if self.leader is None and await self._may_campaign(record, behind):
+                return await self._win(record, seen)
+        elif self.leader != self.name:
+            await self._withdraw_position()
+            await self._follow(self.leader)
+            if time.monotonic() - self._figures_at >= FIGURES_SECONDS:
+                await self.register()
+        return False
+
+    async def _keep_in_sync(self, record: dict | None, behind: bool) -> None:
+        """The in-sync set of this node's cluster, kept on disk: a recovery
+        from lost etcd keys waits for its members."""
+        if record is not None and not behind and record["id"] == self.state.cluster:
+            names = await self.etcd.in_sync()
+            if names is not None and names != self.state.in_sync:
+                self._save(ClusterState(self.state.cluster, max(self.state.term, record["term"]),
+                                        self.state.lineage, names))
+
+    async def _win(self, record: dict | None, seen: bytes | None) -> bool:
+        """Campaign; when won, lead. The new term is one more than any seen."""
+        term = max(record["term"] if record else 0, self.state.term) + 1
+        identity = (record or {}).get("id") or self.state.cluster or new_identity()
+        if not await self.etcd.campaign(self.name, self.keeper.lease_id, seen, {"id": identity, "term": term}):
+            return False
+        await self.proxy.stop()  # forwarding to no one: a client connecting now is refused, and retries
+        transfer = await self.etcd.transfer_to()
+        if transfer is not None:
+            await self.etcd.clear_transfer()
+        held = self.directory.position()
+        lineage = self.state.lineage if self.state.cluster == identity else []
+        entry = [term, held[0], held[1]] if held else [term, -1, -1]
+        how = "founded" if record is None and self.state.cluster is None else \
+            "re-established in etcd" if record is None or record["term"] < self.state.term else "elected"
+        self._save(ClusterState(identity, term, lineage + [entry], [self.name]))
+        self.directory.record_position((term, LEADING))  # this node holds its whole stream
+        self.directory.clear_force_boot()
+        log.info("cluster node %s: cluster %s %s, term %d, leading from %s", self.name, identity, how, term,
+                 "term %d position %d" % tuple(held) if held else "an empty or unknown position")
+        await self._lead(term)
+        return True
+
     async def _follow(self, leader: str) -> None:
         """Make sure a replication connection to `leader` runs, and know
-        where its listeners are (it registers them once they are open)."""
+        where its listeners are (it registers them once they are open), if
+        it leads this node's cluster."""
         info = (await self.etcd.nodes()).get(leader)
         if self._followed == leader and self._following is not None and not self._following.done():
-            self._leader_info = info or {}
+            self._leader_info = info or self._leader_info
             return
         await self._unfollow()
-        if info is None:
+        if info is None or info.get("cluster") is None:
+            return  # not registered yet
+        if self.directory.force_boot():
+            self._say("force_boot waits for no node to lead: %s leads now; stop it and the other nodes" % leader)
             return
+        if info["cluster"] != self.state.cluster:
+            if self.state.cluster is not None or self.has_data:
+                self._refuse("%s leads cluster %s" % (leader, info["cluster"]), info["cluster"])
+                return
+            log.info("cluster node %s: joining cluster %s (the data directory is empty)", self.name, info["cluster"])
+            self._save(ClusterState(info["cluster"], int(info["term"]), list(info["lineage"]), []))
+            self.has_data = True  # from now on it holds this cluster's data
+        aside = None
+        held = self.directory.position()
+        if diverged(held, int(info["term"]), info["lineage"]):
+            aside = self.directory.aside_directory()
+            log.warning("cluster node %s: this copy holds changes %s never had (term %d up to position %s); the "
+                        "files that following it replaces or removes are moved to %s", self.name, leader, held[0],
+                        "its end" if held[1] == LEADING else held[1], aside)
+        if info["term"] > self.state.term or info["lineage"] != self.state.lineage:
+            self._save(ClusterState(self.state.cluster, max(self.state.term, int(info["term"])),
+                                    list(info["lineage"]), self.state.in_sync))
         self._followed = leader
         self._leader_info = info
         self._following = asyncio.get_running_loop().create_task(
-            self._replicate(leader, info["advertise"], info["replication_port"]))
+            self._replicate(leader, info["advertise"], info["replication_port"], aside))
 
-    async def _replicate(self, leader: str, host: str, port: int) -> None:
+    async def _replicate(self, leader: str, host: str, port: int, aside: str | None) -> None:
         try:
             log.info("following %s at %s:%d", leader, host, port)
-            await self.follower.follow(host, port)
+            await self.follower.follow(host, port, aside)
             log.info("replication connection to %s ended", leader)
         except (OSError, ValueError) as exc:
             log.warning("replication from %s: %s", leader, exc)
@@ -302,8 +505,9 @@ class ClusterNode:
                 pass
         await self.follower.idle()
 
-    async def _lead(self) -> None:
+    async def _lead(self, term: int) -> None:
         self.role = "leader"
+        self._led_at = time.monotonic()
         self.leader = self.name
         log.info("cluster node %s: elected leader", self.name)
         await self.proxy.stop()
@@ -315,9 +519,6 @@ class ClusterNode:
         server.broker.promising = self.keeper.valid  # also for confirms that wait for no disk
         # writer jobs complete in order, through the replication gate, after the definitions' record
         server.broker.durability_barrier = lambda done: server.writer.run(_nothing, lambda _result: done())
-        term = await self._retrying(self.etcd.leader_term)
-        if term is None:
-            self.fence("the leader key vanished as this node was elected")
         self.replicator = Replicator(
             asyncio.get_running_loop(), self.config.data_dir, server.writer, server.definitions, server.mqtt_store,
             self.keeper.valid, term, cluster.min_in_sync_replicas or 0, cluster.max_lag_bytes,
@@ -334,7 +535,7 @@ class ClusterNode:
         await server.start()
         collect_rarely()
         await self._retrying(self.register)
-        self._tasks.append(asyncio.get_running_loop().create_task(self._watch_members()))
+        self._tasks.append(asyncio.get_running_loop().create_task(self._watch_members(term)))
 
     def _warn_if_unreachable(self, bound: str) -> None:
         """The replication listener binds the advertised address; a host name
@@ -346,14 +547,51 @@ class ClusterNode:
                         "there): other machines cannot reach it; set cluster.advertise (or cluster.replication_bind) "
                         "to this node's address", bound, self.advertise)
 
-    async def _watch_members(self) -> None:
+    async def _watch_members(self, term: int) -> None:
         while True:
+            self._check_in_sync_alarm()
             try:
                 self.members = await self.etcd.members()
                 self.running = await self.etcd.nodes()
+                leader = await self.etcd.leader()
+                record, _seen = await self.etcd.cluster()
+                if leader != self.name or record is None or record["id"] != self.state.cluster or \
+                        record["term"] != term:
+                    # Keys deleted, etcd rebuilt or restored from a backup: another node may be elected
+                    # by them; this one must not go on as if it led.
+                    self.fence("etcd no longer names this node leader of cluster %s in term %d (leader %s, record "
+                               "%s): its keys were lost or replaced" % (self.state.cluster, term, leader, record))
+                if self.name not in self.running:
+                    await self.register()
             except EtcdUnavailable as exc:
                 log.warning("etcd unreachable: %s", exc)
             await asyncio.sleep(MEMBERS_SECONDS)
+
+    def _renewed(self) -> None:
+        """From the lease thread: etcd ended this (non-leading) node's lease
+        and it has a new one; register on it again."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(lambda: self._loop.create_task(self._retrying(self._reregister)))
+
+    async def _reregister(self) -> None:
+        self._posted = None  # positions/<name> went with the old lease
+        await self.register()
+
+    def _revived(self) -> None:
+        """From the lease thread: the lease is valid again after a time in
+        which it might have run out. Replies held meanwhile go out now."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._flush_held)
+
+    def _flush_held(self) -> None:
+        server = self.server
+        if server is None:
+            return
+        for connection in list(server.connections):
+            for channel in list(getattr(connection, "channels", {}).values()):
+                channel.flush_confirms()
+        if self.replicator is not None:
+            self.replicator.lease_revived()
 
     # -- operating (the leader's management API) ------------------------------
 
@@ -375,7 +613,24 @@ class ClusterNode:
                              lag_bytes=link["lag_bytes"] if link else None,
                              lag_seconds=link["lag_seconds"] if link else None)
             nodes.append(entry)
-        return {"leader": self.name, "nodes": nodes, "in_sync": [self.name] + in_sync}
+        return {"leader": self.name, "nodes": nodes, "in_sync": [self.name] + in_sync,
+                "in_sync_alarm": self.in_sync_alarm}
+
+    def _check_in_sync_alarm(self) -> None:
+        """The durability alarm: raised while the in-sync set is this leader
+        alone although other members exist (a confirm then rests on one
+        disk), except in the first max_lag_seconds after an election, while
+        the followers catch up; cleared when a follower is in sync again."""
+        others = (set(self.members) | set(self.running)) - {self.name}
+        alone = bool(others) and self.replicator is not None and not self.replicator.in_sync and \
+            time.monotonic() - self._led_at > self.config.cluster.max_lag_seconds
+        if alone and not self.in_sync_alarm:
+            log.warning("cluster node %s: in-sync alarm: the in-sync set is this leader alone (%s not in sync): "
+                        "confirmed messages are on one node's disk only", self.name, ", ".join(sorted(others)))
+        elif self.in_sync_alarm and not alone:
+            log.info("cluster node %s: in-sync alarm cleared: %s in sync", self.name,
+                     ", ".join(self.replicator.in_sync) if self.replicator else "")
+        self.in_sync_alarm = alone
 
     def figures(self, name: str) -> dict:
         """A running member's memory, disk and descriptor figures as it last
@@ -417,7 +672,9 @@ class ClusterNode:
     async def _hand_over(self, name: str) -> None:
         await asyncio.sleep(0.1)  # the API's reply goes out first
         await self.server.stop()  # clients closed; the writer drains through the followers' acknowledgements
-        if not await self.replicator.caught_up(name):
+        if await self.replicator.caught_up(name):
+            self._record_end()
+        else:
             log.warning("cluster node %s: %s left the in-sync set: the hand-over ends in an election", self.name,
                         name)
         self.gateway.stop()
@@ -428,8 +685,11 @@ class ClusterNode:
     async def record_in_sync(self, followers: list[str]) -> None:
         """etcd's in-sync set: this leader and `followers` (retried until it is
         written or the lease, and with it this process, ends)."""
-        if not await self._retrying(lambda: self.etcd.set_in_sync(self.name, [self.name] + followers)):
+        names = [self.name] + followers
+        if not await self._retrying(lambda: self.etcd.set_in_sync(self.name, names)):
             self.fence("another node holds the leader key")
+        self._save(ClusterState(self.state.cluster, self.state.term, self.state.lineage, names))
+        self._check_in_sync_alarm()
 
     async def _retrying(self, call) -> object:
         while True:
@@ -440,6 +700,11 @@ class ClusterNode:
                 await asyncio.sleep(0.5)
 
     # -- stopping ------------------------------------------------------------
+
+    def _record_end(self) -> None:
+        """The writer drained: where this leader's stream ends is known, so a
+        follower that got all of it is not taken for one that lacks changes."""
+        self.directory.record_position((self.replicator.term, self.replicator.position))
 
     def fence(self, why: str) -> None:
         """Stop serving at once and rejoin (called from the lease thread)."""
@@ -465,8 +730,10 @@ class ClusterNode:
         if self.gateway is not None:
             self.gateway.stop()
         if self.replicator is not None:
+            self._record_end()
             self.replicator.stop()
         self.keeper.stop(revoke=True)
+        self.directory.close()
         await self.etcd.close()
 
 

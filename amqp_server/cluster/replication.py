@@ -45,8 +45,9 @@ Theory of operation (leader side, `Replicator`):
   stops being required: with `min_in_sync` 0 an electable node never
   misses a confirmed change.
 - The stream's positions are this leader's: SNAPSHOT_END carries its
-  `term` (its lease id), so a follower can say which stream its position
-  counts (the election compares positions of one term only).
+  `term` (its election's, amqp_server.cluster.node), so a follower can
+  say which stream its position counts (elections order copies by term,
+  then position).
 
 The follower's end: amqp_server.cluster.follower; the framing: stream.
 """
@@ -170,7 +171,7 @@ class Replicator:
         self.definitions = definitions
         self.mqtt_store = mqtt_store
         self.lease_valid = lease_valid
-        self.term = term  # names this leader's stream (its lease id)
+        self.term = term  # names this leader's stream (its election's term)
         self.min_in_sync = min_in_sync
         self.max_lag_bytes = max_lag_bytes
         self.max_lag_seconds = max_lag_seconds
@@ -186,7 +187,6 @@ class Replicator:
         self.required: list[FollowerLink] = []
         self.in_sync: list[str] = []  # as recorded in etcd
         self.waiting: collections.deque = collections.deque()  # (position, fire, since)
-        self.withheld = 0
         self._changing = asyncio.Lock()
         self._checker: asyncio.Task | None = None
         self.stopping = False
@@ -281,11 +281,14 @@ class Replicator:
     def _release(self) -> None:
         waiting = self.waiting
         while waiting and self._satisfied(waiting[0][0]):
-            position, fire, _since = waiting.popleft()
             if not self.lease_valid():
-                self.withheld += 1
-                continue  # fencing: a stale leader promises nothing
+                return  # fencing: held while the lease may have run out (lease_revived releases them)
+            position, fire, _since = waiting.popleft()
             fire()
+
+    def lease_revived(self) -> None:
+        """etcd answered that the lease is alive after all: no other leader was elected meanwhile."""
+        self._release()
 
     def acknowledged(self, link: FollowerLink) -> None:
         if link.state == "following" and link.acked >= link.snapshot_end and \

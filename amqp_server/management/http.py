@@ -195,6 +195,17 @@ async def _refusal_delay(node, seconds: float) -> None:
         pass
 
 
+async def _replicated(broker) -> None:
+    """A cluster's leader answers a change only once the in-sync followers
+    hold it, as it answers an AMQP declaration (Broker.durability_barrier:
+    after every write made so far, through the replication gate)."""
+    barrier = broker.durability_barrier
+    if barrier is not None:
+        done = asyncio.get_running_loop().create_future()
+        barrier(lambda: done.done() or done.set_result(None))
+        await done
+
+
 def make_handler(node, routes, max_body_size: int, request_timeout: float):
     async def handle(request: web.Request) -> web.StreamResponse:
         refusal = request_checks.cross_origin(request)
@@ -233,6 +244,8 @@ def make_handler(node, routes, max_body_size: int, request_timeout: float):
             result = handler(api_request)
             if inspect.isawaitable(result):
                 result = await result
+            if method != "GET":
+                await _replicated(node.broker)
         except ApiError as exc:
             return json_response(exc.status, exc.body())
         except Exception:

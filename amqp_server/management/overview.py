@@ -136,7 +136,8 @@ def _members(req) -> list:
         for member in cluster.status()["nodes"]:
             replication = {key: member[key] for key in ("state", "in_sync", "lag_bytes", "lag_seconds")}
             if member["role"] == "leader":
-                listed[0].update(cluster_node=member["name"], cluster_role="leader", replication=replication)
+                listed[0].update(cluster_node=member["name"], cluster_role="leader", replication=replication,
+                                 in_sync_alarm=cluster.in_sync_alarm)
             else:
                 listed.append({"name": "hutch@" + member["name"], "cluster_node": member["name"], "type": "disc",
                                "running": member["running"], "cluster_role": "follower",

@@ -187,6 +187,8 @@ def _cluster_metrics(out: Exposition, status: dict) -> None:
     followers = [n for n in status["nodes"] if n["role"] == "follower"]
     out.one("hutch_cluster_in_sync_followers", GAUGE, "Followers that hold every confirmed change",
             sum(1 for n in followers if n["in_sync"]))
+    out.one("hutch_cluster_in_sync_alarm", GAUGE, "1 while the in-sync set is the leader alone although other "
+            "members exist: confirmed messages are on one node's disk only", int(status["in_sync_alarm"]))
     out.one("hutch_cluster_nodes_running", GAUGE, "Cluster members running", sum(1 for n in status["nodes"]
                                                                                     if n["running"]))
     connected = [n for n in followers if n["lag_bytes"] is not None]

@@ -142,8 +142,18 @@ class ClusterConfig:
     """Replication and automatic failover (docs/cluster.md): off, and the node
     runs alone, while `etcd` is empty."""
 
-    # etcd client URLs (http://host:port), any of which may be asked.
+    # etcd client URLs (http://host:port, or https://host:port for TLS), any
+    # of which may be asked.
     etcd: list[str] = field(default_factory=list)
+    # TLS to etcd (https URLs): the CA certificate (PEM) that signed etcd's
+    # certificate (None: the system's), and a client certificate and key when
+    # etcd asks for one (--client-cert-auth).
+    etcd_cacert: str | None = None
+    etcd_cert: str | None = None
+    etcd_key: str | None = None
+    # etcd user authentication (etcd's `auth enable`): user and password.
+    etcd_user: str | None = None
+    etcd_password: str | None = None
     # This node's name in the cluster, unique in it; None: the host name.
     node_name: str | None = None
     # Port followers connect to for the replication stream.

@@ -1,13 +1,17 @@
 """Cluster commands (docs/cluster.md): cluster_status, forget_cluster_node,
 transfer_leadership. They use hutch's API extension under /api/hutch/cluster;
 any node answers (a follower forwards the management API to the leader).
+force_boot acts on a node's data directory instead (as rabbitmqctl's does on
+the node's database): the node it names may be waiting for peers, with no
+leader to answer the API.
 """
 from __future__ import annotations
 
 import json
+import os
 
 from cli.hutchctl.client import path
-from cli.hutchctl.command import Command, Context, hutch_extension
+from cli.hutchctl.command import BadArgument, Command, Context, error, hutch_extension
 
 
 def _lag(node: dict) -> str:
@@ -54,6 +58,25 @@ def transfer_leadership(ctx: Context, args: list[str], opts: dict) -> None:
                     {"node": args[0]}, missing=(404, 405))
 
 
+FORCE_BOOT = "force_boot"  # amqp_server.cluster.state.FORCE_BOOT
+
+
+def force_boot(ctx: Context, args: list[str], opts: dict) -> None:
+    directory = opts.get("--data-dir")
+    if not directory:
+        raise BadArgument("--data-dir <the node's data directory> is required.")
+    if not os.path.isfile(os.path.join(directory, "cluster_state")) and \
+            not os.path.isfile(os.path.join(directory, "definitions.db")):
+        raise error(f"{directory} is not a hutch data directory (no definitions.db, no cluster_state)")
+    ctx.out.banner(f"Ensuring the node with data directory {directory} leads: it campaigns with its data "
+                   "as soon as no node leads, whatever the others hold ...")
+    try:
+        with open(os.path.join(directory, FORCE_BOOT), "w") as marker:
+            marker.write("written by hutchctl force_boot\n")
+    except OSError as exc:
+        raise error(f"cannot write to {directory}: {exc.strerror or exc}") from None
+
+
 COMMANDS = (
     Command("cluster_status", "", "Displays all the nodes in the cluster, the leader, and each follower's "
             "replication state and lag", cluster_status),
@@ -61,4 +84,7 @@ COMMANDS = (
             "Removes a stopped node from the cluster", forget_cluster_node, 1, 1),
     Command("transfer_leadership", "<node>", "Hands the leadership to an in-sync follower without losing a "
             "confirmed message", transfer_leadership, 1, 1),
+    Command("force_boot", "--data-dir <directory>", "Makes the node of this data directory lead, with its "
+            "data, without waiting for the other members (the others set aside what differs)", force_boot,
+            options={"--data-dir": True}),
 )

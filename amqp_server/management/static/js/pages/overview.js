@@ -53,7 +53,9 @@ function nodeTable(nodes) {
   const clustered = nodes.some((n) => 'cluster_role' in n);
   const columns = [
     ['Name', (n) => [link('#/nodes/' + enc(n.name), n.name), memberName(n)]],
-    clustered ? ['Role', (n) => n.cluster_role || ''] : null,
+    clustered ? ['Role', (n) => (n.in_sync_alarm
+      ? [n.cluster_role, ' ', h('span', { class: 'alarm' }, 'in-sync alarm: only this leader holds the data')]
+      : n.cluster_role || '')] : null,
     clustered ? ['In sync', (n) => ((n.replication || {}).in_sync ? 'yes' : h('span', { class: 'alarm' }, 'no'))] : null,
     clustered ? ['Replication', (n) => (n.replication || {}).state || ''] : null,
     clustered ? ['Lag', lag, { num: true }] : null,
