@@ -3,6 +3,7 @@
 
     python bench/cluster.py failover --kills 50      # SIGKILL the leader 50 times under confirmed load
     python bench/cluster.py s3 --duration 20         # S3 on one node vs on a 3-node cluster (amqpbench)
+    python bench/cluster.py join --gib 2             # an empty follower joins a leader holding 2 GiB
 
 failover: three nodes (tests/cluster_kit.py) under the tests' confirmed persistent publisher and
 consumer (clients on every node, reconnecting to the next when their connection ends). Each round
@@ -17,12 +18,19 @@ s3: the performance issue's S3 (persistent 1 KiB, confirms window 100, prefetch 
 every 10) from amqpbench against one plain node, then against the leader of a 3-node cluster.
 Reports consumed msg/s and the CPU time per message of the leader and of each follower (from
 /proc/PID/stat: comparable on a loaded machine, unlike wall-clock rates).
+
+join: one node leads alone and is given GIB GiB of persistent 1 MiB messages (confirmed); then an
+empty node joins. Reports the leader's RSS before the join and its peak during it (sampled every
+50 ms), the time until the follower is in sync, and the bytes it received. The bound the
+replication keeps towards a follower (docs/cluster.md, "Bounded memory") is what the peak minus
+the baseline shows.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -146,6 +154,49 @@ def s3(args) -> int:
     return 0
 
 
+def join(args) -> int:
+    import pika
+
+    tmp = Path(tempfile.mkdtemp(prefix="hutch-cluster-join-"))
+    etcd = EtcdProcess(tmp).start()
+    leader, follower = make_nodes(tmp, etcd.url, 2)
+    try:
+        leader.start()
+        until(leader.leads, 60, "the leader")
+        body = os.urandom(1 << 20)
+        started_at = time.monotonic()
+        with pika.BlockingConnection(pika.URLParameters(leader.url)) as connection:
+            channel = connection.channel()
+            channel.queue_declare("join-bench", durable=True)
+            channel.confirm_delivery()
+            for _ in range(args.gib * 1024):
+                channel.basic_publish("", "join-bench", body, pika.BasicProperties(delivery_mode=2))
+        log("published %d GiB in %.0f s" % (args.gib, time.monotonic() - started_at))
+        baseline = rss_bytes(leader.process.pid)
+        peak = baseline
+        follower.start()
+        started_at = time.monotonic()
+
+        def joined() -> bool:
+            nonlocal peak
+            peak = max(peak, rss_bytes(leader.process.pid) or 0)
+            return len(in_sync(etcd)) == 2
+
+        until(joined, 3600, "the follower to join")
+        took = time.monotonic() - started_at
+        copied = sum(f.stat().st_size for f in Path(follower.data_dir).rglob("*") if f.is_file())
+        result = {"gib": args.gib, "leader_rss_before_mib": baseline >> 20, "leader_rss_peak_mib": peak >> 20,
+                  "growth_mib": (peak - baseline) >> 20, "join_seconds": round(took, 1),
+                  "follower_bytes": copied}
+        print(json.dumps(result, indent=1))
+        return 0
+    finally:
+        follower.stop()
+        leader.stop()
+        etcd.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -155,8 +206,10 @@ def main(argv: list[str] | None = None) -> int:
     bench = sub.add_parser("s3", help="S3 on one node and on a 3-node cluster")
     bench.add_argument("--duration", type=int, default=20)
     bench.add_argument("--amqpbench", default=None, help="a built amqpbench binary")
+    joining = sub.add_parser("join", help="an empty follower joins a leader holding GIB GiB")
+    joining.add_argument("--gib", type=int, default=2)
     args = parser.parse_args(argv)
-    return failover(args) if args.command == "failover" else s3(args)
+    return {"failover": failover, "s3": s3, "join": join}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -57,6 +57,7 @@ _FLOAT_RANGES: dict[str, tuple[float, float]] = {
     "vm_memory_high_watermark": (0.0, 1.0),
     "disk_free_limit_mem_relative": (0.0, 100.0),
     "max_lag_seconds": (0.1, 3600.0),
+    "replication_timeout": (1.0, 3600.0),
 }
 # HUTCH_* variables that are not broker settings: the config file's name, and
 # hutchctl's connection settings (so one shell can export both).
@@ -287,6 +288,7 @@ def load_settings(argv: list[str] | None, environ: Mapping[str, str]) -> BrokerC
     return config
 
 
+_MIN_SECRET = 16
 _NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,99}$")
 
 
@@ -301,6 +303,17 @@ def _check_cluster(cluster) -> None:
         if parts.scheme != "http" or not parts.hostname or port is None or parts.path not in ("", "/"):
             raise SettingsError(f"setting 'cluster.etcd': {url!r} is not an etcd client URL "
                                 "of the form http://host:port")
+    if cluster.enabled and not cluster.secret:
+        raise SettingsError("setting 'cluster.secret' is required with 'cluster.etcd': every node of the cluster "
+                            "needs the same secret (HUTCH_CLUSTER_SECRET), e.g. the output of "
+                            "`openssl rand -hex 32`, so that only members replicate (docs/cluster.md)")
+    if cluster.secret is not None and len(cluster.secret) < _MIN_SECRET:
+        raise SettingsError(f"setting 'cluster.secret' must be at least {_MIN_SECRET} characters, "
+                            f"got {len(cluster.secret)}")
+    tls = (cluster.tls_certfile, cluster.tls_keyfile, cluster.tls_cacertfile)
+    if any(tls) and not all(tls):
+        raise SettingsError("settings 'cluster.tls_certfile', 'cluster.tls_keyfile' and 'cluster.tls_cacertfile' "
+                            "must be set together (mutual TLS: each node verifies the other's certificate)")
     if cluster.node_name is not None and not _NODE_NAME.match(cluster.node_name):
         raise SettingsError(f"setting 'cluster.node_name' must be letters, digits and _ . @ - "
                             f"(at most 100), got {cluster.node_name!r}")

@@ -39,11 +39,12 @@ writes floats as 32-bit and cannot encode `bytes`. A binding's arguments are
 stored with their top-level keys sorted (their order is not part of the
 binding's identity, as in RabbitMQ), which makes the encoded text a key.
 
-Schema (version 4, in `PRAGMA user_version`; an older file is migrated in
+Schema (version 5, in `PRAGMA user_version`; an older file is migrated in
 place by `_MIGRATIONS`: version 2 added the tables of topic permissions,
 limits and policies, version 3 the vhosts' description and tags, as columns
 with defaults so existing vhosts read back with none, version 4 operator
-policies and runtime and global parameters):
+policies and runtime and global parameters, version 5 the user who set a
+runtime parameter, NULL for those set before and by the broker itself):
 
     vhosts      (name PK, description, tags: JSON list of str)
     users       (name PK, password_hash, tags: JSON list of str)
@@ -58,7 +59,8 @@ policies and runtime and global parameters):
     policies     (vhost, name, pattern, apply_to, definition: JSON object, priority;
                   PK vhost, name)
     operator_policies (the columns of policies)
-    parameters   (vhost, component, name, value: JSON; PK vhost, component, name)
+    parameters   (vhost, component, name, value: JSON, owner: user name or NULL;
+                  PK vhost, component, name)
     global_parameters (name PK, value: JSON)
 """
 from __future__ import annotations
@@ -74,7 +76,7 @@ from typing import Iterator, NamedTuple
 
 from storage import files
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 _SCHEMA = """
 CREATE TABLE vhosts (
@@ -180,6 +182,9 @@ CREATE TABLE global_parameters (
     value TEXT NOT NULL
 );
 """,
+    5: """
+ALTER TABLE parameters ADD COLUMN owner TEXT;
+""",
 }
 
 
@@ -227,6 +232,7 @@ class ParameterRow(NamedTuple):
     component: str
     name: str
     value: object  # any JSON value
+    owner: str | None = None  # the user who set it (None: set by the broker, or before schema 5)
 
 
 class ExchangeRow(NamedTuple):
@@ -519,11 +525,12 @@ class DefinitionStore:
 
     # -- runtime and global parameters -----------------------------------------
 
-    def set_parameter(self, vhost: str, component: str, name: str, value: object) -> None:
+    def set_parameter(self, vhost: str, component: str, name: str, value: object,
+                      owner: str | None = None) -> None:
         self._run((
-            "INSERT INTO parameters (vhost, component, name, value) VALUES (?, ?, ?, ?) "
-            "ON CONFLICT (vhost, component, name) DO UPDATE SET value = excluded.value",
-            (vhost, component, name, json.dumps(value)),
+            "INSERT INTO parameters (vhost, component, name, value, owner) VALUES (?, ?, ?, ?, ?) "
+            "ON CONFLICT (vhost, component, name) DO UPDATE SET value = excluded.value, owner = excluded.owner",
+            (vhost, component, name, json.dumps(value), owner),
         ))
 
     def clear_parameter(self, vhost: str, component: str, name: str) -> None:
@@ -629,8 +636,8 @@ class DefinitionStore:
                     "SELECT user, limits FROM user_limits ORDER BY rowid")},
                 policies=self._policies("policies"),
                 operator_policies=self._policies("operator_policies"),
-                parameters=[ParameterRow(v, c, n, json.loads(value)) for v, c, n, value in db.execute(
-                    "SELECT vhost, component, name, value FROM parameters ORDER BY rowid")],
+                parameters=[ParameterRow(v, c, n, json.loads(value), owner) for v, c, n, value, owner in db.execute(
+                    "SELECT vhost, component, name, value, owner FROM parameters ORDER BY rowid")],
                 global_parameters={n: json.loads(value) for n, value in db.execute(
                     "SELECT name, value FROM global_parameters ORDER BY rowid")},
             )

@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 
 from helpers import wait_for
+
+SECRET = "the-test-clusters-shared-secret"  # cluster.secret of every node the tests start
 from server_process import ROOT, ServerProcess, spawn  # noqa: F401 - ROOT for the cluster tests
 
 
@@ -92,6 +94,7 @@ class Node(ServerProcess):
     etcd_url: str
     ports: dict
     extra: tuple = ()
+    secret: str = SECRET
     process: subprocess.Popen | None = None
     log_lines: list = field(default_factory=list)
 
@@ -112,7 +115,7 @@ class Node(ServerProcess):
              "--cluster-etcd", self.etcd_url, "--cluster-node-name", self.name,
              "--cluster-replication-port", str(p["replication"]), "--cluster-advertise", "127.0.0.1",
              "--cluster-lease-ttl", "2", *self.extra],
-            self.log_lines)
+            self.log_lines, env={"HUTCH_CLUSTER_SECRET": self.secret})
         return self
 
     def signal(self, sig: int) -> None:
@@ -125,6 +128,18 @@ class Node(ServerProcess):
     def serving(self) -> bool:
         """Its AMQP port accepts connections (the leader, or a forwarding follower)."""
         return port_open(self.port)
+
+    def leads(self) -> bool:
+        """It holds the leader key and has registered its client listeners,
+        which it does once they are open: a client connecting now reaches
+        its broker (a port that accepts may still be its follower's
+        forwarding, closed as the promotion goes on)."""
+        import json
+
+        if etcd_get(self.etcd_url, "hutch/leader") != self.name.encode():
+            return False
+        info = json.loads(etcd_get(self.etcd_url, "hutch/nodes/" + self.name) or b"{}")
+        return info.get("role") == "leader" and "amqp" in info.get("ports", {})
 
 
 def make_nodes(tmp: Path, etcd_url: str, count: int, *extra: str) -> list[Node]:
@@ -154,6 +169,27 @@ def etcd_get(url: str, key: str) -> bytes | None:
             await client.close()
 
     return asyncio.run(get())
+
+
+def etcd_put(url: str, key: str, value: bytes, lease_of: str | None = None) -> None:
+    """Write one key; `lease_of`: on the lease the key of that name has
+    (so a test can change a running node's registration without detaching
+    it from the node's lease)."""
+    import asyncio
+    import urllib.parse
+
+    import aetcd
+
+    async def put():
+        parts = urllib.parse.urlsplit(url)
+        client = aetcd.Client(host=parts.hostname, port=parts.port, timeout=5)
+        try:
+            lease = (await client.get(lease_of.encode())).lease if lease_of is not None else None
+            await client.put(key.encode(), value, lease=lease or None)
+        finally:
+            await client.close()
+
+    asyncio.run(put())
 
 
 def leader_of(etcd: EtcdProcess, nodes: list[Node]) -> Node | None:
@@ -328,5 +364,5 @@ def new_leader(etcd: EtcdProcess, nodes: list[Node], old: Node) -> Node:
         return leader if leader is not old else None
 
     leader = until(other, 30, "another node to be elected")
-    until(leader.serving, 30, "the new leader to serve")
+    until(leader.leads, 30, "the new leader to serve")
     return leader

@@ -29,7 +29,7 @@ def test_a_node_that_cannot_reach_etcd_says_so_and_leads_once_it_can(tmp_path):
         until(lambda: "cannot reach etcd" in node.log, 30, "the node to say it cannot reach etcd")
         assert node.running() and not node.serving()
         etcd.start()
-        until(node.serving, 30, "the node to lead once etcd is up")
+        until(node.leads, 30, "the node to lead once etcd is up")
         assert etcd_get(etcd.url, "hutch/leader") == b"n1"
         confirmed_publish(node.url, "q", b"m")
         info = json.loads(etcd_get(etcd.url, "hutch/nodes/n1"))

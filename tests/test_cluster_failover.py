@@ -103,7 +103,7 @@ def test_a_killed_follower_catches_up_and_can_then_take_over(cluster):
     other.kill()  # only the caught-up follower survives
     leader.kill()
     until(lambda: etcd_get(etcd.url, "hutch/leader") == follower.name.encode(), 30, "the follower to lead")
-    until(follower.serving, 30, "it to serve")
+    until(follower.leads, 30, "it to serve")
     with pika.BlockingConnection(pika.URLParameters(follower.url)) as connection:
         channel = connection.channel()
         left = set()
@@ -251,7 +251,7 @@ def test_with_min_in_sync_replicas_a_hand_over_waits_until_its_node_has_everythi
             assert leader_of(etcd, nodes) is leader, "the leader resigned before %s had everything" % target.name
             time.sleep(0.1)
         target.signal(signal.SIGCONT)
-        until(lambda: leader_of(etcd, nodes) is target and target.serving(), 30, "the hand-over")
+        until(target.leads, 30, "the hand-over")
         assert message_count(target, "handed-over") == confirmed
 
 

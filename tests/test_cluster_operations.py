@@ -61,7 +61,7 @@ def test_operating_a_cluster(cluster):
     load.progress(200, 30, "confirms before the transfer")
     done = hutchctl(other, "transfer_leadership", follower.name)
     assert done.returncode == 0, done.stderr
-    until(lambda: leader_of(etcd, nodes) is follower and follower.serving(), 30, "the transfer")
+    until(follower.leads, 30, "the transfer")
     load.progress(200, 60, "confirms from the new leader")
     lost, _duplicates = load.finish(60)
     assert not lost

@@ -181,7 +181,7 @@ def test_cleared_limits_and_runtime_parameters_import(start_broker):
     assert api.post("/api/definitions", document).status == 204
     assert api.get("/api/vhost-limits/%2F").body == []
     before = api.get("/api/definitions").body
-    assert before["parameters"] == [upstream]
+    assert before["parameters"] == [dict(upstream, user_who_performed_action="guest")]  # the importer owns it
     assert {"name": "site", "value": {"region": "eu"}} in before["global_parameters"]
     own_id = api.get("/api/global-parameters/internal_cluster_id").body["value"]
     assert own_id.startswith("hutch-cluster-id-")  # the node's own identity is not imported
@@ -192,5 +192,5 @@ def test_cleared_limits_and_runtime_parameters_import(start_broker):
     broker.stop()
     again = http(start_broker("--data-dir", str(broker.data_dir), expect=("AMQP", "HTTP")))
     assert again.get("/api/operator-policies/%2F/cap").body == dict(operator_policy, vhost="/", name="cap")
-    assert again.get("/api/definitions").body["parameters"] == [upstream]
+    assert again.get("/api/definitions").body["parameters"] == before["parameters"]  # the owner kept too
     assert again.get("/api/global-parameters/site").body == {"value": {"region": "eu"}, "name": "site"}

@@ -180,7 +180,8 @@ def test_cluster_settings_from_flags_env_and_file(tmp_path):
     config = load_settings(
         ["--config", path, "--cluster-node-name", "n1", "--cluster-replication-port", "6000",
          "--cluster-advertise", "10.0.0.5"],
-        {"HUTCH_CLUSTER_ETCD": "http://10.0.0.1:2379, http://10.0.0.2:2379", "HUTCH_CLUSTER_MIN_IN_SYNC_REPLICAS": "1"})
+        {"HUTCH_CLUSTER_ETCD": "http://10.0.0.1:2379, http://10.0.0.2:2379", "HUTCH_CLUSTER_MIN_IN_SYNC_REPLICAS": "1",
+         "HUTCH_CLUSTER_SECRET": "s" * 16})
     cluster = config.cluster
     assert cluster.enabled
     assert cluster.etcd == ["http://10.0.0.1:2379", "http://10.0.0.2:2379"]
@@ -197,6 +198,12 @@ def test_cluster_settings_from_flags_env_and_file(tmp_path):
     (["--cluster-node-name", "a b"], "setting 'cluster.node_name' must be letters"),
     (["--cluster-lease-ttl", "1"], "setting 'cluster.lease_ttl' must be between 2 and 3600"),
     (["--cluster-replication-port", "70000"], "setting 'cluster.replication_port' must be between 0 and 65535"),
+    (["--cluster-etcd", "http://e:2379"], "setting 'cluster.secret' is required with 'cluster.etcd'"),
+    (["--cluster-etcd", "http://e:2379", "--cluster-secret", "short"],
+     "setting 'cluster.secret' must be at least 16 characters, got 5"),
+    (["--cluster-tls-certfile", "/c.pem", "--cluster-tls-keyfile", "/k.pem"],
+     "'cluster.tls_certfile', 'cluster.tls_keyfile' and 'cluster.tls_cacertfile' must be set together"),
+    (["--cluster-replication-timeout", "0.5"], "setting 'cluster.replication_timeout' must be between"),
 ])
 def test_mistyped_cluster_settings_are_refused(argv, message):
     with pytest.raises(SettingsError, match=re.escape(message)):

@@ -151,6 +151,8 @@ class Broker:
         for row in stored.parameters:
             if row.vhost in self.vhosts:
                 self.vhosts[row.vhost].parameters[(row.component, row.name)] = row.value
+                if row.owner is not None:
+                    self.vhosts[row.vhost].parameter_owners[(row.component, row.name)] = row.owner
         self.global_parameters.update(stored.global_parameters)
         for name, vhost in self.vhosts.items():
             vhost.restore(
@@ -368,16 +370,24 @@ class Broker:
 
     # -- runtime and global parameters -----------------------------------------
 
-    def set_parameter(self, vhost: str, component: str, name: str, value: object) -> None:
+    def set_parameter(self, vhost: str, component: str, name: str, value: object,
+                      owner: str | None = None, may_connect=None) -> None:
         """Add or replace a runtime parameter: ValueError whose text is
-        RabbitMQ's error lines when the value is invalid (vhosts.parameters)."""
+        RabbitMQ's error lines when the value is invalid (vhosts.parameters;
+        `may_connect` checks the URIs a link would connect to for the user
+        setting it). `owner`: that user, whose access the links check
+        again whenever they start (None: the broker's own)."""
         target = self._vhost(vhost)
-        errors = validate_parameter(component, name, value)
+        errors = validate_parameter(component, name, value, may_connect)
         if errors:
             raise ValueError("\n".join(errors))
         if self.definitions is not None:
-            self.definitions.set_parameter(vhost, component, name, value)
+            self.definitions.set_parameter(vhost, component, name, value, owner)
         target.parameters[(component, name)] = value
+        if owner is None:
+            target.parameter_owners.pop((component, name), None)
+        else:
+            target.parameter_owners[(component, name)] = owner
         for notify in self.on_parameter_changed:
             notify(vhost, component, name, value)
 
@@ -388,6 +398,7 @@ class Broker:
         if self.definitions is not None:
             self.definitions.clear_parameter(vhost, component, name)
         del target.parameters[(component, name)]
+        target.parameter_owners.pop((component, name), None)
         for notify in self.on_parameter_changed:
             notify(vhost, component, name, None)
 

@@ -15,10 +15,19 @@ then those of rabbit_parameter_validation:proplist, which walks its key
 table in order, collects the errors in reverse, and puts "Unrecognised
 terms" (the keys no entry took) in front. `validate(component, name, value)`
 returns the lines; none means valid.
+
+Who may point a link where: a link connects to a URI without a host
+("amqp:///b") as the broker's default user, so RabbitMQ's shovel checks that
+the user setting the parameter may connect to the vhost such a URI names
+(`user "u" may not connect to vhost "b"`, in the URI's place among the error
+lines). `validate` takes that check as `may_connect(uri)` (None: no user
+to check, as for a definitions import); amqp_server.links.access
+makes it, for shovels and, beyond RabbitMQ, federation upstreams, and for
+URIs that name this broker's own listener too.
 """
 from __future__ import annotations
 
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from vhosts.errors import erl_term
 
@@ -82,17 +91,33 @@ def uri_problem(uri: object) -> str | None:
     return None
 
 
-def _uris(key: str, value: object) -> str | None:
-    """One URI or a list of them (a shovel or upstream tries them in turn)."""
-    if isinstance(value, str):
-        return uri_problem(value)
-    if not isinstance(value, list):
-        return "%s should be list, actually was %s" % (key, erl_term(value))
-    for uri in value:
+def uri_vhost(uri: str) -> str:
+    """The vhost an AMQP URI names, as the links' client (aiormq) reads it:
+    "/" when the path is empty or "/", else the path's rest, unquoted."""
+    path = urlsplit(uri).path
+    return unquote(path[1:]) if len(path) > 1 else "/"
+
+
+def _uris(key: str, value: object, may_connect=None) -> str | None:
+    """One URI or a list of them (a shovel or upstream tries them in turn):
+    the first problem, a URI's syntax or its vhost (`may_connect`)."""
+    for uri in [value] if isinstance(value, str) else value if isinstance(value, list) else ():
         problem = uri_problem(uri) if isinstance(uri, str) else _binary(key, uri)
+        if problem is None and may_connect is not None:
+            problem = may_connect(uri)
         if problem is not None:
             return problem
+    if not isinstance(value, (str, list)):
+        return "%s should be list, actually was %s" % (key, erl_term(value))
     return None
+
+
+def _with_uris(table: tuple, may_connect) -> tuple:
+    """A key table whose URI keys also check `may_connect`."""
+    if may_connect is None:
+        return table
+    check = lambda key, value: _uris(key, value, may_connect)  # noqa: E731
+    return tuple((key, check if test is _uris else test, mandatory) for key, test, mandatory in table)
 
 
 def _delete_after(key: str, value: object) -> str | None:
@@ -171,7 +196,7 @@ _SHOVEL_KEYS = (
 )
 
 
-def _shovel(name: str, value: dict) -> list[str]:
+def _shovel(name: str, value: dict, may_connect=None) -> list[str]:
     errors = []
     src = ("src-exchange" in value) + ("src-queue" in value)
     if src == 0:
@@ -183,7 +208,7 @@ def _shovel(name: str, value: dict) -> list[str]:
         errors.append("Cannot specify 'no-ack' and numerical 'delete-after'")
     if "dest-exchange" in value and "dest-queue" in value:
         errors.append("Cannot specify 'dest-exchange' and 'dest-queue'")
-    return errors + proplist(name, _SHOVEL_KEYS, value)
+    return errors + proplist(name, _with_uris(_SHOVEL_KEYS, may_connect), value)
 
 
 # -- federation ----------------------------------------------------------------------
@@ -205,11 +230,11 @@ _UPSTREAM_KEYS = (
 )
 
 
-def _upstream(name: str, value: dict) -> list[str]:
-    return proplist(name, (("uri", _uris, MANDATORY),) + _UPSTREAM_KEYS, value)
+def _upstream(name: str, value: dict, may_connect=None) -> list[str]:
+    return proplist(name, _with_uris((("uri", _uris, MANDATORY),) + _UPSTREAM_KEYS, may_connect), value)
 
 
-def _upstream_set(name: str, value: object) -> list[str]:
+def _upstream_set(name: str, value: object, _may_connect=None) -> list[str]:
     if not isinstance(value, list):
         return ["%s not a list %s" % (name, erl_term(value))]
     errors = []
@@ -224,15 +249,16 @@ def _upstream_set(name: str, value: object) -> list[str]:
 _VALIDATORS = {SHOVEL: _shovel, FEDERATION_UPSTREAM: _upstream, FEDERATION_UPSTREAM_SET: _upstream_set}
 
 
-def validate(component: str, name: str, value: object) -> list[str]:
-    """RabbitMQ's error lines for this value (empty: valid)."""
+def validate(component: str, name: str, value: object, may_connect=None) -> list[str]:
+    """RabbitMQ's error lines for this value (empty: valid). `may_connect(uri)`:
+    None, or the error line when the user setting it may not use that URI."""
     check = _VALIDATORS.get(component)
     if check is None:
         return ["component %s not found" % component]
     if component != FEDERATION_UPSTREAM_SET and not isinstance(value, dict):
         # RabbitMQ 3.10 answers a 500 here; a plain reason is kinder.
         return ["%s not a list %s" % (name, erl_term(value))]
-    return check(name, value)
+    return check(name, value, may_connect)
 
 
 def as_list(value: object) -> list:

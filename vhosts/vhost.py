@@ -154,6 +154,8 @@ class VirtualHost:
         self.operator_policies: dict[str, Policy] = {}
         # (component, name) -> JSON value: runtime parameters (vhosts.parameters); kept by the Broker.
         self.parameters: dict[tuple[str, str], object] = {}
+        # (component, name) -> the user who set it, for those a user set (the links check its access)
+        self.parameter_owners: dict[tuple[str, str], str] = {}
         self._bound_from: dict[Destination, set[str]] = {}
         # The names of the x-delayed-message exchanges, which publish looks
         # up first, and what holds their delayed messages.

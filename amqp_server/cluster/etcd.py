@@ -134,6 +134,12 @@ class Etcd:
         got = await self._call(lambda c: c.get(self.key("leader")))
         return got.value.decode() if got is not None else None
 
+    async def leader_term(self) -> int | None:
+        """The revision at which the current `leader` key was created: it
+        grows with every election (the leader's term, a fencing token)."""
+        got = await self._call(lambda c: c.get(self.key("leader")))
+        return got.create_revision if got is not None else None
+
     async def resign(self, name: str) -> bool:
         """Delete the leader key if `name` holds it (a planned hand-over)."""
         key = self.key("leader")

@@ -28,8 +28,11 @@ Theory of operation:
   does (`BrokerServer`), records itself alone in `in_sync`, starts the
   replication stream (replication.Replicator: the storage writer's gate, so
   no durability reply leaves before the in-sync followers hold it or after
-  the lease's local deadline) and serves; followers join `in_sync` once
-  they hold everything confirmed.
+  the lease's local deadline) and its replication port (gateway.Gateway:
+  only running members holding the cluster secret pass), and serves;
+  followers join `in_sync` once they hold everything confirmed. Its term
+  is the etcd revision that created its `leader` key: it grows with every
+  election, and a follower never follows a lower one (follower.Follower).
 - A node that loses its lease (leader or not) re-executes itself: every
   socket closes at once, nothing more is promised, and the fresh process
   rejoins as a follower of whoever leads now.
@@ -39,18 +42,22 @@ Theory of operation:
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import os
 import socket
+import ssl
 import sys
 from typing import Any, Callable
 
 from aiohttp import web
 
+from amqp_server.cluster import handshake
 from amqp_server.cluster.etcd import Etcd, EtcdUnavailable
+from amqp_server.cluster.follower import Follower
+from amqp_server.cluster.gateway import Gateway
 from amqp_server.cluster.lease import LeaseKeeper
 from amqp_server.cluster.proxy import Proxy
-from amqp_server.cluster.follower import Follower
 from amqp_server.cluster.replication import Replicator
 from amqp_server.shared.allocator import collect_rarely
 from amqp_server.shared.config import BrokerConfig
@@ -88,12 +95,19 @@ class ClusterNode:
         self.leader: str | None = None
         self.server = None  # the leader's broker (amqp_server.process.server.BrokerServer)
         self.replicator: Replicator | None = None
-        self.follower = Follower(self.name, config.data_dir, config.storage.durability == "fsync")
+        self.gateway: Gateway | None = None
+        self.secret = (cluster.secret or "").encode()
+        try:
+            self.tls_server, tls_client = handshake.server_context(cluster), handshake.client_context(cluster)
+        except (OSError, ssl.SSLError) as exc:
+            raise ListenError("cannot load the cluster's TLS certificate, key or CA (cluster.tls_*): %s" % exc) from None
+        self.follower = Follower(self.name, config.data_dir, config.storage.durability == "fsync", self.secret,
+                                 tls_client, cluster.replication_timeout)
         self._following: asyncio.Task | None = None
         self._followed: str | None = None
         self._leader_info: dict = {}  # nodes/<leader> of the leader followed
         self._posted: dict | None = None  # positions/<name> as last written
-        self.proxy = Proxy(self._leader_address)
+        self.proxy = Proxy(self._leader_address, self._dial)
         # The leader's view of the others, refreshed every MEMBERS_SECONDS.
         self.members: dict[str, dict] = {}
         self.running: dict[str, dict] = {}
@@ -238,9 +252,26 @@ class ClusterNode:
                                                                     exc.strerror or exc)) from None
 
     def _leader_address(self, protocol: str) -> tuple[str, int] | None:
+        """Where to forward a `protocol` client: the leader's replication
+        port, once the leader has registered that listener."""
         info = self._leader_info
-        port = info.get("ports", {}).get(protocol)
-        return (info["advertise"], port) if port else None
+        return (info["advertise"], info["replication_port"]) if info.get("ports", {}).get(protocol) else None
+
+    async def _dial(self, host: str, port: int, protocol: str, client: list):
+        sock, _term = await handshake.dial(host, port, self.secret, self.name, "forward", protocol, client)
+        return sock
+
+    async def _is_member(self, name: str) -> bool:
+        """Whether `name` is a running member (its nodes/ key), as the leader
+        last saw them or, failing that, as etcd says now."""
+        if name in self.running:
+            return True
+        try:
+            self.running = await self.etcd.nodes()
+        except EtcdUnavailable as exc:
+            log.warning("etcd unreachable: %s; refusing %s meanwhile", exc, name)
+            return False
+        return name in self.running
 
     async def _unfollow(self) -> None:
         self.proxy.close_all()  # their leader is gone or changed: the clients reconnect
@@ -267,16 +298,36 @@ class ClusterNode:
         server.broker.promising = self.keeper.valid  # also for confirms that wait for no disk
         # writer jobs complete in order, through the replication gate, after the definitions' record
         server.broker.durability_barrier = lambda done: server.writer.run(_nothing, lambda _result: done())
+        term = await self._retrying(self.etcd.leader_term)
+        if term is None:
+            self.fence("the leader key vanished as this node was elected")
         self.replicator = Replicator(
             asyncio.get_running_loop(), self.config.data_dir, server.writer, server.definitions, server.mqtt_store,
-            self.keeper.valid, self.keeper.lease_id, cluster.min_in_sync_replicas or 0, cluster.max_lag_bytes,
-            cluster.max_lag_seconds, self.record_in_sync)
+            self.keeper.valid, term, cluster.min_in_sync_replicas or 0, cluster.max_lag_bytes,
+            cluster.max_lag_seconds, self.record_in_sync, cluster.replication_timeout)
         await self._retrying(lambda: self.etcd.set_in_sync(self.name, [self.name]))
-        await self.replicator.start(self.config.bind, cluster.replication_port)
+        self.replicator.start()
+        self.gateway = Gateway(self.secret, term, self._is_member, self.replicator, server.acceptor, self.tls_server)
+        try:
+            await self.gateway.start(cluster.replication_bind or self.advertise, cluster.replication_port)
+        except OSError as exc:
+            raise ListenError("cannot listen for replication on %s:%d: %s" % (
+                cluster.replication_bind or self.advertise, cluster.replication_port, exc.strerror or exc)) from None
+        self._warn_if_unreachable(self.gateway.sock.getsockname()[0])
         await server.start()
         collect_rarely()
         await self._retrying(self.register)
         self._tasks.append(asyncio.get_running_loop().create_task(self._watch_members()))
+
+    def _warn_if_unreachable(self, bound: str) -> None:
+        """The replication listener binds the advertised address; a host name
+        that resolves to loopback here (Debian's /etc/hosts maps its own to
+        127.0.1.1) would hide it from the other machines."""
+        remote_etcd = any(not _loopback(host) for host, _port in self.etcd.endpoints)
+        if _loopback(bound) and remote_etcd:
+            log.warning("the replication listener is bound to %s, a loopback address (cluster.advertise %r resolves "
+                        "there): other machines cannot reach it; set cluster.advertise (or cluster.replication_bind) "
+                        "to this node's address", bound, self.advertise)
 
     async def _watch_members(self) -> None:
         while True:
@@ -347,6 +398,7 @@ class ClusterNode:
         if not await self.replicator.caught_up(name):
             log.warning("cluster node %s: %s left the in-sync set: the hand-over ends in an election", self.name,
                         name)
+        self.gateway.stop()
         self.replicator.stop()
         await self.etcd.resign(self.name)
         self.fence("the leadership was handed over")
@@ -388,6 +440,8 @@ class ClusterNode:
         if self.server is not None:
             # Through the gate still: what the writer drains reaches the followers first.
             await self.server.stop()
+        if self.gateway is not None:
+            self.gateway.stop()
         if self.replicator is not None:
             self.replicator.stop()
         self.keeper.stop(revoke=True)
@@ -396,3 +450,10 @@ class ClusterNode:
 
 def _nothing() -> None:
     return None
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"

@@ -4,6 +4,13 @@ listener on the current leader (as LavinMQ's followers do), so a client with
 a list of node addresses, or one load balancer address, always reaches the
 leader. TLS passes through untouched: the leader terminates it.
 
+A forwarded connection goes to the leader's replication port, not to its
+public listener: the follower passes the cluster handshake there, naming
+the listener and the client's address (amqp_server.cluster.handshake), and
+the leader serves it under that address (amqp_server.cluster.forwarded).
+So the leader sees the client, not the follower, and only a cluster member
+can claim an address.
+
 Each forwarded connection is two transports piped into each other, with
 back-pressure both ways (a side whose output buffer is full pauses reading
 on the other). When no leader's listener is known yet (an election, or a new
@@ -16,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Callable
+from typing import Awaitable, Callable
 
 log = logging.getLogger("hutch.cluster")
 LEADER_WAIT = 5.0  # seconds; an election takes about a lease TTL (docs/cluster.md)
@@ -80,10 +87,14 @@ class _Pipe:
 
 
 class Proxy:
-    """Listeners that forward to `target(protocol)` -> (host, port) or None."""
+    """Listeners that forward to `target(protocol)` -> (host, port) of the
+    leader's replication port, or None, through `dial(host, port, protocol,
+    client address)` -> a socket past the handshake."""
 
-    def __init__(self, target: Callable[[str], tuple[str, int] | None]) -> None:
+    def __init__(self, target: Callable[[str], tuple[str, int] | None],
+                 dial: Callable[[str, int, str, list], Awaitable]) -> None:
         self.target = target
+        self.dial = dial
         self.servers: list[asyncio.Server] = []
         self.pipes: set[_Pipe] = set()
 
@@ -116,9 +127,17 @@ class Proxy:
         if target is None or pipe.closed:
             pipe.close()
             return
+        peer = client.get_extra_info("peername")
         try:
-            await asyncio.get_running_loop().create_connection(lambda: pipe.upstream, *target)
+            sock = await self.dial(target[0], target[1], protocol, [str(peer[0]), int(peer[1])])
         except OSError as exc:
+            log.info("cannot forward a %s connection to %s:%d: %s", protocol, target[0], target[1], exc)
+            pipe.close()
+            return
+        try:
+            await loop.create_connection(lambda: pipe.upstream, sock=sock)
+        except OSError as exc:
+            sock.close()
             log.info("cannot forward a %s connection to %s:%d: %s", protocol, target[0], target[1], exc)
             pipe.close()
             return

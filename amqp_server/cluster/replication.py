@@ -18,12 +18,22 @@ Theory of operation (leader side, `Replicator`):
     holds the most of this stream (amqp_server.cluster.node), so a
     confirmed change survives while one of the N followers that had it
     is still running and in the in-sync set.
-- A follower (`FollowerLink`) says HELLO with the listing of its files. At a
+- A follower connects to the replication port, passes the cluster
+  handshake (amqp_server.cluster.gateway: only a running member holding
+  the secret gets a `FollowerLink`) and sends LISTING, its files. At a
   point P of the stream (a writer job: no write is half done) the leader
   notes its files' sizes and starts queueing the records after P for it;
   it then sends the differences (storage.replica.differences), the SQLite
   databases whole, SNAPSHOT_END(P) and the queued records. The follower
   acknowledges positions once records are applied and synced.
+- Memory towards a follower is bounded: the snapshot is read from disk only
+  as fast as the follower takes it (at most SNAPSHOT_BUFFER bytes wait in
+  its connection's buffer); the records produced meanwhile, and the live
+  stream's unsent bytes, may reach `max_lag_bytes`, beyond which the
+  follower is dropped (it reconnects and syncs again, by checksum).
+- Both ends send HEARTBEAT every `timeout`/4 and close a connection that
+  brought nothing for `timeout` seconds: a follower cut off by a partition
+  is dropped (and leaves the in-sync set), and reconnects once it heals.
 - Joining: once a follower has applied the snapshot and is within
   `max_lag_bytes`, it becomes *required* at the current position J; when it
   acknowledges J it holds every change ever confirmed, and is recorded in
@@ -51,69 +61,109 @@ import threading
 import time
 from typing import Callable
 
-from amqp_server.cluster.stream import ACK, HELLO, MAX_CONTROL, SNAPSHOT_END, Frames, control
+from amqp_server.cluster.stream import ACK, HEARTBEAT, LISTING, MAX_CONTROL, SNAPSHOT_END, Frames, control
 from storage import files, replica
 
 log = logging.getLogger("hutch.cluster")
 
 CHECK_SECONDS = 0.1
+SNAPSHOT_BUFFER = 4 * 1024 * 1024  # bytes of snapshot waiting in a follower's connection, at most (about)
 
 
 class FollowerLink(asyncio.Protocol):
-    """One follower's replication connection, on the leader."""
+    """One follower's replication connection, on the leader, once the
+    handshake named it (amqp_server.cluster.gateway)."""
 
-    def __init__(self, replicator: "Replicator") -> None:
+    def __init__(self, replicator: "Replicator", name: str) -> None:
         self.replicator = replicator
         self.frames = Frames(MAX_CONTROL)
         self.transport = None
-        self.name: str | None = None
-        self.state = "connecting"  # syncing -> following -> in sync; closed
+        self.name = name
+        self.state = "syncing"  # -> following -> joining -> recording -> in sync; dropped, closed
+        self.listed = False  # LISTING received
         self.backlog: list[bytes] | None = None  # records after the snapshot point, until it is sent
+        self.backlog_bytes = 0
         self.snapshot_end = 0  # the snapshot point P
         self.acked = 0
         self.acked_at = time.monotonic()
         self.joined_at: int | None = None  # position J at which it became required
+        self.heard = self.told = time.monotonic()  # last bytes from it, last heartbeat to it
+        self._room = asyncio.Event()  # its connection's buffer is under the high mark
+        self._room.set()
 
     def connection_made(self, transport) -> None:
         self.transport = transport
+        transport.set_write_buffer_limits(high=SNAPSHOT_BUFFER)
+        self.replicator.connected.add(self)
+        log.info("follower %s connected", self.name)
 
     def data_received(self, data: bytes) -> None:
+        self.heard = time.monotonic()
         try:
             for kind, payload, _size in self.frames.feed(data):
                 message = json.loads(payload)
-                if kind == HELLO and self.name is None:
-                    self.name = str(message["name"])
-                    self.state = "syncing"
-                    log.info("follower %s connected: %d files to compare", self.name, len(message["files"]))
-                    self.replicator.start_snapshot(self, message["files"])
-                elif kind == ACK and self.name is not None:
+                if kind == LISTING and not self.listed:
+                    self.listed = True
+                    files = message["files"]
+                    if not isinstance(files, dict):
+                        raise ValueError("a listing that is not an object")
+                    log.info("follower %s: %d files to compare", self.name, len(files))
+                    self.replicator.start_snapshot(self, files)
+                elif kind == ACK and self.listed:
                     self.acked = int(message["position"])
                     self.acked_at = time.monotonic()
                     self.replicator.acknowledged(self)
-                else:
+                elif kind != HEARTBEAT:
                     raise ValueError("unexpected record kind %d" % kind)
         except (ValueError, KeyError, TypeError) as exc:
-            log.warning("replication peer %s: %s; closing", self.name or "?", exc)
+            log.warning("follower %s: %s; closing", self.name, exc)
             self.transport.close()
 
     def connection_lost(self, exc) -> None:
-        if self.name is not None:
-            log.info("follower %s disconnected", self.name)
+        log.info("follower %s disconnected", self.name)
         self.state = "closed"
+        self._room.set()  # a snapshot waiting for room ends
         self.replicator.lost(self)
+
+    def pause_writing(self) -> None:
+        self._room.clear()
+
+    def resume_writing(self) -> None:
+        self._room.set()
 
     def send(self, records: list[tuple[int, bytes]], data: bytes) -> None:
         """`records`: (position after it, record), in order; `data`: all of them."""
+        if self.state in ("closed", "dropped"):
+            return
+        limit = self.replicator.max_lag_bytes
         if self.backlog is not None:
-            self.backlog.extend(record for end, record in records if end > self.snapshot_end)
-        elif self.state != "closed":
-            self.transport.write(data)
+            for end, record in records:
+                if end > self.snapshot_end:
+                    self.backlog.append(record)
+                    self.backlog_bytes += len(record)
+            if self.backlog_bytes > limit:
+                self.replicator.drop(self, "%d bytes of changes waiting while it syncs" % self.backlog_bytes)
+            return
+        self.transport.write(data)
+        waiting = self.transport.get_write_buffer_size()
+        if waiting > limit:
+            self.replicator.drop(self, "%d bytes waiting to be sent to it" % waiting)
+
+    async def put(self, record: bytes) -> None:
+        """A snapshot's record, once its connection's buffer has room
+        (amqp_server.cluster.replication's bound on memory)."""
+        while not self._room.is_set():
+            await self._room.wait()
+        if self.state in ("closed", "dropped"):
+            raise ConnectionError("follower %s disconnected" % self.name)
+        self.transport.write(record)
 
 
 class Replicator:
     def __init__(self, loop: asyncio.AbstractEventLoop, root: str, writer, definitions, mqtt_store,
                  lease_valid: Callable[[], bool], term: int, min_in_sync: int, max_lag_bytes: int,
-                 max_lag_seconds: float, record_in_sync: Callable[[list[str]], "asyncio.Future"]) -> None:
+                 max_lag_seconds: float, record_in_sync: Callable[[list[str]], "asyncio.Future"],
+                 timeout: float) -> None:
         self.loop = loop
         self.root = os.path.abspath(root)
         self.writer = writer
@@ -125,29 +175,35 @@ class Replicator:
         self.max_lag_bytes = max_lag_bytes
         self.max_lag_seconds = max_lag_seconds
         self.record_in_sync = record_in_sync  # async: write etcd's in-sync list (followers' names)
+        self.timeout = timeout  # seconds of silence after which a follower is dropped
         self._lock = threading.Lock()
         self.position = 0
         self._pending: list[tuple[int, bytes]] = []  # (position after it, record)
         self._holds: list[tuple[int, Callable[[], None]]] = []
         self._scheduled = False
-        self.links: list[FollowerLink] = []
+        self.connected: set[FollowerLink] = set()  # every follower's connection (heartbeats, timeouts)
+        self.links: list[FollowerLink] = []  # those the stream goes to: from their snapshot point on
         self.required: list[FollowerLink] = []
         self.in_sync: list[str] = []  # as recorded in etcd
         self.waiting: collections.deque = collections.deque()  # (position, fire, since)
         self.withheld = 0
         self._changing = asyncio.Lock()
         self._checker: asyncio.Task | None = None
-        self.server: asyncio.Server | None = None
         self.stopping = False
 
-    async def start(self, bind: str, port: int) -> None:
-        self.server = await self.loop.create_server(lambda: FollowerLink(self), bind, port, reuse_address=True)
-        for sock in self.server.sockets:
-            host, bound = sock.getsockname()[:2]
-            log.info("listening for replication on %s:%d", host, bound)
+    def start(self) -> None:
+        """Followers connect through the gateway (`link`) from now on."""
         self._checker = self.loop.create_task(self._check_lag())
         files.hook = self
         self.writer.gate = self.gate
+
+    def link(self, name: str) -> FollowerLink:
+        """A new connection of follower `name`: any older one of the same
+        name (left half open by a partition, say) is dropped first, so that
+        its leaving the in-sync set comes before the new one's joining."""
+        for old in [link for link in self.connected if link.name == name and link.state not in ("dropped", "closed")]:
+            self.drop(old, "it connected again")
+        return FollowerLink(self, name)
 
     def stop(self) -> None:
         """The leader stops leading (a clean stop, a hand-over): the in-sync
@@ -157,9 +213,7 @@ class Replicator:
         self.writer.gate = None
         if self._checker is not None:
             self._checker.cancel()
-        if self.server is not None:
-            self.server.close()
-        for link in list(self.links):
+        for link in list(self.connected):
             link.transport.close()
 
     # -- producing (any thread) ------------------------------------------------
@@ -245,6 +299,7 @@ class Replicator:
         self._release()
 
     def lost(self, link: FollowerLink) -> None:
+        self.connected.discard(link)
         if link in self.links:
             self.links.remove(link)
         if link in self.required and not self.stopping:
@@ -268,23 +323,33 @@ class Replicator:
                 log.warning("follower %s left the in-sync set", link.name)
             self._release()
 
-    def _drop(self, link: FollowerLink, why: str) -> None:
-        log.warning("follower %s: %s; dropping it from the in-sync set", link.name, why)
+    def drop(self, link: FollowerLink, why: str) -> None:
+        log.warning("follower %s: %s; dropping it (it reconnects and syncs again)", link.name, why)
         link.state = "dropped"
-        link.transport.close()  # it reconnects and syncs again
+        link.backlog = None
+        link.transport.abort()  # what waits in its buffer is freed now
 
     async def _check_lag(self) -> None:
+        beat = control(HEARTBEAT, {"term": self.term})
         while True:
             await asyncio.sleep(CHECK_SECONDS)
             now = time.monotonic()
+            for link in list(self.connected):
+                if link.state in ("dropped", "closed"):
+                    continue
+                if now - link.heard > self.timeout:
+                    self.drop(link, "nothing heard from it for %.1f s" % (now - link.heard))
+                elif now - link.told > self.timeout / 4:
+                    link.told = now
+                    link.transport.write(beat)
             oldest = self.waiting[0] if self.waiting else None
             for link in list(self.required):
                 if link.state in ("dropped", "closed"):
                     continue
                 if self.position - link.acked > self.max_lag_bytes:
-                    self._drop(link, "%d bytes behind" % (self.position - link.acked))
+                    self.drop(link, "%d bytes behind" % (self.position - link.acked))
                 elif self._holding(link, oldest) and now - oldest[2] > self.max_lag_seconds:
-                    self._drop(link, "no acknowledgement for %.1f s" % (now - oldest[2]))
+                    self.drop(link, "no acknowledgement for %.1f s" % (now - oldest[2]))
 
     async def caught_up(self, name: str) -> bool:
         """A planned hand-over to follower `name`, the writer drained: until
@@ -298,7 +363,7 @@ class Replicator:
                 if link.acked >= self.position:
                     return True
                 if time.monotonic() > deadline:
-                    self._drop(link, "not caught up for the hand-over")
+                    self.drop(link, "not caught up for the hand-over")
             await asyncio.sleep(CHECK_SECONDS)
         return False
 
@@ -306,6 +371,9 @@ class Replicator:
 
     def start_snapshot(self, link: FollowerLink, theirs: dict) -> None:
         theirs = {name: tuple(value) for name, value in theirs.items()}
+        if not all(len(value) == 2 and isinstance(value[0], int) and isinstance(value[1], str)
+                   for value in theirs.values()):
+            raise ValueError("a listing entry that is not [size, sha1]")
         mqtt_store = self.mqtt_store
 
         def capture():
@@ -324,7 +392,7 @@ class Replicator:
             self.loop.call_soon_threadsafe(captured, result)
 
         def captured(result):
-            if isinstance(result, Exception) or link.state == "closed":
+            if isinstance(result, Exception) or link.state in ("closed", "dropped"):
                 log.warning("follower %s: no snapshot: %s", link.name, result if isinstance(result, Exception)
                             else "disconnected")
                 if link in self.links:
@@ -334,28 +402,37 @@ class Replicator:
                 return
             point, sizes, mqtt = result
             definitions = self.definitions._db.serialize()  # on the loop that owns it; newer than `point` at worst
-            self.loop.run_in_executor(None, self._send_snapshot, link, point, sizes, theirs,
-                                      {"definitions.db": definitions, "mqtt.db": mqtt})
+            threading.Thread(target=self._send_snapshot, name="hutch-snapshot", daemon=True,
+                             args=(link, point, sizes, theirs, {"definitions.db": definitions, "mqtt.db": mqtt})
+                             ).start()
 
         self.writer.run(capture)
 
     def _send_snapshot(self, link: FollowerLink, point: int, sizes: dict, theirs: dict, databases: dict) -> None:
-        """On a worker thread: read and queue the differences."""
+        """On a thread of its own: read the differences, each once the
+        follower's connection has room for it (FollowerLink.put)."""
         sent = 0
-        for record in replica.differences(self.root, sizes, theirs):
-            sent += len(record)
-            self.loop.call_soon_threadsafe(link.transport.write, record)
-        for name, content in databases.items():
-            if content is not None:
-                for record in replica.write_records(name, bytes(content)):
-                    self.loop.call_soon_threadsafe(link.transport.write, record)
+        try:
+            for record in replica.differences(self.root, sizes, theirs):
+                sent += len(record)
+                asyncio.run_coroutine_threadsafe(link.put(record), self.loop).result()
+            for name, content in databases.items():
+                if content is not None:
+                    for record in replica.write_records(name, bytes(content)):
+                        asyncio.run_coroutine_threadsafe(link.put(record), self.loop).result()
+        except (ConnectionError, RuntimeError):  # it disconnected, or the loop closed
+            return
+        except OSError as exc:
+            log.warning("follower %s: cannot read the snapshot: %s", link.name, exc)
+            self.loop.call_soon_threadsafe(link.transport.close)
+            return
         self.loop.call_soon_threadsafe(self._snapshot_sent, link, point, sent)
 
     def _snapshot_sent(self, link: FollowerLink, point: int, sent: int) -> None:
-        if link.state == "closed":
+        if link.state in ("closed", "dropped"):
             return
         link.transport.write(control(SNAPSHOT_END, {"position": point, "term": self.term}))
-        backlog, link.backlog = link.backlog, None
+        backlog, link.backlog, link.backlog_bytes = link.backlog, None, 0
         if backlog:
             link.transport.write(b"".join(backlog))
         link.state = "following"
@@ -368,8 +445,6 @@ class Replicator:
         oldest = self.waiting[0] if self.waiting else None
         out = []
         for link in self.links:
-            if link.name is None:
-                continue  # connected, not introduced yet
             behind = self._holding(link, oldest)
             out.append({"name": link.name, "state": link.state, "acknowledged": link.acked,
                         "lag_bytes": max(self.position - link.acked, 0),

@@ -1,10 +1,14 @@
 """The replication connection's framing, shared by the leader's and the
 follower's ends: records as in storage.replica (u32 length, u8 kind), the
-file records (kinds < 16) and the protocol's own messages as JSON:
-HELLO {name, files} (follower -> leader, its listing), SNAPSHOT_END
-{position} (leader -> follower: the stream position P the snapshot stands
-for; the records after it count from P), ACK {position} (follower -> leader:
-applied and synced up to there).
+file records (kinds < 16) and the protocol's own messages as JSON.
+
+A connection starts with the handshake (amqp_server.cluster.handshake:
+CHALLENGE, HELLO, WELCOME or REFUSED); a replication connection then
+carries LISTING {files} (follower -> leader, its listing), SNAPSHOT_END
+{position, term} (leader -> follower: the stream position P the snapshot
+stands for; the records after it count from P), ACK {position} (follower ->
+leader: applied and synced up to there) and HEARTBEAT {term} (both ways,
+so that each end notices a silent one: amqp_server.cluster.replication).
 """
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ import json
 
 from storage.replica import HEAD
 
-HELLO, SNAPSHOT_END, ACK = 16, 17, 18
+HELLO, SNAPSHOT_END, ACK, CHALLENGE, WELCOME, REFUSED, LISTING, HEARTBEAT = range(16, 24)
 MAX_CONTROL = 64 * 1024 * 1024  # a listing of a large data directory fits
 
 

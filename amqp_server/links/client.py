@@ -1,5 +1,6 @@
-"""The AMQP client side of shovels and federation links: aiormq, with what
-a link needs that aiormq does not give as is.
+"""The AMQP client side of shovels and federation links, on their own
+connections (amqp_server.links.connection: aiormq's, subclassed, with a
+frame limit), with what a link needs that aiormq does not give as is.
 
 - `resolve(uri, local)`: RabbitMQ's "amqp://" with no host means this very
   node; here it is this broker's own AMQP listener, logged in as the
@@ -14,22 +15,9 @@ a link needs that aiormq does not give as is.
   writes each message on its own, and keeps a future per message resolved
   one loop callback at a time; a link never publishes mandatory, so it
   needs none of that. The basic.publish frame of an (exchange, routing key)
-  is marshalled once, and a content header as read (`ReadContentHeader`)
-  whose properties nobody looked at is sent on as its bytes.
-- `consume(channel, queue, callback, no_ack)`: basic.consume whose
-  deliveries go to `callback`, a plain function, as the channel reads
-  them, instead of a task per delivery.
-  Both replace one of aiormq's per-channel dispatch methods
-  (`_on_confirm_frame`, `_on_deliver_frame`) on that channel object only:
-  written against aiormq 6.8 to 7.x (pyproject pins it); the link is the
-  only user of those channels.
-- `ScanningFrameReceiver`: what reads a link connection's frames: a read
-  of whatever the socket has, cut into frames by the broker's own scanner
-  (`amqp_server.amqp.framing`, the C scan), instead of aiormq's three
-  `readexactly` and a BytesIO per frame. Installed as aiormq's
-  `FrameReceiver` for the broker process, in which links are aiormq's only
-  user. Content headers it reads decode their properties when first asked
-  for (`ReadContentHeader`): a shovel that changes none never decodes them.
+  is marshalled once, and a content header as read
+  (`frames.ReadContentHeader`) whose properties nobody looked at is sent on
+  as its bytes.
 - `Acks`: acknowledgements of one consumer's deliveries, settled in any
   order and sent once per loop turn as one basic.ack with `multiple` up to
   the highest tag below which everything is settled.
@@ -38,30 +26,19 @@ a link needs that aiormq does not give as is.
 from __future__ import annotations
 
 import asyncio
-import itertools
-import logging
 import struct
 from collections import deque
 from dataclasses import dataclass
 from urllib.parse import quote, urlsplit, urlunsplit
 
-import aiormq
-import aiormq.connection
-from aiormq.abc import ChannelFrame, DeliveredMessage
-from aiormq.exceptions import AMQPConnectionError, DeliveryError, InvalidFrameError
+from aiormq.abc import ChannelFrame
+from aiormq.exceptions import DeliveryError
 from pamqp import commands as spec
-from pamqp import frame as pamqp_frame
 from pamqp.body import ContentBody
-from pamqp.exceptions import PAMQPException
 from pamqp.frame import marshal
 from pamqp.header import ContentHeader
-from pamqp.heartbeat import Heartbeat
 
 from amqp_server.amqp import framing
-from vhosts.errors import AMQPError
-
-log = logging.getLogger("hutch.links")
-
 
 @dataclass(frozen=True)
 class LocalNode:
@@ -73,6 +50,7 @@ class LocalNode:
     password: str
     node: str = "hutch@localhost"  # this node's name (amqp_server.NODE), for status and x-received-from
     cluster_id: str = ""  # the global parameter internal_cluster_id: names what this node leaves upstream
+    tls_port: int | None = None  # the AMQPS listener's, when there is one
 
 
 def resolve(uri: str, local: LocalNode) -> str:
@@ -97,119 +75,11 @@ def redacted(uri: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, ""))
 
 
-class ScanningFrameReceiver(aiormq.connection.FrameReceiver):
-    """aiormq's frame source for a connection (see the module docstring).
-    The first frame (connection.start, or the protocol header a server
-    that refuses the version answers with) is read by aiormq's own code."""
-
-    READ_SIZE = 256 * 1024
-
-    def __init__(self, reader) -> None:
-        super().__init__(reader)
-        self._scanner = framing.FrameReader(0)  # the size limit is the server's to enforce
-        self._frames: deque = deque()
-
-    async def get_frame(self):
-        if not self.started:
-            return await super().get_frame()
-        frames = self._frames
-        while not frames:
-            try:
-                data = await self.reader.read(self.READ_SIZE)
-            except OSError as exc:
-                raise AMQPConnectionError("Server communication error: %r" % (exc,)) from exc
-            if not data:
-                raise AMQPConnectionError("Server connection unexpectedly closed")
-            scanner = self._scanner
-            scanner.feed(data)
-            try:
-                items = scanner.scan(1 << 62)
-                for frame_type, channel, payload, _header, _body, _end in items:
-                    frames.append((len(payload) + framing.FRAME_OVERHEAD, channel, _decode(frame_type, payload)))
-            except (AMQPError, PAMQPException, ValueError) as exc:
-                raise InvalidFrameError(str(exc)) from exc
-            if items:
-                scanner.consume(items[-1][5])
-        return frames.popleft()
-
-
-def _decode(frame_type: int, payload: bytes):
-    if frame_type == framing.FRAME_BODY:
-        return ContentBody(payload)
-    if frame_type == framing.FRAME_METHOD:
-        if payload.startswith(_BASIC_DELIVER):
-            return _basic_deliver(payload)
-        return pamqp_frame._unmarshal_method_frame(payload)
-    if frame_type == framing.FRAME_HEADER:
-        return ReadContentHeader(payload)
-    if frame_type == framing.FRAME_HEARTBEAT:
-        return Heartbeat()
-    raise ValueError("frame type %d from a server" % frame_type)
-
-
-_BASIC_DELIVER = b"\x00\x3c\x00\x3c"
-_DELIVERY_TAG = struct.Struct(">qB")  # signed, as pamqp decodes a long-long
-
-
-def _basic_deliver(payload: bytes) -> spec.Basic.Deliver:
-    """basic.deliver, the one method per message a link reads, decoded
-    directly (pamqp's generic decode costs four times as much)."""
-    try:
-        end = 5 + payload[4]
-        consumer_tag = payload[5:end].decode()
-        delivery_tag, bits = _DELIVERY_TAG.unpack_from(payload, end)
-        start = end + 10
-        end = start + payload[start - 1]
-        exchange = payload[start:end].decode()
-        start = end + 1
-        end = start + payload[end]
-        routing_key = payload[start:end].decode()
-    except (IndexError, struct.error, UnicodeDecodeError) as exc:
-        raise ValueError("basic.deliver: %s" % exc) from exc
-    if end != len(payload):
-        raise ValueError("basic.deliver of %d bytes, %d expected" % (len(payload), end))
-    return spec.Basic.Deliver(consumer_tag, delivery_tag, bool(bits & 1), exchange, routing_key)
-
-
-aiormq.connection.FrameReceiver = ScanningFrameReceiver
-
-
-class ReadContentHeader(ContentHeader):
-    """A content header as read. `raw` is its payload until `properties`
-    is first read, which decodes them (the reader may change them: from
-    then on they are marshalled again)."""
-
-    _PREFIX = struct.Struct(">HHQ")
-
-    def __init__(self, payload: bytes) -> None:  # noqa: super().__init__ would build empty properties
-        if len(payload) < 14:
-            raise ValueError("content header of %d bytes" % len(payload))
-        self.class_id, self.weight, self.body_size = self._PREFIX.unpack_from(payload)
-        self.raw: bytes | None = payload
-        self._properties: spec.Basic.Properties | None = None
-
-    @property
-    def properties(self) -> spec.Basic.Properties:
-        if self._properties is None:
-            self._properties = pamqp_frame._unmarshal_header_frame(self.raw).properties
-            self.raw = None
-        return self._properties
-
-    @properties.setter
-    def properties(self, value: spec.Basic.Properties) -> None:
-        self._properties, self.raw = value, None
-
-
-async def connect(uri: str, name: str) -> aiormq.abc.AbstractConnection:
-    """A connection, named `name` in the peer's connection list."""
-    return await aiormq.connect(uri, client_properties={"connection_name": name})
-
-
 _HEADER_FRAME = struct.Struct(">BHI")
 
 
 class Publisher:
-    """Publishes on one aiormq channel (see the module docstring)."""
+    """Publishes on one `connection.LinkChannel` (see the module docstring)."""
 
     def __init__(self, channel) -> None:
         self.channel = channel
@@ -224,7 +94,7 @@ class Publisher:
         self._sequence: deque = deque()
         self._callbacks: dict = {}
         if channel.publisher_confirms:
-            channel._on_confirm_frame = self._on_confirm_frame
+            channel.on_confirm = self._on_confirm_frame
             channel.closing.add_done_callback(self._closed)
 
     def publish(self, body: bytes, exchange: str, routing_key: str, header: ContentHeader,
@@ -258,7 +128,7 @@ class Publisher:
             self._sequence.append(channel.delivery_tag)
             self._callbacks[channel.delivery_tag] = on_confirm
 
-    async def _on_confirm_frame(self, frame) -> None:
+    def _on_confirm_frame(self, frame) -> None:
         error = None if isinstance(frame, spec.Basic.Ack) else DeliveryError(None, frame)
         callbacks = self._callbacks
         if frame.multiple:
@@ -303,57 +173,6 @@ class Publisher:
                 self._chunks.popleft()
         finally:
             self._writer = None
-
-
-async def consume(channel, queue: str, callback, no_ack: bool) -> str:
-    """basic.consume with deliveries handed to `callback(message)`, a plain
-    function, as they are read (see the module docstring); its consumer
-    tag. A callback that raises is logged; the channel reads on."""
-    callbacks = getattr(channel, "inline_consumers", None)
-    if callbacks is None:
-        callbacks = channel.inline_consumers = {}
-        _deliver_inline(channel, callbacks)
-    for cancelled in [tag for tag in callbacks if tag not in channel.consumers]:
-        del callbacks[cancelled]
-    # the tag is chosen here so that the callback is known before the first delivery, which may
-    # be read before basic.consume-ok's reply reaches this coroutine
-    tag = "ctag-link-%d.%d" % (channel.number, next(_tags))
-    callbacks[tag] = callback
-    try:
-        await channel.basic_consume(queue, callback, consumer_tag=tag, no_ack=no_ack)
-    except BaseException:
-        callbacks.pop(tag, None)
-        raise
-    return tag
-
-
-_tags = itertools.count(1)
-
-
-def _deliver_inline(channel, callbacks: dict) -> None:
-    get_frame = channel._get_frame
-
-    async def on_deliver_frame(frame: spec.Basic.Deliver) -> None:
-        header = await get_frame()
-        if not isinstance(header, ContentHeader):
-            raise ValueError("Unexpected frame %r instead of ContentHeader" % (header,))
-        parts = []
-        size = 0
-        while size < header.body_size:
-            content = await get_frame()
-            if not isinstance(content, ContentBody):
-                raise ValueError("Unexpected frame %r" % (content,))
-            parts.append(content.value)
-            size += len(content.value)
-        if frame.consumer_tag not in channel.consumers:  # aiormq's own list: basic.cancel removes it
-            return  # cancelled: what it still receives goes back to the queue with the channel
-        try:
-            callbacks[frame.consumer_tag](DeliveredMessage(delivery=frame, header=header, body=b"".join(parts),
-                                                           channel=channel))
-        except Exception:  # noqa: BLE001 - as aiormq does for a failed consumer task
-            log.exception("Consumer callback failed")
-
-    channel._on_deliver_frame = on_deliver_frame
 
 
 class Acks:

@@ -124,7 +124,7 @@ class FederationLink(Link):
         up = local = None
         try:
             self.uri, up = await self.connect(self.upstream.uris, "upstream")
-            _uri, local = await self.connect(["amqp:///" + quote(self.vhost, safe="")], "downstream")
+            _uri, local = await self.connect([self.downstream_uri], "downstream")
             self.local_connection = "<%s>" % self.name
             up_channel = await up.channel(publisher_confirms=False)
             local_channel = await local.channel(publisher_confirms=self.upstream.ack_mode == "on-confirm")
@@ -133,11 +133,18 @@ class FederationLink(Link):
             await up_channel.basic_qos(prefetch_count=self.upstream.prefetch_count)
             sync = asyncio.get_running_loop().create_task(self.follow(up, up_channel, forward, done))
             try:
-                await self.until_closed([(up, "upstream"), (local, "downstream")], done)
+                await self.until_closed([(up, "upstream connection"), (local, "downstream connection"),
+                                         (up_channel, "upstream channel"), (local_channel, "downstream channel")],
+                                        done)
             finally:
                 sync.cancel()
         finally:
             await self.close(up, local)
+
+    @property
+    def downstream_uri(self) -> str:
+        """This broker's vhost of the link, as the link reaches it."""
+        return "amqp:///" + quote(self.vhost, safe="")
 
     async def follow(self, up, channel, forward, done: asyncio.Future) -> None:
         """Declare upstream, start consuming and keep in step with the local
@@ -255,7 +262,7 @@ class ExchangeLink(FederationLink):
         bound: dict = {}
         seen = (local, local.table.version)
         await self._sync_bindings(channel, local, bound)
-        await client.consume(channel, self.queue_name, forward, no_ack=self.upstream.ack_mode == "no-ack")
+        await channel.consume(self.queue_name, forward, no_ack=self.upstream.ack_mode == "no-ack")
         self.set_state(RUNNING)
         while True:
             await asyncio.sleep(SYNC_INTERVAL)
@@ -300,7 +307,7 @@ class QueueLink(FederationLink):
                 return
             wanted = queue.message_count == 0 and any(c.channel.can_deliver(c) for c in queue.consumers)
             if wanted and tag is None:
-                tag = await client.consume(channel, self.upstream_name, forward,
+                tag = await channel.consume(self.upstream_name, forward,
                                            no_ack=self.upstream.ack_mode == "no-ack")
             elif not wanted and tag is not None:
                 await channel.basic_cancel(tag)

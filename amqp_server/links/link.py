@@ -8,6 +8,11 @@ reconnect delay, doubled after each session that never got running, up to
 `MAX_BACKOFF`; a session that ran resets it. Nothing a peer does ends the
 task: it ends when the link is stopped, or when the session returns (a
 shovel that moved what src-delete-after asked for).
+
+Access (amqp_server.links.access): before each session and every
+`ACCESS_INTERVAL` while it runs, the link asks `refusal()` whether the user
+who set it may still reach the vhosts it connects to; a refusal ends the
+session (or keeps it from starting) with that reason.
 """
 from __future__ import annotations
 
@@ -18,11 +23,13 @@ import random
 import time
 
 from amqp_server.links import client
+from amqp_server.links.connection import connect
 
 log = logging.getLogger("hutch.links")
 
 MAX_BACKOFF = 30.0  # seconds: the longest wait between two sessions
 MIN_WAIT = 0.05  # seconds: the shortest (a reconnect-delay of 0 or less must not spin)
+ACCESS_INTERVAL = 1.0  # seconds between two checks of the owner's access while a session runs
 STARTING, RUNNING = "starting", "running"
 
 
@@ -45,6 +52,8 @@ class Link:
         self.name = name
         self.local = local
         self.reconnect_delay = reconnect_delay
+        # why the user who set the link may not run it now, or None (set by the supervisor)
+        self.refusal = lambda: None
         self.state = STARTING
         self.reason: str | None = None
         self.since = time.time()
@@ -71,6 +80,9 @@ class Link:
         while True:
             self.set_state(STARTING)
             try:
+                refused = self.refusal()
+                if refused is not None:
+                    raise SessionEnded(refused)
                 await self.session()
                 return
             except asyncio.CancelledError:
@@ -98,31 +110,46 @@ class Link:
         failures = []
         for uri in order:
             try:
-                connection = await client.connect(client.resolve(uri, self.local),
-                                                  "%s %s (%s)" % (self.kind.capitalize(), self.name, end))
+                connection = await connect(client.resolve(uri, self.local),
+                                           "%s %s (%s)" % (self.kind.capitalize(), self.name, end))
             except Exception as exc:  # noqa: BLE001
                 failures.append("%s: %s" % (client.redacted(uri), describe(exc)))
                 continue
             return uri, connection
         raise SessionEnded("cannot connect to the %s: %s" % (end, "; ".join(failures) or "no URI given"))
 
-    @staticmethod
-    async def until_closed(connections, done: asyncio.Future) -> None:
-        """Wait until `done` or one of the connections closes; raises
-        SessionEnded (ran=True) for a closed connection or a failed `done`."""
-        watchers = [asyncio.ensure_future(c.closing) for c, _end in connections]
+    async def until_closed(self, ends, done: asyncio.Future) -> None:
+        """Wait until `done`, or one of `ends` ((connection or channel,
+        name) pairs) closes, or the owner loses access; raises SessionEnded
+        (ran=True) for a closed end (with its cause), a failed `done` or the
+        refusal."""
+        watchers = [end.closing for end, _name in ends]
+        access = asyncio.ensure_future(self._access_lost())
         try:
-            finished, _pending = await asyncio.wait(watchers + [done], return_when=asyncio.FIRST_COMPLETED)
+            finished, _pending = await asyncio.wait(watchers + [done, access], return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for watcher in watchers:
-                watcher.cancel()
+            for watcher in watchers + [access]:
+                watcher.cancel()  # an observer: the end itself stays open
+        if access in finished:
+            raise SessionEnded(access.result(), True)
         if done in finished and done.exception() is None:
             return
-        end = next((name for c, name in connections if c.is_closed), None)
         cause = done.exception() if done.done() else None
-        if end is None:
+        closed = next(((end, name) for end, name in ends if end.is_closed), None)
+        if closed is None:
             raise SessionEnded(describe(cause), True)
-        raise SessionEnded("%s connection closed%s" % (end, ": " + describe(cause) if cause else ""), True)
+        end, name = closed
+        if cause is None and not end.closing.cancelled():
+            cause = end.closing.exception()
+        raise SessionEnded("%s closed%s" % (name, ": " + describe(cause) if cause else ""), True)
+
+    async def _access_lost(self) -> str:
+        """The refusal, once the owner's access is gone."""
+        while True:
+            await asyncio.sleep(ACCESS_INTERVAL)
+            refused = self.refusal()
+            if refused is not None:
+                return refused
 
     @staticmethod
     async def close(*connections) -> None:

@@ -136,11 +136,12 @@ class Shovel(Link):
             done = asyncio.get_running_loop().create_future()
             forward, acks = self._forwarder(src_channel, dest_channel, done)
             await src_channel.basic_qos(prefetch_count=spec_.prefetch_count)
-            await client.consume(src_channel, queue, forward, no_ack=spec_.ack_mode == "no-ack")
+            await src_channel.consume(queue, forward, no_ack=spec_.ack_mode == "no-ack")
             self.set_state(RUNNING)
             log.info("shovel '%s' in vhost '%s' running: %s -> %s", self.name, self.vhost,
                      client.redacted(self.src_uri), client.redacted(self.dest_uri))
-            await self.until_closed([(src, "source"), (dest, "destination")], done)
+            await self.until_closed([(src, "source connection"), (dest, "destination connection"),
+                                     (src_channel, "source channel"), (dest_channel, "destination channel")], done)
             if acks is not None:
                 await acks.sent()  # the last acks reach the source before the connections close
             self.on_done()

@@ -22,6 +22,7 @@ import logging
 
 from vhosts.parameters import FEDERATION_UPSTREAM, FEDERATION_UPSTREAM_SET, SHOVEL
 
+from amqp_server.links import access
 from amqp_server.links.client import LocalNode
 from amqp_server.links.federation import ExchangeLink, QueueLink, upstreams_for
 from amqp_server.links.shovel import Shovel
@@ -80,8 +81,7 @@ class Links:
         if old is not None:
             self._retire(self.shovels.pop(key))
         if value is not None:
-            shovel = self.shovels[key] = Shovel(vhost, name, value, self.local, lambda: self._finished(vhost, name))
-            shovel.start()
+            self._start_shovel(vhost, name, value)
 
     def _policies_changed(self, _vhost: str) -> None:
         if self._running:
@@ -117,7 +117,23 @@ class Links:
             if key not in self.federation:
                 kind = ExchangeLink if key[1] == "exchange" else QueueLink
                 link = self.federation[key] = kind(vhost, key[2], upstream, self.local)
+                uris = upstream.uris + (link.downstream_uri,)
+                link.refusal = self._refusal(vhost.name, FEDERATION_UPSTREAM, upstream.name, uris)
                 link.start()
+
+    def may_connect(self, user_name: str):
+        """The check of the URIs of a parameter `user_name` sets
+        (amqp_server.links.access.may_connect)."""
+        return access.may_connect(self.broker, self.local, user_name)
+
+    def _refusal(self, vhost: str, component: str, name: str, uris):
+        """The link's access check (amqp_server.links.access): the owner of
+        the parameter is looked up at each check, so it follows changes."""
+        def refusal() -> str | None:
+            v = self.broker.vhosts.get(vhost)
+            owner = v.parameter_owners.get((component, name)) if v is not None else None
+            return access.refusal(self.broker, self.local, owner, uris)
+        return refusal
 
     def federation_status(self, vhost: str | None = None) -> list[dict]:
         return [self.federation[key].status() for key in sorted(self.federation) if vhost in (None, key[0])]
@@ -147,7 +163,11 @@ class Links:
         if old is None:
             return False
         self._retire(old)
-        shovel = self.shovels[(vhost, name)] = Shovel(vhost, name, old.value, self.local,
-                                                      lambda: self._finished(vhost, name))
-        shovel.start()
+        self._start_shovel(vhost, name, old.value)
         return True
+
+    def _start_shovel(self, vhost: str, name: str, value: dict) -> None:
+        shovel = self.shovels[(vhost, name)] = Shovel(vhost, name, value, self.local,
+                                                      lambda: self._finished(vhost, name))
+        shovel.refusal = self._refusal(vhost, SHOVEL, name, shovel.spec.src_uris + shovel.spec.dest_uris)
+        shovel.start()

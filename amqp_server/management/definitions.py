@@ -97,7 +97,7 @@ def export_all(broker) -> dict:
                         for u in users for name, p in sorted(u.permissions.items())],
         "topic_permissions": [topic_permissions.shape(u.name, vhost, rule)
                               for u in users for (vhost, _x), rule in sorted(u.topic_permissions.items())],
-        "parameters": [item for v in vhosts for item in parameters.vhost_parameters(broker, v)],
+        "parameters": [item for v in vhosts for item in parameters.vhost_parameters(broker, v, owners=True)],
         "global_parameters": [{"name": name, "value": value}
                               for name, value in sorted(broker.global_parameters.items())],
         "policies": [item for v in vhosts for item in _policies(v)],
@@ -110,7 +110,7 @@ def export_all(broker) -> dict:
 def export_vhost(broker, v) -> dict:
     return {
         "rabbit_version": COMPATIBLE_VERSION,
-        "parameters": parameters.vhost_parameters(broker, v),
+        "parameters": parameters.vhost_parameters(broker, v, owners=True),
         "policies": _policies(v),
         "queues": _queues(v, False),
         "exchanges": _exchanges(v, False),
@@ -252,7 +252,11 @@ def apply(broker, body: dict, vhost_name: str | None = None, acting_user: str | 
         if item["component"] == VHOST_LIMITS_COMPONENT:
             broker.set_vhost_limits(item["vhost"], item["value"])
         else:
-            broker.set_parameter(item["vhost"], item["component"], item["name"], item["value"])
+            # who set it, as exported; else the importing user (RabbitMQ checks neither at import:
+            # the link checks its owner's access when it starts, amqp_server.links.access)
+            owner = item.get(parameters.OWNER, acting_user)
+            broker.set_parameter(item["vhost"], item["component"], item["name"], item["value"],
+                                 owner=owner if isinstance(owner, str) else acting_user)
     for item in checked["policies"]:
         broker.set_policy(item["vhost"], item["name"], item["pattern"], item["definition"], item.get("priority", 0),
                           item.get("apply-to", "all"))
@@ -286,7 +290,7 @@ def post_definitions(req):
 def post_vhost_definitions(req):
     name = req.params["vhost"]
     req.vhost(name)
-    apply(req.broker, _document(req), name)
+    apply(req.broker, _document(req), name, acting_user=req.user.name)
     return NO_CONTENT
 
 

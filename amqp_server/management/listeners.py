@@ -28,6 +28,8 @@ class ManagementListeners:
                          RateSampler(broker, connections, config.management.sample_interval), alarms,
                          mqtt_sessions, logins, listeners)
         self._runners: list[web.AppRunner] = []
+        # protocol -> (protocol factory, TLS context, address), as BrokerServer.acceptors
+        self.acceptors: dict[str, tuple] = {}
 
     async def start(self) -> None:
         management, metrics = self.config.management, self.config.prometheus
@@ -51,6 +53,7 @@ class ManagementListeners:
         for address in runner.addresses:
             host, bound = address[:2]
             self.node.listeners.append((protocol, host, bound))
+            self.acceptors[protocol] = (runner.server, None, (host, bound))
             log.info("listening for %s on %s:%d", name, host, bound)
 
     async def stop(self) -> None:

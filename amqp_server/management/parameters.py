@@ -8,7 +8,12 @@ administrators. A vhost's limits show as RabbitMQ shows them, a parameter
 of component "vhost-limits" named "limits" (read here, set through
 /api/vhost-limits). Values go through `vhosts.Broker.set_parameter`, which
 validates them as RabbitMQ 3.10's plugins do; its error lines come back as
-RabbitMQ's "Validation failed" 400, escaped for HTML as RabbitMQ does.
+RabbitMQ's "Validation failed" 400, escaped for HTML as RabbitMQ does. The
+user setting a shovel or federation upstream must be allowed to connect to
+every vhost of this broker its URIs name (the links' `may_connect`), and is
+kept as the parameter's owner: not shown by these routes (RabbitMQ 3.10
+keeps no owner), exported with the definitions as
+"user_who_performed_action" (RabbitMQ's import ignores the key).
 """
 from __future__ import annotations
 
@@ -33,15 +38,25 @@ def shape(vhost: str, component: str, name: str, value: object) -> dict:
     return {"value": sorted_value(value), "vhost": vhost, "component": component, "name": name}
 
 
+OWNER = "user_who_performed_action"  # RabbitMQ's name for the acting user (in its events)
+
+
 VHOST_LIMITS = "vhost-limits"
 
 
-def vhost_parameters(broker, v, component: str | None = None) -> list[dict]:
-    """The vhost's parameters (its limits first), of one component or all."""
+def vhost_parameters(broker, v, component: str | None = None, owners: bool = False) -> list[dict]:
+    """The vhost's parameters (its limits first), of one component or all;
+    with `owners` (definitions export), each with the user who set it."""
     out = []
     if v.limits and component in (None, VHOST_LIMITS):
         out.append(shape(v.name, VHOST_LIMITS, "limits", dict(v.limits)))
-    return out + [shape(*row) for row in broker.list_parameters(v.name, component)]
+    for row in broker.list_parameters(v.name, component):
+        item = shape(*row)
+        owner = v.parameter_owners.get((row[1], row[2]))
+        if owners and owner is not None:
+            item[OWNER] = owner
+        out.append(item)
+    return out
 
 
 def parameters(req) -> list:
@@ -76,7 +91,8 @@ def put_parameter(req):
     key = (req.params["component"], req.params["name"])
     existed = key in v.parameters
     try:
-        req.broker.set_parameter(v.name, *key, body["value"])
+        req.broker.set_parameter(v.name, *key, body["value"], owner=req.user.name,
+                                 may_connect=req.node.links.may_connect(req.user.name))
     except ValueError as exc:
         raise validation_failed(exc) from None
     return NO_CONTENT if existed else CREATED

@@ -28,10 +28,12 @@ def tls_context(config: BrokerConfig) -> ssl.SSLContext:
     return context
 
 
-async def open_listeners(config: BrokerConfig, amqp_factory, mqtt_factory) -> tuple[list, list]:
+async def open_listeners(config: BrokerConfig, amqp_factory, mqtt_factory) -> tuple[list, list, dict]:
     """Open every configured listener: (the asyncio servers, (protocol,
-    address, port) of each socket as RabbitMQ lists listeners). Raises
-    ListenError naming the listener that cannot open."""
+    address, port) of each socket as RabbitMQ lists listeners, protocol ->
+    (protocol factory, TLS context, address) for the connections a cluster
+    follower forwards, amqp_server.cluster.gateway). Raises ListenError
+    naming the listener that cannot open."""
     loop = asyncio.get_running_loop()
     listeners = [("AMQP", config.port, None, amqp_factory)]
     context = None
@@ -45,7 +47,7 @@ async def open_listeners(config: BrokerConfig, amqp_factory, mqtt_factory) -> tu
         listeners.append(("MQTT", config.mqtt.port, None, mqtt_factory))
         if context is not None:
             listeners.append(("MQTTS", config.mqtt.tls_port, context, mqtt_factory))
-    servers, opened = [], []
+    servers, opened, acceptors = [], [], {}
     try:
         for name, port, context, factory in listeners:
             try:
@@ -57,9 +59,10 @@ async def open_listeners(config: BrokerConfig, amqp_factory, mqtt_factory) -> tu
             for sock in server.sockets:
                 host, bound = sock.getsockname()[:2]
                 opened.append((PROTOCOLS[name], host, bound))
+                acceptors[PROTOCOLS[name]] = (factory, context, (host, bound))
                 log.info("listening for %s on %s:%d", name, host, bound)
     except ListenError:
         for server in servers:
             server.close()
         raise
-    return servers, opened
+    return servers, opened, acceptors

@@ -127,6 +127,8 @@ class BrokerServer:
         self.servers: list[asyncio.Server] = []
         # (protocol, address, port) of every open listener, as RabbitMQ lists them
         self.listeners: list[tuple[str, str, int]] = []
+        # protocol -> (protocol factory, TLS context, address) of each listener (`acceptor`)
+        self.acceptors: dict[str, tuple] = {}
         try:
             self.mqtt_store = MQTTStore(os.path.join(config.data_dir, "mqtt.db"))
         except sqlite3.Error as exc:
@@ -162,18 +164,26 @@ class BrokerServer:
                                 self.writer)
 
         self.alarms.start()
-        self.servers, self.listeners[:] = await open_listeners(config, factory, mqtt_factory)
+        self.servers, self.listeners[:], acceptors = await open_listeners(config, factory, mqtt_factory)
+        self.acceptors.update(acceptors)
         amqp_port = next(port for protocol, _host, port in self.listeners if protocol == "amqp")
+        tls_port = next((port for protocol, _host, port in self.listeners if protocol == "amqp/ssl"), None)
         local_host = "127.0.0.1" if config.bind in ("0.0.0.0", "", "::") else config.bind
         self.links = Links(self.broker, LocalNode(
             local_host, amqp_port, config.default_user, config.default_pass, NODE,
-            str(self.broker.global_parameters.get("internal_cluster_id", ""))))
+            str(self.broker.global_parameters.get("internal_cluster_id", "")), tls_port))
         self.management.node.links = self.links
         await self.links.start()
         try:
             await self.management.start()
         except ListenerError as exc:
             raise ListenError(str(exc)) from None
+
+    def acceptor(self, protocol: str) -> tuple | None:
+        """(protocol factory, TLS context, address) of the `protocol`
+        listener: a client connection a cluster follower forwards is served
+        by it (amqp_server.cluster.gateway)."""
+        return self.acceptors.get(protocol) or self.management.acceptors.get(protocol)
 
     async def stop(self) -> None:
         # Definitions are final from here on: what closing the connections

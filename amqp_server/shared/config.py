@@ -138,6 +138,19 @@ class ClusterConfig:
     # for its acknowledgement longer than max_lag_seconds, leaves the in-sync set.
     max_lag_bytes: int = 67108864
     max_lag_seconds: float = 5.0
+    # The cluster's shared secret, the same on every node (required with
+    # etcd): replication connections prove they hold it, both ways.
+    secret: str | None = None
+    # Address the replication listener binds; None: the advertised one.
+    replication_bind: str | None = None
+    # Seconds of silence after which either end closes a replication
+    # connection (heartbeats go every quarter of it).
+    replication_timeout: float = 10.0
+    # TLS for the replication stream (mutual: each node presents its
+    # certificate, signed by the cluster's CA, and verifies the other's).
+    tls_certfile: str | None = None
+    tls_keyfile: str | None = None
+    tls_cacertfile: str | None = None
 
     @property
     def enabled(self) -> bool:
