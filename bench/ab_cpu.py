@@ -35,7 +35,7 @@ def start(checkout: str, data_dir: str) -> tuple[subprocess.Popen, int]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "cli.server", "--port", str(port), "--bind", "127.0.0.1", "--data-dir", data_dir,
          "--log-level", "warning", "--management-enabled", "false", "--prometheus-enabled", "false",
-         "--mqtt-enabled", "false"],
+         "--mqtt-enabled", "false", "--stream-enabled", "false"],
         cwd=checkout, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_serving(port, proc, 30)
     return proc, port

@@ -135,7 +135,7 @@ def s3(args) -> int:
     port, http, prometheus = free_ports(3)
     single = subprocess.Popen([sys.executable, "-m", "cli.server", "--bind", "127.0.0.1", "--port", str(port),
                                "--management-port", str(http), "--prometheus-port", str(prometheus),
-                               "--mqtt-enabled", "false", "--data-dir", str(tmp / "single")], cwd=ROOT,
+                               "--mqtt-enabled", "false", "--stream-enabled", "false", "--data-dir", str(tmp / "single")], cwd=ROOT,
                               stderr=subprocess.DEVNULL)
     try:
         until(lambda: os.path.exists(tmp / "single") and port_open(port), 30, "the single node")

@@ -231,7 +231,7 @@ class Hutch:
         # metrics ports, and the scenarios drive AMQP.
         cmd = [sys.executable, "-m", "cli.server", "--port", str(self.port), "--bind", "127.0.0.1",
                "--data-dir", self.data_dir, "--log-level", "warning",
-               "--management-enabled", "false", "--prometheus-enabled", "false", "--mqtt-enabled", "false",
+               "--management-enabled", "false", "--prometheus-enabled", "false", "--mqtt-enabled", "false", "--stream-enabled", "false",
                *self.extra]
         self.proc = subprocess.Popen(cmd, cwd=self.root, stdout=logf, stderr=subprocess.STDOUT)
         logf.close()

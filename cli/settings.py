@@ -44,6 +44,7 @@ _INT_RANGES: dict[str, tuple[int, int | None]] = {
     "max_message_size": (0, 536870912),  # RabbitMQ's upper limit, 512 MiB
     "segment_bytes": (4096, None),
     "lease_ttl": (2, 3600),  # etcd lease seconds; fencing needs a margin below it
+    "max_body_size": (1, None),  # management API request bodies
 }
 _CHOICES: dict[str, tuple[str, ...]] = {
     "log_level": ("debug", "info", "warning", "error"),
@@ -54,6 +55,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
 _FLOAT_RANGES: dict[str, tuple[float, float]] = {
     "paging_ratio": (0.0, 1.0),
     "sample_interval": (0.1, 3600.0),
+    "request_timeout": (0.1, 3600.0),
     "vm_memory_high_watermark": (0.0, 1.0),
     "disk_free_limit_mem_relative": (0.0, 100.0),
     "max_lag_seconds": (0.1, 3600.0),

@@ -14,14 +14,23 @@ import tempfile
 import time
 
 from selenium import webdriver
-from selenium.common.exceptions import StaleElementReferenceException
+from selenium.common.exceptions import NoAlertPresentException, StaleElementReferenceException
 from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 
+from helpers import unavailable
+
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage")
 WAIT = 15.0  # seconds any UI condition may take on a loaded machine
+
+
+def require_chromium() -> None:
+    """Debian's chromium and chromium-driver, or the test is unavailable (a
+    skip; a failure in CI)."""
+    if not (shutil.which("chromium") and shutil.which("chromedriver")):
+        unavailable("needs Debian's chromium and chromium-driver (tests/prepare.sh installs them)")
 
 
 def chromium(profile: str, width: int = 1280, height: int = 900) -> webdriver.Chrome:
@@ -119,11 +128,30 @@ class Ui:
         self.one("#logout").click()
         self.wait(lambda: self.one("#login").is_displayed(), "login form shown")
 
-    def submit(self, form_id: str, fields: dict | None = None, leaves: bool = False, refused: bool = False) -> str:
+    def confirmation(self, accept: bool = True) -> str:
+        """The text of the confirmation dialog the page opened, answered
+        yes (`accept`) or no."""
+        alert = self.wait(lambda: self._alert(), "a confirmation dialog")
+        text = alert.text
+        if accept:
+            alert.accept()
+        else:
+            alert.dismiss()
+        return text
+
+    def _alert(self):
+        try:
+            return self.driver.switch_to.alert
+        except NoAlertPresentException:
+            return None
+
+    def submit(self, form_id: str, fields: dict | None = None, leaves: bool = False, refused: bool = False,
+               confirm: str | None = None) -> str:
         """Fill the form's fields (text, selects, checkboxes), submit it and
         return the note it shows (raises on an error note, or when `refused`
         on any other); a form that `leaves` the page on success (a delete) is
-        only submitted."""
+        only submitted. A destructive form asks first: `confirm` is the
+        question expected, answered yes."""
         form = self.one("form#" + form_id)
         for name, value in (fields or {}).items():
             field = form.find_element(By.NAME, name)
@@ -138,6 +166,10 @@ class Ui:
         note = form.find_element(By.CSS_SELECTOR, ".note")
         self.driver.execute_script("arguments[0].textContent = ''", note)
         form.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+        if confirm is not None:
+            asked = self.confirmation()
+            if asked != confirm:
+                raise AssertionError("form %s asked %r, not %r" % (form_id, asked, confirm))
         if leaves:
             return ""
         text = self.wait(lambda: note.text, "an answer to form " + form_id)

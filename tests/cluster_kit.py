@@ -111,7 +111,9 @@ class Node(ServerProcess):
             ["--bind", "127.0.0.1", "--port", str(p["amqp"]),
              "--management-bind", "127.0.0.1", "--management-port", str(p["http"]),
              "--prometheus-bind", "127.0.0.1", "--prometheus-port", str(p["prometheus"]),
-             "--mqtt-port", str(p["mqtt"]), "--mqtt-tls-port", "0", "--data-dir", str(self.data_dir),
+             "--mqtt-port", str(p["mqtt"]), "--mqtt-tls-port", "0", "--stream-port", str(p["stream"]),
+             "--stream-tls-port", "0",
+             "--data-dir", str(self.data_dir),
              "--cluster-etcd", self.etcd_url, "--cluster-node-name", self.name,
              "--cluster-replication-port", str(p["replication"]), "--cluster-advertise", "127.0.0.1",
              "--cluster-lease-ttl", "2", *self.extra],
@@ -145,10 +147,10 @@ class Node(ServerProcess):
 def make_nodes(tmp: Path, etcd_url: str, count: int, *extra: str) -> list[Node]:
     nodes = []
     for i in range(1, count + 1):
-        amqp, http, prometheus, mqtt, replication = free_ports(5)
+        amqp, http, prometheus, mqtt, replication, stream = free_ports(6)
         nodes.append(Node("n%d" % i, tmp / ("n%d" % i), etcd_url,
                           {"amqp": amqp, "http": http, "prometheus": prometheus, "mqtt": mqtt,
-                           "replication": replication}, extra))
+                           "replication": replication, "stream": stream}, extra))
     return nodes
 
 

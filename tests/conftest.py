@@ -42,11 +42,12 @@ from helpers import assert_serves, unique, wait_for  # noqa: F401 - unique, wait
 from http_api import Api, segment
 from server_process import ROOT, ServerProcess, spawn  # noqa: F401 - ROOT re-exported
 
-LISTENING = re.compile(r"listening for (AMQPS?|MQTTS?|HTTP|PROMETHEUS) on [^ ]+:(\d+)")
+LISTENING = re.compile(r"listening for (AMQPS?|MQTTS?|STREAMS?|HTTP|PROMETHEUS) on [^ ]+:(\d+)")
 ALL_PERMISSIONS = {"configure": ".*", "write": ".*", "read": ".*"}
 # Every listener on 127.0.0.1 and a free port (the management ports included).
 PORT_ARGS = ("--bind", "127.0.0.1", "--port", "0", "--management-bind", "127.0.0.1", "--management-port", "0",
-             "--prometheus-bind", "127.0.0.1", "--prometheus-port", "0", "--mqtt-port", "0", "--mqtt-tls-port", "0")
+             "--prometheus-bind", "127.0.0.1", "--prometheus-port", "0", "--mqtt-port", "0", "--mqtt-tls-port", "0",
+             "--stream-port", "0", "--stream-tls-port", "0")
 
 
 @dataclass

@@ -8,12 +8,26 @@ Test modules import it as `helpers` (pytest puts tests/ on sys.path).
 """
 from __future__ import annotations
 
+import os
 import time
 import uuid
 
 import pika
 import pytest
 from pika.exceptions import ChannelClosedByBroker
+
+
+def in_ci() -> bool:
+    """$CI is set (to anything but "", 0, false or no): .ci/run sets it."""
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def unavailable(reason: str):
+    """A service a test needs is missing: a skip on a developer's machine, a
+    failure in CI, where tests/prepare.sh installs every service."""
+    if in_ci():
+        pytest.fail(reason + " [CI is set, so this is a failure, not a skip]", pytrace=False)
+    pytest.skip(reason)
 
 
 def unique(prefix: str = "t") -> str:

@@ -7,10 +7,12 @@
 #    own), etcd (the cluster tests start their own, tests/cluster_kit.py), the rabbitmq-c tools,
 #    php-amqplib and Ruby's Bunny (clients compared on hutch and RabbitMQ), a Java runtime (Spark,
 #    for spark_sink and its tests), a C compiler (the install builds the C twins of the hot paths,
-#    amqp_server/amqp/_framing.c), and Chromium with its WebDriver (tests/test_ui.py).
+#    amqp_server/amqp/_framing.c), Chromium with its WebDriver (tests/test_ui.py), and Node.js
+#    with npm (the JavaScript stream client, which step 3 installs).
 #    Run as root with apt-get at hand, it installs what is missing; otherwise it says what is
 #    missing and which tests will skip (or fail, when CI is set).
 # 2. RabbitMQ's plugins enabled and RabbitMQ started, unless something listens on 127.0.0.1:5672.
+# 3. tests/client_scripts' npm packages (rabbitmq-stream-js-client, tests/test_stream_protocol.py).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -42,6 +44,8 @@ declare -A NEEDED_BY=(
     [php-amqplib]="tests/differential/test_diff_clients.py (php-amqplib)"
     [ruby-bunny]="tests/differential/test_diff_clients.py (Bunny)"
     [etcd-server]="the cluster tests (tests/test_cluster_*.py)"
+    [nodejs]="the JavaScript stream client's test (tests/test_stream_protocol.py)"
+    [npm]="the JavaScript stream client's test (tests/test_stream_protocol.py)"
 )
 
 missing=()
@@ -56,6 +60,8 @@ command -v php >/dev/null 2>&1 || missing+=(php-cli)
 [ -e /usr/share/php/PhpAmqpLib/autoload.php ] || missing+=(php-amqplib)
 installed ruby-bunny || missing+=(ruby-bunny)
 command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
+command -v node >/dev/null 2>&1 || missing+=(nodejs)
+command -v npm >/dev/null 2>&1 || missing+=(npm)
 
 if [ "${#missing[@]}" -gt 0 ]; then
     if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
@@ -80,11 +86,18 @@ if [ "${#missing[@]}" -gt 0 ]; then
     fi
 fi
 
+# The JavaScript stream client (before RabbitMQ, whose absence ends this script).
+if command -v npm >/dev/null 2>&1; then
+    npm install --prefix tests/client_scripts --no-audit --no-fund >/dev/null \
+        || say "could not install tests/client_scripts' npm packages"
+fi
+
 # A running node is asked directly; otherwise --offline edits the enabled-plugins file, which
 # the start below reads. Shovel and federation are the reference for hutch's links
-# (tests/differential/test_links_interop.py).
+# (tests/differential/test_links_interop.py), the stream plugin (port 5552) for the stream
+# protocol (tests/differential/test_diff_stream_protocol.py).
 PLUGINS=(rabbitmq_management rabbitmq_shovel rabbitmq_shovel_management rabbitmq_federation
-         rabbitmq_federation_management)
+         rabbitmq_federation_management rabbitmq_stream)
 if ! command -v rabbitmq-server >/dev/null 2>&1; then
     port_open || say "no RabbitMQ: ${NEEDED_BY[rabbitmq-server]} will skip (or fail when CI is set)"
     exit 0

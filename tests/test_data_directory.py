@@ -51,7 +51,8 @@ def start_on_a_busy_port(cwd, *args: str) -> subprocess.CompletedProcess:
         busy.listen()
         result = subprocess.run(
             [sys.executable, "-m", "cli.server", "--bind", "127.0.0.1", "--port", str(busy.getsockname()[1]),
-             "--management-enabled", "false", "--prometheus-enabled", "false", "--mqtt-enabled", "false", *args],
+             "--management-enabled", "false", "--prometheus-enabled", "false", "--mqtt-enabled", "false",
+             "--stream-enabled", "false", *args],
             cwd=cwd, env=environ, capture_output=True, text=True, timeout=60)
     assert result.returncode == 1, result.stderr
     assert "cannot listen for AMQP" in result.stderr and "Traceback" not in result.stderr

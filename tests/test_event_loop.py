@@ -13,8 +13,12 @@ import pika
 import pytest
 
 from conftest import ROOT, launch
+from helpers import unavailable
 
-pytest.importorskip("uvloop")  # a dependency of hutch wherever it installs
+try:
+    import uvloop  # noqa: F401 - a dependency of hutch wherever it installs
+except ImportError:
+    unavailable("uvloop is not installed (a dependency of hutch on CPython outside Windows)")
 
 
 def _round_trip(broker) -> bytes:

@@ -58,7 +58,13 @@ SUBPACKAGES: dict[str, tuple[frozenset | None, frozenset]] = {
     "amqp_server.links": (frozenset({"amqp_server.shared", "amqp_server.amqp.framing"}),
                           frozenset({"pamqp", "aiormq"})),
     "amqp_server.cluster": (frozenset({"amqp_server.shared"}), frozenset({"aetcd", "aiohttp"})),
+    "amqp_server.stream": (frozenset({"amqp_server.shared"}), frozenset({"pamqp"})),  # the stream protocol
     "amqp_server.process": (ANYTHING, frozenset({"aiohttp", "uvloop"})),
+}
+# single modules outside amqp_server and the libraries they may import besides their package's, and why
+MODULE_LIBRARIES: dict[str, frozenset] = {
+    # AMQP 1.0 <-> 0-9-1 messages (one stream log, two protocols): Qpid Proton's codec, pamqp's properties
+    "vhosts.amqp10": frozenset({"proton", "pamqp"}),
 }
 FORBIDDEN: dict[str, frozenset] = {
     "cli": frozenset({"spark_sink", "pyspark"}),
@@ -121,7 +127,7 @@ def check_source(source: str, module: str, filename: str, is_package: bool = Fal
     allowed, forbidden = ALLOWED[top], FORBIDDEN.get(top, frozenset())
     inner, libraries = SUBPACKAGES[subpackage(module)] if top == "amqp_server" else (None, frozenset())
     if allowed is not ANYTHING:
-        allowed = allowed | libraries
+        allowed = allowed | libraries | MODULE_LIBRARIES.get(module, frozenset())
     tree = ast.parse(source, filename)
     problems = []
     for line, target, text in imported_modules(tree, module, is_package):

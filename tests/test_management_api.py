@@ -392,7 +392,7 @@ def test_a_busy_http_port_stops_the_broker_with_a_message(tmp_path):
         result = subprocess.run(
             [sys.executable, "-m", "cli.server", "--bind", "127.0.0.1", "--port", "0", "--data-dir",
              str(tmp_path / "data"), "--management-bind", "127.0.0.1", "--management-port", str(port),
-             "--prometheus-enabled", "false", "--mqtt-enabled", "false"],
+             "--prometheus-enabled", "false", "--mqtt-enabled", "false", "--stream-enabled", "false"],
             cwd=ROOT, env={k: v for k, v in os.environ.items() if not k.startswith("HUTCH_")},
             capture_output=True, text=True, timeout=60)
     assert result.returncode == 1

@@ -24,11 +24,11 @@ def test_split_path_decodes_each_segment_once(raw, segments):
 
 
 def test_routes_match_fixed_segments_before_placeholders():
-    methods, params = match(ROUTES, ["api", "users", "without-permissions"])
+    _pattern, methods, params = match(ROUTES, ["api", "users", "without-permissions"])
     assert "GET" in methods and params == {}
-    methods, params = match(ROUTES, ["api", "users", "bob"])
+    _pattern, methods, params = match(ROUTES, ["api", "users", "bob"])
     assert set(methods) == {"GET", "PUT", "DELETE"} and params == {"user": "bob"}
-    assert match(ROUTES, ["api", "nothing"]) == (None, None)
+    assert match(ROUTES, ["api", "nothing"]) == (None, None, None)
 
 
 ITEMS = [{"name": "b", "n": 2, "d": {"x": 1}}, {"name": "a", "n": 10, "d": {"x": 3}}, {"name": "c", "d": {}}]

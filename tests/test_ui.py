@@ -7,19 +7,23 @@ One browser serves the module; tests/ui_screenshots.py drives the same
 """
 from __future__ import annotations
 
+import http.server
 import json
-import shutil
+import threading
 
 import pika
 import pytest
 
-from browser import Ui
+from browser import Ui, require_chromium
 from conftest import ALL_PERMISSIONS
 from helpers import unique, wait_for
 from http_api import call, segment
 
-pytestmark = pytest.mark.skipif(not (shutil.which("chromium") and shutil.which("chromedriver")),
-                                reason="needs Debian's chromium and chromium-driver (tests/prepare.sh installs them)")
+
+# The questions RabbitMQ's UI asks before a destructive action.
+CONFIRM_DELETE = "Are you sure? This object cannot be recovered after deletion."
+CONFIRM_DELETE_QUEUE = "Are you sure? The queue is going to be deleted. Messages cannot be recovered after deletion."
+CONFIRM_PURGE = "Are you sure? Messages cannot be recovered after purging."
 
 PAGES = ["", "connections", "channels", "exchanges", "queues", "dead-letters", "users", "vhosts", "policies",
          "limits", "shovels", "federation"]
@@ -27,6 +31,7 @@ PAGES = ["", "connections", "channels", "exchanges", "queues", "dead-letters", "
 
 @pytest.fixture(scope="module")
 def ui(broker):
+    require_chromium()
     browser = Ui(broker.ports["HTTP"])
     browser.login("guest", "guest")
     browser.one("#tab-queues")
@@ -75,7 +80,14 @@ def test_every_page_opens_without_an_error(guest, api):
     cells = [text.replace(",", "") for text in guest.texts("#totals td")]
     assert cells[2] == str(totals["exchanges"])
     guest.wait(lambda: guest.find("#nodes td"), "nodes")
-    assert guest.texts("#nodes td")[0] == api.get("/api/nodes").body[0]["name"]
+    node = api.get("/api/nodes").body[0]["name"]
+    assert guest.texts("#nodes td")[0] == node
+    guest.click_text("#nodes a", node)
+    guest.wait_text("#view h1", node)
+    guest.wait(lambda: guest.find("#node-details td"), "the node's details")
+    # the node's memory over the chosen range, from its history
+    guest.wait(lambda: int(_chart(guest, 0).get("max") or 0) > 0, "the node's memory chart")
+    assert [text for text in guest.texts("#view .error") if text] == []
 
 
 def test_queue_created_published_to_read_and_deleted_through_the_ui(guest, api):
@@ -91,7 +103,7 @@ def test_queue_created_published_to_read_and_deleted_through_the_ui(guest, api):
     assert guest.submit("get-messages") == "1 message(s)."
     assert guest.text("#got-messages .payload") == "hello from the browser"
     assert guest.submit("peek-messages") == "1 message(s) at the head; none taken."
-    guest.submit("delete-queue", leaves=True)
+    guest.submit("delete-queue", leaves=True, confirm=CONFIRM_DELETE_QUEUE)
     guest.wait(lambda: api.get("/api/queues/%2F/" + segment(name)).status == 404, "queue deleted")
     guest.wait(lambda: guest.driver.current_url.endswith("#/queues"), "back on the queue list")
 
@@ -122,9 +134,14 @@ def test_policy_set_and_deleted_through_the_ui(guest, api):
     found = api.get("/api/policies/%2F/" + name).body
     assert (found["pattern"], found["definition"], found["priority"]) == ("^ui-policed\\.", {"max-length": 7}, 3)
     guest.wait_text("#policies", name)
+    # one row, though the form's refresh and the timer's may overlap (the page once drew a table for each)
+    guest.wait(lambda: guest.texts("#policies tbody td:nth-child(2)").count(name) == 1, "the policy listed once")
+    # clicked after the script returns: the question it asks blocks the page until answered
     guest.driver.execute_script("""
         for (const row of document.querySelectorAll('#policies tbody tr'))
-          if (row.cells[1].innerText === arguments[0]) row.querySelector('button.delete-policy').click();""", name)
+          if (row.cells[1].innerText === arguments[0])
+            setTimeout(() => row.querySelector('button.delete-policy').click(), 0);""", name)
+    assert guest.confirmation() == CONFIRM_DELETE
     guest.wait(lambda: api.get("/api/policies/%2F/" + name).status == 404, "policy deleted")
 
 
@@ -187,7 +204,7 @@ def test_a_connection_is_shown_and_closed_through_the_ui(guest, broker, api):
         guest.click_text("#connections tbody a", found["name"])
         guest.wait_text("#view table", name)  # its client properties
         guest.wait(lambda: guest.texts("#view section table a") == [found["name"] + " (1)"], "its channel")
-        guest.submit("close-connection", {"reason": "closed by the UI test"}, leaves=True)
+        guest.submit("close-connection", {"reason": "closed by the UI test"}, leaves=True, confirm=CONFIRM_DELETE)
         guest.wait(lambda: not connection.is_open or _closed(connection), "the client sees the close")
     finally:
         if connection.is_open:
@@ -226,7 +243,9 @@ def test_peek_and_move_show_the_message_states_the_api_reports(guest, api, vhost
     assert sum(int(n) for n in shown.values()) == 3
     assert guest.submit("peek-messages", {"count": "2"}) == "2 message(s) at the head; none taken."
     assert guest.texts("#got-messages .payload") == ["m0", "m1"]
-    assert guest.submit("move-messages", {"destination": target, "count": "2"}) == "Moved 2 message(s)."
+    question = "Are you sure? 2 message(s) of queue %s are going to be moved to queue %s." % (source, target)
+    assert guest.submit("move-messages", {"destination": target, "count": "2"}, confirm=question) == \
+        "Moved 2 message(s)."
     counts = {name: api.get("/api/queues/%s/%s" % (segment(vhost), segment(name))).body["messages"]
               for name in (source, target)}
     assert counts == {source: 1, target: 2}
@@ -254,7 +273,9 @@ def test_dead_letters_page_shows_the_log_and_replays_a_queue(guest, broker, api,
         assert "rejected" in counts and work in counts
         assert '"message_id": "m-1"' in latest
         assert guest.find("#dl-latest b") == []  # the body is text
-        assert guest.submit("replay", {"source": dead, "destination": work}) == "Replayed 1 message(s)."
+        question = "Are you sure? All messages of queue %s are going to be moved to queue %s." % (dead, work)
+        assert guest.submit("replay", {"source": dead, "destination": work}, confirm=question) == \
+            "Replayed 1 message(s)."
         assert api.get("/api/queues/%s/%s" % (v, work)).body["messages"] == 1
     finally:
         guest.driver.execute_script("sessionStorage.removeItem('hutch.vhost')")
@@ -362,7 +383,7 @@ def test_a_vhost_added_and_deleted_through_the_ui_follows_in_the_selector(guest,
         assert api.get("/api/vhosts/" + segment(name)).status == 200
         guest.wait(lambda: name in guest.texts("#vhost-select option"), "the new vhost in the selector")
         guest.open("vhosts/" + segment(name))
-        guest.submit("delete-vhost", leaves=True)
+        guest.submit("delete-vhost", leaves=True, confirm=CONFIRM_DELETE)
         guest.wait(lambda: api.get("/api/vhosts/" + segment(name)).status == 404, "the vhost deleted")
         guest.wait(lambda: name not in guest.texts("#vhost-select option"), "the vhost gone from the selector")
     finally:
@@ -446,3 +467,172 @@ def _rows(ui, css: str) -> list[list[str]]:
     return ui.driver.execute_script("""
         return Array.from(document.querySelectorAll(arguments[0] + ' tbody tr'),
                           r => Array.from(r.cells, c => c.innerText))""", css)
+
+
+def _chart(ui, index: int) -> dict:
+    """The data attributes of the page's `index`th chart (charts.js records
+    the x range shown, the number of points and the highest value)."""
+    return ui.driver.execute_script("const c = document.querySelectorAll('.chart')[arguments[0]];"
+                                    "return c ? Object.assign({}, c.dataset) : {}", index)
+
+
+def _publish(api, vhost: str, queue: str, count: int) -> None:
+    for _ in range(count):
+        api.post("/api/exchanges/%s/amq.default/publish" % segment(vhost),
+                 {"routing_key": queue, "payload": "x", "payload_encoding": "string", "properties": {}})
+
+
+def test_charts_show_the_brokers_history_as_the_page_opens(guest, api, vhost):
+    v, name = segment(vhost), unique("ui-hist")
+    api.put("/api/queues/%s/%s" % (v, name))
+    _publish(api, vhost, name, 7)
+    ranges = "lengths_age=600&lengths_incr=5"
+    wait_for(lambda: api.get("/api/vhosts/%s?%s" % (v, ranges)).body["messages_details"]["samples"][0]["sample"] == 7,
+             15, 0.2)
+    guest.driver.execute_script("sessionStorage.setItem('hutch.vhost', arguments[0]);"
+                                "sessionStorage.removeItem('hutch.chart-range')", vhost)
+    try:
+        guest.open("")
+        queued = guest.wait(lambda: (lambda c: "points" in c and c)(_chart(guest, 0)), "the queued messages chart")
+        # the ten minutes before the page opened, in 5 s samples, at the first drawing
+        assert queued["points"] == "121" and queued["max"] == "7"
+        span = float(queued["to"]) - float(queued["from"])
+        assert 595 <= span <= 605, span
+        guest.driver.execute_script("const s = document.getElementById('chart-range'); s.value = '3600';"
+                                    "s.dispatchEvent(new Event('change'))")
+        hour = guest.wait(lambda: (lambda c: c.get("points") == "61" and c)(_chart(guest, 0)), "the last hour")
+        assert 3500 <= float(hour["to"]) - float(hour["from"]) <= 3700
+        guest.open("queues/%s/%s" % (v, name))
+        guest.wait(lambda: _chart(guest, 0).get("points") == "61" and _chart(guest, 0)["max"] == "7",
+                   "the queue's hour of history")
+    finally:
+        guest.driver.execute_script("sessionStorage.removeItem('hutch.vhost');"
+                                    "sessionStorage.removeItem('hutch.chart-range')")
+
+
+def test_a_chart_of_one_point_spans_minutes_not_years(guest, broker, api, vhost):
+    dead, work = unique("ui-one-dead"), unique("ui-one")
+    v = segment(vhost)
+    api.put("/api/queues/%s/%s" % (v, dead))
+    api.put("/api/queues/%s/%s" % (v, work), {"arguments": {"x-dead-letter-exchange": "",
+                                                             "x-dead-letter-routing-key": dead}})
+    _publish(api, vhost, work, 1)
+    with pika.BlockingConnection(pika.URLParameters(broker.url.rstrip("/") + "/" + v)) as connection:
+        channel = connection.channel()
+        method, _props, _body = channel.basic_get(work)
+        channel.basic_reject(method.delivery_tag, requeue=False)
+    guest.driver.execute_script("sessionStorage.setItem('hutch.vhost', arguments[0])", vhost)
+    try:
+        guest.open("dead-letters")
+        chart = guest.wait(lambda: (lambda c: "to" in c and c)(_chart(guest, 0)), "the by-reason chart")
+        # one dead letter: one point, on a one-minute axis (1 s buckets) ending at it
+        record = api.get("/api/hutch/dead-letters/%s?limit=1" % v).body["records"][0]
+        assert float(chart["to"]) - float(chart["from"]) == 60
+        assert abs(float(chart["to"]) - record["time"]) <= 1
+    finally:
+        guest.driver.execute_script("sessionStorage.removeItem('hutch.vhost')")
+
+
+def test_updating_a_user_keeps_what_was_not_changed(guest, api):
+    name = unique("ui-upd")
+    api.put("/api/users/" + name, {"password": "old-secret", "tags": "monitoring,policymaker"})
+    try:
+        guest.open("users/" + name)
+        assert guest.one("#update-user-tags").get_attribute("value") == "monitoring, policymaker"
+        assert guest.submit("update-user", {"password": "new-secret"}) == "User updated."
+        assert sorted(api.get("/api/users/" + name).body["tags"]) == ["monitoring", "policymaker"]
+        assert call(api.port, "GET", "/api/whoami", auth=(name, "new-secret")).status == 200
+        assert guest.submit("update-user", {"tags": "management"}) == "User updated."
+        assert api.get("/api/users/" + name).body["tags"] == ["management"]
+        assert call(api.port, "GET", "/api/whoami", auth=(name, "new-secret")).status == 200
+    finally:
+        api.delete("/api/users/" + name)
+
+
+def test_an_administrator_changing_its_own_password_stays_an_administrator(ui, api):
+    name = unique("ui-admin")
+    api.put("/api/users/" + name, {"password": "first-pass", "tags": "administrator"})
+    api.put("/api/permissions/%2F/" + name, ALL_PERMISSIONS)
+    try:
+        ui.login(name, "first-pass")
+        ui.one("#tab-admin")
+        ui.open("users/" + name)
+        assert ui.submit("update-user", {"password": "second-pass"}) == "User updated."
+        assert api.get("/api/users/" + name).body["tags"] == ["administrator"]
+        # still logged in, with the new password, and still allowed the admin pages
+        ui.open("users")
+        ui.wait_text("#users", name)
+        assert ui.find("#tab-admin") and ui.text("#whoami") == name
+        assert call(api.port, "GET", "/api/users", auth=(name, "second-pass")).status == 200
+    finally:
+        api.delete("/api/users/" + name)
+        ui.login("guest", "guest")
+        ui.one("#tab-queues")
+
+
+def test_destructive_actions_ask_first_and_a_no_changes_nothing(guest, api, vhost):
+    v, name = segment(vhost), unique("ui-ask")
+    path = "/api/queues/%s/%s" % (v, name)
+    api.put(path)
+    _publish(api, vhost, name, 2)
+    guest.open("queues/%s/%s" % (v, name))
+    for form_id, question in (("purge", CONFIRM_PURGE), ("delete-queue", CONFIRM_DELETE_QUEUE)):
+        guest.one("form#%s button[type=submit]" % form_id).click()
+        assert guest.confirmation(accept=False) == question
+        assert api.get(path).body["messages"] == 2
+    guest.one("form#move-messages input[name=destination]").send_keys("elsewhere")
+    guest.one("form#move-messages button[type=submit]").click()
+    assert guest.confirmation(accept=False) == \
+        "Are you sure? All messages of queue %s are going to be moved to queue elsewhere." % name
+    assert api.get(path).body["messages"] == 2
+    assert guest.submit("purge", confirm=CONFIRM_PURGE) == "Purged."
+    assert api.get(path).body["messages"] == 0
+    guest.open("vhosts/" + v)
+    guest.one("form#delete-vhost button[type=submit]").click()
+    assert guest.confirmation(accept=False) == CONFIRM_DELETE
+    assert api.get("/api/vhosts/" + v).status == 200
+    exchange = unique("ui-ask-x")
+    api.put("/api/exchanges/%s/%s" % (v, exchange), {"type": "fanout"})
+    guest.open("exchanges/%s/%s" % (v, exchange))
+    guest.one("form#delete-exchange button[type=submit]").click()
+    assert guest.confirmation(accept=False) == CONFIRM_DELETE
+    assert api.get("/api/exchanges/%s/%s" % (v, exchange)).status == 200
+
+
+def test_a_page_on_another_site_cannot_use_the_browser_s_credentials(guest, api):
+    """Issue 28's attack in a real browser: it has cached an administrator's
+    Basic credentials (a visit to /api/...), then a page on another origin
+    submits a text/plain form to /api/definitions that would create an
+    administrator. hutch refuses it for its Origin (403); nobody is created."""
+    evil = unique("evil")
+    definitions = json.dumps({"users": [{"name": evil, "password": "x", "tags": "administrator"}], "pad": ""})
+    name, value = definitions[:-2], definitions[-2:]  # a text/plain form sends name=value: ..."pad": "="}
+    page = ("<html><body><form method='POST' enctype='text/plain' action='%sapi/definitions'>"
+            "<input name='%s' value='%s'></form><script>document.forms[0].submit()</script></body></html>"
+            % (guest.base, name.replace("'", "&#39;"), value.replace("'", "&#39;")))
+
+    class Attacker(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            body = page.encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    site = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Attacker)
+    threading.Thread(target=site.serve_forever, daemon=True).start()
+    try:
+        host = guest.base.split("//", 1)[1]
+        guest.driver.get("http://guest:guest@%sapi/whoami" % host)  # the browser now holds the credentials
+        guest.wait(lambda: "guest" in guest.driver.page_source, "whoami with cached credentials")
+        guest.driver.get("http://127.0.0.1:%d/" % site.server_address[1])
+        guest.wait(lambda: "cross-origin request refused" in guest.driver.page_source, "hutch's 403 to the form")
+        assert api.get("/api/users/" + evil).status == 404
+    finally:
+        site.shutdown()
+        site.server_close()
+        guest.driver.get(guest.base)

@@ -1,6 +1,7 @@
 """The screenshots of docs/ui.md: a broker from this checkout with a little
 traffic (queues with messages, a consumer, dead letters of three reasons, a
-policy, a stream), shown by the same headless browser as tests/test_ui.py.
+policy, a stream), then a three-node cluster (tests/cluster_kit.py: etcd
+and hutch nodes), shown by the same headless browser as tests/test_ui.py.
 
     python tests/ui_screenshots.py docs/ui
 """
@@ -15,8 +16,9 @@ from pathlib import Path
 import pika
 
 from browser import Ui
+from cluster_kit import leader_of, running, until
 from conftest import launch
-from http_api import Api
+from http_api import Api, call
 
 
 def traffic(port: int, stop: threading.Event) -> None:
@@ -66,8 +68,9 @@ def main(folder: str) -> None:
         ui.driver.set_window_size(1200, 820)
         ui.login("guest", "guest")
         ui.one("#tab-queues")
+        ui.driver.execute_script("sessionStorage.setItem('hutch.chart-range', '60')")  # the charts' last minute
+        time.sleep(30)  # six samples (every 5 s) of traffic in the broker's history
         ui.open("")
-        time.sleep(22)  # four refreshes (every 5 s) for the charts
         shots = [("overview", ""), ("queues", "queues"), ("queue", "queues/%2F/orders"),
                  ("connections", "connections"), ("exchanges", "exchanges"), ("dead-letters", "dead-letters"),
                  ("policies", "policies"), ("stream", "queues/%2F/clicks")]
@@ -75,12 +78,16 @@ def main(folder: str) -> None:
             if route:  # the overview is open, with its charts filled
                 ui.open(route)
             ui.wait(lambda: ui.find("#view table"), "a table on #/" + route)
-            if route == "queues/%2F/orders":
-                time.sleep(11)
+            if route in ("", "queues/%2F/orders"):
+                ui.wait(lambda: ui.find(".chart[data-points]"), "the charts drawn")
             if route == "queues/%2F/clicks":  # from its Stream section on
                 ui.wait(lambda: ui.find("#stream-details td"), "the stream's details")
                 ui.driver.execute_script("document.getElementById('stream-details').parentElement.scrollIntoView()")
             ui.screenshot(str(out / (name + ".png")))
+        ui.open("users/guest")
+        ui.wait(lambda: ui.find("#update-user-tags"), "the user's form")
+        ui.driver.execute_script("document.getElementById('update-user').scrollIntoView()")
+        ui.screenshot(str(out / "user.png"))
         ui.login("guest", "wrong")
         ui.wait_text("#login-error", "Login failed")
         ui.screenshot(str(out / "login.png"))
@@ -90,6 +97,26 @@ def main(folder: str) -> None:
             ui.close()
         worker.join(5)
         broker.stop()
+    cluster(out)
+
+
+def cluster(out: Path) -> None:
+    """cluster.png: the overview of a three-node cluster, opened through a follower."""
+    with running(Path(tempfile.mkdtemp(prefix="hutch-shots-cluster-")), 3) as (etcd, nodes):
+        leader = leader_of(etcd, nodes)
+        follower = next(n for n in nodes if n is not leader)
+        until(lambda: sum("mem_used" in n for n in call(leader.ports["http"], "GET", "/api/nodes").body) == 3,
+              30, "every member's figures")
+        ui = Ui(follower.ports["http"])
+        try:
+            ui.driver.set_window_size(1200, 820)
+            ui.login("guest", "guest")
+            ui.one("#tab-queues")
+            ui.wait(lambda: len(ui.find("#nodes tbody tr")) == 3, "three nodes")
+            ui.driver.execute_script("document.getElementById('nodes').parentElement.scrollIntoView()")
+            ui.screenshot(str(out / "cluster.png"))
+        finally:
+            ui.close()
 
 
 if __name__ == "__main__":

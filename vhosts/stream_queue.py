@@ -25,6 +25,8 @@ Theory of operation
   yet written), an offset (below the first kept one: the first kept one),
   or a time (a timestamp or an interval such as "1h": the first record
   appended at or after it, looked up on the reader thread).
+- Records (vhosts.stream_records) hold AMQP 0-9-1 or stream-protocol
+  (AMQP 1.0) messages; a consumer here gets either as AMQP 0-9-1.
 - Filtering (RabbitMQ 3.13): a publish's `x-stream-filter-value` header is
   stored at the head of its record; a consumer with `x-stream-filter` (one
   value or a list) gets exactly the records with one of those values, plus
@@ -39,12 +41,12 @@ Theory of operation
 """
 from __future__ import annotations
 
-import struct
 from collections import deque
 from typing import Callable, Iterable
 
 from storage import Message, QueueEntry
 from storage.message import encode_value
+from vhosts.stream_records import decode_filter, encode, message_of
 from storage.stream_log import StreamLog
 from vhosts.clock import Clock, LoopClock
 from vhosts.consumer import Consumer
@@ -57,8 +59,6 @@ from vhosts.stream_arguments import (FIRST, LAST, NEXT, OFFSET, check_consumer_a
 
 READ_RECORDS = 256
 READ_BYTES = 1024 * 1024
-FILTER_VALUE = "x-stream-filter-value"
-_FILTER_LENGTH = struct.Struct(">H")
 
 
 class _Reader:
@@ -83,7 +83,7 @@ class _Reader:
 class StreamQueue:
     __slots__ = ("name", "vhost", "durable", "arguments", "log", "consumers", "exclusive_consumer", "single_active",
                  "active", "had_consumers", "deleted", "flow_waiters", "policy", "stats", "clock", "_readers",
-                 "_wake_armed")
+                 "_wake_armed", "watchers")
 
     kind = "stream"
     delete_ok_count = 0  # RabbitMQ 3.10's queue.delete-ok of a stream
@@ -110,6 +110,10 @@ class StreamQueue:
         self.clock = clock or LoopClock()
         self._readers: dict[Consumer, _Reader] = {}
         self._wake_armed = False
+        # Readers beside AMQP consumers (the stream protocol's subscriptions,
+        # publishers): `records_available()` after each durable batch,
+        # `stream_deleted(queue)` when the stream goes.
+        self.watchers: set = set()
         self.policy = None
         self.apply_policy(policy)
 
@@ -121,7 +125,8 @@ class StreamQueue:
 
     @property
     def consumer_count(self) -> int:
-        return len(self.consumers)
+        """AMQP consumers and the stream protocol's subscriptions."""
+        return len(self.consumers) + sum(1 for w in self.watchers if w.consumes)
 
     @property
     def size(self) -> int:
@@ -146,7 +151,7 @@ class StreamQueue:
             if isinstance(records, Exception):
                 done(records)
                 return
-            done([(offset, stamp, Message.from_bytes(payload[decode_filter(payload)[1]:]))
+            done([(offset, stamp, message_of(payload, decode_filter(payload)[1]))
                   for offset, stamp, payload in records])
         self.log.read(start, limit, decoded, max_bytes)
 
@@ -161,21 +166,35 @@ class StreamQueue:
     # -- publish ---------------------------------------------------------------
 
     def publish(self, message: Message, on_durable: Callable[[], None] | None = None) -> int:
-        self.stats.publish += 1
-        self.log.append(encode(message), None, _Durable(self, on_durable))
+        self.append(encode(message), on_durable)
         return DURABLE_PENDING if on_durable is not None else ACCEPTED
+
+    def append(self, record: bytes, on_durable: Callable[[], None] | None = None) -> int:
+        """Append a record (vhosts.stream_records); its offset."""
+        self.stats.publish += 1
+        return self.log.append(record, None, _Durable(self, on_durable))
+
+    def append_batch(self, records: list[bytes], on_durable: Callable[[], None]) -> None:
+        """Append records; `on_durable` runs once the last is on disk (the
+        log makes records durable in order, so all of them are then)."""
+        self.stats.publish += len(records)
+        append, last = self.log.append, len(records) - 1
+        for i, record in enumerate(records):
+            append(record, None, _Durable(self, on_durable) if i == last else None)
 
     def throttle(self, publisher) -> None:
         """Never asked: a stream is never `backed_up`."""
 
     def _durable(self) -> None:
-        if self._readers and not self._wake_armed:
+        if (self._readers or self.watchers) and not self._wake_armed:
             self._wake_armed = True
             self.clock.call_later(0, self._wake)
 
     def _wake(self) -> None:
         self._wake_armed = False
         self.dispatch()
+        for watcher in list(self.watchers):
+            watcher.records_available()
 
     # -- consumers ---------------------------------------------------------------
 
@@ -307,30 +326,15 @@ class StreamQueue:
         consumers = list(self.consumers)
         self.consumers.clear()
         self._readers.clear()
+        watchers, self.watchers = list(self.watchers), set()
+        for watcher in watchers:
+            watcher.stream_deleted(self)
         return consumers
-
-
-def encode(message: Message) -> bytes:
-    """A record's payload: the filter value (u16 length, UTF-8; empty: none),
-    then the message (`Message.to_bytes`). The filter value comes first so
-    a filtering reader skips a record without decoding its message."""
-    value = b""
-    if FILTER_VALUE.encode() in message.header:  # decode the properties only when it may be there
-        found = (message.headers or {}).get(FILTER_VALUE)
-        if isinstance(found, (str, bytes)):
-            value = (found.encode("utf-8") if isinstance(found, str) else found)[:0xFFFF]
-    return b"".join((_FILTER_LENGTH.pack(len(value)), value, message.to_bytes()))
-
-
-def decode_filter(payload: bytes) -> tuple[bytes, int]:
-    """A record's filter value and where its message starts."""
-    length = _FILTER_LENGTH.unpack_from(payload)[0]
-    return payload[2:2 + length], 2 + length
 
 
 def _entry(offset: int, payload: bytes, at: int) -> QueueEntry:
     """A record as a delivery: its message with the x-stream-offset header."""
-    message = Message.from_bytes(payload[at:])
+    message = message_of(payload, at)
     header = message.header_with({"x-stream-offset": encode_value(offset)})
     return QueueEntry(offset, Message(message.exchange, message.routing_key, header, message.body))
 

@@ -48,6 +48,7 @@ import os
 import socket
 import ssl
 import sys
+import time
 from typing import Any, Callable
 
 from aiohttp import web
@@ -63,12 +64,14 @@ from amqp_server.shared.allocator import collect_rarely
 from amqp_server.shared.config import BrokerConfig
 from amqp_server.shared.errors import ListenError
 from storage.data_directory import CLEAN_SHUTDOWN
+from amqp_server.shared.figures import member_figures
 
 log = logging.getLogger("hutch.cluster")
 
 POLL_SECONDS = 0.25  # how often a follower looks at the leader key
 MEMBERS_SECONDS = 1.0  # how often the leader refreshes what it reports of the others
 TRANSFER_SECONDS = 10  # a planned hand-over's etcd key lives this long at most
+FIGURES_SECONDS = 5.0  # how often a follower republishes its memory and disk figures
 
 
 class ClusterError(ValueError):
@@ -113,6 +116,8 @@ class ClusterNode:
         self.running: dict[str, dict] = {}
         self._tasks: list[asyncio.Task] = []
         self._metrics: web.AppRunner | None = None  # a follower's /metrics
+        self.started = time.monotonic()
+        self._figures_at = 0.0  # time.monotonic() of the last registration with figures
 
     # -- membership ----------------------------------------------------------
 
@@ -120,9 +125,15 @@ class ClusterNode:
         """What `nodes/<name>` holds: how the others reach this node."""
         ports = {protocol: port for protocol, _host, port in (self.server.listeners if self.server else ())}
         return {"advertise": self.advertise, "replication_port": self.config.cluster.replication_port,
-                "role": self.role, "ports": ports, "pid": os.getpid()}
+                "role": self.role, "ports": ports, "pid": os.getpid(),
+                # memory, disk, descriptors: the leader's /api/nodes shows them for this member
+                "figures": member_figures(self.config, self.uptime_ms())}
+
+    def uptime_ms(self) -> int:
+        return int((time.monotonic() - self.started) * 1000)
 
     async def register(self) -> None:
+        self._figures_at = time.monotonic()
         await self.etcd.register(self.name, self.describe(), self.keeper.lease_id)
 
     async def eligible(self, by_position: bool) -> bool:
@@ -195,6 +206,8 @@ class ClusterNode:
                 elif self.leader != self.name:
                     await self._withdraw_position()
                     await self._follow(self.leader)
+                    if time.monotonic() - self._figures_at >= FIGURES_SECONDS:
+                        await self.register()
             except EtcdUnavailable as exc:
                 log.warning("etcd unreachable: %s", exc)
             try:
@@ -237,6 +250,10 @@ class ClusterNode:
             listeners.append(("mqtt", config.bind, config.mqtt.port))
             if config.tls.enabled:
                 listeners.append(("mqtt/ssl", config.bind, config.mqtt.tls_port))
+        if config.stream.enabled:  # stream clients are told the leader's address by its metadata
+            listeners.append(("stream", config.bind, config.stream.port))
+            if config.tls.enabled:
+                listeners.append(("stream/ssl", config.bind, config.stream.tls_port))
         if config.management.enabled:
             listeners.append(("http", config.management.bind, config.management.port))
         try:
@@ -359,6 +376,11 @@ class ClusterNode:
                              lag_seconds=link["lag_seconds"] if link else None)
             nodes.append(entry)
         return {"leader": self.name, "nodes": nodes, "in_sync": [self.name] + in_sync}
+
+    def figures(self, name: str) -> dict:
+        """A running member's memory, disk and descriptor figures as it last
+        published them (shared.figures; {} when unknown)."""
+        return self.running.get(name, {}).get("figures") or {}
 
     async def forget(self, name: str) -> None:
         try:

@@ -48,15 +48,38 @@ def visible_vhosts(user, broker) -> list:
 
 
 def vhost(request, name: str):
-    """A vhost the request may use: 404 when it does not exist; reading needs
-    a permission in it or the monitoring tag, anything else a permission."""
+    """A vhost the request may use: 404 when it does not exist; then a
+    permission in it or the administrator tag (RabbitMQ's
+    is_authorized_vhost: a monitoring user lists every vhost's objects in
+    /api/queues and the like, but reads one vhost's only with a permission
+    there). The operation itself is then checked as its AMQP method is."""
     found = request.broker.vhosts.get(name)
     if found is None:
         raise not_found()
     user = request.user
-    if name in user.permissions or (request.method == "GET" and sees_everything(user)):
+    if name in user.permissions or has(user, ADMINISTRATOR):
         return found
     raise not_authorised("User not authorised to access virtual host")
+
+
+def visible_vhost(request, name: str):
+    """A vhost whose status the user may read: 404 when it does not exist;
+    a permission in it, or the monitoring tag (RabbitMQ's rule for limits,
+    shovels and federation links of one vhost)."""
+    found = request.broker.vhosts.get(name)
+    if found is None:
+        raise not_found()
+    if name in request.user.permissions or sees_everything(request.user):
+        return found
+    raise not_authorised("User not authorised to access virtual host")
+
+
+def owned(user, connection):
+    """A connection the user may see (its own, or any for monitoring and
+    administrator users); RabbitMQ's 401 for someone else's."""
+    if not owns(user, connection):
+        raise not_authorised("User not authorised to access object")
+    return connection
 
 
 def policy_vhost(request):

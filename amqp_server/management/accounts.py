@@ -18,15 +18,16 @@ from amqp_server.management.listing import present
 
 
 def vhosts(req) -> list:
+    reading = shapes.reading_of(req)
     unacked = shapes.unacked_by_queue(req.node.connections)
     return present(access.visible_vhosts(req.user, req.broker), req.query,
-                   lambda v: shapes.vhost(req.node.sampler, v, unacked, req.node.connections), lambda v: v.name)
+                   lambda v: shapes.vhost(reading, v, unacked, req.node.connections), lambda v: v.name)
 
 
 def vhost(req) -> dict:
     found = req.vhost(req.params["vhost"])
     connections = req.node.connections
-    return shapes.vhost(req.node.sampler, found, shapes.unacked_by_queue(connections), connections)
+    return shapes.vhost(shapes.reading_of(req), found, shapes.unacked_by_queue(connections), connections)
 
 
 def _tracing(value) -> bool | None:
@@ -180,8 +181,10 @@ def bulk_delete_users(req):
     names = req.body().get("users")
     if not isinstance(names, list):
         raise bad_request("[{key_missing,users}]")
-    for name in names:
+    for name in names:  # in order, as RabbitMQ: the ones before a missing user are deleted
         if isinstance(name, str):
+            if name not in req.broker.users:
+                raise bad_request(["no_such_user", name])
             req.broker.delete_user(name)
     return NO_CONTENT
 

@@ -13,10 +13,11 @@ from amqp_server.management.listing import present
 DEFAULT_CLOSE_REASON = "Closed via management plugin"
 
 
-def _open(req, vhost_name: str | None = None) -> list:
-    """Connections past connection.open that the user may see, oldest first."""
+def _open(req, vhost_name: str | None = None, everyone: bool = False) -> list:
+    """Connections past connection.open that the user may see (or all of
+    them), oldest first."""
     found = [c for c in list(req.node.connections)
-             if c.vhost is not None and access.owns(req.user, c)
+             if c.vhost is not None and (everyone or access.owns(req.user, c))
              and (vhost_name is None or c.vhost.name == vhost_name)]
     return sorted(found, key=lambda c: c.connected_at)
 
@@ -26,15 +27,18 @@ def _channels(connections) -> list:
 
 
 def _connection(req):
+    """The named connection: 404 when there is none, 401 when it is
+    someone else's and the user may not see it (RabbitMQ's answers)."""
     name = req.params["name"]
-    for connection in _open(req):
+    for connection in _open(req, everyone=True):
         if shapes.connection_name(connection) == name:
-            return connection
+            return access.owned(req.user, connection)
     raise not_found()
 
 
 def _connections(req, found) -> list:
-    return present(found, req.query, lambda c: shapes.connection(req.node.sampler, c), shapes.connection_name)
+    reading = shapes.reading_of(req)
+    return present(found, req.query, lambda c: shapes.connection(reading, c), shapes.connection_name)
 
 
 def _channel_list(req, found) -> list:
@@ -52,7 +56,7 @@ def vhost_connections(req) -> list:
 
 
 def connection(req) -> dict:
-    return shapes.connection(req.node.sampler, _connection(req))
+    return shapes.connection(shapes.reading_of(req), _connection(req))
 
 
 def close_connection(req):
@@ -80,8 +84,9 @@ def vhost_channels(req) -> list:
 
 
 def channel(req) -> dict:
-    for ch in _channels(_open(req)):
+    for ch in _channels(_open(req, everyone=True)):
         if shapes.channel_name(ch) == req.params["name"]:
+            access.owned(req.user, ch.connection)
             out = shapes.channel(ch)
             out["consumer_details"] = [shapes.consumer(ch, c) for c in ch.consumers.values()]
             return out
@@ -90,11 +95,14 @@ def channel(req) -> dict:
 
 def consumers(req) -> list:
     """Every consumer on the vhosts the user may see (RabbitMQ lists them per
-    vhost, not per connection owner)."""
+    vhost, not per connection owner); for a vhost the user may not see, none
+    (RabbitMQ's empty list, not a refusal)."""
     name = req.params.get("vhost")
-    names = {name} if name is not None else {v.name for v in access.visible_vhosts(req.user, req.broker)}
+    names = {v.name for v in access.visible_vhosts(req.user, req.broker)}
     if name is not None:
-        req.vhost(name)
+        if name not in req.broker.vhosts:
+            raise not_found()
+        names &= {name}
     out = [shapes.consumer(ch, c) for ch in _channels(list(req.node.connections))
            if ch.vhost.name in names for c in ch.consumers.values()]
     return present(out, req.query)

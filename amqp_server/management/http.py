@@ -12,6 +12,9 @@ Theory of operation:
   so that other requests are served meanwhile, and cut short when the
   broker stops (its shutdown waits for every pending answer). A 401 carries
   the Basic challenge except to the web UI's own requests (`_challenge`).
+- Before any of that a cross-origin `Origin` is refused; after it the body
+  is read within RabbitMQ's size limit and must be JSON (`request_checks`:
+  why, and what RabbitMQ does differently).
 - A handler gets an `ApiRequest` and returns the JSON body (status 200),
   `CREATED`/`NO_CONTENT`, or raises `ApiError`; it may be a coroutine.
   Nothing a client sends may take the broker down: unexpected exceptions
@@ -24,6 +27,8 @@ import base64
 import binascii
 import datetime
 import decimal
+import email.parser
+import email.policy
 import inspect
 import ipaddress
 import json
@@ -33,13 +38,15 @@ from urllib.parse import parse_qsl, unquote
 from aiohttp import web
 from vhosts.access import Access
 
-from amqp_server.management import access, ui
+from amqp_server.management import access, request_checks, ui
 from amqp_server.management.errors import NOT_FOUND_BODY, ApiError
 
 log = logging.getLogger("hutch.management")
 
 REALM = 'Basic realm="RabbitMQ Management"'
 _NO_BODY = object()
+# routes that also take RabbitMQ's multipart/form-data definitions upload
+MULTIPART_ROUTES = frozenset({("api", "definitions"), ("api", "definitions", "{vhost}")})
 
 
 class Created:
@@ -69,15 +76,22 @@ class ApiRequest:
         self._body = _NO_BODY
 
     def body(self) -> dict:
-        """The JSON object sent; RabbitMQ's 400 not_json otherwise (an empty
-        body is an empty object, as RabbitMQ reads it)."""
+        """The JSON object sent (in a multipart upload: its `file` part);
+        RabbitMQ's 400 not_json otherwise (an empty body is an empty object,
+        as RabbitMQ reads it). Nesting too deep for the parser is not JSON
+        hutch takes either."""
         if self._body is _NO_BODY:
-            if not self._raw_body.strip():
+            raw = self._raw_body
+            if self.headers.get("Content-Type", "").lower().startswith(request_checks.MULTIPART):
+                raw = _form_part(self.headers["Content-Type"], raw, "file")
+                if raw is None:
+                    raise ApiError(400, "bad_request", "not_json")
+            if not raw.strip():
                 self._body = {}
             else:
                 try:
-                    self._body = json.loads(self._raw_body)
-                except (ValueError, UnicodeDecodeError):
+                    self._body = json.loads(raw)
+                except (ValueError, UnicodeDecodeError, RecursionError):
                     raise ApiError(400, "bad_request", "not_json") from None
             if not isinstance(self._body, dict):
                 raise ApiError(400, "bad_request", "not_json")
@@ -92,6 +106,19 @@ class ApiRequest:
         take them: an HTTP operation is checked as its AMQP method is. One
         per request, so no grant outlives the request."""
         return Access(self.user, vhost.name)
+
+
+def _form_part(content_type: str, body: bytes, name: str) -> bytes | None:
+    """The content of the part called `name` of a multipart/form-data body
+    (the stdlib's MIME parser), None when there is none."""
+    message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
+        b"Content-Type: " + content_type.encode("latin-1") + b"\r\n\r\n" + body)
+    if not message.is_multipart():
+        return None
+    for part in message.iter_parts():
+        if part.get_param("name", header="content-disposition") == name:
+            return part.get_payload(decode=True) or b""
+    return None
 
 
 def _json_default(value):
@@ -117,7 +144,8 @@ def split_path(raw_path: str) -> list[str]:
 
 
 def match(routes, segments: list[str]):
-    """(methods table, params) of the first pattern matching, or (None, None)."""
+    """(pattern, methods table, params) of the first pattern matching, or
+    (None, None, None)."""
     for pattern, methods in routes:
         if len(pattern) != len(segments):
             continue
@@ -128,8 +156,8 @@ def match(routes, segments: list[str]):
             elif want != got:
                 break
         else:
-            return methods, params
-    return None, None
+            return pattern, methods, params
+    return None, None, None
 
 
 def _credentials(request: web.Request) -> tuple[str, str] | None:
@@ -167,9 +195,12 @@ async def _refusal_delay(node, seconds: float) -> None:
         pass
 
 
-def make_handler(node, routes):
+def make_handler(node, routes, max_body_size: int, request_timeout: float):
     async def handle(request: web.Request) -> web.StreamResponse:
-        methods, params = match(routes, split_path(request.raw_path))
+        refusal = request_checks.cross_origin(request)
+        if refusal is not None:
+            return json_response(403, {"error": "forbidden", "reason": refusal})
+        pattern, methods, params = match(routes, split_path(request.raw_path))
         if methods is None:
             return json_response(404, NOT_FOUND_BODY)
         method = "GET" if request.method == "HEAD" else request.method
@@ -190,15 +221,20 @@ def make_handler(node, routes):
         handler, tag = methods[method]
         try:
             access.require(user, tag)
+            try:
+                body = await request_checks.read_body(request, max_body_size, request_timeout)
+            except ApiError as exc:  # the rest of the body is not read: the connection cannot go on
+                response = json_response(exc.status, exc.body())
+                response.force_close()
+                return response
+            request_checks.check_content_type(request, body, method == "POST" and pattern in MULTIPART_ROUTES)
             api_request = ApiRequest(node, user, method, params, dict(parse_qsl(request.query_string)),
-                                     request.headers, await request.read())
+                                     request.headers, body)
             result = handler(api_request)
             if inspect.isawaitable(result):
                 result = await result
         except ApiError as exc:
             return json_response(exc.status, exc.body())
-        except web.HTTPException:
-            raise  # aiohttp's own answers (a body over client_max_size: 413)
         except Exception:
             log.exception("management API: %s %s failed", request.method, request.raw_path)
             return json_response(500, {"error": "internal_server_error", "reason": "internal error"})
@@ -214,8 +250,10 @@ def make_handler(node, routes):
     return handle
 
 
-def make_app(node, routes) -> web.Application:
-    app = web.Application(client_max_size=64 * 1024 * 1024)
+def make_app(node, routes, max_body_size: int, request_timeout: float) -> web.Application:
+    """The API and the UI; bodies are read by `request_checks.read_body` within
+    `max_body_size` bytes (aiohttp's own limit is not used)."""
+    app = web.Application()
     ui.add_to(app)
-    app.router.add_route("*", "/{tail:.*}", make_handler(node, routes))
+    app.router.add_route("*", "/{tail:.*}", make_handler(node, routes, max_body_size, request_timeout))
     return app

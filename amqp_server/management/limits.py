@@ -21,7 +21,7 @@ from amqp_server.management.listing import present
 
 def vhost_limits(req) -> list:
     name = req.params.get("vhost")
-    vhosts = access.visible_vhosts(req.user, req.broker) if name is None else [req.vhost(name)]
+    vhosts = access.visible_vhosts(req.user, req.broker) if name is None else [access.visible_vhost(req, name)]
     return present([{"vhost": v.name, "value": v.limits} for v in vhosts if v.limits], req.query)
 
 

@@ -18,7 +18,7 @@ from amqp_server.management.listing import present
 def _visible(req) -> set:
     name = req.params.get("vhost")
     if name is not None:
-        return {req.vhost(name).name}
+        return {access.visible_vhost(req, name).name}
     return {v.name for v in access.visible_vhosts(req.user, req.broker)}
 
 
@@ -29,7 +29,7 @@ def shovels(req) -> list:
 
 def shovel(req) -> list:
     """/api/shovels/vhost/{vhost}/{name}: RabbitMQ answers a list of one."""
-    found = [s for s in req.node.links.shovel_status(req.vhost(req.params["vhost"]).name)
+    found = [s for s in req.node.links.shovel_status(access.visible_vhost(req, req.params["vhost"]).name)
              if s["name"] == req.params["name"]]
     if not found:
         raise not_found()

@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from amqp_server.management import http, prometheus
 from amqp_server.management.node import Node
@@ -11,6 +12,23 @@ from amqp_server.management.rates import RateSampler
 from amqp_server.management.routes import ROUTES
 
 log = logging.getLogger("hutch.server")
+
+
+class ClientErrorLog(logging.LoggerAdapter):
+    """aiohttp's server log (its request handler's `logger`): a request it
+    cannot parse is the client's error, already answered 400; it is logged on
+    one short line at info, not as an ERROR with a traceback that a client
+    could repeat into the log at will (cowboy logs nothing for it). Anything
+    else aiohttp reports stays an error with its traceback."""
+
+    def exception(self, msg, *args, exc_info=True, **kwargs) -> None:
+        if isinstance(exc_info, HttpProcessingError):
+            self.info(msg + ": %s", *args, " ".join(str(exc_info).split())[:200])
+        else:
+            self.error(msg, *args, exc_info=exc_info, **kwargs)
+
+
+CLIENT_ERRORS = ClientErrorLog(logging.getLogger("hutch.management"), {})
 
 
 class ListenerError(Exception):
@@ -35,13 +53,17 @@ class ManagementListeners:
         management, metrics = self.config.management, self.config.prometheus
         if management.enabled:
             self.node.sampler.start()
-            await self._open("HTTP", "http", http.make_app(self.node, ROUTES), management.bind, management.port)
+            app = http.make_app(self.node, ROUTES, management.max_body_size, management.request_timeout)
+            # aiohttp's keep-alive timer runs from the opening and from each answer, and
+            # incoming bytes do not reset it: a request head must be complete within it
+            await self._open("HTTP", "http", app, management.bind, management.port,
+                             keepalive_timeout=management.request_timeout)
         if metrics.enabled:
             await self._open("PROMETHEUS", "http/prometheus", prometheus.make_app(self.node), metrics.bind,
-                             metrics.port)
+                             metrics.port, keepalive_timeout=management.request_timeout)
 
-    async def _open(self, name: str, protocol: str, app: web.Application, bind: str, port: int) -> None:
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    async def _open(self, name: str, protocol: str, app: web.Application, bind: str, port: int, **server) -> None:
+        runner = web.AppRunner(app, access_log=None, handle_signals=False, logger=CLIENT_ERRORS, **server)
         await runner.setup()
         site = web.TCPSite(runner, bind, port, reuse_address=True)
         try:

@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import resource
 import time
 from dataclasses import dataclass, field
 
 from amqp_server.shared.alarms import DISK, MEMORY, ResourceAlarms, resident_memory
 from amqp_server.shared.login_throttle import LoginThrottle
+from amqp_server.shared.figures import open_files
 from amqp_server.management.rates import RateSampler
 
 # The RabbitMQ release whose API (and definitions format) hutch answers as.
@@ -35,6 +35,16 @@ class Node:
     stopping: asyncio.Event = field(default_factory=asyncio.Event)  # set when the listeners close
     links: object = None  # amqp_server.links.supervisor.Links, once the broker has started it
 
+    def __post_init__(self) -> None:
+        self.sampler.figures = self.figures
+
+    def figures(self) -> dict:
+        """RabbitMQ's node_stats figures now: resident memory, file
+        descriptors and sockets in use, disk space free (as last measured
+        by the alarm check)."""
+        return {"mem_used": self.rss_bytes(), "fd_used": open_files(), "sockets_used": len(self.connections),
+                "disk_free": self.alarms.disk_free}
+
     @property
     def uptime_ms(self) -> int:
         return int((time.monotonic() - self.started) * 1000)
@@ -49,12 +59,8 @@ class Node:
         """RabbitMQ's node fields for file descriptors, disk space (as last
         measured by the alarm check) and alarms."""
         limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        try:
-            fds = len(os.listdir("/proc/self/fd"))
-        except OSError:
-            fds = 0
         alarms = self.alarms
-        return {"fd_used": fds, "fd_total": limit, "sockets_total": limit, "disk_free": alarms.disk_free,
+        return {"fd_used": open_files(), "fd_total": limit, "sockets_total": limit, "disk_free": alarms.disk_free,
                 "disk_free_limit": alarms.disk_free_limit, "mem_alarm": MEMORY in alarms.raised,
                 "disk_free_alarm": DISK in alarms.raised}
 
@@ -62,3 +68,4 @@ class Node:
     def rss_bytes() -> int:
         """Resident memory of this process (RabbitMQ's mem_used, rss strategy)."""
         return resident_memory()
+

@@ -226,6 +226,9 @@ def publish(req) -> dict:
     body = req.body()
     missing_keys(body, ("routing_key", "properties", "payload", "payload_encoding"))
     v = req.vhost(req.params["vhost"])
+    if v.name not in req.user.permissions:
+        # RabbitMQ publishes on a connection of the user's to the vhost, which it may not open
+        raise not_authorised("Access refused.")
     exchange = exchange_name(req.params["name"])
     routing_key = body["routing_key"]
     if not isinstance(routing_key, str):

@@ -11,6 +11,7 @@ from amqp_server.management import access, shapes
 from amqp_server.management.errors import not_found
 from amqp_server.management.listing import present
 from amqp_server.management.node import COMPATIBLE_VERSION
+from amqp_server.management.rates import NODE_FIGURES
 
 EXCHANGE_TYPE_DESCRIPTIONS = {
     "direct": "AMQP direct exchange, as per the AMQP specification",
@@ -33,7 +34,7 @@ def _visible_connections(req) -> list:
 
 
 def overview(req) -> dict:
-    node, sampler = req.node, req.node.sampler
+    node, reading = req.node, shapes.reading_of(req)
     vhosts = access.visible_vhosts(req.user, req.broker)
     connections = _visible_connections(req)
     unacked = shapes.unacked_by_queue(req.node.connections)
@@ -45,12 +46,6 @@ def overview(req) -> dict:
         for key, value in v.stats.totals().items():
             if key in totals:
                 totals[key] += value
-    rates = {key: sum(sampler.rate(v.stats, key) for v in vhosts) for key in shapes.VHOST_STATS}
-    message_stats = {}
-    for key in shapes.VHOST_STATS:
-        message_stats[key] = totals[key]
-        message_stats[key + "_details"] = {"rate": round(rates[key], 1)}
-    ready_rate = round(sum(sampler.rate(v, "messages_ready") for v in vhosts), 1)
     return {
         "management_version": COMPATIBLE_VERSION,
         "rates_mode": "basic",
@@ -62,13 +57,9 @@ def overview(req) -> dict:
         "cluster_name": shapes.NODE,
         "disable_stats": False,
         "enable_queue_totals": False,
-        "message_stats": message_stats,
-        "churn_rates": shapes.with_rates(sampler, req.broker.churn, req.broker.churn.totals(), CHURN_FIELDS),
-        "queue_totals": {
-            "messages": ready + held, "messages_details": {"rate": ready_rate},
-            "messages_ready": ready, "messages_ready_details": {"rate": ready_rate},
-            "messages_unacknowledged": held, "messages_unacknowledged_details": {"rate": 0.0},
-        },
+        "message_stats": reading.with_rates(vhosts, totals, shapes.VHOST_STATS, "msg_rates"),
+        "churn_rates": reading.with_rates([req.broker], req.broker.churn.totals(), CHURN_FIELDS, "node_stats"),
+        "queue_totals": shapes.counts(reading, vhosts, ready, held),
         "object_totals": {
             "channels": sum(len(c.channels) for c in connections),
             "connections": len(connections),
@@ -92,14 +83,15 @@ def contexts(node) -> list[dict]:
             for protocol, _address, port in node.listeners if protocol == "http"]
 
 
-def node_info(req) -> dict:
-    node = req.node
-    return {
+def node_info(req, reading=None) -> dict:
+    node, reading = req.node, reading or shapes.reading_of(req)
+    figures = node.figures()
+    out = {
         "name": shapes.NODE,
         "type": "disc",
         "running": True,
         "os_pid": str(os.getpid()),
-        "mem_used": node.rss_bytes(),
+        "mem_used": figures["mem_used"],
         "mem_limit": node.memory_limit,
         "partitions": [],
         "processors": os.cpu_count() or 1,
@@ -114,7 +106,7 @@ def node_info(req) -> dict:
         "db_dir": node.config.data_dir,
         "net_ticktime": 60,
         "mem_calculation_strategy": "rss",
-        "sockets_used": len(node.connections),
+        "sockets_used": figures["sockets_used"],
         "applications": [],
         "enabled_plugins": ["rabbitmq_management", "rabbitmq_prometheus"],
         "contexts": contexts(node),
@@ -125,13 +117,19 @@ def node_info(req) -> dict:
         "io_sync_avg_time": round(node.writer.fsync_seconds * 1000 / node.writer.fsync_count, 3)
         if node.writer.fsync_count else 0.0,
         **node.resources(),
-        **shapes.with_rates(node.sampler, req.broker.churn, req.broker.churn.totals(), CHURN_FIELDS),
+        **reading.with_rates([req.broker], req.broker.churn.totals(), CHURN_FIELDS, "node_stats"),
     }
+    # RabbitMQ's node_stats fields with their rates (and samples, with a node_stats range)
+    for key in NODE_FIGURES:
+        out[key] = figures[key]
+        out[key + "_details"] = reading.details([req.broker], (key,), "node_stats")
+    return out
 
 
-def nodes(req) -> list:
+def _members(req) -> list:
     """This node; in a cluster (this node leads) also every other member,
-    with its role and replication state (hutch's `cluster_*` fields)."""
+    with its role and replication state (hutch's `cluster_*` fields) and the
+    memory, disk and descriptor figures it last published."""
     listed = [node_info(req)]
     cluster = req.node.cluster
     if cluster is not None:
@@ -142,14 +140,24 @@ def nodes(req) -> list:
             else:
                 listed.append({"name": "hutch@" + member["name"], "cluster_node": member["name"], "type": "disc",
                                "running": member["running"], "cluster_role": "follower",
-                               "replication": replication})
-    return present(listed, req.query)
+                               "replication": replication,
+                               **(cluster.figures(member["name"]) if member["running"] else {})})
+    return listed
+
+
+def nodes(req) -> list:
+    return present(_members(req), req.query)
 
 
 def node(req) -> dict:
-    if req.params["node"] != shapes.NODE:
-        raise not_found()
-    return node_info(req)
+    """One node: this one, or (on a cluster's leader) a member."""
+    if req.params["node"] == shapes.NODE:
+        return node_info(req)
+    if req.node.cluster is not None:
+        for member in _members(req)[1:]:
+            if member["name"] == req.params["node"]:
+                return member
+    raise not_found()
 
 
 def whoami(req) -> dict:

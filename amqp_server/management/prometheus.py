@@ -155,6 +155,7 @@ def render(node, per_object: bool = False) -> str:
     out.one("rabbitmq_process_resident_memory_bytes", GAUGE, "Memory used in bytes", node.rss_bytes())
     out.one("rabbitmq_resident_memory_limit_bytes", GAUGE, "Memory high watermark in bytes", node.memory_limit)
     out.one("rabbitmq_erlang_uptime_seconds", GAUGE, "Node uptime", round(node.uptime_ms / 1000, 3))
+    _disk_metrics(out, node.alarms.disk_free, node.alarms.disk_free_limit)
     out.one("rabbitmq_alarms_memory_used_watermark", UNTYPED, "is 1 if VM memory watermark alarm is in effect",
             int(MEMORY in node.alarms.raised))
     out.one("rabbitmq_alarms_free_disk_space_watermark", UNTYPED,
@@ -196,9 +197,19 @@ def _cluster_metrics(out: Exposition, status: dict) -> None:
                [({"follower": n["name"]}, n["lag_seconds"]) for n in connected])
 
 
-def render_follower(name: str, state: str, position: int, leader: str | None) -> str:
-    """What a cluster's follower exposes (it runs no broker)."""
+def _disk_metrics(out: Exposition, free: int, limit: int) -> None:
+    out.one("rabbitmq_disk_space_available_bytes", GAUGE, "Disk space available in bytes", free)
+    out.one("rabbitmq_disk_space_available_limit_bytes", GAUGE, "Free disk space low watermark in bytes", limit)
+
+
+def render_follower(name: str, state: str, position: int, leader: str | None, figures: dict) -> str:
+    """What a cluster's follower exposes (it runs no broker): its role and
+    replication, and its own memory and disk (`figures`:
+    amqp_server.shared.figures.member_figures)."""
     out = Exposition()
+    out.one("rabbitmq_process_resident_memory_bytes", GAUGE, "Memory used in bytes", figures["mem_used"])
+    out.one("rabbitmq_resident_memory_limit_bytes", GAUGE, "Memory high watermark in bytes", figures["mem_limit"])
+    _disk_metrics(out, figures["disk_free"], figures["disk_free_limit"])
     out.one("hutch_cluster_role", GAUGE, "1 for this node's role in the cluster (leader or follower)", 1,
             {"node": name, "role": "follower"})
     out.one("hutch_cluster_follower_in_sync_state", GAUGE, "1 while following the live stream, 0 while syncing",

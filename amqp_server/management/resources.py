@@ -128,6 +128,7 @@ def delete_exchange(req):
 
 def queues(req) -> list:
     vhosts = _in_vhosts(req, req.params.get("vhost"))
+    reading = shapes.reading_of(req)
     connections = req.node.connections
     unacked = shapes.unacked_by_queue(connections)
     unacked_bytes = shapes.unacked_bytes_by_queue(connections)
@@ -135,7 +136,7 @@ def queues(req) -> list:
 
     def shape(pair) -> dict:
         v, q = pair
-        return shapes.queue(req.node.sampler, q, unacked[q], unacked_bytes[q], consumers.get(q, []),
+        return shapes.queue(reading, q, unacked[q], unacked_bytes[q], consumers.get(q, []),
                             v.policy_for("queue", q.name), v.operator_policy_for("queue", q.name))
 
     return present([(v, v.queues[n]) for v in vhosts for n in sorted(v.queues)], req.query, shape,
@@ -154,7 +155,7 @@ def queue(req) -> dict:
     v, q = find_queue(req)
     connections = req.node.connections
     consumers = shapes.consumers_by_queue(connections).get(q, [])
-    out = shapes.queue(req.node.sampler, q, shapes.unacked_by_queue(connections)[q],
+    out = shapes.queue(shapes.reading_of(req), q, shapes.unacked_by_queue(connections)[q],
                        shapes.unacked_bytes_by_queue(connections)[q], consumers, v.policy_for("queue", q.name),
                        v.operator_policy_for("queue", q.name))
     out["consumer_details"] = [shapes.consumer(ch, c) for ch, c in consumers]

@@ -92,28 +92,31 @@ _TABLE = [
     ("/api/policies/{vhost}", {"GET": (policies.policies, M)}),
     ("/api/policies/{vhost}/{name}", {"GET": (policies.policy, M), "PUT": (policies.put_policy, M),
                                       "DELETE": (policies.delete_policy, M)}),
-    ("/api/operator-policies", {"GET": (_op(policies.policies), A)}),
-    ("/api/operator-policies/{vhost}", {"GET": (_op(policies.policies), A)}),
+    ("/api/operator-policies", {"GET": (_op(policies.policies), M)}),
+    ("/api/operator-policies/{vhost}", {"GET": (_op(policies.policies), M)}),
     ("/api/operator-policies/{vhost}/{name}", {"GET": (_op(policies.policy), A), "PUT": (_op(policies.put_policy), A),
                                                "DELETE": (_op(policies.delete_policy), A)}),
-    # runtime and global parameters (the policymaker rule of single parameters is in the handlers)
+    # runtime and global parameters (the policymaker rule of single parameters is in the handlers;
+    # global parameters are a policymaker's, as in RabbitMQ)
     ("/api/parameters", {"GET": (parameters.parameters, P)}),
     ("/api/parameters/{component}", {"GET": (parameters.parameters, P)}),
     ("/api/parameters/{component}/{vhost}", {"GET": (parameters.parameters, P)}),
     ("/api/parameters/{component}/{vhost}/{name}", {"GET": (parameters.parameter, P),
                                                     "PUT": (parameters.put_parameter, P),
                                                     "DELETE": (parameters.delete_parameter, P)}),
-    ("/api/global-parameters", {"GET": (parameters.global_parameters, A)}),
-    ("/api/global-parameters/{name}", {"GET": (parameters.global_parameter, A),
-                                       "PUT": (parameters.put_global_parameter, A),
-                                       "DELETE": (parameters.delete_global_parameter, A)}),
-    # shovels and federation (the plugins' management routes)
-    ("/api/shovels", {"GET": (links.shovels, M)}),
-    ("/api/shovels/{vhost}", {"GET": (links.shovels, M)}),
-    ("/api/shovels/vhost/{vhost}/{name}", {"GET": (links.shovel, M), "DELETE": (links.delete_shovel, P)}),
+    ("/api/global-parameters", {"GET": (parameters.global_parameters, P)}),
+    ("/api/global-parameters/{name}", {"GET": (parameters.global_parameter, P),
+                                       "PUT": (parameters.put_global_parameter, P),
+                                       "DELETE": (parameters.delete_global_parameter, P)}),
+    # shovels and federation (the plugins' management routes: reading needs the monitoring tag, as in
+    # RabbitMQ; deleting or restarting a shovel is changing a parameter: the policymaker rule of
+    # parameters, where RabbitMQ lets any monitoring user do it, in any vhost)
+    ("/api/shovels", {"GET": (links.shovels, MON)}),
+    ("/api/shovels/{vhost}", {"GET": (links.shovels, MON)}),
+    ("/api/shovels/vhost/{vhost}/{name}", {"GET": (links.shovel, MON), "DELETE": (links.delete_shovel, P)}),
     ("/api/shovels/vhost/{vhost}/{name}/restart", {"DELETE": (links.restart_shovel, P)}),
-    ("/api/federation-links", {"GET": (links.federation_links, M)}),
-    ("/api/federation-links/{vhost}", {"GET": (links.federation_links, M)}),
+    ("/api/federation-links", {"GET": (links.federation_links, MON)}),
+    ("/api/federation-links/{vhost}", {"GET": (links.federation_links, MON)}),
     # limits
     ("/api/vhost-limits", {"GET": (limits.vhost_limits, M)}),
     ("/api/vhost-limits/{vhost}", {"GET": (limits.vhost_limits, M)}),

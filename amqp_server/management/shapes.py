@@ -14,41 +14,35 @@ from collections import Counter
 from urllib.parse import quote
 
 from vhosts.node import NODE
+from amqp_server.management.rates import LENGTHS, QUEUE_STATS, VHOST_STATS, Reading  # noqa: F401 - for the handlers
 
 
-QUEUE_STATS = ("ack", "deliver", "deliver_get", "deliver_no_ack", "get", "get_empty", "get_no_ack", "publish",
-               "redeliver")
-VHOST_STATS = QUEUE_STATS + ("confirm", "drop_unroutable", "return_unroutable")
 
 
-def with_rates(sampler, subject, totals: dict, keys) -> dict:
-    """{key: total, key_details: {rate}} for each key."""
-    out = {}
-    for key in keys:
-        out[key] = totals[key]
-        out[key + "_details"] = {"rate": sampler.rate(subject, key)}
-    return out
+def reading_of(req) -> Reading:
+    """The rates and, when the query asks for a range, their samples, as this
+    request reads them (a 400 for an invalid range)."""
+    return Reading(req.node.sampler, req.query)
 
 
-def message_stats(sampler, stats, keys) -> dict | None:
+def message_stats(reading, subject, stats, keys) -> dict | None:
     """RabbitMQ shows message_stats only for objects that saw messages."""
     totals = stats.totals()
     if not any(totals[key] for key in keys):
         return None
-    return with_rates(sampler, stats, totals, keys)
+    return reading.with_rates([subject], totals, keys, "msg_rates")
 
 
-def counts(sampler, subject, ready: int, unacked: int) -> dict:
-    out = {
+def counts(reading, subjects: list, ready: int, unacked: int) -> dict:
+    """The lengths of a queue, or the sums over `subjects` (queues or vhosts)."""
+    return {
         "messages": ready + unacked,
-        "messages_details": {"rate": 0.0},
+        "messages_details": reading.details(subjects, LENGTHS, "lengths"),
         "messages_ready": ready,
-        "messages_ready_details": {"rate": sampler.rate(subject, "messages_ready")},
+        "messages_ready_details": reading.details(subjects, ("messages_ready",), "lengths"),
         "messages_unacknowledged": unacked,
-        "messages_unacknowledged_details": {"rate": 0.0},
+        "messages_unacknowledged_details": reading.details(subjects, ("messages_unacknowledged",), "lengths"),
     }
-    out["messages_details"]["rate"] = out["messages_ready_details"]["rate"]
-    return out
 
 
 # -- who holds what ------------------------------------------------------------
@@ -87,7 +81,7 @@ def consumers_by_queue(connections) -> dict:
 # -- vhosts, users, permissions -------------------------------------------------
 
 
-def vhost(sampler, vhost, unacked: Counter, connections) -> dict:
+def vhost(reading, vhost, unacked: Counter, connections) -> dict:
     ready = sum(q.message_count for q in vhost.queues.values())
     held = sum(unacked[q] for q in vhost.queues.values())
     clients = [c for c in list(connections) if c.vhost is vhost]
@@ -99,12 +93,13 @@ def vhost(sampler, vhost, unacked: Counter, connections) -> dict:
         "name": vhost.name,
         "tags": list(vhost.tags),
         "tracing": vhost.tracing,
-        **counts(sampler, vhost, ready, held),
+        **counts(reading, [vhost], ready, held),
     }
     for key in ("recv_oct", "send_oct"):
         out[key] = sum(getattr(c, key) for c in clients)
-        out[key + "_details"] = {"rate": round(sum(sampler.rate(c, key) for c in clients), 1)}
-    stats = message_stats(sampler, vhost.stats, VHOST_STATS)
+        # over its open connections, as the totals (each connection keeps its own history)
+        out[key + "_details"] = reading.details(clients, (key,), "data_rates")
+    stats = message_stats(reading, vhost, vhost.stats, VHOST_STATS)
     if stats is not None:
         out["message_stats"] = stats
     return out
@@ -150,7 +145,7 @@ def default_exchange(vhost_name: str, user_name: str) -> dict:
             "type": "direct", "user_who_performed_action": user_name, "vhost": vhost_name}
 
 
-def queue(sampler, q, unacked: int, unacked_bytes: int, consumers: list, policy=None,
+def queue(reading, q, unacked: int, unacked_bytes: int, consumers: list, policy=None,
           operator_policy=None) -> dict:
     """`policy`, `operator_policy`: the `vhosts.policies.Policy` and
     `OperatorPolicy` that apply, if any (the queue runs with their
@@ -161,7 +156,7 @@ def queue(sampler, q, unacked: int, unacked_bytes: int, consumers: list, policy=
     out = {
         "arguments": q.arguments,
         "auto_delete": q.auto_delete,
-        "consumers": len(q.consumers),
+        "consumers": q.consumer_count,  # a stream's counts its stream-protocol subscriptions too
         "consumer_capacity": 1.0 if q.consumers else 0,
         "consumer_utilisation": 1.0 if q.consumers else None,
         "durable": q.durable,
@@ -186,9 +181,9 @@ def queue(sampler, q, unacked: int, unacked_bytes: int, consumers: list, policy=
         "state": "running",
         "type": q.kind,
         "vhost": q.vhost,
-        **counts(sampler, q, ready, unacked),
+        **counts(reading, [q], ready, unacked),
     }
-    stats = message_stats(sampler, q.stats, QUEUE_STATS)
+    stats = message_stats(reading, q, q.stats, QUEUE_STATS)
     if stats is not None:
         out["message_stats"] = stats
     return out
@@ -247,7 +242,7 @@ def _local(connection) -> tuple[str, int]:
     return (local[0], local[1]) if local else ("", 0)
 
 
-def connection(sampler, conn) -> dict:
+def connection(reading, conn) -> dict:
     peer_host, peer_port = _peer(conn)
     host, port = _local(conn)
     transport = conn.io.transport
@@ -273,10 +268,10 @@ def connection(sampler, conn) -> dict:
         "protocol": conn.protocol,
         "recv_cnt": conn.recv_cnt,
         "recv_oct": conn.recv_oct,
-        "recv_oct_details": {"rate": sampler.rate(conn, "recv_oct")},
+        "recv_oct_details": reading.details([conn], ("recv_oct",), "data_rates"),
         "send_cnt": conn.send_cnt,
         "send_oct": conn.send_oct,
-        "send_oct_details": {"rate": sampler.rate(conn, "send_oct")},
+        "send_oct_details": reading.details([conn], ("send_oct",), "data_rates"),
         "send_pend": 0,
         "ssl": ssl_object is not None,
         "ssl_cipher": cipher[0] if cipher else None,

@@ -54,6 +54,10 @@ log = logging.getLogger("hutch.mqtt")
 
 CONNECTING, REFUSING, CONNECTED = "connecting", "refusing", "connected"
 MAX_PACKET = 268435455
+# Before CONNECT is accepted a packet may not exceed this (RabbitMQ 3.12's
+# mqtt.max_packet_size_unauthenticated; 3.10 has no such limit): a client
+# that has not logged in cannot make the broker buffer a large packet.
+MAX_UNAUTHENTICATED_PACKET = 65536
 _HEADER_START = struct.Struct(">HHQ")
 
 
@@ -86,7 +90,7 @@ class MQTTConnection(ClientConnection):
         self.peer = peer
         self.sessions = sessions
         self.state = CONNECTING
-        self.reader = packets.PacketReader(min(config.max_message_size + 65536, MAX_PACKET))
+        self.reader = packets.PacketReader(MAX_UNAUTHENTICATED_PACKET)
         self.connected_at = time.time()
         self.vhost = None
         self.user = None
@@ -311,6 +315,7 @@ class MQTTConnection(ClientConnection):
         except AMQPError as exc:
             raise RefusedConnect(packets.NOT_AUTHORIZED, exc.reply_text) from None
         self.user = user
+        self.reader.max_size = min(self.config.max_message_size + 65536, MAX_PACKET)
         self.client_id = c.client_id or "mqtt-" + hex(id(self))[2:]
         self.access = Access(user, vhost_name, self.client_id)
         self.clean = c.clean

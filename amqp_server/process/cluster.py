@@ -12,15 +12,18 @@ from aiohttp import web
 from amqp_server.cluster.node import ClusterNode
 from amqp_server.management import prometheus
 from amqp_server.process.server import BrokerServer
+from amqp_server.shared.figures import member_figures
 from amqp_server.shared.config import BrokerConfig
 
 log = logging.getLogger("hutch.cluster")
 
 
 def follower_metrics(node: ClusterNode) -> web.Application:
-    """A follower's own /metrics: its replication state, not the leader's broker."""
+    """A follower's own /metrics: its replication state and its own memory
+    and disk, not the leader's broker."""
     return prometheus.follower_app(lambda: prometheus.render_follower(
-        node.name, node.follower.state, node.follower.position, node.leader))
+        node.name, node.follower.state, node.follower.position, node.leader,
+        member_figures(node.config, node.uptime_ms())))
 
 
 async def serve_node(config: BrokerConfig) -> None:

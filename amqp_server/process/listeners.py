@@ -1,4 +1,4 @@
-"""The client listeners of a node: AMQP, AMQPS, MQTT and MQTTS sockets
+"""The client listeners of a node: AMQP, AMQPS, MQTT, MQTTS, STREAM and STREAMS sockets
 (the management and Prometheus listeners are the management face's own),
 each logged as "listening for NAME on HOST:PORT", the line the tests and
 operators read the ports from."""
@@ -14,7 +14,8 @@ from amqp_server.shared.errors import ListenError
 log = logging.getLogger("hutch.server")
 
 # How each listener is named in the log, and as RabbitMQ lists its protocol
-PROTOCOLS = {"AMQP": "amqp", "AMQPS": "amqp/ssl", "MQTT": "mqtt", "MQTTS": "mqtt/ssl"}
+PROTOCOLS = {"AMQP": "amqp", "AMQPS": "amqp/ssl", "MQTT": "mqtt", "MQTTS": "mqtt/ssl",
+             "STREAM": "stream", "STREAMS": "stream/ssl"}
 
 
 def tls_context(config: BrokerConfig) -> ssl.SSLContext:
@@ -28,7 +29,8 @@ def tls_context(config: BrokerConfig) -> ssl.SSLContext:
     return context
 
 
-async def open_listeners(config: BrokerConfig, amqp_factory, mqtt_factory) -> tuple[list, list, dict]:
+async def open_listeners(config: BrokerConfig, amqp_factory, mqtt_factory,
+                         stream_factory=None) -> tuple[list, list, dict]:
     """Open every configured listener: (the asyncio servers, (protocol,
     address, port) of each socket as RabbitMQ lists listeners, protocol ->
     (protocol factory, TLS context, address) for the connections a cluster
@@ -47,6 +49,10 @@ async def open_listeners(config: BrokerConfig, amqp_factory, mqtt_factory) -> tu
         listeners.append(("MQTT", config.mqtt.port, None, mqtt_factory))
         if context is not None:
             listeners.append(("MQTTS", config.mqtt.tls_port, context, mqtt_factory))
+    if config.stream.enabled and stream_factory is not None:
+        listeners.append(("STREAM", config.stream.port, None, stream_factory))
+        if context is not None:
+            listeners.append(("STREAMS", config.stream.tls_port, context, stream_factory))
     servers, opened, acceptors = [], [], {}
     try:
         for name, port, context, factory in listeners:

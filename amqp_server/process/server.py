@@ -19,6 +19,7 @@ from amqp_server.mqtt.protocol import MQTTProtocol
 from amqp_server.mqtt.retained import RetainedMessages
 from amqp_server.mqtt.sessions import Sessions
 from amqp_server.process.listeners import open_listeners
+from amqp_server.stream.protocol import StreamNode, StreamProtocol
 from amqp_server.shared import allocator
 from amqp_server.shared.alarms import ResourceAlarms
 from amqp_server.shared.config import BrokerConfig
@@ -138,6 +139,8 @@ class BrokerServer:
         # One table for every front end: AMQP, MQTT and HTTP failures of one
         # user from one address count together.
         self.logins = LoginThrottle(config.auth_failure_delay, config.auth_failure_delay_max)
+        self.stream_node = StreamNode(self.broker, config, self.writer, self.alarms, self.logins, self.connections,
+                                      self.listeners)
         self.management = ManagementListeners(self.broker, self.connections, config, self.writer, self.monitor,
                                               self.listeners, self.alarms, self.mqtt_sessions, self.logins)
         self.links: Links | None = None  # once the AMQP listener is open (a link may point at this node)
@@ -164,7 +167,8 @@ class BrokerServer:
                                 self.writer)
 
         self.alarms.start()
-        self.servers, self.listeners[:], acceptors = await open_listeners(config, factory, mqtt_factory)
+        self.servers, self.listeners[:], acceptors = await open_listeners(
+            config, factory, mqtt_factory, lambda: StreamProtocol(self.stream_node))
         self.acceptors.update(acceptors)
         amqp_port = next(port for protocol, _host, port in self.listeners if protocol == "amqp")
         tls_port = next((port for protocol, _host, port in self.listeners if protocol == "amqp/ssl"), None)
@@ -199,6 +203,7 @@ class BrokerServer:
             connection.close_with(AMQPError(CONNECTION_FORCED, "broker forced connection closure with reason 'shutdown'"))
         for server in self.servers:
             await server.wait_closed()
+        self.stream_node.snapshot_all()
         # Everything queued reaches disk, then the summaries describe it
         # (blocking, but nothing is served any more), then the marker says so.
         await self.writer.drained()

@@ -65,6 +65,12 @@ class ManagementConfig:
     # Seconds between the samples message rates are computed from.
     # [collect_statistics_interval, in ms there]
     sample_interval: float = 5.0
+    # Largest request body in bytes (RabbitMQ's management.http.max_body_size).
+    max_body_size: int = 10000000
+    # Seconds a connection (API or metrics) may take to send a request head
+    # (from its opening or the previous answer), and the longest pause inside a
+    # body (cowboy's request_timeout, 5 s, in RabbitMQ).
+    request_timeout: float = 5.0
 
 
 @dataclass
@@ -109,6 +115,26 @@ class MQTTConfig:
     default_pass: str = "guest"
     # Unacknowledged QoS 1 deliveries per subscription. [mqtt.prefetch]
     prefetch: int = 10
+
+
+@dataclass
+class StreamConfig:
+    """The RabbitMQ stream protocol listener (RabbitMQ's rabbitmq_stream plugin,
+    docs/streams.md), onto the same stream queues as AMQP 0-9-1."""
+
+    enabled: bool = True
+    port: int = 5552  # [stream.listeners.tcp]
+    # The stream protocol over TLS, with the certificate and key of `tls`, when
+    # those are set. [stream.listeners.ssl]
+    tls_port: int = 5551
+    # Host and port metadata tells clients to connect to (RabbitMQ's
+    # advertised_host/advertised_port); None: the cluster's advertised host or
+    # else the address the client reached, and this node's stream port.
+    advertised_host: str | None = None
+    advertised_port: int | None = None
+    # Largest frame accepted and proposed in Tune; heartbeat seconds proposed. [stream.frame_max, stream.heartbeat]
+    frame_max: int = 1048576
+    heartbeat: int = 60
 
 
 @dataclass
@@ -200,4 +226,5 @@ class BrokerConfig:
     prometheus: PrometheusConfig = field(default_factory=PrometheusConfig)
     dead_letter_log: DeadLetterLogConfig = field(default_factory=DeadLetterLogConfig)
     mqtt: MQTTConfig = field(default_factory=MQTTConfig)
+    stream: StreamConfig = field(default_factory=StreamConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)

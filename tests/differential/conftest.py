@@ -61,15 +61,27 @@ def rabbitmq_url() -> str:
     return url
 
 
-@pytest.fixture
-def rabbitmq_api(rabbitmq_url):
+def rabbitmq_management(rabbitmq_url: str) -> tuple[int, tuple[str, str]]:
     """(port, credentials) of the reference RabbitMQ's management API
-    ($DIFFERENTIAL_RABBITMQ_API, else http://127.0.0.1:15672)."""
+    ($DIFFERENTIAL_RABBITMQ_API, else http://127.0.0.1:15672); a skip, or a
+    failure in CI, when it does not answer."""
     url = urlparse(os.environ.get("DIFFERENTIAL_RABBITMQ_API") or "http://127.0.0.1:15672")
     credentials = (urlparse(rabbitmq_url).username or "guest", urlparse(rabbitmq_url).password or "guest")
-    if call(url.port, "GET", "/api/overview", auth=credentials).status != 200:
-        pytest.skip("no RabbitMQ management API at %s" % url.geturl())
+    try:
+        status = call(url.port, "GET", "/api/overview", auth=credentials).status
+    except OSError as exc:
+        status = exc
+    if status != 200:
+        reason = "no RabbitMQ management API at %s (%s); tests/prepare.sh enables it" % (url.geturl(), status)
+        if _in_ci():
+            pytest.fail(reason + " [CI is set, so this is a failure, not a skip]", pytrace=False)
+        pytest.skip(reason)
     return url.port, credentials
+
+
+@pytest.fixture
+def rabbitmq_api(rabbitmq_url):
+    return rabbitmq_management(rabbitmq_url)
 
 
 @pytest.fixture

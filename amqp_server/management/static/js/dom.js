@@ -27,6 +27,14 @@ export function clear(el) {
   return el;
 }
 
+// Replace el's content. What is awaited for it is awaited before anything is
+// removed (fill(el, table(await ...))), so two refreshes that overlap leave
+// one table, not two (`clear(el).append(table(await ...))` empties first).
+export function fill(el, ...children) {
+  el.replaceChildren();
+  return append(el, children);
+}
+
 export const enc = encodeURIComponent;
 
 export function link(hash, text) {
@@ -81,9 +89,17 @@ export function facts(rows) {
     rows.filter((row) => row).map(([label, content]) => h('tr', null, h('th', null, label), h('td', null, content)))));
 }
 
+// What RabbitMQ's UI asks before it acts on a form it marks "confirm".
+export const CONFIRM_DELETE = 'Are you sure? This object cannot be recovered after deletion.';
+export const CONFIRM_DELETE_QUEUE = 'Are you sure? The queue is going to be deleted. '
+  + 'Messages cannot be recovered after deletion.';
+export const CONFIRM_PURGE = 'Are you sure? Messages cannot be recovered after purging.';
+
 // A form of labelled fields; `submit(values, form)` may return a message
-// (or throw one), shown beside the button.
-export function form(id, fields, label, submit) {
+// (or throw one), shown beside the button. With `confirm` (a text, or
+// values -> text) a destructive form asks first, as RabbitMQ's UI does, and
+// does nothing when the answer is no.
+export function form(id, fields, label, submit, confirm = null) {
   const note = h('span', { class: 'note', role: 'status' });
   const el = h('form', { class: 'box', id },
     fields.map((f) => [h('label', { for: id + '-' + f.name }, f.label), field(id, f)]),
@@ -97,6 +113,7 @@ export function form(id, fields, label, submit) {
     }
     note.className = 'note';
     note.textContent = '';
+    if (confirm && !window.confirm(typeof confirm === 'function' ? confirm(values) : confirm)) return;
     try {
       const message = await submit(values, el);
       note.className = 'note ok';

@@ -30,6 +30,7 @@ const ROUTES = [
   ['queues', queues.list, 'management', 'queues'],
   ['queues/{vhost}/{name}', queues.one, 'management', 'queues'],
   ['dead-letters', hutch.deadLetters, 'management', 'dead-letters'],
+  ['nodes/{name}', overview.node, 'monitoring', 'overview'],
   ['users', admin.users, 'administrator', 'admin'],
   ['users/{name}', admin.user, 'administrator', 'admin'],
   ['vhosts', admin.vhosts, 'administrator', 'admin'],
@@ -73,7 +74,8 @@ function selectedVhost() {
   return sessionStorage.getItem('hutch.vhost') || null;
 }
 
-const context = { can, vhost: selectedVhost, refresh: () => refreshNow(), vhostsChanged: () => fillVhosts() };
+const context = { can, vhost: selectedVhost, user: () => (user ? user.name : null), refresh: () => refreshNow(),
+                  vhostsChanged: () => fillVhosts() };
 
 function match(segments) {
   for (const [pattern, page, tag, tab] of ROUTES) {

@@ -2,7 +2,7 @@
 // #/policies, #/limits (administrators; policies for policymakers too).
 
 import * as api from '../api.js';
-import { h, clear, enc, num, link, facts, section, form, table, json, parseObject } from '../dom.js';
+import { h, clear, fill, enc, num, link, facts, section, form, table, json, parseObject, CONFIRM_DELETE } from '../dom.js';
 import { pagedList } from '../list.js';
 
 const TAGS = ['administrator', 'monitoring', 'policymaker', 'management', 'impersonator'];
@@ -34,15 +34,16 @@ export async function users(view) {
   return refresh;
 }
 
-export async function user(view, params) {
+export async function user(view, params, ctx) {
   const path = '/users/' + enc(params.name);
   const info = h('div');
   const perms = h('div');
   const vhosts = (await api.get('/vhosts?columns=name')).map((v) => [v.name, v.name]);
+  const shown = await api.get(path);  // the update form starts from what the user has
   const refresh = async () => {
     const u = await api.get(path);
     clear(info).append(facts([['Tags', tagList(u.tags)], ['Limits', json(u.limits)]]));
-    clear(perms).append(table([
+    fill(perms, table([
       ['Virtual host', (p) => p.vhost], ['Configure', (p) => p.configure], ['Write', (p) => p.write],
       ['Read', (p) => p.read],
       ['', (p) => h('button', { type: 'button', onclick: async () => {
@@ -65,12 +66,15 @@ export async function user(view, params) {
     })),
   section('Update this user', form('update-user', [
     { name: 'password', label: 'New password (empty: keep)', type: 'password' },
-    { name: 'tags', label: 'Tags', value: '' },
+    { name: 'tags', label: 'Tags (comma separated)', value: tagList(shown.tags), placeholder: TAGS.join(', ') },
   ], 'Update user', async (v) => {
+    // RabbitMQ's PUT replaces the user: send what was not changed as it is
     const current = await api.get(path);
     const body = { tags: v.tags };
     if (v.password) body.password = v.password; else body.password_hash = current.password_hash;
     await api.put(path, body);
+    // a user changing its own password goes on with the new one
+    if (v.password && params.name === ctx.user()) api.signIn(params.name, v.password);
     await refresh();
     return 'User updated.';
   })),
@@ -78,7 +82,7 @@ export async function user(view, params) {
     await api.del(path);
     location.hash = '#/users';
     return 'Deleted.';
-  })));
+  }, CONFIRM_DELETE)));
   return refresh;
 }
 
@@ -114,7 +118,7 @@ export async function vhost(view, params, ctx) {
     const v = await api.get(path);
     clear(info).append(facts([['Description', v.description || ''], ['Tags', tagList(v.tags)],
       ['Messages', num(v.messages)], ['Tracing', v.tracing ? 'yes' : 'no']]));
-    clear(perms).append(table([
+    fill(perms, table([
       ['User', (p) => link('#/users/' + enc(p.user), p.user)], ['Configure', (p) => p.configure],
       ['Write', (p) => p.write], ['Read', (p) => p.read],
     ], await api.get(path + '/permissions'), 'No permissions'));
@@ -128,7 +132,7 @@ export async function vhost(view, params, ctx) {
         await ctx.vhostsChanged();
         location.hash = '#/vhosts';
         return 'Deleted.';
-      })));
+      }, CONFIRM_DELETE)));
   return refresh;
 }
 
@@ -136,11 +140,12 @@ export async function policies(view, _params, ctx) {
   const holder = h('div', { id: 'policies' });
   const path = () => (ctx.vhost() ? '/policies/' + enc(ctx.vhost()) : '/policies');
   const refresh = async () => {
-    clear(holder).append(table([
+    fill(holder, table([
       ['Virtual host', (p) => p.vhost], ['Name', (p) => p.name], ['Pattern', (p) => p.pattern],
       ['Apply to', (p) => p['apply-to']], ['Definition', (p) => json(p.definition)],
       ['Priority', (p) => num(p.priority), { num: true }],
       ['', (p) => h('button', { type: 'button', class: 'delete-policy', onclick: async () => {
+        if (!window.confirm(CONFIRM_DELETE)) return;
         await api.del('/policies/' + enc(p.vhost) + '/' + enc(p.name));
         await refresh();
       } }, 'Delete')],
@@ -173,10 +178,10 @@ export async function limits(view) {
       await api.del('/' + kind + '-limits/' + enc(r.owner) + '/' + enc(r.name));
       await refresh();
     } }, 'Clear');
-    clear(vhostHolder).append(table([['Virtual host', (r) => r.owner], ['Limit', (r) => r.name],
+    fill(vhostHolder, table([['Virtual host', (r) => r.owner], ['Limit', (r) => r.name],
       ['Value', (r) => num(r.value), { num: true }], ['', remove('vhost')]],
     rows(await api.get('/vhost-limits'), 'vhost'), 'No virtual host limits'));
-    clear(userHolder).append(table([['User', (r) => r.owner], ['Limit', (r) => r.name],
+    fill(userHolder, table([['User', (r) => r.owner], ['Limit', (r) => r.name],
       ['Value', (r) => num(r.value), { num: true }], ['', remove('user')]],
     rows(await api.get('/user-limits'), 'user'), 'No user limits'));
   };

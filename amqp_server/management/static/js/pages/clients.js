@@ -1,7 +1,8 @@
 // #/connections, #/connections/{name}, #/channels, #/channels/{name}.
 
 import * as api from '../api.js';
-import { h, clear, num, rate, bytes, link, enc, facts, table, section, form, json, when, queueLink } from '../dom.js';
+import { h, clear, fill, num, rate, bytes, link, enc, facts, table, section, form, json, when, queueLink,
+         CONFIRM_DELETE } from '../dom.js';
 import { pagedList } from '../list.js';
 
 const inVhost = (ctx, what) => () => (ctx.vhost() ? '/vhosts/' + enc(ctx.vhost()) + '/' + what : '/' + what);
@@ -38,7 +39,7 @@ export async function connection(view, params) {
       await api.del(path, { 'X-Reason': v.reason });
       location.hash = '#/connections';
       return 'Closed.';
-    })));
+    }, CONFIRM_DELETE)));
   return async () => {
     const c = await api.get(path);
     clear(info).append(facts([
@@ -49,7 +50,7 @@ export async function connection(view, params) {
       ['Received', bytes(c.recv_oct) + ' (' + rate(c.recv_oct_details) + ')'],
       ['Sent', bytes(c.send_oct) + ' (' + rate(c.send_oct_details) + ')'],
     ]));
-    clear(chans).append(channelTable(await api.get(path + '/channels')));
+    fill(chans, channelTable(await api.get(path + '/channels')));
   };
 }
 

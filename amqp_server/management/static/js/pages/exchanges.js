@@ -2,7 +2,7 @@
 // message, delete.
 
 import * as api from '../api.js';
-import { h, clear, enc, facts, section, form, json, rate, parseObject, exchangeLink } from '../dom.js';
+import { h, clear, enc, facts, section, form, json, rate, parseObject, exchangeLink, CONFIRM_DELETE } from '../dom.js';
 import { pagedList } from '../list.js';
 import { bindingTable, bindForm, bindingsHolder } from './bindings.js';
 
@@ -69,7 +69,7 @@ export async function one(view, params) {
       await api.del(path);
       location.hash = '#/exchanges';
       return 'Deleted.';
-    })));
+    }, CONFIRM_DELETE)));
   }
   refresh = async () => {
     const x = await api.get(path);

@@ -5,6 +5,7 @@
 import * as api from '../api.js';
 import { h, clear, enc, num, section, table, json, when, form, body, queueLink, exchangeLink } from '../dom.js';
 import { seriesChart } from '../charts.js';
+import { moveQuestion } from './queues.js';
 
 const RECENT = 500;   // records read for the counts and charts
 const SHOWN = 25;     // latest records listed
@@ -68,7 +69,7 @@ export async function deadLetters(view, _params, ctx) {
       if (v.count !== '') request.count = Number(v.count);
       const answer = await api.post('/queues/' + enc(current) + '/' + enc(v.source) + '/move', request);
       return 'Replayed ' + answer.moved + ' message(s).';
-    })));
+    }, (v) => moveQuestion(v.source, v))));
 
   async function refresh() {
     const path = '/hutch/dead-letters/' + enc(current);

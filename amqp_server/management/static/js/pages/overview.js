@@ -1,16 +1,20 @@
-// #/ : queued messages and message rates over time, totals, the nodes with
-// their memory, disk and alarms (monitoring users, as in RabbitMQ), the
-// listeners, and definitions export and import (administrators).
+// #/ : queued messages and message rates over the chosen range (the
+// broker's samples), totals, the nodes with their cluster role, in-sync
+// state and lag, memory, disk and alarms (monitoring users, as in
+// RabbitMQ), the listeners, and definitions export and import
+// (administrators). #/nodes/{name}: one node.
 
 import * as api from '../api.js';
-import { h, clear, num, bytes, section, table, form, enc } from '../dom.js';
-import { lineChart } from '../charts.js';
+import { h, clear, fill, num, bytes, section, table, form, enc, facts, link } from '../dom.js';
+import { historyChart, rangePicker, rangeQuery } from '../charts.js';
 
 const RATES = ['publish', 'confirm', 'deliver_get', 'redeliver', 'ack', 'get', 'drop_unroutable'];
+const LENGTHS = ['messages_ready', 'messages_unacknowledged', 'messages'];
 
-export function rateValues(stats) {
+// {label: details} of `keys` in `stats` (a message_stats or queue totals object)
+export function detailsOf(stats, keys) {
   const out = {};
-  for (const key of RATES) out[key] = stats && stats[key + '_details'] ? stats[key + '_details'].rate : 0;
+  for (const key of keys) out[key] = stats ? stats[key + '_details'] : undefined;
   return out;
 }
 
@@ -26,19 +30,37 @@ function sizeBars(root) {
   for (const bar of root.querySelectorAll('.bar i')) bar.style.width = (Number(bar.dataset.share) * 100) + '%';
 }
 
+// A cluster member's replication, as /api/nodes reports it (hutch's
+// `cluster_role` and `replication`: state, in_sync, lag_bytes, lag_seconds).
+function lag(n) {
+  const r = n.replication || {};
+  if (n.cluster_role === 'leader') return '-';
+  if (r.lag_bytes === null || r.lag_bytes === undefined) return '';
+  return bytes(r.lag_bytes) + ' / ' + Number(r.lag_seconds || 0).toFixed(1) + ' s';
+}
+
+const memory = (n) => ('mem_used' in n ? usage(n.mem_used, n.mem_limit, n.mem_alarm,
+  bytes(n.mem_used) + ' of ' + bytes(n.mem_limit) + ' high watermark') : '');
+const disk = (n) => ('disk_free' in n ? usage(n.disk_free_limit, n.disk_free, n.disk_free_alarm,
+  bytes(n.disk_free) + ' free (limit ' + bytes(n.disk_free_limit) + ')') : '');
+
+// The cluster's name of a member, when its node name does not say it.
+function memberName(n) {
+  return n.cluster_node && !n.name.endsWith('@' + n.cluster_node) ? ' (' + n.cluster_node + ')' : '';
+}
+
 function nodeTable(nodes) {
-  const roles = nodes.some((n) => 'role' in n);
-  const lags = nodes.some((n) => 'lag' in n || 'replication_lag' in n);
+  const clustered = nodes.some((n) => 'cluster_role' in n);
   const columns = [
-    ['Name', (n) => n.name],
-    roles ? ['Role', (n) => n.role || ''] : null,
-    lags ? ['Lag', (n) => num(n.lag !== undefined ? n.lag : n.replication_lag), { num: true }] : null,
+    ['Name', (n) => [link('#/nodes/' + enc(n.name), n.name), memberName(n)]],
+    clustered ? ['Role', (n) => n.cluster_role || ''] : null,
+    clustered ? ['In sync', (n) => ((n.replication || {}).in_sync ? 'yes' : h('span', { class: 'alarm' }, 'no'))] : null,
+    clustered ? ['Replication', (n) => (n.replication || {}).state || ''] : null,
+    clustered ? ['Lag', lag, { num: true }] : null,
     ['Running', (n) => (n.running === false ? h('span', { class: 'alarm' }, 'down') : 'yes')],
-    ['Memory', (n) => usage(n.mem_used, n.mem_limit, n.mem_alarm,
-      bytes(n.mem_used) + ' of ' + bytes(n.mem_limit) + ' high watermark')],
-    ['Disk free', (n) => usage(n.disk_free_limit, n.disk_free, n.disk_free_alarm,
-      bytes(n.disk_free) + ' (limit ' + bytes(n.disk_free_limit) + ')')],
-    ['File descriptors', (n) => num(n.fd_used) + ' / ' + num(n.fd_total)],
+    ['Memory', memory],
+    ['Disk free', disk],
+    ['File descriptors', (n) => ('fd_used' in n ? num(n.fd_used) + ' / ' + num(n.fd_total) : '')],
     ['Uptime', (n) => (n.uptime ? Math.round(n.uptime / 60000) + ' min' : '')],
   ].filter(Boolean);
   const el = table(columns, nodes);
@@ -47,26 +69,26 @@ function nodeTable(nodes) {
 }
 
 export async function page(view, _params, ctx) {
-  const queued = lineChart('Queued messages', ['messages_ready', 'messages_unacknowledged', 'messages']);
-  const rates = lineChart('Message rates', RATES, '/s');
+  const queued = historyChart('Queued messages', LENGTHS, 'lengths');
+  const rates = historyChart('Message rates', RATES, 'rates', '/s');
   const totals = h('div', { id: 'totals' });
   const nodes = h('div', { id: 'nodes' });
   const listeners = h('div', { id: 'listeners' });
-  view.append(h('h1', null, 'Overview'), h('div', { class: 'charts' }, queued.element, rates.element),
-    section('Totals', totals));
+  view.append(h('h1', null, 'Overview'), rangePicker(() => ctx.refresh()),
+    h('div', { class: 'charts' }, queued.element, rates.element), section('Totals', totals));
   if (ctx.can('monitoring')) view.append(section('Nodes', nodes));
   view.append(section('Ports and contexts', listeners));
   if (ctx.can('administrator')) view.append(definitionsSection(ctx));
 
   return async () => {
     const vhost = ctx.vhost();
-    const o = await api.get('/overview');
+    const ranges = rangeQuery('lengths', 'msg_rates');
+    const o = await api.get('/overview?' + ranges);
     // With one vhost selected, charts and totals follow it, as in RabbitMQ.
-    const scope = vhost ? await api.get('/vhosts/' + enc(vhost)) : null;
+    const scope = vhost ? await api.get('/vhosts/' + enc(vhost) + '?' + ranges) : null;
     const queueTotals = scope || o.queue_totals || {};
-    queued.push({ messages_ready: queueTotals.messages_ready, messages_unacknowledged: queueTotals.messages_unacknowledged,
-                  messages: queueTotals.messages });
-    rates.push(rateValues(scope ? scope.message_stats : o.message_stats));
+    queued.show(detailsOf(queueTotals, LENGTHS));
+    rates.show(detailsOf(scope ? scope.message_stats : o.message_stats, RATES));
     const t = o.object_totals || {};
     clear(totals).append(table([
       ['Connections', () => num(t.connections), { num: true }],
@@ -79,10 +101,43 @@ export async function page(view, _params, ctx) {
       ['Total', () => num(queueTotals.messages), { num: true }],
     ], [o]), h('p', { class: 'muted' }, o.product_name + ' ' + o.product_version + ' on node ' + o.node
                                            + (vhost ? ' - virtual host ' + vhost : '')));
-    if (ctx.can('monitoring')) clear(nodes).append(nodeTable(await api.get('/nodes')));
+    if (ctx.can('monitoring')) fill(nodes, nodeTable(await api.get('/nodes')));
     clear(listeners).append(table([
       ['Protocol', (l) => l.protocol], ['Bound to', (l) => l.ip_address], ['Port', (l) => l.port, { num: true }],
     ], o.listeners || []));
+  };
+}
+
+// #/nodes/{name}: one node's figures, its cluster role and replication,
+// and (the node serving the API, which keeps their history) charts.
+export async function node(view, params, ctx) {
+  const path = '/nodes/' + enc(params.name);
+  const info = h('div', { id: 'node-details' });
+  const used = historyChart('Memory used', ['mem_used'], 'lengths');
+  const files = historyChart('File descriptors', ['fd_used', 'sockets_used'], 'lengths');
+  const charts = h('div', { class: 'charts' }, used.element, files.element);
+  view.append(h('h1', null, 'Node ', h('b', null, params.name)), info, rangePicker(() => ctx.refresh()), charts);
+  return async () => {
+    const n = await api.get(path + '?' + rangeQuery('node_stats'));
+    const r = n.replication || {};
+    const el = facts([
+      n.cluster_role ? ['Role', n.cluster_role] : null,
+      n.cluster_role ? ['In sync', r.in_sync ? 'yes' : 'no'] : null,
+      n.cluster_role ? ['Replication', r.state || ''] : null,
+      n.cluster_role ? ['Lag', lag(n)] : null,
+      ['Running', n.running === false ? 'no' : 'yes'],
+      ['Memory', memory(n)], ['Disk free', disk(n)],
+      ['File descriptors', 'fd_used' in n ? num(n.fd_used) + ' / ' + num(n.fd_total) : ''],
+      ['Uptime', n.uptime ? Math.round(n.uptime / 60000) + ' min' : ''],
+      ['Process', n.os_pid ? 'pid ' + n.os_pid + ', ' + num(n.processors) + ' processors' : ''],
+    ]);
+    sizeBars(el);
+    clear(info).append(el);
+    charts.hidden = !n.mem_used_details;  // a member's history is kept on the member, not here
+    if (n.mem_used_details) {
+      used.show({ mem_used: n.mem_used_details });
+      files.show({ fd_used: n.fd_used_details, sockets_used: n.sockets_used_details });
+    }
   };
 }
 

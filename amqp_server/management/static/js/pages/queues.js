@@ -2,9 +2,11 @@
 // stream details, consumers, bindings, get / peek / move, purge, delete.
 
 import * as api from '../api.js';
-import { h, clear, enc, num, rate, bytes, facts, section, form, json, parseObject, queueLink } from '../dom.js';
+import { h, clear, enc, num, rate, bytes, facts, section, form, json, parseObject, queueLink, CONFIRM_DELETE_QUEUE,
+         CONFIRM_PURGE } from '../dom.js';
 import { pagedList } from '../list.js';
-import { lineChart } from '../charts.js';
+import { historyChart, rangePicker, rangeQuery } from '../charts.js';
+import { detailsOf } from './overview.js';
 import { consumerTable } from './clients.js';
 import { bindingTable, bindForm, bindingsHolder } from './bindings.js';
 
@@ -24,6 +26,13 @@ function features(q) {
 
 function stat(q, key) {
   return rate(q.message_stats && q.message_stats[key + '_details']);
+}
+
+// What the move form asks first (hutch's words; a move takes the messages out of the queue).
+export function moveQuestion(source, v) {
+  const count = v.count === '' ? 'All messages' : v.count + ' message(s)';
+  return 'Are you sure? ' + count + ' of queue ' + source + ' are going to be moved to ' + v.kind + ' '
+    + v.destination + '.';
 }
 
 export async function list(view, _params, ctx) {
@@ -86,7 +95,9 @@ function messageTable(messages) {
   ])]));
 }
 
-export async function one(view, params) {
+const RATES = ['publish', 'deliver_get', 'ack', 'redeliver'];
+
+export async function one(view, params, ctx) {
   const { vhost, name } = params;
   const path = '/queues/' + enc(vhost) + '/' + enc(name);
   const info = h('div');
@@ -95,8 +106,8 @@ export async function one(view, params) {
   const consumers = h('div');
   const bindings = bindingsHolder();
   const got = h('div', { id: 'got-messages' });
-  const queued = lineChart('Queued messages', ['messages_ready', 'messages_unacknowledged']);
-  const rates = lineChart('Message rates', ['publish', 'deliver_get', 'ack', 'redeliver'], '/s');
+  const queued = historyChart('Queued messages', ['messages_ready', 'messages_unacknowledged'], 'lengths');
+  const rates = historyChart('Message rates', RATES, 'rates', '/s');
   let refresh;
   const getForm = form('get-messages', [
     { name: 'ackmode', label: 'Ack mode', type: 'select', value: 'ack_requeue_true', options: [
@@ -119,7 +130,7 @@ export async function one(view, params) {
       return messages.length + ' message(s) at the head; none taken.';
     });
   view.append(h('h1', null, 'Queue ', h('b', { id: 'queue-name' }, name),
-    h('span', { class: 'muted' }, ' in virtual host ' + vhost)),
+    h('span', { class: 'muted' }, ' in virtual host ' + vhost)), rangePicker(() => ctx.refresh()),
   h('div', { class: 'charts' }, queued.element, rates.element), section('Details', info),
   section('Message states (hutch)', states, h('p', { class: 'muted' },
     'alpha: body and position in memory; beta: body on disk; gamma: body on disk, position also in the index; '
@@ -141,12 +152,12 @@ export async function one(view, params) {
     const answer = await api.post(path + '/move', body);
     refresh();
     return 'Moved ' + answer.moved + ' message(s).';
-  })),
+  }, (v) => moveQuestion(name, v))),
   section('Purge', form('purge', [], 'Purge messages', async () => {
     await api.del(path + '/contents');
     refresh();
     return 'Purged.';
-  })),
+  }, CONFIRM_PURGE)),
   section('Delete', form('delete-queue', [
     { name: 'if_unused', label: 'Only if unused', type: 'checkbox' },
     { name: 'if_empty', label: 'Only if empty', type: 'checkbox' },
@@ -154,16 +165,12 @@ export async function one(view, params) {
     await api.del(path + '?if-unused=' + v.if_unused + '&if-empty=' + v.if_empty);
     location.hash = '#/queues';
     return 'Deleted.';
-  })));
+  }, CONFIRM_DELETE_QUEUE)));
 
   refresh = async () => {
-    const q = await api.get(path);
-    queued.push(q);
-    const stats = {};
-    for (const key of ['publish', 'deliver_get', 'ack', 'redeliver']) {
-      stats[key] = q.message_stats && q.message_stats[key + '_details'] ? q.message_stats[key + '_details'].rate : 0;
-    }
-    rates.push(stats);
+    const q = await api.get(path + '?' + rangeQuery('lengths', 'msg_rates'));
+    queued.show(detailsOf(q, ['messages_ready', 'messages_unacknowledged']));
+    rates.show(detailsOf(q.message_stats, RATES));
     clear(info).append(facts([
       ['Type', q.type || 'classic'], ['State', q.state], ['Features', features(q)],
       ['Arguments', json(q.arguments)], ['Policy', q.policy || ''],
