@@ -37,6 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="spark.sql.shuffle.partitions (default %(default)s; raise it for big logs on a cluster)")
     parser.add_argument("--starting-offsets", default="earliest", help="earliest (default), latest or an offset")
     parser.add_argument("--ending-offsets", default="latest", help="batch jobs: latest (default) or an offset")
+    parser.add_argument("--fail-on-data-loss", choices=("true", "false"), default="true",
+                        help="true (default): fail when records were deleted by retention before they were read; "
+                             "false: warn and go on (the source's failOnDataLoss)")
     parser.add_argument("--window", default="1 hour", help="time window of the by-* jobs (default %(default)s)")
     parser.add_argument("--top", type=int, default=10, help="queues in top-queues and the report")
     parser.add_argument("--samples", type=int, default=3, help="messages per reason in samples")
@@ -80,11 +83,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(spark, args: argparse.Namespace, fmt: str) -> int:
     from spark_sink import jobs, output, report, stream
-    from spark_sink.source import NAME
+    from spark_sink.source import NAME, STREAM_NAME
 
     options = jobs.JobOptions(window=args.window, top=args.top, samples=args.samples)
     source = {"url": args.url, "vhost": args.vhost, "username": args.username, "password": args.password,
-              "startingOffsets": args.starting_offsets}
+              "startingOffsets": args.starting_offsets, "failOnDataLoss": args.fail_on_data_loss}
     if args.stream is not None:
         source["stream"] = args.stream
     try:
@@ -96,7 +99,8 @@ def _run(spark, args: argparse.Namespace, fmt: str) -> int:
                                  available_now=args.once, title=args.title, echo=print)
             query.awaitTermination()
             return 0
-        reader = spark.read.format(NAME).option("endingOffsets", args.ending_offsets)
+        reader = spark.read.format(NAME if args.stream is None else STREAM_NAME)
+        reader = reader.option("endingOffsets", args.ending_offsets)
         for key, value in source.items():
             reader = reader.option(key, value)
         df = reader.load()
@@ -121,10 +125,10 @@ def _reader_error(exc: Exception) -> str | None:
     """The DeadLetterLogError message inside `exc`, if that is what it is."""
     if isinstance(exc, DeadLetterLogError):
         return str(exc)
-    marker = "DeadLetterLogError: "
     for line in str(exc).splitlines():
-        if marker in line:
-            return line.split(marker, 1)[1].strip()
+        for marker in ("DeadLetterLogError: ", "DataLossError: "):
+            if marker in line:
+                return line.split(marker, 1)[1].strip()
     return None
 
 

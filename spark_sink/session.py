@@ -1,5 +1,5 @@
 """A SparkSession for the dead-letter jobs: Java checked first, UTC time,
-the hutch-dead-letters data source registered, and on a cluster the
+the hutch-dead-letters and hutch-stream data sources registered, and on a cluster the
 spark_sink package shipped to the executors (they run its reader)."""
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ def build_session(master: str = "local[*]", app_name: str = "hutch-dead-letters"
     check_java()
     from pyspark.sql import SparkSession
 
-    from spark_sink.source import DeadLetterSource
+    from spark_sink.source import DeadLetterSource, StreamSource
 
     session = (SparkSession.builder.master(master).appName(app_name)
                .config("spark.sql.session.timeZone", "UTC")
@@ -77,4 +77,5 @@ def build_session(master: str = "local[*]", app_name: str = "hutch-dead-letters"
     if not master.startswith("local"):
         session.sparkContext.addPyFile(_package_zip())
     session.dataSource.register(DeadLetterSource)
+    session.dataSource.register(StreamSource)
     return session

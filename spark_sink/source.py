@@ -1,18 +1,30 @@
-"""The "hutch-dead-letters" PySpark data source (Python Data Source API).
+"""The PySpark data sources of hutch's offset-addressed logs (Python Data
+Source API): "hutch-dead-letters" reads a vhost's dead-letter log,
+"hutch-stream" a stream queue.
 
     spark.dataSource.register(DeadLetterSource)
+    spark.dataSource.register(StreamSource)
     spark.read.format("hutch-dead-letters").option("url", ...).load()
     spark.readStream.format("hutch-dead-letters").option(...).load()
-    spark.read.format("hutch-dead-letters").option("stream", "orders").load()
+    spark.read.format("hutch-stream").option("stream", "orders").load()
+
+"hutch-dead-letters" with the stream option reads the stream too: the name
+streams were first read under, kept as an alias.
 
 Options (case-insensitive): url (management API, default
 http://127.0.0.1:15672), vhost ("/"), username/password ("guest"),
-stream (read that stream queue instead of the dead-letter log: columns
-STREAM_SCHEMA, offsets the stream's),
-startingOffsets (earliest, latest or an offset; default earliest),
-endingOffsets (batch only: latest or an offset), maxRecordsPerTrigger
-(streaming), recordsPerPartition (default 10000), pageSize (records per HTTP
-request, default 1000).
+stream (the stream queue to read: columns STREAM_SCHEMA, offsets the
+stream's; "hutch-stream" needs it), startingOffsets (earliest, latest or an
+offset; default earliest), endingOffsets (batch only: latest or an offset),
+maxRecordsPerTrigger (streaming), recordsPerPartition (default 10000),
+wireFormat (streams: arrow, the default, reads Arrow IPC pages
+(format=arrow) handed to Spark as record batches; json reads the JSON
+pages; a broker without PyArrow answers 406 and the reader falls back to
+JSON with a warning), pageSize (records per HTTP request, default 10000 for
+Arrow, 1000 for JSON), failOnDataLoss (true,
+the default: a read that finds records deleted by retention before it got
+to them fails, saying which offsets; false: it logs a warning and goes on
+at the first record kept; Kafka's option of that name).
 
 Theory of operation: the driver asks the broker for the log's bounds and
 plans offset ranges [start, end), one InputPartition each; executors read
@@ -21,12 +33,18 @@ offset is {"offset": N}, the next offset to read; Spark keeps it in the
 checkpoint, so a restarted query plans the same ranges again and reads the
 same records (the broker only exposes records already on disk, and offsets
 are never reused): replay is deterministic while the broker keeps them.
+Retention can delete records between two reads (a query stopped for longer
+than the stream keeps them; a range planned on the driver and read later):
+the executor reading the range sees the log's first offset past where it
+should start and reports the loss (`_Options.lost`), as the driver does for
+a startingOffsets below the first offset kept.
 """
 from __future__ import annotations
 
 import base64
 import datetime
 import json
+import logging
 from collections.abc import Iterator, Sequence
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
@@ -34,10 +52,14 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 from pyspark.sql.types import (ArrayType, BinaryType, IntegerType, LongType, StringType, StructField, StructType,
                                TimestampType)
 
-from spark_sink.client import DEFAULT_URL, PAGE_SIZE, DeadLetterClient
+from spark_sink.client import DEFAULT_URL, PAGE_SIZE, ArrowRefused, DataLossError, DeadLetterClient
 
-NAME = "hutch-dead-letters"
+NAME = "hutch-dead-letters"  # the dead-letter log (and, with the stream option, a stream: an alias)
+STREAM_NAME = "hutch-stream"  # a stream queue
 RECORDS_PER_PARTITION = 10000
+ARROW_PAGE_SIZE = 10000  # records per Arrow page (the broker's most; it also stops at 16 MiB)
+
+log = logging.getLogger("spark_sink")
 
 SCHEMA = StructType([
     StructField("offset", LongType(), False),
@@ -140,7 +162,35 @@ class _Options:
         self.ending = lower.get("endingoffsets", "latest")
         self.max_per_trigger = _positive(lower, "maxrecordspertrigger", None)
         self.per_partition = _positive(lower, "recordsperpartition", RECORDS_PER_PARTITION)
-        self.page_size = _positive(lower, "pagesize", PAGE_SIZE)
+        self.wire = lower.get("wireformat", "arrow").strip().lower()
+        if self.wire not in ("arrow", "json"):
+            raise ValueError("option wireFormat must be arrow or json, got %r" % self.wire)
+        if self.stream is None:
+            self.wire = "json"  # the dead-letter log is served as JSON only
+        self.page_size = _positive(lower, "pagesize", ARROW_PAGE_SIZE if self.wire == "arrow" else PAGE_SIZE)
+        self.fail_on_data_loss = _boolean(lower, "failondataloss", True)
+
+    def describe(self) -> str:
+        if self.stream is None:
+            return "the dead-letter log of vhost %r" % self.vhost
+        return "stream %r in vhost %r" % (self.stream, self.vhost)
+
+    def lost(self, start: int, end: int, first: int) -> None:
+        """Offsets [start, end) were deleted by retention before they were
+        read: DataLossError, or a warning when failOnDataLoss is false."""
+        message = "offsets %d to %d of %s were deleted by retention before they were read (the first kept is %d)" % (
+            start, end - 1, self.describe(), first)
+        if self.fail_on_data_loss:
+            raise DataLossError(message + "; set the option failOnDataLoss to false to skip them with a warning")
+        log.warning("%s: skipped, as failOnDataLoss is false", message)
+
+    def start_at(self, first: int, next_: int) -> int:
+        """Where startingOffsets starts, reporting a loss when it names an
+        offset retention deleted."""
+        start = self.resolve(self.starting, first, next_)
+        if start < first:
+            self.lost(start, first, first)
+        return max(start, first)
 
     def client(self) -> DeadLetterClient:
         return DeadLetterClient(self.url, self.vhost, self.username, self.password, stream=self.stream)
@@ -164,9 +214,24 @@ class _Options:
         step = self.per_partition
         return [OffsetRange(s, min(s + step, end)) for s in range(start, end, step)]
 
-    def read(self, partition: OffsetRange) -> Iterator[tuple]:
+    def read(self, partition: OffsetRange) -> Iterator:
+        """Rows of `partition`: Arrow record batches as the broker sent them
+        (Spark takes them without a step per record), or tuples from JSON
+        pages (the dead-letter log; wireFormat json; a broker without PyArrow)."""
+        client = self.client()
+        if self.wire == "arrow":
+            batches = client.arrow_batches(partition.start, partition.end, self.page_size, self.lost)
+            try:
+                first = next(batches, None)
+            except ArrowRefused as exc:
+                log.warning("%s; reading JSON pages instead", exc)
+            else:
+                if first is not None:
+                    yield first
+                    yield from batches
+                return
         row = to_row if self.stream is None else stream_row
-        for record in self.client().records(partition.start, partition.end, self.page_size):
+        for record in client.records(partition.start, partition.end, self.page_size, self.lost):
             yield row(record)
 
 
@@ -179,7 +244,19 @@ def _positive(options: dict, key: str, default: int | None) -> int | None:
     return value
 
 
+def _boolean(options: dict, key: str, default: bool) -> bool:
+    value = options.get(key)
+    if value is None:
+        return default
+    if str(value).strip().lower() in ("true", "false"):
+        return str(value).strip().lower() == "true"
+    raise ValueError("option %s must be true or false, got %r" % (key, value))
+
+
 class DeadLetterSource(DataSource):
+    """hutch-dead-letters: the dead-letter log, or with the stream option a
+    stream (the alias hutch-stream replaced)."""
+
     @classmethod
     def name(cls) -> str:
         return NAME
@@ -194,11 +271,25 @@ class DeadLetterSource(DataSource):
         return StreamReader(_Options(self.options))
 
 
+class StreamSource(DeadLetterSource):
+    """hutch-stream: a stream queue, named by the stream option."""
+
+    @classmethod
+    def name(cls) -> str:
+        return STREAM_NAME
+
+    def schema(self) -> StructType:
+        if _Options(self.options).stream is None:
+            raise ValueError("the %s data source reads a stream queue: name it with .option(\"stream\", NAME)"
+                             % STREAM_NAME)
+        return STREAM_SCHEMA
+
+
 class BatchReader(DataSourceReader):
     def __init__(self, options: _Options) -> None:
         self.options = options
         first, next_ = options.client().bounds()
-        self.start = max(options.resolve(options.starting, first, next_), first)
+        self.start = options.start_at(first, next_)
         self.end = min(options.resolve(options.ending, first, next_), next_)
 
     def partitions(self) -> Sequence[InputPartition]:
@@ -217,7 +308,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def initialOffset(self) -> dict:
         first, next_ = self.options.client().bounds()
-        return {"offset": max(self.options.resolve(self.options.starting, first, next_), first)}
+        return {"offset": self.options.start_at(first, next_)}
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.options.max_per_trigger:

@@ -25,8 +25,13 @@ Invariants:
   end of the file) is loaded from its indexes and that short tail, so a
   restart costs O(index entries), not O(bytes); a torn tail (a write cut
   short by a crash) fails the tail check. Any other segment is scanned record
-  by record in chunks (a torn tail is truncated and logged, a corrupt region
-  skipped and logged) and its index files rewritten. An index entry never
+  by record (a torn tail is truncated and logged, a corrupt region skipped
+  and logged) and its index files rewritten. Recovery reads the `.log`
+  through `_Recovery`: positional reads in windows of SCAN_CHUNK bytes, at
+  most two held at once, so its memory does not follow the segment's size
+  (nor a record's: a long record's CRC is computed piece by piece); after
+  damage it looks for the next record start with a regular expression over
+  a window, not a Python step per byte. An index entry never
   names a record that was not written: a batch writes the `.log` before the
   `.index` (the writer writes files in the order they were first appended
   to, and a record is appended before its index entry). File changes go
@@ -37,6 +42,7 @@ from __future__ import annotations
 import bisect
 import logging
 import os
+import re
 import struct
 import zlib
 from array import array
@@ -54,6 +60,7 @@ _INDEX_ENTRY = struct.Struct(">II")
 _TIME_ENTRY = struct.Struct(">QI")
 INDEX_INTERVAL = 4096
 READ_BUFFER = 65536  # bytes per read system call of a segment reader
+SCAN_CHUNK = 1 << 20  # bytes of a segment recovery holds at once
 
 
 def file_name(base: int, suffix: str) -> str:
@@ -160,11 +167,16 @@ class Segment:
     @classmethod
     def recover(cls, directory: str, base: int, sync: bool, writer: GroupCommitWriter) -> "Segment":
         segment = cls(directory, base, sync, _sizes(directory, base))
-        if not segment._load_indexes():
-            segment._scan(writer)
+        fd = os.open(segment.log_file.path, os.O_RDONLY)
+        try:
+            log_file = _Recovery(fd, segment.log_file.size)
+            if not segment._load_indexes(log_file):
+                segment._scan(log_file, writer)
+        finally:
+            os.close(fd)
         return segment
 
-    def _load_indexes(self) -> bool:
+    def _load_indexes(self, log_file: _Recovery) -> bool:
         """Load a sealed segment from its index files and its tail; False
         when they do not check out (the caller scans instead)."""
         size = self.log_file.size
@@ -189,32 +201,31 @@ class Segment:
                 return False
             self.time_stamps.append(timestamp)
             self.time_offsets.append(self.base + relative)
-        position, last, max_timestamp = self.index_positions[-1], -1, self.time_stamps[-1] if self.time_stamps else -1
-        for position, offset, timestamp, _payload in _valid_records(self.log_file.path, position):
+        end, last, max_timestamp = self.index_positions[-1], -1, self.time_stamps[-1] if self.time_stamps else -1
+        for _position, offset, timestamp, end in log_file.valid_records(end):
             last, max_timestamp = offset, max(max_timestamp, timestamp)
-        if position != size or last < self.index_offsets[-1] or (self.time_offsets and self.time_offsets[-1] > last):
+        if end != size or last < self.index_offsets[-1] or (self.time_offsets and self.time_offsets[-1] > last):
             return False
         self.next, self.max_timestamp = last + 1, max_timestamp
         self._since_index = size - self.index_positions[-1]
         return True
 
-    def _scan(self, writer: GroupCommitWriter) -> None:
-        """Rebuild everything from the `.log` (chunked); repair through `writer`."""
+    def _scan(self, log_file: _Recovery, writer: GroupCommitWriter) -> None:
+        """Rebuild everything from the `.log` (bounded windows); repair through `writer`."""
         self.index_offsets, self.index_positions = array("q"), array("q")
         self.time_stamps, self.time_offsets = array("q"), array("q")
         self.next, self.max_timestamp, self._since_index = self.base, -1, 0
         path, size = self.log_file.path, self.log_file.size
         end, gap, corrupt = 0, False, []
         while True:
-            for position, offset, timestamp, payload in _valid_records(path, end):
+            for position, offset, timestamp, after in log_file.valid_records(end):
                 if offset < self.next:  # not after its predecessor: damage that checks out
                     break
-                size_of = _record_size(payload)
-                self.note(offset, position, timestamp, size_of, None, force=gap)
-                gap, end = False, position + size_of
+                self.note(offset, position, timestamp, after - position, None, force=gap)
+                gap, end = False, after
             if end >= size:
                 break
-            resume = _next_valid(path, end, self.next)
+            resume = log_file.next_valid(end, self.next)
             if resume < 0:
                 break
             corrupt.append(end)
@@ -252,42 +263,105 @@ def _valid(blob: bytes, length: int) -> bool:
     return marker == record.END_MARKER and length >= HEAD.size and crc == zlib.crc32(memoryview(blob)[:length])
 
 
-def _record_size(payload: bytes) -> int:
-    return record.OVERHEAD + HEAD.size + len(payload)
+class _Recovery:
+    """Positional reads of one `.log` for recovery, in bounded windows: at
+    most two windows of about SCAN_CHUNK bytes are held at once (the one
+    searched for a record start and the one a candidate is checked in),
+    whatever the size of the segment or of a record (the CRC of a record
+    longer than a window is computed READ_BUFFER bytes at a time)."""
 
+    __slots__ = ("fd", "size", "_start", "_window", "_candidates")
 
-def _valid_records(path: str, position: int) -> Iterator[tuple[int, int, int, bytes]]:
-    """(position, offset, timestamp, payload) of the valid records from
-    `position` on, until the first that does not check out (chunked reads)."""
-    with open(path, "rb", buffering=READ_BUFFER) as f:
-        f.seek(position)
+    def __init__(self, fd: int, size: int) -> None:
+        self.fd = fd
+        self.size = size
+        self._start, self._window = 0, b""
+        self._candidates = _candidate_pattern(size)
+
+    def _view(self, position: int, n: int) -> memoryview:
+        """Bytes [position, position + n) (fewer at the end of the file); n is
+        at most SCAN_CHUNK + 3."""
+        if not (self._start <= position and position + n <= self._start + len(self._window)):
+            self._window = b""  # let go of the old window before reading the next
+            self._window, self._start = os.pread(self.fd, max(n, SCAN_CHUNK), position), position
+        i = position - self._start
+        return memoryview(self._window)[i:i + n]
+
+    def record_at(self, position: int) -> tuple[int, int, int] | None:
+        """(offset, timestamp, end) of the valid record at `position`, or None."""
+        head = bytes(self._view(position, _LENGTH.size + HEAD.size))  # a copy: keeps no window alive
+        if len(head) < _LENGTH.size + HEAD.size:
+            return None
+        length = _LENGTH.unpack_from(head)[0]
+        end = position + record.OVERHEAD + length
+        if length < HEAD.size or end > self.size:
+            return None
+        offset, timestamp = HEAD.unpack_from(head, _LENGTH.size)
+        if record.OVERHEAD + length <= SCAN_CHUNK:
+            blob = self._view(position + _LENGTH.size, length + _TRAILER.size)
+            return (offset, timestamp, end) if _valid(blob, length) else None
+        crc, marker = _TRAILER.unpack_from(os.pread(self.fd, _TRAILER.size, end - _TRAILER.size))
+        if marker != record.END_MARKER or crc != self._crc(position + _LENGTH.size, length):
+            return None
+        return offset, timestamp, end
+
+    def _crc(self, position: int, length: int) -> int:
+        value = 0
+        while length > 0:
+            piece = os.pread(self.fd, min(length, READ_BUFFER), position)
+            if not piece:
+                return -1
+            value = zlib.crc32(piece, value)
+            position, length = position + len(piece), length - len(piece)
+        return value
+
+    def valid_records(self, position: int) -> Iterator[tuple[int, int, int, int]]:
+        """(position, offset, timestamp, end) of the valid records from
+        `position` on, until the first that does not check out."""
         while True:
-            head = f.read(_LENGTH.size)
-            if len(head) < _LENGTH.size:
+            found = self.record_at(position)
+            if found is None:
                 return
-            length = _LENGTH.unpack(head)[0]
-            blob = f.read(length + _TRAILER.size)
-            if len(blob) < length + _TRAILER.size or not _valid(blob, length):
+            offset, timestamp, end = found
+            yield position, offset, timestamp, end
+            position = end
+
+    def next_valid(self, position: int, after: int) -> int:
+        """The first byte position past `position` where a valid record with
+        an offset >= `after` starts, or -1 (then the rest is a torn tail).
+        Only when recovery found damage. Each window of candidates is
+        searched with a regular expression (in C) for the positions whose
+        length field could be a record's (at least a record head, at most the
+        rest of the file: zero runs and most garbage are passed over without
+        a Python step); those are then checked one by one."""
+        last = self.size - record.OVERHEAD - HEAD.size  # the last position a record fits at
+        start = position + 1
+        while start <= last:
+            count = min(SCAN_CHUNK, last + 1 - start)
+            for i in self._lengths_at(os.pread(self.fd, count + _LENGTH.size - 1, start), count):
+                found = self.record_at(start + i)
+                if found is not None and found[0] >= after:
+                    return start + i
+            start += count
+        return -1
+
+    def _lengths_at(self, window: bytes, count: int) -> Iterator[int]:
+        """Positions below `count` in `window` where a length field could
+        start (the window and its matches go with the exhausted generator)."""
+        for match in self._candidates.finditer(window):
+            if match.start() >= count:
                 return
-            offset, timestamp = HEAD.unpack_from(blob)
-            yield position, offset, timestamp, blob[HEAD.size:length]
-            position += record.OVERHEAD + length
+            yield match.start()
 
 
-def _next_valid(path: str, position: int, after: int) -> int:
-    """The first byte position past `position` where a valid record with an
-    offset >= `after` starts, or -1 (then the rest is a torn tail). Reads the
-    rest of the segment: only when recovery found damage."""
-    with open(path, "rb") as f:
-        f.seek(position + 1)
-        data = f.read()
-    for i in range(len(data) - record.OVERHEAD + 1):
-        length = _LENGTH.unpack_from(data, i)[0]
-        end = i + record.OVERHEAD + length
-        if end <= len(data) and _valid(data[i + _LENGTH.size:end], length) \
-                and HEAD.unpack_from(data, i + _LENGTH.size)[0] >= after:
-            return position + 1 + i
-    return -1
+def _candidate_pattern(size: int) -> "re.Pattern[bytes]":
+    """Positions whose big-endian u32 is in [HEAD.size, 2**24 * (top + 1)),
+    top = the greatest first byte a length within a file of `size` bytes has."""
+    top = min(size >> 24, 0xFF)
+    choices = [rb"\x00\x00\x00[\x10-\xff]", rb"\x00\x00[\x01-\xff].", rb"\x00[\x01-\xff].."]
+    if top:
+        choices.append(b"[\\x01-" + re.escape(bytes([top])) + b"]...")
+    return re.compile(b"(?=" + b"|".join(choices) + b")", re.DOTALL)
 
 
 def _sizes(directory: str, base: int) -> tuple[int, int, int]:

@@ -51,7 +51,8 @@ SUBPACKAGES: dict[str, tuple[frozenset | None, frozenset]] = {
     "amqp_server.shared": (frozenset(), frozenset()),
     "amqp_server.amqp": (frozenset({"amqp_server.shared"}), frozenset({"pamqp"})),
     "amqp_server.mqtt": (frozenset({"amqp_server.shared"}), frozenset({"pamqp"})),
-    "amqp_server.management": (frozenset({"amqp_server.shared"}), frozenset({"pamqp", "aiohttp"})),
+    # pyarrow: optional, imported by the stream API's format=arrow only (a 406 without it)
+    "amqp_server.management": (frozenset({"amqp_server.shared"}), frozenset({"pamqp", "aiohttp", "pyarrow"})),
     # shovels and federation: AMQP clients inside the broker, on a well-kept asyncio client
     # (aiormq) reading frames with the AMQP face's sans-IO codec
     "amqp_server.links": (frozenset({"amqp_server.shared", "amqp_server.amqp.framing"}),

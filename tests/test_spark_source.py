@@ -13,8 +13,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from spark_sink.client import DeadLetterClient, DeadLetterLogError
-from spark_sink.source import _Options
+from spark_sink.client import DataLossError, DeadLetterClient, DeadLetterLogError
+from spark_sink.source import OffsetRange, _Options
 
 
 class FakeLog:
@@ -83,6 +83,23 @@ def test_client_pages_through_a_range_and_skips_what_retention_removed(fake):
     assert all(limit <= 4 for _start, limit in fake.requests)
     fake.first = 10
     assert [r["offset"] for r in client.records(0, 12)] == [10, 11]
+
+
+def test_client_reports_what_retention_deleted_and_not_gaps_inside_the_log(fake):
+    fake.add(25)
+    del fake.records[15]  # a record the broker found damaged: a gap, not retention
+    fake.first = 10
+    lost = []
+    got = DeadLetterClient(fake.url).records(0, 20, page_size=4, lost=lambda *loss: lost.append(loss))
+    assert [r["offset"] for r in got] == [10, 11, 12, 13, 14, 16, 17, 18, 19]
+    assert lost == [(0, 10, 10)]  # offsets 0-9, the first kept being 10
+    with pytest.raises(DataLossError, match=r"offsets 3 to 9 of the dead-letter log of vhost '/' were deleted "
+                                            r"by retention .*failOnDataLoss"):
+        _Options({"url": fake.url}).read(OffsetRange(3, 20)).__next__()
+    rows = list(_Options({"url": fake.url, "failOnDataLoss": "false"}).read(OffsetRange(3, 12)))
+    assert [r[0] for r in rows] == [10, 11]
+    with pytest.raises(ValueError, match="failondataloss must be true or false"):
+        _Options({"failOnDataLoss": "maybe"})
 
 
 def test_client_reports_http_errors():

@@ -8,11 +8,13 @@ import contextlib
 import logging
 import os
 import struct
+import tracemalloc
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from storage.log_segment import INDEX_INTERVAL
+from storage import record
+from storage.log_segment import HEAD, INDEX_INTERVAL, SCAN_CHUNK
 from storage.stream_log import LogSettings, StreamLog, offset_at_time, read_records, segment_names
 from storage.writer import GroupCommitWriter
 
@@ -276,3 +278,55 @@ async def test_damage_found_by_a_reader_costs_at_most_an_index_interval(tmp_path
         assert offsets[:5] == [0, 1, 2, 3, 4] and 5 not in offsets
         assert offsets == sorted(offsets) and offsets[-1] == 599
         assert 600 - len(offsets) <= INDEX_INTERVAL // record_size + 1
+
+
+async def test_recovery_of_a_large_damaged_segment_holds_a_bounded_window(tmp_path, caplog):
+    """A 40 MiB segment (1 KiB records and three of 3 MiB, longer than a
+    recovery window) damaged three ways: 8 MiB zeroed in the middle (a lost
+    extent), one byte flipped in a big record, garbage over the tail. Recovery
+    keeps exactly the records outside the damage, with their payloads, and
+    never holds more than a few windows of the file (tracemalloc peak), where
+    reading the rest of the segment at the first damage holds tens of MiB."""
+    sizes = [1024] * 36_000
+    for i in (5_000, 20_000, 30_000):
+        sizes[i] = 3 << 20
+    payloads = [bytes([i % 251]) * n for i, n in enumerate(sizes)]
+    async with running_writer() as writer:
+        log = open_log(tmp_path / "s", writer, segment_bytes=1 << 30)
+        await append_all(log, payloads)
+    path = tmp_path / "s" / segment_names(str(tmp_path / "s"))[0]
+    starts = [0]
+    for n in sizes:
+        starts.append(starts[-1] + record.OVERHEAD + HEAD.size + n)
+    assert os.path.getsize(path) == starts[-1]
+    zeroed = (starts[12_000] + 100, starts[12_000] + 100 + (8 << 20))
+    flipped = starts[20_000] + 2_000_000  # inside the big record 20,000
+    torn = starts[len(sizes) - 3] + 10  # cuts the last three records off
+    with open(path, "r+b") as f:
+        f.seek(zeroed[0])
+        f.write(bytes(zeroed[1] - zeroed[0]))
+        f.seek(flipped)
+        byte = f.read(1)
+        f.seek(flipped)
+        f.write(bytes([byte[0] ^ 0xFF]))
+        f.seek(torn)
+        f.write(b"\x00\x00\x01\x00" + b"garbage" * 100)
+        f.truncate()
+    lost = {i for i in range(len(sizes)) if starts[i] < zeroed[1] and starts[i + 1] > zeroed[0]}
+    lost |= {20_000, len(sizes) - 3, len(sizes) - 2, len(sizes) - 1}
+    async with running_writer() as writer:
+        tracemalloc.start()
+        try:
+            with caplog.at_level(logging.ERROR, logger="hutch.storage"):
+                again = open_log(tmp_path / "s", writer, segment_bytes=1 << 30)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak < 3 * SCAN_CHUNK, "recovery held %d bytes" % peak
+        assert "corrupt region" in caplog.text and "torn tail" in caplog.text
+        segments, limit = again.snapshot()
+        kept = [(o, len(p), p[:1]) for o, _t, p in read_records(segments, 0, 10**9, limit, 0)]
+        assert [o for o, _n, _b in kept] == [i for i in range(len(sizes)) if i not in lost]
+        assert all(n == sizes[o] and b == bytes([o % 251]) for o, n, b in kept)
+        assert again.next_offset == len(sizes) - 3
+        assert await append_all(again, [b"after"]) == [len(sizes) - 3]
