@@ -4,7 +4,9 @@
 #
 # 1. Debian packages: RabbitMQ with its plugins (the differential tests in tests/differential and
 #    the hutchctl tests compare hutch with it), Mosquitto (the MQTT differential tests start their
-#    own), etcd (the cluster tests start their own, tests/cluster_kit.py), the rabbitmq-c tools,
+#    own), etcd (the cluster tests start their own, tests/cluster_kit.py), nftables, iproute2 and
+#    faketime (the partition harness, tests/partition_kit.py: network namespaces partitioned
+#    with nftables, a clock skewed with libfaketime), the rabbitmq-c tools,
 #    php-amqplib and Ruby's Bunny (clients compared on hutch and RabbitMQ), a Java runtime (Spark,
 #    for spark_sink and its tests), a C compiler (the install builds the C twins of the hot paths,
 #    amqp_server/amqp/_framing.c), Chromium with its WebDriver (tests/test_ui.py), and Node.js
@@ -44,6 +46,9 @@ declare -A NEEDED_BY=(
     [php-amqplib]="tests/differential/test_diff_clients.py (php-amqplib)"
     [ruby-bunny]="tests/differential/test_diff_clients.py (Bunny)"
     [etcd-server]="the cluster tests (tests/test_cluster_*.py)"
+    [nftables]="the partition harness (tests/test_cluster_partitions.py, bench/partitions.py)"
+    [iproute2]="the partition harness (tests/test_cluster_partitions.py, bench/partitions.py)"
+    [faketime]="the partition harness's clock-skew fault (bench/partitions.py)"
     [nodejs]="the JavaScript stream client's test (tests/test_stream_protocol.py)"
     [npm]="the JavaScript stream client's test (tests/test_stream_protocol.py)"
 )
@@ -60,6 +65,9 @@ command -v php >/dev/null 2>&1 || missing+=(php-cli)
 [ -e /usr/share/php/PhpAmqpLib/autoload.php ] || missing+=(php-amqplib)
 installed ruby-bunny || missing+=(ruby-bunny)
 command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
+command -v nft >/dev/null 2>&1 || missing+=(nftables)
+command -v ip >/dev/null 2>&1 || missing+=(iproute2)
+[ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] || missing+=(faketime)
 command -v node >/dev/null 2>&1 || missing+=(nodejs)
 command -v npm >/dev/null 2>&1 || missing+=(npm)
 

@@ -17,8 +17,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def spawn(args, log_lines: list, env: dict | None = None, on_line=None) -> subprocess.Popen:
-    """`python -m cli.server *args`, run from the repository root so that this
+def spawn(args, log_lines: list, env: dict | None = None, on_line=None, wrap: list = ()) -> subprocess.Popen:
+    """`python -m cli.server *args` (after the command `wrap`, which runs it:
+    `ip netns exec ...` for tests/partition_kit.py), run from the repository root so that this
     checkout's code is what runs, in the caller's environment without its
     HUTCH_* settings (which would override `args`), plus `env`. A daemon
     thread appends each line of its stderr (the log) to `log_lines` and hands
@@ -26,7 +27,7 @@ def spawn(args, log_lines: list, env: dict | None = None, on_line=None) -> subpr
     file: the process exited)."""
     environ = {k: v for k, v in os.environ.items() if not k.startswith("HUTCH_")}
     environ.update(env or {})
-    process = subprocess.Popen([sys.executable, "-m", "cli.server", *args], cwd=ROOT, env=environ,
+    process = subprocess.Popen([*wrap, sys.executable, "-m", "cli.server", *args], cwd=ROOT, env=environ,
                                stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
 
     def pump() -> None:

@@ -22,6 +22,8 @@ CASES = {
                             {"DIFFERENTIAL_RABBITMQ_API": "http://" + CLOSED}, "no RabbitMQ management API"),
     "rabbitmq stream plugin": ("tests/differential/test_diff_stream_protocol.py::test_same_as_rabbitmq[raw_codes]",
                                {"DIFFERENTIAL_RABBITMQ_STREAM_PORT": "1"}, "RabbitMQ's stream plugin"),
+    "partition harness": ("tests/test_cluster_partitions.py::test_partitions_of_the_leader_lose_nothing_and_heal",
+                          {"PATH": "/nonexistent"}, "missing ip, nft, unshare, etcd"),
     "node": ("tests/test_stream_protocol.py::test_javascript_stream_client", {"PATH": "/nonexistent"},
              "node or tests/client_scripts/node_modules missing"),
 }
