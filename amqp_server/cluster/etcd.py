@@ -168,6 +168,14 @@ class Etcd:
                     grpc.aio.AioRpcError, asyncio.TimeoutError, OSError) as exc:
                 problem = exc
                 await self._drop()
+            except aetcd.exceptions.ClientError as exc:
+                # aetcd's bare ClientError wraps a status it has no class for, such as the UNKNOWN
+                # "context deadline exceeded" of a member without quorum: etcd did not answer.
+                # Its subclasses (a failed precondition, a compacted revision...) are answers.
+                if type(exc) is not aetcd.exceptions.ClientError:
+                    raise
+                problem = exc
+                await self._drop()
         raise EtcdUnavailable(str(problem) or type(problem).__name__)
 
     async def _drop(self) -> None:
