@@ -20,7 +20,8 @@ import aio_pika
 import pika
 import pytest
 
-from amqp_server.shared.config import BrokerConfig, ManagementConfig, MQTTConfig, PrometheusConfig, StorageConfig
+from amqp_server.shared.config import (BrokerConfig, ManagementConfig, MQTTConfig, PrometheusConfig, StorageConfig,
+                                       StreamConfig)
 from amqp_server.process.server import BrokerServer
 from conftest import launch
 from helpers import connect, drain, unique
@@ -290,7 +291,7 @@ async def started(data_dir) -> BrokerServer:
                           storage=StorageConfig(vm_memory_high_watermark_absolute=4000000000, paging_ratio=0.0005,
                                                         segment_entries=1024),
                           management=ManagementConfig(enabled=False), prometheus=PrometheusConfig(enabled=False),
-                          mqtt=MQTTConfig(enabled=False))
+                          mqtt=MQTTConfig(enabled=False), stream=StreamConfig(enabled=False))
     broker = BrokerServer(config)
     await broker.start()
     broker.port = broker.servers[0].sockets[0].getsockname()[1]
