@@ -9,7 +9,7 @@
 #    with nftables, a clock skewed with libfaketime), the rabbitmq-c tools,
 #    php-amqplib and Ruby's Bunny (clients compared on hutch and RabbitMQ), a Java runtime (Spark,
 #    for spark_sink and its tests), a C compiler (the install builds the C twins of the hot paths,
-#    amqp_server/amqp/_framing.c), Chromium with its WebDriver (tests/test_ui.py), and Node.js
+#    amqp_server/amqp/_framing.c; with make and zlib's headers, bench/streambench), Chromium with its WebDriver (tests/test_ui.py), and Node.js
 #    with npm (the JavaScript stream client, which step 3 installs).
 #    Run as root with apt-get at hand, it installs what is missing; otherwise it says what is
 #    missing and which tests will skip (or fail, when CI is set).
@@ -39,6 +39,8 @@ declare -A NEEDED_BY=(
     [rabbitmq-server]="the differential tests (tests/differential), the hutchctl tests against RabbitMQ"
     [mosquitto]="tests/test_mqtt_differential.py"
     [gcc]="the C twins' tests (tests/test_fastpath.py, tests/test_framing.py)"
+    [make]="the stream load generator's test (tests/test_streambench.py)"
+    [zlib1g-dev]="the stream load generator's test (tests/test_streambench.py: it checks chunk CRCs with zlib)"
     [chromium]="the web UI's browser tests (tests/test_ui.py)"
     [chromium-driver]="the web UI's browser tests (tests/test_ui.py)"
     [amqp-tools]="tests/differential/test_diff_clients.py (rabbitmq-c tools)"
@@ -58,6 +60,8 @@ command -v java >/dev/null 2>&1 || missing+=(default-jre-headless)
 installed rabbitmq-server || missing+=(rabbitmq-server)
 command -v mosquitto >/dev/null 2>&1 || missing+=(mosquitto)
 command -v cc >/dev/null 2>&1 || missing+=(gcc)
+command -v make >/dev/null 2>&1 || missing+=(make)
+[ -e /usr/include/zlib.h ] || missing+=(zlib1g-dev)
 installed chromium || missing+=(chromium)
 installed chromium-driver || missing+=(chromium-driver)
 command -v amqp-publish >/dev/null 2>&1 || missing+=(amqp-tools)
