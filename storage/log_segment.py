@@ -162,6 +162,29 @@ class Segment:
                 position = self.index_positions[i]
                 f.seek(position)
 
+    def raw(self, start: int, end: int, max_bytes: int) -> bytes:
+        """The bytes of whole records from the index entry at or before
+        `start` up to `end` (a durable size): about `max_bytes` of them (more
+        when the first record is longer), possibly cut inside the last
+        record; b"" when the file is gone. Unchecked: the caller checks each
+        record (chunks.chunks_python does) and reads damaged ones with
+        `records`."""
+        position = self.position_of(start)
+        try:
+            fd = os.open(self.log_file.path, os.O_RDONLY)
+        except FileNotFoundError:
+            return b""  # deleted by retention meanwhile
+        try:
+            count = min(end - position, max_bytes)
+            data = os.pread(fd, count, position)
+            if len(data) >= _LENGTH.size:
+                whole = record.OVERHEAD + _LENGTH.unpack_from(data)[0]
+                if len(data) < whole <= end - position:
+                    data = os.pread(fd, whole, position)
+            return data
+        finally:
+            os.close(fd)
+
     # -- recovery (blocking, before the broker serves) -----------------------
 
     @classmethod

@@ -207,6 +207,17 @@ class StreamLog:
         segments, limit = self.snapshot()
         self._writer.read(lambda: read_records(segments, start, max_records, limit, max_bytes), done)
 
+    def read_raw(self, start: int, max_bytes: int, then: Callable[[bytes, int], object],
+                 done: Callable[[object], None]) -> None:
+        """The unchecked bytes of records from (at most an index interval
+        before) offset `start` on, about `max_bytes` (`raw_records`), given
+        with the offset limit to `then` on the reader thread; `done` gets
+        what `then` returned (or an exception) on the loop. The bulk read of
+        a consumer that turns records into its protocol's frames there."""
+        self.retain()
+        segments, limit = self.snapshot()
+        self._writer.read(lambda: then(raw_records(segments, start, limit, max_bytes), limit), done)
+
     def find_time(self, timestamp: float, done: Callable[[int | Exception], None]) -> None:
         """The offset of the first record at or after `timestamp` (seconds),
         or next_offset if none, computed on the reader thread."""
@@ -263,6 +274,21 @@ def read_records(segments: list[Segment], start: int, max_records: int, limit: i
             if len(out) >= max_records or (max_bytes and taken >= max_bytes):
                 return out
     return out
+
+
+def raw_records(segments: list[Segment], start: int, limit: int, max_bytes: int) -> bytes:
+    """Blocking: the bytes of the segment holding offset `start` (or of the
+    next one, when `start` is past its last record), from the index entry at
+    or before `start`, below its durable size (invariant 2; records at or
+    past `limit` may follow and are the caller's to leave), about
+    `max_bytes`. b"" when there is nothing at or after `start`."""
+    i = max(bisect.bisect_right([s.base for s in segments], start) - 1, 0)
+    while i < len(segments) and segments[i].base < limit:
+        segment = segments[i]
+        if start < segment.next:
+            return segment.raw(start, segment.durable_size, max_bytes)
+        i += 1
+    return b""
 
 
 def offset_at_time(segments: list[Segment], timestamp: int, limit: int) -> int:

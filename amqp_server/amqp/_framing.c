@@ -5,9 +5,12 @@
  *          arguments decoded).
  * deliver: fastpath.deliver_python (a whole basic.deliver: method frame,
  *          content header, body frames, as one bytes object).
+ * stream_chunks: amqp_server.stream.chunks.chunks_python (log records of a
+ *          stream to the stream protocol's Deliver frames, in bulk).
  *
  * Each must give exactly what its Python twin gives for every input;
- * tests/test_framing.py and tests/test_fastpath.py compare them. Neither
+ * tests/test_framing.py, tests/test_fastpath.py and
+ * tests/test_stream_chunks.py compare them. Neither
  * raises on malformed wire data: scan stops before anything it does not
  * like and framing.FrameReader reports it.
  */
@@ -294,9 +297,196 @@ done:
     return out;
 }
 
+/* ---- stream_chunks ------------------------------------------------------ */
+
+/* CRC-32 (zlib's: reflected, polynomial 0xEDB88320), slicing by 8: the
+ * extension links no zlib, and a byte at a time would cost more than the
+ * rest of the consume path. */
+static uint32_t crc_table[8][256];
+
+static void crc_init(void)
+{
+    for (uint32_t n = 0; n < 256; n++) {
+        uint32_t c = n;
+        for (int k = 0; k < 8; k++)
+            c = c & 1 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+        crc_table[0][n] = c;
+    }
+    for (uint32_t n = 0; n < 256; n++)
+        for (int t = 1; t < 8; t++)
+            crc_table[t][n] = (crc_table[t - 1][n] >> 8) ^ crc_table[0][crc_table[t - 1][n] & 0xFF];
+}
+
+static uint32_t crc32_of(uint32_t crc, const unsigned char *p, Py_ssize_t n)
+{
+    crc = ~crc;
+    while (n >= 8) {
+        uint32_t a = crc ^ ((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
+        uint32_t b = (uint32_t)p[4] | (uint32_t)p[5] << 8 | (uint32_t)p[6] << 16 | (uint32_t)p[7] << 24;
+        crc = crc_table[7][a & 0xFF] ^ crc_table[6][(a >> 8) & 0xFF] ^ crc_table[5][(a >> 16) & 0xFF]
+              ^ crc_table[4][a >> 24] ^ crc_table[3][b & 0xFF] ^ crc_table[2][(b >> 8) & 0xFF]
+              ^ crc_table[1][(b >> 16) & 0xFF] ^ crc_table[0][b >> 24];
+        p += 8;
+        n -= 8;
+    }
+    while (n--)
+        crc = crc_table[0][(crc ^ *p++) & 0xFF] ^ (crc >> 8);
+    return ~crc;
+}
+
+#define STOP_END 0
+#define STOP_LIMIT 1
+#define STOP_CREDIT 2
+#define STOP_OTHER 3
+#define STOP_DAMAGED 4
+#define MAX_ENTRIES 0xFFFF
+#define RECORD_MIN 25 /* length, offset, timestamp, CRC, end marker */
+#define CHUNK_HEAD 48 /* osiris's chunk header */
+
+typedef struct {
+    Py_ssize_t at, len; /* a message's bytes in the input */
+} entry_t;
+
+/* One Deliver frame of `count` messages (chunks.deliver_frame). */
+static PyObject *chunk_frame(const unsigned char *buf, const entry_t *entries, Py_ssize_t count,
+                             Py_ssize_t data_len, unsigned subscription_id, long long committed,
+                             uint64_t first, uint64_t stamp)
+{
+    Py_ssize_t head = 4 + 2 + 2 + 1 + (committed >= 0 ? 8 : 0);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, head + CHUNK_HEAD + data_len);
+    if (out == NULL)
+        return NULL;
+    unsigned char *p = (unsigned char *)PyBytes_AS_STRING(out), *data = p + head + CHUNK_HEAD, *q = data;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        q = put32(q, (uint32_t)entries[i].len);
+        memcpy(q, buf + entries[i].at, entries[i].len);
+        q += entries[i].len;
+    }
+    p = put32(p, (uint32_t)(head - 4 + CHUNK_HEAD + data_len));
+    p = put16(p, 8); /* Deliver */
+    p = put16(p, committed >= 0 ? 2 : 1);
+    *p++ = (unsigned char)subscription_id;
+    if (committed >= 0)
+        p = put64(p, (uint64_t)committed);
+    *p++ = 0x51; /* osiris magic 5, chunk format 1 */
+    *p++ = 0;    /* a user chunk */
+    p = put16(p, (unsigned)count);
+    p = put32(p, (uint32_t)count);
+    p = put64(p, stamp);
+    p = put64(p, 1); /* epoch */
+    p = put64(p, first);
+    p = put32(p, crc32_of(0, data, data_len));
+    p = put32(p, (uint32_t)data_len);
+    memset(p, 0, 8); /* trailer length, filter size, reserved */
+    return out;
+}
+
+static PyObject *stream_chunks(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    Py_buffer view;
+    unsigned long long start, limit, max_bytes, max_chunks;
+    unsigned subscription_id;
+    long long committed;
+    if (!PyArg_ParseTuple(args, "y*KKILKK", &view, &start, &limit, &subscription_id, &committed, &max_bytes,
+                          &max_chunks))
+        return NULL;
+    const unsigned char *buf = view.buf;
+    Py_ssize_t size = view.len, pos = 0, count = 0, capacity = 1024, data_len = 0;
+    uint64_t following = start, previous = 0, first = 0, stamp = 0;
+    int stop = STOP_END;
+    entry_t *entries = PyMem_Malloc(capacity * sizeof(entry_t));
+    PyObject *frames = PyList_New(0);
+    if (entries == NULL || frames == NULL)
+        goto fail;
+    while (pos + RECORD_MIN <= size) {
+        uint32_t length = get32(buf + pos);
+        uint64_t offset = get64(buf + pos + 4);
+        Py_ssize_t end = pos + 9 + (Py_ssize_t)length;
+        if (end > size)
+            break;
+        if (length < 16 || buf[end - 1] != 0xFF || crc32_of(0, buf + pos + 4, length) != get32(buf + end - 5)) {
+            stop = STOP_DAMAGED;
+            break;
+        }
+        if (offset < start) {
+            pos = end;
+            continue;
+        }
+        if (offset >= limit) {
+            stop = STOP_LIMIT;
+            break;
+        }
+        Py_ssize_t payload = pos + 20, body_end = pos + 4 + (Py_ssize_t)length;
+        Py_ssize_t at = body_end - payload >= 5 ? payload + 5 + get16(buf + payload + 3) : body_end;
+        if (buf[payload] != 0xFF || buf[payload + 1] != 0xFF || at >= body_end) {
+            stop = STOP_OTHER;
+            break;
+        }
+        at += 1 + buf[at] + (buf[at] ? 8 : 0);
+        if (at > body_end) {
+            stop = STOP_OTHER;
+            break;
+        }
+        Py_ssize_t message = body_end - at;
+        if (count && (offset != previous + 1 || (unsigned long long)(data_len + 4 + message) > max_bytes
+                      || count == MAX_ENTRIES)) {
+            PyObject *frame = chunk_frame(buf, entries, count, data_len, subscription_id, committed, first, stamp);
+            PyObject *item = frame ? Py_BuildValue("(NKn)", frame, (unsigned long long)first, count) : NULL;
+            if (item == NULL || PyList_Append(frames, item) < 0) {
+                Py_XDECREF(item);
+                goto fail;
+            }
+            Py_DECREF(item);
+            count = data_len = 0;
+        }
+        if (!count) {
+            if ((unsigned long long)PyList_GET_SIZE(frames) == max_chunks) {
+                stop = STOP_CREDIT;
+                break;
+            }
+            first = offset;
+            stamp = get64(buf + pos + 12);
+        }
+        if (count == capacity) {
+            capacity *= 2;
+            entry_t *more = PyMem_Realloc(entries, capacity * sizeof(entry_t));
+            if (more == NULL) {
+                PyErr_NoMemory();
+                goto fail;
+            }
+            entries = more;
+        }
+        entries[count].at = at;
+        entries[count].len = message;
+        count++;
+        data_len += 4 + message;
+        previous = offset;
+        following = offset + 1;
+        pos = end;
+    }
+    if (count) {
+        PyObject *frame = chunk_frame(buf, entries, count, data_len, subscription_id, committed, first, stamp);
+        PyObject *item = frame ? Py_BuildValue("(NKn)", frame, (unsigned long long)first, count) : NULL;
+        if (item == NULL || PyList_Append(frames, item) < 0) {
+            Py_XDECREF(item);
+            goto fail;
+        }
+        Py_DECREF(item);
+    }
+    PyMem_Free(entries);
+    PyBuffer_Release(&view);
+    return Py_BuildValue("(NKi)", frames, (unsigned long long)following, stop);
+fail:
+    PyMem_Free(entries);
+    Py_XDECREF(frames);
+    PyBuffer_Release(&view);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS, "framing._scan_python in C."},
     {"deliver", (PyCFunction)(void (*)(void))deliver, METH_FASTCALL, "fastpath.deliver_python in C."},
+    {"stream_chunks", stream_chunks, METH_VARARGS, "stream.chunks.chunks_python in C."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -304,10 +494,11 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, .m_name = "_framing",
 
 /* The layout of what scan and deliver take and give; framing.C_VERSION must
  * match, so a stale build (an older layout) is ignored, not misread. */
-#define VERSION 2
+#define VERSION 3
 
 PyMODINIT_FUNC PyInit__framing(void)
 {
+    crc_init();
     PyObject *m = PyModule_Create(&module);
     if (m != NULL && PyModule_AddIntConstant(m, "VERSION", VERSION) < 0) {
         Py_DECREF(m);

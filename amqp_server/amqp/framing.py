@@ -190,7 +190,7 @@ def _content_at(buf: bytearray, pos: int, limit: int, channel: int, frame_max: i
 
 # The layout of the C twins' arguments and items (_framing.c's VERSION). A
 # build of another layout (left from an older checkout) is not used.
-C_VERSION = 2
+C_VERSION = 3
 try:
     from amqp_server.amqp import _framing as C_TWINS
 except ImportError:  # no C compiler at install time

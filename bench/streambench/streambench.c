@@ -74,10 +74,10 @@ static struct {
   int port, producers, consumers, streams, batch, confirm, credit, offset, json, quiet, keep, predeclared;
   size_t size;
   double duration, warmup, drain;
-  uint64_t pmessages;
+  uint64_t pmessages, cmessages;
   int broker_pid;
 } O = {"127.0.0.1", "guest", "guest", "/", NULL, 5552, 1, 1, 1, 100, 1000, 10, OFFSET_NEXT, 0, 0, 0, 0,
-       16, 10, 0, 10, 0, 0};
+       16, 10, 0, 10, 0, 0, 0};
 
 static atomic_int g_stop;      /* producers stop publishing */
 static atomic_int g_measuring; /* record latencies */
@@ -553,6 +553,7 @@ typedef struct {
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t g_cv = PTHREAD_COND_INITIALIZER;
 static int g_ready; /* consumers subscribed (or failed) */
+static int g_go;    /* the run starts: consumers read what came, producers publish */
 
 static void consumer_ready(consumer_t *w) {
   pthread_mutex_lock(&g_mu);
@@ -638,6 +639,11 @@ static void *consumer_main(void *arg) {
   }
   w->subscribed = 1;
   consumer_ready(w);
+  /* chunks the broker sends meanwhile wait in the socket (at most the credit), so with
+   * --offset first the measured window sees the whole read */
+  pthread_mutex_lock(&g_mu);
+  while (!g_go) pthread_cond_wait(&g_cv, &g_mu);
+  pthread_mutex_unlock(&g_mu);
   uint64_t expect_offset = UINT64_MAX, drain_deadline = 0;
   for (;;) {
     if (atomic_load(&g_drained)) {
@@ -645,7 +651,7 @@ static void *consumer_main(void *arg) {
       if (atomic_load(&w->consumed) >= want) break;
       if (!drain_deadline) drain_deadline = now_ns() + (uint64_t)(O.drain * 1e9);
       else if (now_ns() > drain_deadline) {
-        fail(&c, "read %llu message(s) of the %llu published to '%s' within %.0f s",
+        fail(&c, "read %llu message(s) of the %llu expected from '%s' within %.0f s",
              (unsigned long long)atomic_load(&w->consumed), (unsigned long long)want, stream, O.drain);
         goto out;
       }
@@ -769,6 +775,8 @@ static void usage(void) {
          "  --credit N           initial credit in chunks (default 10); one back per chunk\n"
          "  --duration S         measured seconds (default 10; --time too)   --warmup S (default 0)\n"
          "  --pmessages N        each producer publishes N messages and stops (with --duration as a cap)\n"
+         "  --cmessages N        each consumer expects N messages (default: what was published to its\n"
+         "                       stream); with --producers 0 and --offset first, reads a filled stream\n"
          "  --drain S            after the run, seconds to wait for confirms and consumers (default 10)\n"
          "  --predeclared        the streams exist: neither create nor delete them\n"
          "  --keep               do not delete the streams at the end\n"
@@ -825,7 +833,7 @@ int main(int argc, char **argv) {
       {"vhost", 1, 0, 'v'}, {"stream", 1, 0, 's'}, {"streams", 1, 0, 'S'}, {"producers", 1, 0, 'x'},
       {"consumers", 1, 0, 'y'}, {"size", 1, 0, 'z'}, {"batch", 1, 0, 'b'}, {"confirm", 1, 0, 'c'},
       {"offset", 1, 0, 'o'}, {"credit", 1, 0, 'C'}, {"duration", 1, 0, 'd'}, {"time", 1, 0, 'd'},
-      {"warmup", 1, 0, 'W'}, {"pmessages", 1, 0, 'm'}, {"drain", 1, 0, 'D'}, {"predeclared", 0, 0, 'P'},
+      {"warmup", 1, 0, 'W'}, {"pmessages", 1, 0, 'm'}, {"cmessages", 1, 0, 'M'}, {"drain", 1, 0, 'D'}, {"predeclared", 0, 0, 'P'},
       {"keep", 0, 0, 'k'}, {"broker-pid", 1, 0, 'B'}, {"json", 0, 0, 'j'}, {"quiet", 0, 0, 'q'},
       {"help", 0, 0, 'H'}, {0, 0, 0, 0}};
   int o;
@@ -853,6 +861,7 @@ int main(int argc, char **argv) {
       case 'd': O.duration = number(optarg, "--duration"); break;
       case 'W': O.warmup = number(optarg, "--warmup"); break;
       case 'm': O.pmessages = (uint64_t)number(optarg, "--pmessages"); break;
+      case 'M': O.cmessages = (uint64_t)number(optarg, "--cmessages"); break;
       case 'D': O.drain = number(optarg, "--drain"); break;
       case 'P': O.predeclared = 1; break;
       case 'k': O.keep = 1; break;
@@ -888,6 +897,8 @@ int main(int argc, char **argv) {
   }
   pthread_mutex_lock(&g_mu);
   while (g_ready < O.consumers) pthread_cond_wait(&g_cv, &g_mu);
+  g_go = 1;
+  pthread_cond_broadcast(&g_cv);
   pthread_mutex_unlock(&g_mu);
   int setup_failed = atomic_load(&g_failed);
   if (!setup_failed) {
@@ -914,12 +925,15 @@ int main(int argc, char **argv) {
       atomic_store(&g_measuring, 1);
     }
     if (t >= end_at) break;
-    if (O.pmessages) { /* a counted run ends when every message is confirmed */
-      uint64_t confirmed = 0;
-      for (int i = 0; i < O.producers; i++) confirmed += atomic_load(&P[i].confirmed);
-      if (confirmed >= O.pmessages * (uint64_t)O.producers) break;
+    if (O.pmessages || O.cmessages) { /* a counted run ends when every message is confirmed and consumed */
+      sample_t s;
+      sample(&s);
+      if ((!O.pmessages || s.confirmed >= O.pmessages * (uint64_t)O.producers) &&
+          (!O.cmessages || s.consumed >= O.cmessages * (uint64_t)O.consumers))
+        break;
     }
-    uint64_t wait = end_at - t < 100000000ull ? end_at - t : 100000000ull;
+    uint64_t step = O.pmessages || O.cmessages ? 5000000ull : 100000000ull; /* counted runs end promptly */
+    uint64_t wait = end_at - t < step ? end_at - t : step;
     struct timespec ts = {0, (long)wait};
     nanosleep(&ts, NULL);
     if (!O.quiet && now_ns() - last.at >= 1000000000ull) {
@@ -941,7 +955,7 @@ int main(int argc, char **argv) {
     pthread_join(P[i].thread, NULL);
     per_stream[i % O.streams] += atomic_load(&P[i].published);
   }
-  for (int i = 0; i < O.consumers; i++) atomic_store(&C[i].expected, per_stream[i % O.streams]);
+  for (int i = 0; i < O.consumers; i++) atomic_store(&C[i].expected, O.cmessages ? O.cmessages : per_stream[i % O.streams]);
   atomic_store(&g_drained, 1);
   for (int i = 0; i < O.consumers; i++) pthread_join(C[i].thread, NULL);
   sample_t total;
