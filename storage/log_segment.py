@@ -106,20 +106,43 @@ class Segment:
         """Account for the record `offset` written at `position`; adds index
         entries (through `writer`; None at recovery, which rewrites the files)."""
         if force or not self.index_offsets or self._since_index >= INDEX_INTERVAL:
-            self.index_offsets.append(offset)
-            self.index_positions.append(position)
+            self._index(offset, position, timestamp, writer)
             self._since_index = 0
-            if writer is not None:
-                writer.append(self.index_file, _INDEX_ENTRY.pack(offset - self.base, position))
-            if timestamp > (self.time_stamps[-1] if self.time_stamps else -1):
-                self.time_stamps.append(timestamp)
-                self.time_offsets.append(offset)
-                if writer is not None:
-                    writer.append(self.time_file, _TIME_ENTRY.pack(timestamp, offset - self.base))
         self._since_index += size
         self.next = offset + 1
         if timestamp > self.max_timestamp:
             self.max_timestamp = timestamp
+
+    @property
+    def since_index(self) -> int:
+        """Record bytes since the last index entry, as a run of appends
+        continues it (INDEX_INTERVAL when the segment has none: its first
+        record gets one)."""
+        return self._since_index if self.index_offsets else INDEX_INTERVAL
+
+    def note_run(self, first: int, count: int, position: int, timestamp: int, entries, since_index: int,
+                 writer: GroupCommitWriter) -> None:
+        """Account for `count` records from offset `first` written at once
+        from `position`, all with `timestamp`: `entries` are the index
+        entries due among them [(offset, position relative to the run)] by
+        the rule of `note`, `since_index` the bytes after the last."""
+        for offset, relative in entries:
+            self._index(offset, position + relative, timestamp, writer)
+        self._since_index = since_index
+        self.next = first + count
+        if timestamp > self.max_timestamp:
+            self.max_timestamp = timestamp
+
+    def _index(self, offset: int, position: int, timestamp: int, writer: GroupCommitWriter | None) -> None:
+        self.index_offsets.append(offset)
+        self.index_positions.append(position)
+        if writer is not None:
+            writer.append(self.index_file, _INDEX_ENTRY.pack(offset - self.base, position))
+        if timestamp > (self.time_stamps[-1] if self.time_stamps else -1):
+            self.time_stamps.append(timestamp)
+            self.time_offsets.append(offset)
+            if writer is not None:
+                writer.append(self.time_file, _TIME_ENTRY.pack(timestamp, offset - self.base))
 
     # -- look-ups (any thread) -----------------------------------------------
 

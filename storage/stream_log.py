@@ -125,6 +125,31 @@ class StreamLog:
             self.retain()
         return offset
 
+    def append_run(self, count: int, size: int, encode: Callable[[int, int, int], tuple[bytes, list, int]],
+                   on_durable: Callable[[], None] | None = None) -> int:
+        """Queue `count` records at once, `size` bytes framed, all with the
+        time now; returns the first offset. `encode(first offset, timestamp
+        ms, the segment's since_index)` gives their bytes (each framed as
+        `append` frames one: `record.encode(HEAD.pack(offset, timestamp) +
+        payload)`, offsets from the first), the index entries due among them
+        (Segment.note_run) and the bytes after the last. The run goes into
+        one segment (which may then pass `segment_bytes` by less than the
+        run). `on_durable` runs on the loop once all are on disk."""
+        offset = self._next_offset
+        self._next_offset = offset + count
+        when = round(self._clock() * 1000)
+        segment = self._segments[-1] if self._segments else None
+        rolled = segment is None or (not segment.empty and segment.size + size > self.settings.segment_bytes)
+        if rolled:
+            segment = self._roll(offset)
+        data, entries, since_index = encode(offset, when, segment.since_index)
+        durable = _Durable(self, segment, offset + count, segment.size + len(data), on_durable)
+        position = self._writer.append(segment.log_file, data, durable)
+        segment.note_run(offset, count, position, when, entries, since_index, self._writer)
+        if rolled and len(self._segments) > 1:
+            self.retain()
+        return offset
+
     def _durable(self, segment: Segment, next_offset: int, size: int) -> None:
         segment.durable_size = size
         self.next_offset = next_offset

@@ -182,6 +182,12 @@ class StreamQueue:
         for i, record in enumerate(records):
             append(record, None, _Durable(self, on_durable) if i == last else None)
 
+    def append_run(self, count: int, size: int, encode, on_durable: Callable[[], None]) -> None:
+        """Append `count` records encoded at once (StreamLog.append_run);
+        `on_durable` runs once they are on disk."""
+        self.stats.publish += count
+        self.log.append_run(count, size, encode, _Durable(self, on_durable))
+
     def throttle(self, publisher) -> None:
         """Never asked: a stream is never `backed_up`."""
 

@@ -7,6 +7,8 @@
  *          content header, body frames, as one bytes object).
  * stream_chunks: amqp_server.stream.chunks.chunks_python (log records of a
  *          stream to the stream protocol's Deliver frames, in bulk).
+ * publish_scan, publish_records: amqp_server.stream.batches (a Publish
+ *          frame's messages to log records, in bulk).
  *
  * Each must give exactly what its Python twin gives for every input;
  * tests/test_framing.py, tests/test_fastpath.py and
@@ -483,10 +485,117 @@ fail:
     return NULL;
 }
 
+/* ---- publish_scan, publish_records --------------------------------------- */
+
+/* stream.batches.scan_python: (message bytes, packed publishing ids) of
+ * `count` plain entries ending exactly at the end of the frame, or None. */
+static PyObject *publish_scan(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    Py_buffer view;
+    Py_ssize_t pos, count;
+    if (!PyArg_ParseTuple(args, "y*nn", &view, &pos, &count))
+        return NULL;
+    const unsigned char *buf = view.buf;
+    Py_ssize_t size = view.len, at = pos;
+    unsigned long long total = 0;
+    PyObject *out = NULL;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (at < 0 || at + 12 > size || buf[at + 8] & 0x80)
+            goto none;
+        uint32_t length = get32(buf + at + 8);
+        if ((unsigned long long)at + 12 + length > (unsigned long long)size)
+            goto none;
+        total += length;
+        at += 12 + (Py_ssize_t)length;
+    }
+    if (at != size || count < 0)
+        goto none;
+    PyObject *ids = PyBytes_FromStringAndSize(NULL, count * 8);
+    if (ids == NULL)
+        goto done;
+    unsigned char *p = (unsigned char *)PyBytes_AS_STRING(ids);
+    for (Py_ssize_t i = 0, q = pos; i < count; i++) {
+        memcpy(p + 8 * i, buf + q, 8);
+        q += 12 + (Py_ssize_t)get32(buf + q + 8);
+    }
+    out = Py_BuildValue("(KN)", total, ids);
+    goto done;
+none:
+    Py_INCREF(Py_None);
+    out = Py_None;
+done:
+    PyBuffer_Release(&view);
+    return out;
+}
+
+/* stream.batches.records_python: the log records of entries publish_scan
+ * accepted, the index entries due among them, the bytes after the last. */
+static PyObject *publish_records(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    Py_buffer view, prefix;
+    Py_ssize_t pos, count;
+    unsigned long long first, timestamp, since_index, interval;
+    if (!PyArg_ParseTuple(args, "y*nny*KKKK", &view, &pos, &count, &prefix, &first, &timestamp, &since_index,
+                          &interval))
+        return NULL;
+    const unsigned char *buf = view.buf;
+    PyObject *out = NULL, *entries = NULL, *data = NULL;
+    Py_ssize_t total = 0, at = pos;
+    for (Py_ssize_t i = 0; i < count; i++) { /* publish_scan checked these bounds */
+        uint32_t length = get32(buf + at + 8);
+        total += 25 + prefix.len + (Py_ssize_t)length;
+        at += 12 + (Py_ssize_t)length;
+    }
+    if (at > view.len) {
+        PyErr_SetString(PyExc_ValueError, "publish_records: entries beyond the frame");
+        goto done;
+    }
+    entries = PyList_New(0);
+    data = PyBytes_FromStringAndSize(NULL, total);
+    if (entries == NULL || data == NULL)
+        goto done;
+    unsigned char *p = (unsigned char *)PyBytes_AS_STRING(data), *start = p;
+    at = pos;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        uint32_t length = get32(buf + at + 8);
+        uint32_t body = 16 + (uint32_t)prefix.len + length;
+        if (since_index >= interval) {
+            PyObject *entry = Py_BuildValue("(Kn)", first + (unsigned long long)i, (Py_ssize_t)(p - start));
+            if (entry == NULL || PyList_Append(entries, entry) < 0) {
+                Py_XDECREF(entry);
+                goto done;
+            }
+            Py_DECREF(entry);
+            since_index = 0;
+        }
+        since_index += 9 + body;
+        p = put32(p, body);
+        unsigned char *b = p;
+        p = put64(p, first + (unsigned long long)i);
+        p = put64(p, timestamp);
+        memcpy(p, prefix.buf, prefix.len);
+        p += prefix.len;
+        memcpy(p, buf + at + 12, length);
+        p += length;
+        p = put32(p, crc32_of(0, b, body));
+        *p++ = 0xFF; /* storage.record.END_MARKER */
+        at += 12 + (Py_ssize_t)length;
+    }
+    out = Py_BuildValue("(OOK)", data, entries, since_index);
+done:
+    Py_XDECREF(data);
+    Py_XDECREF(entries);
+    PyBuffer_Release(&view);
+    PyBuffer_Release(&prefix);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS, "framing._scan_python in C."},
     {"deliver", (PyCFunction)(void (*)(void))deliver, METH_FASTCALL, "fastpath.deliver_python in C."},
     {"stream_chunks", stream_chunks, METH_VARARGS, "stream.chunks.chunks_python in C."},
+    {"publish_scan", publish_scan, METH_VARARGS, "stream.batches.scan_python in C."},
+    {"publish_records", publish_records, METH_VARARGS, "stream.batches.records_python in C."},
     {NULL, NULL, 0, NULL},
 };
 

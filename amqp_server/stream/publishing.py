@@ -8,6 +8,10 @@ deduplication by publisher reference.
   a frame's records are appended together and its publishing ids confirmed
   once the last is durable (the log makes records durable in order), in a
   PublishConfirm sent once per loop turn per publisher.
+- The common frame (version 1, plain entries, a publisher without a
+  reference) is appended in bulk: its records framed at once
+  (stream.batches, C twins when built) as one run of the log, its ids kept
+  packed as the confirm carries them; no Python step per message.
 - With a reference, an id at or below the highest seen for it is confirmed
   without being stored (tracking.Tracking keeps the sequences, recovered
   from the records themselves); a declare with a reference is answered once
@@ -20,9 +24,11 @@ from __future__ import annotations
 import logging
 import struct
 
-from amqp_server.stream import codes, frames
+from amqp_server.amqp.framing import C_TWINS
+from amqp_server.stream import batches, codes, frames
 from amqp_server.stream.chunks import BadBatch, unpack_batch
 from amqp_server.stream.frames import Fields
+from storage.log_segment import INDEX_INTERVAL
 from vhosts.stream_records import amqp10_prefix
 
 log = logging.getLogger("hutch.stream")
@@ -31,6 +37,12 @@ _ENTRY = struct.Struct(">Qi")  # publishing id, message size
 _ID = struct.Struct(">Q")
 
 MAX_SUB_BATCH = 64 * 1024 * 1024  # RabbitMQ's max uncompressed sub-entry batch size
+PLAIN_PREFIX = amqp10_prefix(b"", b"")  # the record payload's start for a message without filter or reference
+CONFIRMS_PER_FRAME = 8192
+
+# The bulk step's C twins when built (and of this layout), else the Python references.
+scan = batches.scan_python if C_TWINS is None else C_TWINS.publish_scan
+encode_records = batches.records_python if C_TWINS is None else C_TWINS.publish_records
 
 
 class Publisher:
@@ -42,7 +54,7 @@ class Publisher:
         self.id = publisher_id
         self.queue = queue
         self.reference = reference or None
-        self.confirmed: list[int] = []
+        self.confirmed: list[bytes] = []  # publishing ids to confirm, packed (uint64s) as PublishConfirm has them
 
     def records_available(self) -> None:
         """Publishers read nothing."""
@@ -53,26 +65,27 @@ class Publisher:
 
 class Confirm:
     """The durable callback of a Publish frame's records: its publishing ids
-    are confirmed (and, with a reference, the highest becomes the durable
-    sequence)."""
+    (packed uint64s) are confirmed (and, with a reference, the highest,
+    `highest`, becomes the durable sequence)."""
 
-    __slots__ = ("connection", "publisher", "ids", "tracking")
+    __slots__ = ("connection", "publisher", "ids", "tracking", "highest")
 
-    def __init__(self, connection, publisher: Publisher, ids: list[int], tracking) -> None:
+    def __init__(self, connection, publisher: Publisher, ids: bytes, tracking, highest: int = 0) -> None:
         self.connection = connection
         self.publisher = publisher
         self.ids = ids
         self.tracking = tracking
+        self.highest = highest
 
     def __call__(self) -> None:
         if self.tracking is not None:
-            self.tracking.durable(self.publisher.reference, max(self.ids))
-        self.publisher.confirmed.extend(self.ids)
+            self.tracking.durable(self.publisher.reference, self.highest)
+        self.publisher.confirmed.append(self.ids)
         _confirming(self.connection, self.publisher)
 
 
 def confirm(conn, publisher: Publisher, publishing_id: int) -> None:
-    publisher.confirmed.append(publishing_id)
+    publisher.confirmed.append(_ID.pack(publishing_id))
     _confirming(conn, publisher)
 
 
@@ -86,13 +99,14 @@ def _confirming(conn, publisher: Publisher) -> None:
 def send_confirms(conn) -> None:
     confirming, conn.confirming = conn.confirming, set()
     for publisher in confirming:
-        ids, publisher.confirmed = publisher.confirmed, []
+        ids, publisher.confirmed = b"".join(publisher.confirmed), []
         if conn.publishers.get(publisher.id) is not publisher:
             continue
-        for start in range(0, len(ids), 8192):
-            part = ids[start:start + 8192]
+        step = CONFIRMS_PER_FRAME * _ID.size
+        for start in range(0, len(ids), step):
+            part = ids[start:start + step]
             conn.send(frames.frame(codes.PUBLISH_CONFIRM, 1, frames.u8(publisher.id),
-                                   frames.array([frames.u64(i) for i in part])))
+                                   frames.i32(len(part) // _ID.size), part))
 
 
 def declare_publisher(conn, version: int, f: Fields) -> None:
@@ -145,6 +159,10 @@ def publish(conn, version: int, f: Fields) -> None:
     publisher_id = f.u8()
     count = f.count(12)
     publisher = conn.publishers.get(publisher_id)
+    if version < 2 and publisher is not None and not publisher.reference and not publisher.queue.deleted:
+        scanned = scan(f.data, f.pos, count)
+        if scanned is not None:
+            return _publish_plain(conn, publisher, f.data, f.pos, count, *scanned)
     errors: list[tuple[int, int]] = []
     queue = publisher.queue if publisher is not None else None
     tracking = conn.node.tracking(queue) if publisher is not None and publisher.reference else None
@@ -206,11 +224,28 @@ def publish(conn, version: int, f: Fields) -> None:
     if records:
         if tracking is not None:
             tracking.accepted[publisher.reference] = highest
-        queue.append_batch(records, Confirm(conn, publisher, ids, tracking))
+        queue.append_batch(records, Confirm(conn, publisher, b"".join(_ID.pack(i) for i in ids), tracking,
+                                            max(ids)))
     f.end()
     if errors:
         conn.send(frames.frame(codes.PUBLISH_ERROR, 1, frames.u8(publisher_id), frames.array(
             [frames.u64(pid) + frames.u16(code) for pid, code in errors])))
+    _flow(conn)
+
+
+def _publish_plain(conn, publisher: Publisher, data: bytes, pos: int, count: int, message_bytes: int,
+                   ids: bytes) -> None:
+    """A frame of plain entries `scan` accepted: one run of the log."""
+    if count:
+        def encode(first: int, timestamp: int, since_index: int):
+            return encode_records(data, pos, count, PLAIN_PREFIX, first, timestamp, since_index, INDEX_INTERVAL)
+        publisher.queue.append_run(count, message_bytes + count * (batches.OVERHEAD + len(PLAIN_PREFIX)), encode,
+                                   Confirm(conn, publisher, ids, None))
+    _flow(conn)
+
+
+def _flow(conn) -> None:
+    """Alarms and the writer's backlog hold publishers back (credit flow)."""
     if conn.node.alarms.raised:
         conn.node.alarms.block(conn)
     writer = conn.node.writer

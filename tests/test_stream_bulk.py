@@ -1,9 +1,14 @@
-"""The stream protocol's bulk consume step, amqp_server.stream.chunks.chunks_python,
-and its C twin (_framing.stream_chunks) give the same bytes for every input
-(hypothesis: runs of log records of both layouts, with gaps, a damaged record,
-a cut tail, any start, limit, frame size and credit), and what they deliver
-is what the general path (records decoded one by one, vhosts.stream_records)
-makes of the same records."""
+"""The stream protocol's bulk steps and their C twins give the same bytes for
+every input, and the same as the general paths:
+- consume: amqp_server.stream.chunks.chunks_python and _framing.stream_chunks
+  (hypothesis: runs of log records of both layouts, with gaps, a damaged
+  record, a cut tail, any start, limit, frame size and credit); what they
+  deliver is what the general path (records decoded one by one,
+  vhosts.stream_records) makes of the same records;
+- publish: amqp_server.stream.batches (scan, records) and
+  _framing.publish_scan / publish_records (any Publish frame body, valid or
+  not); the records are what StreamLog.append frames one by one, with the
+  index entries Segment.note would make."""
 from __future__ import annotations
 
 import struct
@@ -11,9 +16,9 @@ import struct
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from amqp_server.stream import chunks
+from amqp_server.stream import batches, chunks
 from storage import record
-from storage.log_segment import HEAD
+from storage.log_segment import HEAD, INDEX_INTERVAL
 from vhosts.stream_records import amqp10_of, amqp10_prefix, decode_filter
 
 _ENTRY = struct.Struct(">I")
@@ -106,3 +111,46 @@ def test_what_it_delivers_is_what_the_records_hold(items, max_bytes, max_chunks)
     else:
         assert stop == chunks.STOP_CREDIT and len(frames) == max_chunks
     assert following == (delivered[-1][0] + 1 if delivered else 7)
+
+
+entries = st.lists(st.tuples(st.integers(0, 2**64 - 1), st.binary(max_size=300)), max_size=30)
+
+
+def publish_body(items) -> bytes:
+    return b"".join(struct.pack(">QI", pid, len(m)) + m for pid, m in items)
+
+
+@settings(max_examples=300, deadline=None)
+@given(entries, st.integers(-2, 2), st.binary(max_size=3), st.integers(0, 5), st.booleans())
+def test_publish_scan_c_and_python_agree(framing_c, items, miscount, tail, cut, sub_entry):
+    body = b"\x00" * 3 + publish_body(items) + tail  # three bytes before the entries, as a frame has
+    if cut:
+        body = body[:-cut]
+    if sub_entry and len(body) > 3 + 8:
+        body = body[:3 + 8] + bytes([body[3 + 8] | 0x80]) + body[3 + 9:]
+    count = max(len(items) + miscount, 0)
+    assert framing_c.publish_scan(body, 3, count) == batches.scan_python(body, 3, count)
+
+
+@settings(max_examples=300, deadline=None)
+@given(entries, st.sampled_from([b"", b"\xff\xff\x01\x00\x00\x00"]), st.integers(0, 2**40),
+       st.integers(0, 5000), st.sampled_from([INDEX_INTERVAL, 100]))
+def test_publish_records_are_the_log_records(framing_c, items, prefix, first, since_index, interval):
+    body = b"\x00" * 3 + publish_body(items)
+    total, ids = batches.scan_python(body, 3, len(items))
+    assert total == sum(len(m) for _pid, m in items)
+    assert ids == b"".join(struct.pack(">Q", pid) for pid, _m in items)
+    args = (body, 3, len(items), prefix, first, 1_700_000_000_000, since_index, interval)
+    data, index, after = batches.records_python(*args)
+    assert framing_c.publish_records(*args) == (data, index, after)
+    framed = [record.encode(HEAD.pack(first + i, 1_700_000_000_000) + prefix + m) for i, (_pid, m) in enumerate(items)]
+    assert data == b"".join(framed)
+    assert len(data) == total + len(items) * (batches.OVERHEAD + len(prefix))
+    expected, position, since = [], 0, since_index  # Segment.note's rule, record by record
+    for i, one in enumerate(framed):
+        if since >= interval:
+            expected.append((first + i, position))
+            since = 0
+        since += len(one)
+        position += len(one)
+    assert (index, after) == (expected, since)
