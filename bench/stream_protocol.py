@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import statistics
@@ -209,6 +210,51 @@ def report(results: dict[str, list[dict]], args: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
+COLOURS = {"hutch fsync": "#1f77b4", "hutch flush": "#6baed6", "RabbitMQ": "#ff7f0e"}
+
+
+def svg(results: dict[str, list[dict]], only: set[str]) -> str:
+    """Horizontal bars, one group per scenario (consumed/s; S9 confirmed/s), one bar per broker,
+    on a log scale (the figures span 10^4 to 10^7 msg/s); drawn by hand as bench/growth.py does."""
+    names = [n for n, _t, _e in PROTOCOL] + [n for n, _t in AMQP]
+    names = [n for n in names if n in only]
+    brokers = [b for b in COLOURS if results.get(b)]
+    bar, gap, left, width, top = 14, 12, 70, 560, 30
+    lo, hi = 4, 8  # 10^4 .. 10^8 msg/s
+    height = top + len(names) * (len(brokers) * bar + gap) + 40
+    out = ['<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif">'
+           % (left + width + 90, height),
+           '<rect width="100%" height="100%" fill="white"/>',
+           '<text x="%d" y="16" font-size="12" font-weight="bold">msg/s (log scale): hutch (fsync, flush) and '
+           'RabbitMQ 3.10.8, same run</text>' % left]
+    y = top
+    for e in range(lo, hi + 1):
+        x = left + (e - lo) / (hi - lo) * width
+        out.append('<line x1="%.1f" x2="%.1f" y1="%d" y2="%d" stroke="#ddd"/>' % (x, x, top - 4, height - 30))
+        out.append('<text x="%.1f" y="%d" font-size="10" text-anchor="middle">%s</text>'
+                   % (x, height - 18, {4: "10k", 5: "100k", 6: "1M", 7: "10M", 8: "100M"}[e]))
+    for name in names:
+        out.append('<text x="%d" y="%d" font-size="11" text-anchor="end">%s</text>'
+                   % (left - 6, y + len(brokers) * bar // 2 + 4, name))
+        for broker in brokers:
+            value = median_of(results[broker], name)
+            if value:
+                w = max(0.0, min(1.0, (math.log10(value) - lo) / (hi - lo))) * width
+                out.append('<rect x="%d" y="%d" width="%.1f" height="%d" fill="%s"/>'
+                           % (left, y, w, bar - 2, COLOURS[broker]))
+                out.append('<text x="%.1f" y="%d" font-size="10">%s</text>'
+                           % (left + w + 4, y + bar - 4, "{:,.0f}".format(value)))
+            y += bar
+        y += gap
+    x = left
+    for broker in brokers:
+        out.append('<rect x="%d" y="%d" width="10" height="10" fill="%s"/>' % (x, height - 12, COLOURS[broker]))
+        out.append('<text x="%d" y="%d" font-size="10">%s</text>' % (x + 14, height - 3, broker))
+        x += 110
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--duration", type=float, default=10, help="measured seconds of SP1-SP4 (default 10)")
@@ -222,8 +268,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-rabbitmq", action="store_true")
     p.add_argument("--hutch-arg", action="append", default=[], help="extra hutch flag (repeatable)")
     p.add_argument("--json-out", help="write every run's figures (the generators' JSON included) here")
+    p.add_argument("--svg", help="draw the consumed/s figures as a bar chart (SVG) here")
+    p.add_argument("--render", help="no run: the table (and --svg) from a --json-out file")
     args = p.parse_args(argv)
     args.only = set(args.only.split(","))
+    if args.render:
+        with open(args.render) as f:
+            results = json.load(f)
+        if args.svg:
+            with open(args.svg, "w") as f:
+                f.write(svg(results, args.only))
+        print(report(results, args))
+        return 0
     if not args.no_rabbitmq and not answers_amqp(5672, args.rabbitmq_host):
         sys.exit("RabbitMQ does not answer on %s:5672 (use --no-rabbitmq)" % args.rabbitmq_host)
     sb = build(STREAMBENCH_SRC, "streambench")
@@ -242,6 +298,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump(results, f, indent=1)
+    if args.svg:
+        with open(args.svg, "w") as f:
+            f.write(svg(results, args.only))
     print("%s; %s; hutch %s; medians of %d run(s); SP1-SP4 %g s after %g s; SP5 %d messages; S9-S11 %d records\n"
           % (time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), machine(), revision(), args.repeat, args.duration,
              args.warmup, args.fill, args.records))

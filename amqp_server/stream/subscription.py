@@ -114,7 +114,8 @@ class Subscription:
 
         def chunked(data: bytes, limit: int):  # on the reader thread
             return stream_chunks(data, start, limit, sub_id, limit - 1 if versioned else -1, max_bytes, credit)
-        self.queue.log.read_raw(start, max_bytes + chunks.HEADER_BYTES, chunked, self._chunks)
+        # About a frame's worth of records (at most READ_BYTES of them: a frame max of 0 means none)
+        self.queue.log.read_raw(start, min(max_bytes, READ_BYTES) + chunks.HEADER_BYTES, chunked, self._chunks)
 
     def _chunks(self, found) -> None:
         self.reading = False
