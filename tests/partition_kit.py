@@ -512,6 +512,8 @@ def inject(cluster: Cluster, workload: Workload, kind: str, resync_timeout: floa
 
     def begun() -> None:
         fault.started = time.monotonic()
+        for host in _cut_from_client(net):
+            cluster.history.record("cut", node=host)
     if kind == "leader-isolated":
         net.isolate(leader.name)
         begun()
@@ -554,7 +556,10 @@ def inject(cluster: Cluster, workload: Workload, kind: str, resync_timeout: floa
     else:
         raise ValueError("no such fault: %s" % kind)
     fault.healed = time.monotonic()
+    cut = _cut_from_client(net)
     net.heal()
+    for host in cut:
+        cluster.history.record("mend", node=host)
     for node in cluster.nodes:  # as systemd's Restart=on-failure would
         if not node.running():
             fault.note += "; %s exited (status %s): restarted" % (node.name, node.process.returncode)
@@ -579,6 +584,11 @@ def inject(cluster: Cluster, workload: Workload, kind: str, resync_timeout: floa
         fault.confirmed_during = firsts[0].t < fault.healed
     fault.longest_gap = workload.history.longest_gap(fault.started, time.monotonic(), above=PROBE)
     return fault
+
+
+def _cut_from_client(net) -> list[str]:
+    """The hosts the harness's client namespace cannot reach now."""
+    return [name for name in net.hosts if net.hosts[name].address in net.blocked["client"]]
 
 
 def _fill(path: Path) -> None:

@@ -407,9 +407,6 @@ class MQTTConnection(ClientConnection):
             self._flush_pubacks()
 
     def _flush_pubacks(self) -> None:
-        promising = self.broker.promising
-        if promising is not None and not promising():
-            return  # a cluster leader whose lease may have run out acknowledges nothing
         pubacks = self._pubacks
         while pubacks and pubacks[0][1] <= 0:
             pid, _waits, kind = pubacks.popleft()
