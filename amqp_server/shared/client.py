@@ -66,6 +66,23 @@ class ClientConnection:
         local = (transport.get_extra_info("sockname") if transport is not None else None) or ("", 0)
         return "%s:%d -> %s:%d" % (peer[0], peer[1], local[0], local[1])
 
+    # -- input ----------------------------------------------------------------------
+
+    # A state in which input is dropped unread besides CLOSED (MQTT's refused login).
+    deaf = CLOSED
+
+    def received(self, data) -> None:
+        """`data` is valid during this call only (a view of the shared read
+        buffer): the face's `reader` copies what it keeps. `_heard` tells the
+        face's heartbeat check that the client is alive."""
+        if self.state is CLOSED or self.state is self.deaf:
+            return
+        self._heard = True
+        self.recv_oct += len(data)
+        self.recv_cnt += 1
+        self.reader.feed(data)
+        self.parse()
+
     # -- flow control: the publisher port of vhosts ------------------------------
 
     def throttled_by(self, source) -> None:
