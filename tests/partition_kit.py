@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import netns
+from helpers import wait_for
 from partition_history import History, check
 from server_process import ServerProcess, spawn
 
@@ -64,14 +65,9 @@ def requirements_missing(faults=FAULTS) -> str | None:
 
 
 def until(predicate, timeout: float, what: str, interval: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError("timed out after %.0f s waiting for %s" % (timeout, what))
-        time.sleep(interval)
+    """helpers.wait_for, raising TimeoutError: a run goes on after a fault
+    the cluster did not recover from, and the checker judges what happened."""
+    return wait_for(predicate, timeout, interval, what, raising=TimeoutError)
 
 
 # -- the processes -------------------------------------------------------------
