@@ -68,6 +68,7 @@ Theory of operation:
 from __future__ import annotations
 
 import asyncio
+import errno
 import ipaddress
 import logging
 import os
@@ -96,6 +97,7 @@ from amqp_server.shared.figures import member_figures
 log = logging.getLogger("hutch.cluster")
 
 POLL_SECONDS = 0.25  # how often a follower looks at the leader key
+RETRY_SECONDS_MAX = 8.0  # the longest wait between failed replication connections
 MEMBERS_SECONDS = 1.0  # how often the leader refreshes what it reports of the others
 TRANSFER_SECONDS = 10  # a planned hand-over's etcd key lives this long at most
 FOUNDING_LEASES = 2  # an empty node founds a new cluster after this many lease_ttl from its start
@@ -148,6 +150,7 @@ class ClusterNode:
                                  cluster.replication_timeout)
         self.follower.record = lambda mark: self.directory.record_position(mark, fsync)
         self._following: asyncio.Task | None = None
+        self._retry_seconds = POLL_SECONDS  # before the next replication connection after a failure
         self._followed: str | None = None
         self._leader_info: dict = {}  # nodes/<leader> of the leader followed
         self._posted: dict | None = None  # positions/<name> as last written
@@ -406,6 +409,8 @@ class ClusterNode:
         if self._followed == leader and self._following is not None and not self._following.done():
             self._leader_info = info or self._leader_info
             return
+        if self._followed != leader:  # not a retry: no wait carried over from another leader
+            self._retry_seconds = POLL_SECONDS
         await self._unfollow()
         if info is None or info.get("cluster") is None:
             return  # not registered yet
@@ -435,13 +440,29 @@ class ClusterNode:
             self._replicate(leader, info["advertise"], info["replication_port"], aside))
 
     async def _replicate(self, leader: str, host: str, port: int, aside: str | None) -> None:
+        """One replication connection. After a failure the next waits
+        longer, up to RETRY_SECONDS_MAX, while the same leader is followed
+        (`_follow` starts again from POLL_SECONDS for another one): a
+        follower that cannot apply (a full disk) would otherwise be sent a
+        new snapshot four times a second. A connection that applied its
+        snapshot resets the wait."""
+        follower = self.follower
         try:
             log.info("following %s at %s:%d", leader, host, port)
-            await self.follower.follow(host, port, aside)
+            await follower.follow(host, port, aside)
             log.info("replication connection to %s ended", leader)
         except (OSError, ValueError) as exc:
-            log.warning("replication from %s: %s", leader, exc)
-            await asyncio.sleep(POLL_SECONDS)
+            if follower.reached_live:
+                self._retry_seconds = POLL_SECONDS
+            if getattr(exc, "errno", None) == errno.ENOSPC:
+                log.error("replication from %s: this node's disk is full (%s); retrying in %.1f s",
+                          leader, exc, self._retry_seconds)
+            else:
+                log.warning("replication from %s: %s", leader, exc)
+            await asyncio.sleep(self._retry_seconds)
+            self._retry_seconds = min(self._retry_seconds * 2, RETRY_SECONDS_MAX)
+        else:
+            self._retry_seconds = POLL_SECONDS
 
     async def _forward(self) -> None:
         """Listen where the broker would, forwarding to the leader."""
