@@ -101,8 +101,11 @@ async def test_create_stream_arguments(port):
     assert await create(port, stream, {"max-length-bytes": "lots"}) == "PreconditionFailed"
     assert await create(port, stream, {"unknown-argument": "1"}) == "PreconditionFailed"
     assert await create(port, stream, {"max-age": "1x"}) == "PreconditionFailed"
+    # The Bloom filter size's range (16..255), as the queue argument's (RabbitMQ 3.13+)
+    assert await create(port, stream, {"stream-filter-size-bytes": "15"}) == "PreconditionFailed"
+    assert await create(port, stream, {"stream-filter-size-bytes": "256"}) == "PreconditionFailed"
     assert await create(port, stream, {"max-length-bytes": "1000000", "max-age": "1h",
-                                       "stream-max-segment-size-bytes": "500000",
+                                       "stream-max-segment-size-bytes": "500000", "stream-filter-size-bytes": "255",
                                        "initial-cluster-size": "3", "queue-leader-locator": "least-leaders"}) == "ok"
     await delete(port, stream)
 

@@ -14,11 +14,12 @@ log = logging.getLogger("hutch.stream")
 # vhost-layer reply codes as stream response codes
 CODES = {ACCESS_REFUSED: codes.ACCESS_REFUSED, NOT_FOUND: codes.STREAM_DOES_NOT_EXIST,
          PRECONDITION_FAILED: codes.PRECONDITION_FAILED}
-# create-stream arguments and the queue arguments they become (None: accepted, no meaning on one node)
+# create-stream arguments and the queue arguments they become (None: accepted, no meaning on one node;
+# stream-filter-size-bytes is range-checked as the queue argument, though hutch keeps no Bloom filter)
 ARGUMENTS = {"max-length-bytes": ("x-max-length-bytes", int), "max-age": ("x-max-age", str),
              "stream-max-segment-size-bytes": ("x-stream-max-segment-size-bytes", int),
              "initial-cluster-size": (None, int), "queue-leader-locator": (None, str),
-             "stream-filter-size-bytes": (None, int)}
+             "stream-filter-size-bytes": ("x-stream-filter-size-bytes", int)}
 
 
 def queue_arguments(arguments: dict[str, str]) -> dict:
