@@ -619,8 +619,7 @@ class ClusterNode:
         if server is None:
             return
         for connection in list(server.connections):
-            for channel in list(getattr(connection, "channels", {}).values()):
-                channel.flush_confirms()
+            connection.io.wake()  # output held by amqp_server.shared.client's fencing
         if self.replicator is not None:
             self.replicator.lease_revived()
 
