@@ -176,10 +176,40 @@ class ClusterNode:
         (for followers to check) its cluster, term and lineage."""
         ports = {protocol: port for protocol, _host, port in (self.server.listeners if self.server else ())}
         return {"advertise": self.advertise, "replication_port": self.config.cluster.replication_port,
-                "role": self.role, "ports": ports, "pid": os.getpid(), "cluster": self.state.cluster,
+                "role": self.role, "ports": ports, "stream": self.stream_address(), "pid": os.getpid(),
+                "cluster": self.state.cluster,
                 "term": self.state.term, "lineage": self.state.lineage,
                 # memory, disk, descriptors: the leader's /api/nodes shows them for this member
                 "figures": member_figures(self.config, self.uptime_ms())}
+
+    def stream_address(self) -> dict | None:
+        """Where stream clients reach this node, leader or follower (its
+        stream listeners, or the proxy's that forward them): the leader's
+        stream metadata names the in-sync followers by it as replicas."""
+        settings = self.config.stream
+        if not settings.enabled:
+            return None
+        listening = {protocol: port for protocol, _host, port in self.server.listeners} if self.server \
+            else self.proxy.listening
+        port, tls_port = listening.get("stream"), listening.get("stream/ssl")
+        if settings.advertised_port:
+            port = settings.advertised_port
+            tls_port = tls_port and settings.advertised_port
+        return {"host": settings.advertised_host or self.advertise, "port": port, "tls_port": tls_port}
+
+    def stream_replicas(self, tls: bool) -> list[tuple[str, int]]:
+        """The in-sync followers' stream addresses (host, port), for this
+        leader's metadata: the members that hold every confirmed record, as
+        a RabbitMQ stream's replicas do. A follower serves a client through
+        the leader (it forwards the connection), which stream clients that
+        read from replicas accept: the leader is among their candidates."""
+        found = []
+        for name in self.replicator.in_sync if self.replicator else ():
+            address = (self.running.get(name) or {}).get("stream") or {}
+            port = address.get("tls_port" if tls else "port")
+            if port:
+                found.append((address["host"], port))
+        return found
 
     def uptime_ms(self) -> int:
         return int((time.monotonic() - self.started) * 1000)
@@ -537,6 +567,7 @@ class ClusterNode:
         self.server = self.open_broker(self.config)
         server = self.server
         server.management.node.cluster = self
+        server.stream_node.replicas = self.stream_replicas
         server.broker.promising = self.keeper.valid  # also for confirms that wait for no disk
         # writer jobs complete in order, through the replication gate, after the definitions' record
         server.broker.durability_barrier = lambda done: server.writer.run(_nothing, lambda _result: done())
