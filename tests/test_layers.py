@@ -59,8 +59,10 @@ SUBPACKAGES: dict[str, tuple[frozenset | None, frozenset]] = {
                           frozenset({"pamqp", "aiormq"})),
     # grpc: aetcd's transport, for etcd's TLS credentials (amqp_server.cluster.etcd)
     "amqp_server.cluster": (frozenset({"amqp_server.shared"}), frozenset({"aetcd", "grpc", "aiohttp"})),
-    # the stream protocol (and the C twin of its bulk consume step, through framing.C_TWINS)
-    "amqp_server.stream": (frozenset({"amqp_server.shared", "amqp_server.amqp.framing"}), frozenset({"pamqp"})),
+    # the stream protocol (and the C twins of its bulk steps, through framing.C_TWINS); cramjam: its
+    # compressed sub-entry batches (snappy, LZ4, zstd)
+    "amqp_server.stream": (frozenset({"amqp_server.shared", "amqp_server.amqp.framing"}),
+                           frozenset({"pamqp", "cramjam"})),
     "amqp_server.process": (ANYTHING, frozenset({"aiohttp", "uvloop"})),
 }
 # single modules outside amqp_server and the libraries they may import besides their package's, and why
