@@ -107,34 +107,53 @@ def per_message(run: dict, key: str) -> dict:
     return {"rate": rate, "cpu_us": us, "run": run}
 
 
+def attempt(name: str, run, *arguments) -> dict | None:
+    """One scenario's figures, or None (logged) when it failed: the shared RabbitMQ may refuse a
+    connection for a moment, and one failure should not lose the other figures."""
+    try:
+        return run(*arguments)
+    except Exception as exc:  # the generators' failures, the clean-up's connection errors
+        log("%s failed: %s" % (name, exc))
+        return None
+
+
 def protocol_runs(binary: str, port: int, amqp_port: int, pid: int, args: argparse.Namespace) -> dict:
     out = {}
     for name, _title, extra in PROTOCOL:
-        if name not in args.only:
-            continue
-        if name == "SP5":
-            stream = "sb-read-" + uuid.uuid4().hex[:8]
-            streambench(binary, port, pid, ["--stream", stream, "--consumers", "0", "--size", "16",
-                                            "--pmessages", str(args.fill), "--duration", "3600", "--keep"])
-            try:
-                run = streambench(binary, port, pid, ["--stream", stream, "--predeclared", "--producers", "0",
-                                                      "--offset", "first", "--cmessages", str(args.fill),
-                                                      "--duration", "3600"])
-            finally:
-                delete_queue(amqp_port, stream)
-            out[name] = per_message(run, "consume_rate")
-        else:
-            run = streambench(binary, port, pid, ["--stream", "sb-" + uuid.uuid4().hex[:8],
-                                                  "--duration", str(args.duration), "--warmup", str(args.warmup),
-                                                  *extra])
-            out[name] = per_message(run, "consume_rate")
-            out[name]["published"] = per_message(run, "confirm_rate")
+        if name in args.only:
+            found = attempt(name, protocol_run, binary, port, amqp_port, pid, args, name, extra)
+            if found is not None:
+                out[name] = found
     return out
+
+
+def protocol_run(binary: str, port: int, amqp_port: int, pid: int, args: argparse.Namespace, name: str,
+                 extra: list[str]) -> dict:
+    if name == "SP5":
+        stream = "sb-read-" + uuid.uuid4().hex[:8]
+        streambench(binary, port, pid, ["--stream", stream, "--consumers", "0", "--size", "16",
+                                        "--pmessages", str(args.fill), "--duration", "3600", "--keep"])
+        try:
+            run = streambench(binary, port, pid, ["--stream", stream, "--predeclared", "--producers", "0",
+                                                  "--offset", "first", "--cmessages", str(args.fill),
+                                                  "--duration", "3600"])
+        finally:
+            delete_queue(amqp_port, stream)
+        return per_message(run, "consume_rate")
+    run = streambench(binary, port, pid, ["--stream", "sb-" + uuid.uuid4().hex[:8],
+                                          "--duration", str(args.duration), "--warmup", str(args.warmup), *extra])
+    found = per_message(run, "consume_rate")
+    found["published"] = per_message(run, "confirm_rate")
+    return found
 
 
 def amqp_runs(binary: str, amqp_port: int, pid: int, args: argparse.Namespace) -> dict:
     if not {"S9", "S10", "S11"} & set(args.only):
         return {}
+    return attempt("S9-S11", amqp_scenarios, binary, amqp_port, pid, args) or {}
+
+
+def amqp_scenarios(binary: str, amqp_port: int, pid: int, args: argparse.Namespace) -> dict:
     uri = "amqp://guest:guest@127.0.0.1:%d/%%2f" % amqp_port
     queue = "sb-amqp-" + uuid.uuid4().hex[:8]
     n = str(args.records)
@@ -295,9 +314,9 @@ def main(argv: list[str] | None = None) -> int:
             runs = protocol_runs(sb, 5552, 5672, pid, args)
             runs.update(amqp_runs(ab, 5672, pid, args))
             results.setdefault("RabbitMQ", []).append(runs)
-    if args.json_out:
-        with open(args.json_out, "w") as f:
-            json.dump(results, f, indent=1)
+        if args.json_out:  # after each repeat: a run cut short keeps what it measured
+            with open(args.json_out, "w") as f:
+                json.dump(results, f, indent=1)
     if args.svg:
         with open(args.svg, "w") as f:
             f.write(svg(results, args.only))
