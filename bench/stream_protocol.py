@@ -62,8 +62,8 @@ PROTOCOL = [
      ["--size", "1024", "--streams", "4", "--producers", "4", "--consumers", "4"]),
     ("SP5", "read one stream from first, 16 B", []),
 ]
-AMQP = [("S9", "S9 publish 1 KiB, confirms (window 100)"), ("S10", "S10 read from first, prefetch 1000"),
-        ("S11", "S11 ten consumers, same stream (deliveries/s)")]
+AMQP = [("S9", "publish 1 KiB, confirms (window 100)"), ("S10", "read from first, prefetch 1000"),
+        ("S11", "ten consumers, same stream (deliveries/s)")]
 
 
 def build(src: str, binary: str, patch: str | None = None) -> str:
