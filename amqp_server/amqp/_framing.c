@@ -371,11 +371,17 @@ static PyObject *chunk_frame(const unsigned char *buf, const entry_t *entries, P
     if (out == NULL)
         return NULL;
     unsigned char *p = (unsigned char *)PyBytes_AS_STRING(out), *data = p + head + CHUNK_HEAD, *q = data;
+    uint32_t crc;
+    /* Copying and checksumming touch only the new object and the caller's buffer: other
+     * threads (the event loop, while this runs on the reader thread) run meanwhile. */
+    Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < count; i++) {
         q = put32(q, (uint32_t)entries[i].len);
         memcpy(q, buf + entries[i].at, entries[i].len);
         q += entries[i].len;
     }
+    crc = crc32_of(0, data, data_len);
+    Py_END_ALLOW_THREADS
     p = put32(p, (uint32_t)(head - 4 + CHUNK_HEAD + data_len));
     p = put16(p, 8); /* Deliver */
     p = put16(p, committed >= 0 ? 2 : 1);
@@ -389,7 +395,7 @@ static PyObject *chunk_frame(const unsigned char *buf, const entry_t *entries, P
     p = put64(p, stamp);
     p = put64(p, 1); /* epoch */
     p = put64(p, first);
-    p = put32(p, crc32_of(0, data, data_len));
+    p = put32(p, crc);
     p = put32(p, (uint32_t)data_len);
     memset(p, 0, 8); /* trailer length, filter size, reserved */
     return out;
@@ -412,13 +418,26 @@ static PyObject *stream_chunks(PyObject *Py_UNUSED(module), PyObject *args)
     PyObject *frames = PyList_New(0);
     if (entries == NULL || frames == NULL)
         goto fail;
+    /* The records' checks first, without the GIL (they read only the caller's buffer): the
+     * whole records before `checked` check out; the one at `checked`, if any, does not. */
+    Py_ssize_t checked = 0;
+    Py_BEGIN_ALLOW_THREADS
+    while (checked + RECORD_MIN <= size) {
+        uint32_t length = get32(buf + checked);
+        Py_ssize_t end = checked + 9 + (Py_ssize_t)length;
+        if (end > size || length < 16 || buf[end - 1] != 0xFF
+            || crc32_of(0, buf + checked + 4, length) != get32(buf + end - 5))
+            break;
+        checked = end;
+    }
+    Py_END_ALLOW_THREADS
     while (pos + RECORD_MIN <= size) {
         uint32_t length = get32(buf + pos);
         uint64_t offset = get64(buf + pos + 4);
         Py_ssize_t end = pos + 9 + (Py_ssize_t)length;
         if (end > size)
             break;
-        if (length < 16 || buf[end - 1] != 0xFF || crc32_of(0, buf + pos + 4, length) != get32(buf + end - 5)) {
+        if (pos >= checked) { /* checked above: a whole record there does not check out */
             stop = STOP_DAMAGED;
             break;
         }
@@ -564,20 +583,24 @@ static PyObject *publish_records(PyObject *Py_UNUSED(module), PyObject *args)
     }
     entries = PyList_New(0);
     data = PyBytes_FromStringAndSize(NULL, total);
-    if (entries == NULL || data == NULL)
+    Py_ssize_t *due = PyMem_Malloc((count ? count : 1) * 2 * sizeof(Py_ssize_t)); /* (index, position) */
+    if (entries == NULL || data == NULL || due == NULL) {
+        PyMem_Free(due);
         goto done;
+    }
+    Py_ssize_t ndue = 0;
     unsigned char *p = (unsigned char *)PyBytes_AS_STRING(data), *start = p;
     at = pos;
+    /* Framing and checksumming touch only the new object and the caller's buffers: other
+     * threads (the reader thread building deliveries) run meanwhile. */
+    Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < count; i++) {
         uint32_t length = get32(buf + at + 8);
         uint32_t body = 16 + (uint32_t)prefix.len + length;
         if (since_index >= interval) {
-            PyObject *entry = Py_BuildValue("(Kn)", first + (unsigned long long)i, (Py_ssize_t)(p - start));
-            if (entry == NULL || PyList_Append(entries, entry) < 0) {
-                Py_XDECREF(entry);
-                goto done;
-            }
-            Py_DECREF(entry);
+            due[2 * ndue] = i;
+            due[2 * ndue + 1] = p - start;
+            ndue++;
             since_index = 0;
         }
         since_index += 9 + body;
@@ -593,6 +616,17 @@ static PyObject *publish_records(PyObject *Py_UNUSED(module), PyObject *args)
         *p++ = 0xFF; /* storage.record.END_MARKER */
         at += 12 + (Py_ssize_t)length;
     }
+    Py_END_ALLOW_THREADS
+    for (Py_ssize_t k = 0; k < ndue; k++) {
+        PyObject *entry = Py_BuildValue("(Kn)", first + (unsigned long long)due[2 * k], due[2 * k + 1]);
+        if (entry == NULL || PyList_Append(entries, entry) < 0) {
+            Py_XDECREF(entry);
+            PyMem_Free(due);
+            goto done;
+        }
+        Py_DECREF(entry);
+    }
+    PyMem_Free(due);
     out = Py_BuildValue("(OOK)", data, entries, since_index);
 done:
     Py_XDECREF(data);
