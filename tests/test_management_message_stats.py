@@ -77,9 +77,10 @@ def test_exchanges_count_what_was_published_to_them_and_routed_from_them(sampled
     assert stats(api, "/api/exchanges/%s/quiet" % v) is None
     # routed nowhere: published in, nothing out (no publish_out at all, as RabbitMQ)
     assert counters(stats(api, "/api/exchanges/%s/amq.direct" % v)) == {"publish_in": 1}
-    assert counters(stats(api, "/api/exchanges/%s/amq.default" % v)) == {"publish_in": 2, "publish_out": 1}
+    # the default exchange counts the queue its key names, there or not (RabbitMQ 3.10's count)
+    assert counters(stats(api, "/api/exchanges/%s/amq.default" % v)) == {"publish_in": 2, "publish_out": 2}
     listed = {x["name"]: counters(x.get("message_stats")) for x in api.get("/api/exchanges/" + v).body}
-    assert listed["in"] == {"publish_in": 5, "publish_out": 10} and listed[""] == {"publish_in": 2, "publish_out": 1}
+    assert listed["in"] == {"publish_in": 5, "publish_out": 10} and listed[""] == {"publish_in": 2, "publish_out": 2}
     everywhere = [x for x in api.get("/api/exchanges").body if x["vhost"] == vhost and x["name"] == "in"]
     assert counters(everywhere[0]["message_stats"]) == {"publish_in": 5, "publish_out": 10}
     # the API's publish counts too (RabbitMQ runs it on a channel)
