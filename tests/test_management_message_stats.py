@@ -10,7 +10,7 @@ from urllib.parse import quote
 import pika
 import pytest
 
-from helpers import connect, unique, wait_for
+from helpers import unique, wait_for
 from http_api import Api, segment
 
 RATES = "msg_rates_age=60&msg_rates_incr=5"

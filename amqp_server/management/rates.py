@@ -6,10 +6,10 @@ reports rates every `interval` seconds (RabbitMQ's
 collect_statistics_interval, 5 s): each queue, vhost, connection, channel
 and exchange, and the node. A channel or an exchange that has counted
 nothing yet is not sampled (it has no history: its values were 0), so the
-many that never see a message cost nothing. A sample goes into the object's `history.Track`; the current
-rate is the change between the last two samples divided by the time
-between them ("basic" rates mode), and a request with a range reads the
-samples (`Reading`). Tracks are keyed by the identity of the live object
+many that never see a message cost nothing. A sample goes into the
+object's `history.Track`; the current rate is the change between the last
+two samples divided by the time between them ("basic" rates mode), and a
+request with a range reads the samples (`Reading`). Tracks are keyed by the identity of the live object
 and rebuilt each round, so deleted objects drop out and a recreated queue
 starts from zero.
 """

@@ -14,7 +14,7 @@ from collections import Counter
 from urllib.parse import quote
 
 from vhosts.node import NODE
-from amqp_server.management.rates import (CHANNEL_CONSUMING, CHANNEL_PUBLISHING, EXCHANGE_STATS, LENGTHS,  # noqa: F401
+from amqp_server.management.rates import (CHANNEL_CONSUMING, CHANNEL_PUBLISHING, LENGTHS,  # noqa: F401
                                           QUEUE_STATS, VHOST_STATS, Reading)
 
 
