@@ -35,9 +35,11 @@ def unique(prefix: str = "t") -> str:
     return "%s-%s" % (prefix, uuid.uuid4().hex[:10])
 
 
-def wait_for(predicate, timeout: float = 5.0, interval: float = 0.01, what: str = "the condition"):
+def wait_for(predicate, timeout: float = 5.0, interval: float = 0.01, what: str = "the condition",
+             raising: type[Exception] = AssertionError):
     """Poll `predicate` until it returns a truthy value, and return that
-    (no sleeps as sync); after `timeout` seconds, an AssertionError that
+    (no sleeps as sync); after `timeout` seconds, `raising` (an
+    AssertionError unless a caller that recovers asks for another) that
     names `what` was waited for."""
     deadline = time.monotonic() + timeout
     while True:
@@ -45,7 +47,7 @@ def wait_for(predicate, timeout: float = 5.0, interval: float = 0.01, what: str 
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError("timed out after %.1f s waiting for %s" % (timeout, what))
+            raise raising("timed out after %.1f s waiting for %s" % (timeout, what))
         time.sleep(interval)
 
 

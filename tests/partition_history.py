@@ -15,6 +15,7 @@ monotonic clock when the client saw it:
 - `ack`      a basic.ack sent for a delivery
 - `settle`   a synchronous reply (basic.qos-ok) on the consumer's channel:
              every ack that channel sent before it has been handled by the broker
+- `cut`      the harness cut the client's path to host `node`; `mend` it healed it
 
 and the terms seen in etcd, polled from one thread: a term is a leader key
 (the leader, and the key's create revision: every election creates the key
@@ -40,10 +41,15 @@ The rules (`check`):
 4. At most one node confirms per term: a confirm that arrives while a term
    certainly holds (within its [seen, last]) must come from that term's
    leader. A stale leader's confirm is caught that way: etcd showed no
-   leader, or another one, before the confirm arrived and after it. (A
-   confirm sent in time but held up in the network for longer than the
-   lease's margin would be reported too; the harness holds no client's
-   traffic that long without also holding the leader's lease past its end.)
+   leader, or another one, before the confirm arrived and after it. A
+   confirm held up in the network is judged at the earliest time it can
+   have been sent: when the harness cut the path it arrived by (the
+   `via` host's, `cut`), if it arrives during that cut or within the
+   cut's length plus a second after the `mend` (TCP retransmits with a
+   backoff that at most doubles the time waited so far). Without that, a
+   leader's confirm sent in its term, just before the leader was isolated
+   from everyone, the client included, and retransmitted after the
+   healing, would count as the next term's.
 5. Every node in sync again after healing: recorded by the harness per
    fault (`Fault.in_sync_after`), not from the history.
 """
@@ -122,6 +128,20 @@ class History:
         return {op.number for op in self.ops if op.kind == "deliver"}
 
 
+def _cuts(ops: list[Op]) -> dict[str, list[tuple[float, float]]]:
+    """host -> the intervals its path to the client was cut (one still cut at the end lasts forever)."""
+    cuts: dict[str, list[tuple[float, float]]] = {}
+    began: dict[str, float] = {}
+    for op in ops:
+        if op.kind == "cut":
+            began.setdefault(op.node, op.t)
+        elif op.kind == "mend" and op.node in began:
+            cuts.setdefault(op.node, []).append((began.pop(op.node), op.t))
+    for host, start in began.items():
+        cuts.setdefault(host, []).append((start, float("inf")))
+    return cuts
+
+
 def _settled(ops: list[Op]) -> dict[int, float]:
     """number -> when its first ack was settled."""
     pending: dict[int, list[int]] = {}
@@ -173,6 +193,7 @@ def check(ops: list[Op], terms: list[Term]) -> Verdict:
     ops = sorted(ops, key=lambda op: op.t)
     verdict = Verdict(terms=len({(t.leader, t.term) for t in terms if t.leader is not None}))
     node_of = {op.conn: op.node for op in ops if op.kind == "connect"}
+    node_via = {op.conn: op.via or op.node for op in ops if op.kind == "connect"}
     settled = _settled(ops)
     starts = [term.seen for term in terms]
     new_leaders = [term for term in terms if term.leader is not None]
@@ -186,6 +207,15 @@ def check(ops: list[Op], terms: list[Term]) -> Verdict:
         """Whether a term with a leader may have begun after `a`, before `b`."""
         return any(term.not_before < b and term.seen > a for term in new_leaders)
 
+    cuts = _cuts(ops)
+
+    def sent_no_earlier(op: Op) -> float:
+        """The earliest time `op` (a reply that arrived at op.t) can have been sent."""
+        for start, end in cuts.get(node_via.get(op.conn), ()):
+            if start <= op.t <= end + (end - start) + 1.0:
+                return start
+        return op.t
+
     delivered: set[int] = set()
     for op in ops:
         kind = op.kind
@@ -193,7 +223,7 @@ def check(ops: list[Op], terms: list[Term]) -> Verdict:
             verdict.published += 1
         elif kind == "confirm":
             verdict.confirmed += 1
-            term = term_at(op.t)
+            term = term_at(sent_no_earlier(op))
             node = node_of.get(op.conn)
             if term is not None and term.leader != node:
                 verdict.foreign_confirms.append((op.number, node, term.leader, term.term, op.t))

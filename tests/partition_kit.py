@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import netns
+from helpers import wait_for
 from partition_history import History, check
 from server_process import ServerProcess, spawn
 
@@ -64,14 +65,9 @@ def requirements_missing(faults=FAULTS) -> str | None:
 
 
 def until(predicate, timeout: float, what: str, interval: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError("timed out after %.0f s waiting for %s" % (timeout, what))
-        time.sleep(interval)
+    """helpers.wait_for, raising TimeoutError: a run goes on after a fault
+    the cluster did not recover from, and the checker judges what happened."""
+    return wait_for(predicate, timeout, interval, what, raising=TimeoutError)
 
 
 # -- the processes -------------------------------------------------------------
@@ -512,6 +508,8 @@ def inject(cluster: Cluster, workload: Workload, kind: str, resync_timeout: floa
 
     def begun() -> None:
         fault.started = time.monotonic()
+        for host in _cut_from_client(net):
+            cluster.history.record("cut", node=host)
     if kind == "leader-isolated":
         net.isolate(leader.name)
         begun()
@@ -554,7 +552,10 @@ def inject(cluster: Cluster, workload: Workload, kind: str, resync_timeout: floa
     else:
         raise ValueError("no such fault: %s" % kind)
     fault.healed = time.monotonic()
+    cut = _cut_from_client(net)
     net.heal()
+    for host in cut:
+        cluster.history.record("mend", node=host)
     for node in cluster.nodes:  # as systemd's Restart=on-failure would
         if not node.running():
             fault.note += "; %s exited (status %s): restarted" % (node.name, node.process.returncode)
@@ -579,6 +580,11 @@ def inject(cluster: Cluster, workload: Workload, kind: str, resync_timeout: floa
         fault.confirmed_during = firsts[0].t < fault.healed
     fault.longest_gap = workload.history.longest_gap(fault.started, time.monotonic(), above=PROBE)
     return fault
+
+
+def _cut_from_client(net) -> list[str]:
+    """The hosts the harness's client namespace cannot reach now."""
+    return [name for name in net.hosts if net.hosts[name].address in net.blocked["client"]]
 
 
 def _fill(path: Path) -> None:

@@ -1,7 +1,7 @@
 """The stream protocol in a cluster (tests/cluster_kit.py): a follower
 forwards its stream port to the leader, whose metadata names the leader's
-own address, so a stream client that reached a follower publishes and
-reads on the leader; what was confirmed, and a stored offset, survive the
+own address and the in-sync followers' as replicas, so a stream client that
+reached a follower publishes and reads on the leader; what was confirmed, and a stored offset, survive the
 leader's SIGKILL and are read from the new leader."""
 from __future__ import annotations
 
@@ -18,15 +18,25 @@ from stream_scenarios import FIRST_SPEC, consumer, create, publish, read
 pytestmark = pytest.mark.timeout(150)
 
 
-def metadata_broker(port: int, stream: str) -> tuple[str, int]:
-    """The (host, port) a node's metadata names for `stream`'s leader."""
+def metadata(port: int, stream: str) -> tuple[tuple[str, int], list[tuple[str, int]]]:
+    """The (host, port) a node's metadata names for `stream`'s leader, and
+    those of its replicas."""
     with StreamRaw(port) as client:
         assert client.open() == 1
         client.request(0x0F, struct.pack(">i", 1), struct.pack(">H", len(stream)) + stream.encode())
         rest = client.read_key(0x800F)
-        (length,) = struct.unpack_from(">H", rest, 10)
-        host = rest[12:12 + length].decode()
-        return host, struct.unpack_from(">I", rest, 12 + length)[0]
+    brokers = {}
+    (count,), pos = struct.unpack_from(">i", rest, 4), 8  # after the correlation id
+    for _ in range(count):
+        reference, length = struct.unpack_from(">HH", rest, pos)
+        host = rest[pos + 4:pos + 4 + length].decode()
+        brokers[reference] = (host, struct.unpack_from(">I", rest, pos + 4 + length)[0])
+        pos += 8 + length
+    (length,) = struct.unpack_from(">H", rest, pos + 4)  # one entry: its name, code, leader, replicas
+    code, leader, replicas = struct.unpack_from(">HHi", rest, pos + 6 + length)
+    assert code == 1
+    references = struct.unpack_from(">%dH" % replicas, rest, pos + 14 + length)
+    return brokers[leader], [brokers[r] for r in references]
 
 
 def test_a_follower_forwards_and_a_failover_keeps_what_was_confirmed(tmp_path):
@@ -36,8 +46,11 @@ def test_a_follower_forwards_and_a_failover_keeps_what_was_confirmed(tmp_path):
         stream = unique("cs")
         port = follower.ports["stream"]
         assert asyncio.run(create(port, stream)) == "ok"
-        # Through the follower, metadata names the leader itself.
-        assert metadata_broker(port, stream) == ("127.0.0.1", leader.ports["stream"])
+        # Through the follower, metadata names the leader itself, and the follower as a replica once
+        # it is in sync (rstream then reads from it below: the follower forwards to the leader).
+        until(lambda: metadata(port, stream) == (("127.0.0.1", leader.ports["stream"]),
+                                                 [("127.0.0.1", follower.ports["stream"])]),
+              60, "metadata naming the leader and the in-sync follower")
         bodies = [b"c%d" % i for i in range(50)]
         assert asyncio.run(publish(port, stream, bodies)) == list(range(1, 51))
         assert [b for _o, b in asyncio.run(read(port, stream, FIRST_SPEC, 50))] == bodies

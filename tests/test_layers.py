@@ -59,7 +59,8 @@ SUBPACKAGES: dict[str, tuple[frozenset | None, frozenset]] = {
                           frozenset({"pamqp", "aiormq"})),
     # grpc: aetcd's transport, for etcd's TLS credentials (amqp_server.cluster.etcd)
     "amqp_server.cluster": (frozenset({"amqp_server.shared"}), frozenset({"aetcd", "grpc", "aiohttp"})),
-    "amqp_server.stream": (frozenset({"amqp_server.shared"}), frozenset({"pamqp"})),  # the stream protocol
+    # the stream protocol; cramjam: its compressed sub-entry batches (snappy, LZ4, zstd)
+    "amqp_server.stream": (frozenset({"amqp_server.shared"}), frozenset({"pamqp", "cramjam"})),
     "amqp_server.process": (ANYTHING, frozenset({"aiohttp", "uvloop"})),
 }
 # single modules outside amqp_server and the libraries they may import besides their package's, and why

@@ -75,3 +75,18 @@ def test_a_confirm_between_two_polls_that_saw_different_terms_is_not_judged():
     verdict = check(ops, TERMS)
     assert verdict.ok, verdict.problems()
     assert verdict.acked_back_allowed == 1
+
+
+def test_a_confirm_retransmitted_after_its_path_was_cut_is_judged_when_the_cut_began():
+    """n1 confirmed 1 just as the harness cut the client from it (at 9.5, in
+    n1's term); TCP brings the confirm after the mend at 13, in n2's term:
+    not n1 confirming in n2's term. The same confirm with no cut, or arriving
+    long after the mend, is reported."""
+    cut = [Op(9.5, "cut", node="n1"), Op(13.0, "mend", node="n1")]
+    late = [connect(1, 1, "n1"), Op(9.4, "send", conn=1, number=1), Op(14.0, "confirm", conn=1, number=1)]
+    drained = [connect(20, 2, "n2"), *consumed(21, 2, 1)]
+    verdict = check(late + cut + drained, TERMS)
+    assert verdict.ok, verdict.problems()
+    assert [c[:3] for c in check(late, TERMS).foreign_confirms] == [(1, "n1", "n2")]
+    much_later = late[:2] + [Op(25.0, "confirm", conn=1, number=1)]
+    assert [c[:3] for c in check(much_later + cut, TERMS).foreign_confirms] == [(1, "n1", "n2")]

@@ -9,13 +9,16 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import os
 import shutil
 import subprocess
 
+import cramjam
 import pika
 import pytest
 from rstream import (AMQPMessage, ConsumerOffsetSpecification, FilterConfiguration, OffsetNotFound, OffsetSpecification,
                      OffsetType, RouteType, SuperStreamConsumer, SuperStreamProducer, amqp_decoder)
+from rstream.compression import CompressionType, ICompressionCodec, StreamCompressionCodecs
 from rstream.superstream import SuperStreamCreationOption
 
 from conftest import ROOT, launch
@@ -101,8 +104,11 @@ async def test_create_stream_arguments(port):
     assert await create(port, stream, {"max-length-bytes": "lots"}) == "PreconditionFailed"
     assert await create(port, stream, {"unknown-argument": "1"}) == "PreconditionFailed"
     assert await create(port, stream, {"max-age": "1x"}) == "PreconditionFailed"
+    # The Bloom filter size's range (16..255), as the queue argument's (RabbitMQ 3.13+)
+    assert await create(port, stream, {"stream-filter-size-bytes": "15"}) == "PreconditionFailed"
+    assert await create(port, stream, {"stream-filter-size-bytes": "256"}) == "PreconditionFailed"
     assert await create(port, stream, {"max-length-bytes": "1000000", "max-age": "1h",
-                                       "stream-max-segment-size-bytes": "500000",
+                                       "stream-max-segment-size-bytes": "500000", "stream-filter-size-bytes": "255",
                                        "initial-cluster-size": "3", "queue-leader-locator": "least-leaders"}) == "ok"
     await delete(port, stream)
 
@@ -123,6 +129,131 @@ async def test_sub_entry_batches_plain_and_gzip(port):
     # Each message of a batch is a record of its own, with an offset of its own.
     assert got == [(i, b"No-%d" % i) for i in range(5)] + [(5 + i, b"Gzip-%d" % i) for i in range(5)]
     await delete(port, stream)
+
+
+# The codecs of the Java stream client's two factories (tests/client_scripts/SubEntryCodecs.java)
+# and the compression type each writes.
+JAVA_CODECS = {"xerial-snappy": "Snappy", "commons-snappy": "Snappy", "lz4-java": "Lz4", "commons-lz4": "Lz4",
+               "zstd-jni": "Zstd"}
+
+
+def java_compressed(plain: dict[str, bytes], directory) -> dict[tuple[str, str], bytes]:
+    """{(batch, codec): bytes} as the Java stream client's codecs compress
+    each batch's bytes: its libraries (xerial snappy-java, lz4-java,
+    zstd-jni, Commons Compress) from pyspark's jars, in one JVM."""
+    java = shutil.which("java")
+    try:
+        import pyspark
+    except ImportError:
+        pyspark = None
+    if java is None or pyspark is None:
+        unavailable("java or pyspark (whose jars hold the Java stream client's compression libraries) missing")
+    jars = os.path.join(os.path.dirname(pyspark.__file__), "jars", "*")
+    for name, data in plain.items():
+        (directory / name).write_bytes(data)
+    done = subprocess.run([java, "-cp", jars, str(ROOT / "tests" / "client_scripts" / "SubEntryCodecs.java"),
+                           *(str(directory / name) for name in plain)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return {(name, codec): (directory / ("%s.%s" % (name, codec))).read_bytes() for name in plain
+            for codec in JAVA_CODECS}
+
+
+class JavaCompressed(ICompressionCodec):
+    """rstream's codec interface (its way to add compression types) around
+    what a Java client's codec made of the same sub-entry batch: rstream
+    frames the batch and sends the Java client's bytes."""
+
+    def __init__(self, kind: CompressionType, made: dict[bytes, bytes]) -> None:
+        self.kind, self.made = kind, made
+        self.plain = self.buffer = b""
+        self.count = 0
+
+    def compress(self, messages) -> None:
+        self.plain = b"".join(len(bytes(m)).to_bytes(4, "big") + bytes(m) for m in messages)
+        self.buffer, self.count = self.made[self.plain], len(messages)
+
+    def uncompress(self, compressed_data: bytes, uncompressed_data_size: int) -> bytes:
+        raise NotImplementedError  # hutch delivers messages uncompressed
+
+    def compressed_size(self) -> int:
+        return len(self.buffer)
+
+    def uncompressed_size(self) -> int:
+        return len(self.plain)
+
+    def messages_count(self) -> int:
+        return self.count
+
+    def compression_type(self) -> int:
+        return self.kind.value
+
+    def data(self) -> bytes:
+        return self.buffer
+
+
+async def test_sub_entry_batches_snappy_lz4_zstd_as_the_java_client_compresses(hutch, port, tmp_path):
+    """Snappy (framing format), LZ4 (frame format) and zstd batches, the
+    bytes made by the Java stream client's own codecs, published with
+    rstream: each message a record of its own, read back by a stream
+    consumer and an AMQP 0-9-1 one; a batch that does not decompress to
+    what its header says is refused with 17 and stores nothing."""
+    stream = unique("s")
+    await create(port, stream)
+    batches = {codec: [AMQPMessage(body=b"%s-%d " % (codec.encode(), i) + b"the same words again " * 30)
+                       for i in range(4)] for codec in JAVA_CODECS}
+    plain = {codec: b"".join(len(bytes(m)).to_bytes(4, "big") + bytes(m) for m in messages)
+             for codec, messages in batches.items()}
+    made = java_compressed(plain, tmp_path)
+    statuses = []
+    registered = dict(StreamCompressionCodecs.available_compress_codecs)
+    try:
+        async with producer(port) as p:
+            for codec, messages in batches.items():
+                kind = CompressionType[JAVA_CODECS[codec]]
+                compressed = made[(codec, codec)]
+                assert len(compressed) < len(plain[codec]) // 4  # compressed indeed
+                StreamCompressionCodecs.register_codec(kind, JavaCompressed(kind, {plain[codec]: compressed}))
+                await p.send_sub_entry(stream, messages, compression_type=kind,
+                                       on_publish_confirm=lambda status: statuses.append(status.is_confirmed))
+            # zstd bytes that decompress to one byte more than the batch's header says: refused
+            short = [AMQPMessage(body=b"short")]
+            short_plain = len(bytes(short[0])).to_bytes(4, "big") + bytes(short[0])
+            StreamCompressionCodecs.register_codec(CompressionType.Zstd, _Declaring(
+                CompressionType.Zstd, bytes(cramjam.zstd.compress(short_plain + b"!")), len(short_plain), 1))
+            await p.send_sub_entry(stream, short, compression_type=CompressionType.Zstd,
+                                   on_publish_confirm=lambda status: statuses.append(status.response_code))
+            await until(lambda: len(statuses) == 6, what="six batch confirms or errors")
+    finally:
+        StreamCompressionCodecs.available_compress_codecs.clear()
+        StreamCompressionCodecs.available_compress_codecs.update(registered)
+    # the error is sent at once, the confirms once on disk
+    assert sorted(statuses, key=str) == [17] + [True] * 5
+    expected = [bytes(m.body) for messages in batches.values() for m in messages]
+    got = await read(port, stream, FIRST, 20)
+    assert got == list(enumerate(expected))
+    with pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", hutch.ports["AMQP"])) as connection:
+        channel = connection.channel()
+        channel.basic_qos(prefetch_count=100)
+        seen = []
+        channel.basic_consume(stream, lambda ch, method, props, body: seen.append(body),
+                              arguments={"x-stream-offset": "first"})
+        wait_for(lambda: connection.process_data_events(0.02) or len(seen) >= 20, 30, what="20 deliveries")
+    assert seen == expected
+    await delete(port, stream)
+
+
+class _Declaring(JavaCompressed):
+    """A codec that sends given bytes with a given uncompressed size and count."""
+
+    def __init__(self, kind: CompressionType, data: bytes, size: int, count: int) -> None:
+        super().__init__(kind, {})
+        self.buffer, self.size, self.count = data, size, count
+
+    def compress(self, messages) -> None:
+        pass
+
+    def uncompressed_size(self) -> int:
+        return self.size
 
 
 async def test_metadata_update_when_the_stream_is_deleted(port):

@@ -18,6 +18,7 @@ import pytest
 from conftest import BrokerProcess, launch
 from helpers import unique, wait_for
 from hutchctl_targets import hutchctl
+from storage.vhost_storage import dir_name
 
 STREAM = {"x-queue-type": "stream"}
 
@@ -227,37 +228,117 @@ def test_sigkill_cycles_under_confirmed_publishing_keep_every_confirmed_record_o
     assert all(b == b"%010d" % n + b"-" * (n % 300) for n, (_o, b) in zip(ids, got))
 
 
-def test_filtering_as_rabbitmq_3_13(conn):
+FILTER_VALUES = ["red", "blue", None, "green"]  # record i's x-stream-filter-value: FILTER_VALUES[i % 4]
+
+
+def filtered_pika(conn, queue: str, **arguments) -> tuple[list[int], bytes]:
+    """What a pika consumer with these arguments (from "first" unless they
+    say otherwise) gets up to the first end marker: (record numbers, the
+    marker). The markers follow every numbered record, so whatever the
+    consumer was to get has come by then."""
+    channel = conn.channel()
+    channel.basic_qos(prefetch_count=100)
+    got = []
+
+    def on_message(ch, method, properties, body):
+        got.append(body)
+        ch.basic_ack(method.delivery_tag)
+
+    channel.basic_consume(queue, on_message, arguments={"x-stream-offset": "first", **arguments})
+    wait_for(lambda: conn.process_data_events(0.02) or any(b.startswith(b"end") for b in got), 30,
+             what="an end marker")
+    channel.close()
+    return _up_to_marker(got)
+
+
+def _up_to_marker(got: list[bytes]) -> tuple[list[int], bytes]:
+    end = next(i for i, b in enumerate(got) if b.startswith(b"end"))
+    return [int(b[:3]) for b in got[:end]], got[end]
+
+
+async def filtered_aiormq(url: str, queue: str, arguments: dict) -> tuple[list[int], bytes]:
+    """The same with aiormq."""
+    connection = await aiormq.connect(url)
+    try:
+        channel = await connection.channel()
+        await channel.basic_qos(prefetch_count=100)
+        got: list[bytes] = []
+        done = asyncio.get_running_loop().create_future()
+
+        async def on_message(message):
+            got.append(message.body)
+            await message.channel.basic_ack(message.delivery.delivery_tag)
+            if message.body.startswith(b"end") and not done.done():
+                done.set_result(None)
+
+        await channel.basic_consume(queue, on_message, arguments=arguments)
+        await asyncio.wait_for(done, 30)
+        return _up_to_marker(got)
+    finally:
+        await connection.close()
+
+
+def test_filtering_as_rabbitmq_3_13(broker, conn):
+    """Filtered consumers get exactly the matching records (hutch's filter
+    is exact, docs/streams.md), across segments and from any offset, with
+    RabbitMQ 3.13-4.x's reading of the arguments: a non-string filter means
+    no filter, non-string list members are left out, a non-boolean
+    x-stream-match-unfiltered is false."""
     name = unique("stream-filter")
     channel = conn.channel()
-    declare_stream(channel, name)
+    declare_stream(channel, name, **{"x-stream-max-segment-size-bytes": 4000, "x-stream-filter-size-bytes": 32})
     channel.confirm_delivery()
-    for i, value in enumerate(["red", "blue", None, "red", "green", None]):
+    values = [FILTER_VALUES[i % 4] for i in range(60)]
+    for i, value in enumerate(values):
         headers = {"x-stream-filter-value": value} if value else {}
-        channel.basic_publish("", name, b"%d" % i, pika.BasicProperties(headers=headers))
+        channel.basic_publish("", name, b"%03d" % i + b"." * 200, pika.BasicProperties(headers=headers))
+    for value in ("red", "blue", "green"):
+        channel.basic_publish("", name, b"end-" + value.encode(),
+                              pika.BasicProperties(headers={"x-stream-filter-value": value}))
+    segments = list((broker.data_dir / "vhosts" / dir_name("/") / "streams" / dir_name(name)).glob("*.log"))
+    assert len(segments) >= 3, segments
 
-    def filtered(count, **arguments):
-        ch = conn.channel()
-        ch.basic_qos(prefetch_count=10)
-        got = []
-        ch.basic_consume(name, lambda c, m, p, b: got.append(b),
-                         arguments={"x-stream-offset": "first", **arguments})
-        wait_for(lambda: conn.process_data_events(0.02) or len(got) >= count)
-        conn.process_data_events(0.2)  # and nothing more
-        ch.close()
-        return got
+    def matching(wanted, start=0, unfiltered=False):
+        return [i for i in range(start, 60) if values[i] in wanted or (unfiltered and values[i] is None)]
 
-    assert filtered(2, **{"x-stream-filter": "red"}) == [b"0", b"3"]
-    assert filtered(2, **{"x-stream-filter": ["blue", "green"], "x-stream-match-unfiltered": False}) == \
-        [b"1", b"4"]
-    assert filtered(4, **{"x-stream-filter": ["blue", "green"], "x-stream-match-unfiltered": True}) == \
-        [b"1", b"2", b"4", b"5"]
-    assert filtered(6) == [b"%d" % i for i in range(6)]
+    assert filtered_pika(conn, name, **{"x-stream-filter": "red"}) == (matching({"red"}), b"end-red")
+    assert filtered_pika(conn, name, **{"x-stream-filter": ["blue", "green"], "x-stream-offset": 17}) == \
+        (matching({"blue", "green"}, 17), b"end-blue")
+    assert filtered_pika(conn, name, **{"x-stream-filter": ["blue"], "x-stream-match-unfiltered": True,
+                                        "x-stream-offset": 30}) == \
+        (matching({"blue"}, 30, unfiltered=True), b"end-blue")
+    assert filtered_pika(conn, name) == (list(range(60)), b"end-red")
+    # As RabbitMQ reads them: no filter; the list's strings; match-unfiltered false.
+    assert filtered_pika(conn, name, **{"x-stream-filter": 5}) == (list(range(60)), b"end-red")
+    assert filtered_pika(conn, name, **{"x-stream-filter": ["green", 7, True]}) == \
+        (matching({"green"}), b"end-green")
+    assert filtered_pika(conn, name, **{"x-stream-filter": "red", "x-stream-match-unfiltered": "yes"}) == \
+        (matching({"red"}), b"end-red")
+    # Another client, another start: aiormq from offset 41, green and the unfiltered records.
+    assert asyncio.run(filtered_aiormq(broker.url, name, {
+        "x-stream-offset": 41, "x-stream-filter": ["green"], "x-stream-match-unfiltered": True})) == \
+        (matching({"green"}, 41, unfiltered=True), b"end-green")
+    # A list without a string: RabbitMQ's reader crashes on it; hutch refuses it.
     bad = conn.channel()
     bad.basic_qos(prefetch_count=10)
     with pytest.raises(pika.exceptions.ChannelClosedByBroker, match="invalid arg 'x-stream-filter'"):
-        bad.basic_consume(name, lambda *a: None, arguments={"x-stream-filter": 5})
+        bad.basic_consume(name, lambda *a: None, arguments={"x-stream-filter": [5]})
     channel.queue_delete(name)
+
+
+@pytest.mark.parametrize("size, text", [
+    (15, "Invalid value for x-stream-filter-size-bytes"),
+    (256, "Invalid value for x-stream-filter-size-bytes"),
+    (-1, "invalid arg 'x-stream-filter-size-bytes' for queue '{q}' in vhost '/': {{value_negative,-1}}"),
+    ("a", "invalid arg 'x-stream-filter-size-bytes' for queue '{q}' in vhost '/': \"expected integer, got "
+          "longstr\""),
+])
+def test_filter_size_bytes_is_checked_as_rabbitmq_4(conn, size, text):
+    name = unique("stream-filter-size")
+    channel = conn.channel()
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+        declare_stream(channel, name, **{"x-stream-filter-size-bytes": size})
+    assert (refused.value.reply_code, refused.value.reply_text) == (406, "PRECONDITION_FAILED - " + text.format(q=name))
 
 
 def test_super_streams_with_hutchctl(broker, conn, api):

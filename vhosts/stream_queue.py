@@ -22,15 +22,17 @@ Theory of operation
   with its offset; the entry's seq is the offset.
 - Where a consumer starts (x-stream-offset): first, last (the newest
   record: hutch's chunk is one record), next (default: the first offset not
-  yet written), an offset (below the first kept one: the first kept one),
-  or a time (a timestamp or an interval such as "1h": the first record
+  yet written), an offset (below the first kept one: the first kept one;
+  beyond the end: that offset once written, as RabbitMQ 3.10-4.x deliver
+  over AMQP 0-9-1), or a time (a timestamp or an interval such as "1h": the first record
   appended at or after it, looked up on the reader thread).
 - Records (vhosts.stream_records) hold AMQP 0-9-1 or stream-protocol
   (AMQP 1.0) messages; a consumer here gets either as AMQP 0-9-1.
 - Filtering (RabbitMQ 3.13): a publish's `x-stream-filter-value` header is
   stored at the head of its record; a consumer with `x-stream-filter` (one
   value or a list) gets exactly the records with one of those values, plus
-  the records without a value when `x-stream-match-unfiltered` is true.
+  the records without a value when `x-stream-match-unfiltered` is true
+  (the arguments read as RabbitMQ reads them: stream_arguments.filters_of).
   RabbitMQ skips whole chunks by a Bloom filter and may deliver records
   that do not match (its clients filter again); hutch's filter is exact and
   decodes no message it skips, which a client filtering again cannot tell

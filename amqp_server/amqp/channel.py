@@ -320,9 +320,6 @@ class Channel(Deliveries):
         return waits
 
     def flush_confirms(self) -> None:
-        promising = self.connection.broker.promising
-        if promising is not None and not promising():
-            return  # a cluster leader whose lease may have run out confirms nothing
         awaiting = self._awaiting
         while True:
             first = next(iter(awaiting)) if awaiting else 0

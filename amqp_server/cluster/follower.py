@@ -57,6 +57,7 @@ class Follower:
         self.term = 0  # the highest leader term followed (the node starts it from its directory's)
         self.state = "syncing"
         self.position = 0  # received (not necessarily applied yet)
+        self.reached_live = False  # the last connection applied its snapshot
         self.synced: tuple[int, int] | None = None  # (term, position); written by the applier thread
         self._applier: threading.Thread | None = None  # the last connection's
         # Persists `synced` (amqp_server.cluster.state), on the applier thread;
@@ -80,6 +81,7 @@ class Follower:
             sock.close()
             raise TermRefused("its term %d is older than term %d, already followed" % (term, self.term))
         self.term = term
+        self.reached_live = False
         try:
             reader, writer = await asyncio.wait_for(asyncio.open_connection(
                 sock=sock, ssl=self.tls, server_hostname=host if self.tls else None), handshake.HANDSHAKE_SECONDS)
@@ -97,8 +99,10 @@ class Follower:
             waiting[0] -= size
             if waiting[0] <= APPLY_BUFFER // 2:
                 room.set()
-            if position is not None and not writer.is_closing():
-                writer.write(control(ACK, {"position": position}))
+            if position is not None:
+                self.reached_live = True  # the snapshot is applied and synced
+                if not writer.is_closing():
+                    writer.write(control(ACK, {"position": position}))
 
         def apply_loop() -> None:
             first = True

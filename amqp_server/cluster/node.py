@@ -68,6 +68,7 @@ Theory of operation:
 from __future__ import annotations
 
 import asyncio
+import errno
 import ipaddress
 import logging
 import os
@@ -96,6 +97,7 @@ from amqp_server.shared.figures import member_figures
 log = logging.getLogger("hutch.cluster")
 
 POLL_SECONDS = 0.25  # how often a follower looks at the leader key
+RETRY_SECONDS_MAX = 8.0  # the longest wait between failed replication connections
 MEMBERS_SECONDS = 1.0  # how often the leader refreshes what it reports of the others
 TRANSFER_SECONDS = 10  # a planned hand-over's etcd key lives this long at most
 FOUNDING_LEASES = 2  # an empty node founds a new cluster after this many lease_ttl from its start
@@ -148,6 +150,7 @@ class ClusterNode:
                                  cluster.replication_timeout)
         self.follower.record = lambda mark: self.directory.record_position(mark, fsync)
         self._following: asyncio.Task | None = None
+        self._retry_seconds = POLL_SECONDS  # before the next replication connection after a failure
         self._followed: str | None = None
         self._leader_info: dict = {}  # nodes/<leader> of the leader followed
         self._posted: dict | None = None  # positions/<name> as last written
@@ -173,10 +176,40 @@ class ClusterNode:
         (for followers to check) its cluster, term and lineage."""
         ports = {protocol: port for protocol, _host, port in (self.server.listeners if self.server else ())}
         return {"advertise": self.advertise, "replication_port": self.config.cluster.replication_port,
-                "role": self.role, "ports": ports, "pid": os.getpid(), "cluster": self.state.cluster,
+                "role": self.role, "ports": ports, "stream": self.stream_address(), "pid": os.getpid(),
+                "cluster": self.state.cluster,
                 "term": self.state.term, "lineage": self.state.lineage,
                 # memory, disk, descriptors: the leader's /api/nodes shows them for this member
                 "figures": member_figures(self.config, self.uptime_ms())}
+
+    def stream_address(self) -> dict | None:
+        """Where stream clients reach this node, leader or follower (its
+        stream listeners, or the proxy's that forward them): the leader's
+        stream metadata names the in-sync followers by it as replicas."""
+        settings = self.config.stream
+        if not settings.enabled:
+            return None
+        listening = {protocol: port for protocol, _host, port in self.server.listeners} if self.server \
+            else self.proxy.listening
+        port, tls_port = listening.get("stream"), listening.get("stream/ssl")
+        if settings.advertised_port:
+            port = settings.advertised_port
+            tls_port = tls_port and settings.advertised_port
+        return {"host": settings.advertised_host or self.advertise, "port": port, "tls_port": tls_port}
+
+    def stream_replicas(self, tls: bool) -> list[tuple[str, int]]:
+        """The in-sync followers' stream addresses (host, port), for this
+        leader's metadata: the members that hold every confirmed record, as
+        a RabbitMQ stream's replicas do. A follower serves a client through
+        the leader (it forwards the connection), which stream clients that
+        read from replicas accept: the leader is among their candidates."""
+        found = []
+        for name in self.replicator.in_sync if self.replicator else ():
+            address = (self.running.get(name) or {}).get("stream") or {}
+            port = address.get("tls_port" if tls else "port")
+            if port:
+                found.append((address["host"], port))
+        return found
 
     def uptime_ms(self) -> int:
         return int((time.monotonic() - self.started) * 1000)
@@ -406,6 +439,8 @@ class ClusterNode:
         if self._followed == leader and self._following is not None and not self._following.done():
             self._leader_info = info or self._leader_info
             return
+        if self._followed != leader:  # not a retry: no wait carried over from another leader
+            self._retry_seconds = POLL_SECONDS
         await self._unfollow()
         if info is None or info.get("cluster") is None:
             return  # not registered yet
@@ -435,13 +470,29 @@ class ClusterNode:
             self._replicate(leader, info["advertise"], info["replication_port"], aside))
 
     async def _replicate(self, leader: str, host: str, port: int, aside: str | None) -> None:
+        """One replication connection. After a failure the next waits
+        longer, up to RETRY_SECONDS_MAX, while the same leader is followed
+        (`_follow` starts again from POLL_SECONDS for another one): a
+        follower that cannot apply (a full disk) would otherwise be sent a
+        new snapshot four times a second. A connection that applied its
+        snapshot resets the wait."""
+        follower = self.follower
         try:
             log.info("following %s at %s:%d", leader, host, port)
-            await self.follower.follow(host, port, aside)
+            await follower.follow(host, port, aside)
             log.info("replication connection to %s ended", leader)
         except (OSError, ValueError) as exc:
-            log.warning("replication from %s: %s", leader, exc)
-            await asyncio.sleep(POLL_SECONDS)
+            if follower.reached_live:
+                self._retry_seconds = POLL_SECONDS
+            if getattr(exc, "errno", None) == errno.ENOSPC:
+                log.error("replication from %s: this node's disk is full (%s); retrying in %.1f s",
+                          leader, exc, self._retry_seconds)
+            else:
+                log.warning("replication from %s: %s", leader, exc)
+            await asyncio.sleep(self._retry_seconds)
+            self._retry_seconds = min(self._retry_seconds * 2, RETRY_SECONDS_MAX)
+        else:
+            self._retry_seconds = POLL_SECONDS
 
     async def _forward(self) -> None:
         """Listen where the broker would, forwarding to the leader."""
@@ -516,6 +567,7 @@ class ClusterNode:
         self.server = self.open_broker(self.config)
         server = self.server
         server.management.node.cluster = self
+        server.stream_node.replicas = self.stream_replicas
         server.broker.promising = self.keeper.valid  # also for confirms that wait for no disk
         # writer jobs complete in order, through the replication gate, after the definitions' record
         server.broker.durability_barrier = lambda done: server.writer.run(_nothing, lambda _result: done())
@@ -588,8 +640,7 @@ class ClusterNode:
         if server is None:
             return
         for connection in list(server.connections):
-            for channel in list(getattr(connection, "channels", {}).values()):
-                channel.flush_confirms()
+            connection.io.wake()  # output held by amqp_server.shared.client's fencing
         if self.replicator is not None:
             self.replicator.lease_revived()
 

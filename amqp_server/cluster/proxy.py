@@ -97,6 +97,7 @@ class Proxy:
         self.dial = dial
         self.servers: list[asyncio.Server] = []
         self.pipes: set[_Pipe] = set()
+        self.listening: dict[str, int] = {}  # protocol -> the port it listens on (what the node registers)
 
     async def listen(self, protocol: str, bind: str, port: int) -> None:
         loop = asyncio.get_running_loop()
@@ -112,6 +113,7 @@ class Proxy:
         for sock in server.sockets:
             host, bound = sock.getsockname()[:2]
             log.info("forwarding %s on %s:%d to the leader", protocol, host, bound)
+            self.listening[protocol] = bound
 
     async def _connect(self, pipe: _Pipe, protocol: str) -> None:
         await asyncio.sleep(0)  # the client side's connection_made has run
@@ -161,3 +163,4 @@ class Proxy:
         for server in self.servers:
             await server.wait_closed()
         self.servers.clear()
+        self.listening.clear()

@@ -76,6 +76,7 @@ def content_header(qos: int, size: int) -> bytes:
 
 
 class MQTTConnection(ClientConnection):
+    deaf = REFUSING  # a refused login waits out its delay reading nothing
     # What the management API reads of every connection (shapes.connection).
     auth_mechanism = "none"
     channel_max = 0
@@ -171,17 +172,6 @@ class MQTTConnection(ClientConnection):
         self.force_close(error.reply_text)
 
     # -- input -------------------------------------------------------------------
-
-    def received(self, data: bytes | memoryview) -> None:
-        """`data` is valid during this call only (a view of the shared read
-        buffer, amqp_server.shared.client): what is kept is copied."""
-        if self.state is CLOSED or self.state is REFUSING:
-            return
-        self._heard = True
-        self.recv_oct += len(data)
-        self.recv_cnt += 1
-        self.reader.feed(data)
-        self.parse()
 
     def parse(self) -> None:
         """Handle what arrived, up to INPUT_BUDGET bytes per loop turn (then
@@ -407,9 +397,6 @@ class MQTTConnection(ClientConnection):
             self._flush_pubacks()
 
     def _flush_pubacks(self) -> None:
-        promising = self.broker.promising
-        if promising is not None and not promising():
-            return  # a cluster leader whose lease may have run out acknowledges nothing
         pubacks = self._pubacks
         while pubacks and pubacks[0][1] <= 0:
             pid, _waits, kind = pubacks.popleft()

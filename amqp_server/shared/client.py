@@ -14,6 +14,15 @@ handed every record queued so far -- the acks' among them -- to the OS
 frame on this connection thus knows its acks survive a crash of the broker
 process (docs/storage.md, "Acks").
 
+Fencing: a cluster leader whose etcd lease may have run out (`broker.promising`
+false, amqp_server.cluster.lease) writes nothing to its clients, not only no
+confirm: a leader frozen past its lease (SIGSTOP, a stalled VM) wakes with
+deliveries to make and acks to answer, and a consumer that saw its ack
+answered (any later frame) would take it as done while the new leader, which
+never heard of it, delivers the message again. The cluster node wakes every
+connection when etcd answers that the lease is alive after all; if it is
+gone, the node stops and the held output goes with the connections.
+
 Reads land in one buffer shared by every connection: asyncio asks for it,
 fills it and hands it over in one synchronous step (get_buffer, recv_into,
 buffer_updated), and the connection's reader copies what it keeps before
@@ -56,6 +65,23 @@ class ClientConnection:
         transport = self.io.transport
         local = (transport.get_extra_info("sockname") if transport is not None else None) or ("", 0)
         return "%s:%d -> %s:%d" % (peer[0], peer[1], local[0], local[1])
+
+    # -- input ----------------------------------------------------------------------
+
+    # A state in which input is dropped unread besides CLOSED (MQTT's refused login).
+    deaf = CLOSED
+
+    def received(self, data) -> None:
+        """`data` is valid during this call only (a view of the shared read
+        buffer): the face's `reader` copies what it keeps. `_heard` tells the
+        face's heartbeat check that the client is alive."""
+        if self.state is CLOSED or self.state is self.deaf:
+            return
+        self._heard = True
+        self.recv_oct += len(data)
+        self.recv_cnt += 1
+        self.reader.feed(data)
+        self.parse()
 
     # -- flow control: the publisher port of vhosts ------------------------------
 
@@ -139,6 +165,9 @@ class ClientProtocol(asyncio.BufferedProtocol):
         transport = self.transport
         if transport is None or transport.is_closing():
             return
+        promising = self.broker.promising
+        if promising is not None and not promising():
+            return  # fencing (above): the cluster node wakes this connection if the lease holds
         connection = self.connection
         if connection.acks_handled:
             connection.acks_handled = False

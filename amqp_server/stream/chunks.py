@@ -5,14 +5,17 @@ publisher may send, compressed or not.
 A hutch log record is one message with one offset (vhosts.stream_records);
 a chunk here is a run of consecutive offsets read together, so a client
 numbers the entries of a chunk from its first offset, as with RabbitMQ.
-Sub-entry batches are unpacked at publish: each message becomes a record of
-its own (and gets an offset of its own), which AMQP 0-9-1 readers need; a
-stream-protocol reader gets them back as plain entries.
+Sub-entry batches are unpacked at publish, whatever their compression: each
+message becomes a record of its own (and gets an offset of its own), which
+AMQP 0-9-1 readers need; a stream-protocol reader gets them back as plain
+entries.
 """
 from __future__ import annotations
 
 import struct
 import zlib
+
+import cramjam
 
 _CHUNK_HEAD = struct.Struct(">BBHIqQQIIIBBBB")
 MAGIC_VERSION = 0x51  # osiris: magic 5, chunk format version 1
@@ -48,17 +51,34 @@ class BadBatch(ValueError):
 NONE, GZIP, SNAPPY, LZ4, ZSTD = range(5)
 
 
-# Decompressors of the sub-entry batch compression types: none and gzip (the
-# standard library's). Snappy, LZ4 and zstd batches get a publish error: the
-# clients frame those formats in ways of their own (the Java client's
-# framing), which no library here is known to match.
-def _gunzip(data: bytes, limit: int) -> bytes:
-    """At most limit + 1 bytes: a batch that inflates past the limit is
-    refused without inflating all of it."""
+# Decompressors of the sub-entry batch compression types, in the framings
+# the stream clients write (the Java client's codecs, the Go client's alike):
+# gzip (the standard library's zlib); Snappy's framing format (xerial's
+# SnappyFramedOutputStream, golang/snappy's buffered writer), the LZ4 frame
+# format (lz4-java's LZ4FrameOutputStream, pierrec/lz4) and zstd frames
+# (zstd-jni, klauspost/compress), all three with cramjam (one small binding
+# over Rust's snap and the reference LZ4 and zstd libraries). Each returns at most
+# `limit` + 1 bytes, so a batch that inflates past its bound is refused
+# without inflating all of it.
+def _gunzip(data: bytes, uncompressed: int, limit: int) -> bytes:
     return zlib.decompressobj(wbits=31).decompress(data, limit + 1)
 
 
-CODECS = {NONE: lambda data, limit: data, GZIP: _gunzip}
+def _framed(module):
+    """A cramjam codec, decoding into a buffer one byte larger than the
+    size the publisher gave: more than that is an error, and is not decoded
+    (cramjam streams into the buffer and stops when it is full)."""
+    def decompress(data: bytes, uncompressed: int, limit: int) -> memoryview:
+        out = bytearray(uncompressed + 1)
+        length = module.decompress_into(data, out)
+        if length > uncompressed:
+            raise ValueError("more than the %d bytes its header gives" % uncompressed)
+        return memoryview(out)[:length]
+    return decompress
+
+
+CODECS = {NONE: lambda data, uncompressed, limit: data, GZIP: _gunzip,
+          SNAPPY: _framed(cramjam.snappy), LZ4: _framed(cramjam.lz4), ZSTD: _framed(cramjam.zstd)}
 
 
 def unpack_batch(kind: int, count: int, uncompressed: int, data: bytes, limit: int,
@@ -70,7 +90,7 @@ def unpack_batch(kind: int, count: int, uncompressed: int, data: bytes, limit: i
     if uncompressed > limit or uncompressed < 0:
         raise BadBatch("a sub-entry batch of %d bytes uncompressed" % uncompressed, bad_code)
     try:
-        plain = codec(data, limit)
+        plain = codec(data, uncompressed, limit)
     except Exception as exc:  # each library raises its own errors on corrupt input
         raise BadBatch("cannot decompress a sub-entry batch: %s" % exc, bad_code) from None
     if len(plain) > limit:

@@ -147,15 +147,6 @@ class StreamConnection(ClientConnection):
 
     # -- input -------------------------------------------------------------------
 
-    def received(self, data) -> None:
-        if self.state is CLOSED:
-            return
-        self._heard = True
-        self.recv_oct += len(data)
-        self.recv_cnt += 1
-        self.reader.feed(data)
-        self.parse()
-
     def parse(self) -> None:
         """Handle the frames received whole, up to INPUT_BUDGET bytes per loop
         turn (then the rest waits a turn, so one client cannot starve the

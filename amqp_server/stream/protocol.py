@@ -3,6 +3,7 @@ what all stream connections of the broker share."""
 from __future__ import annotations
 
 import asyncio
+from typing import Callable
 
 from amqp_server.shared.client import ClientProtocol
 from amqp_server.stream.connection import StreamConnection
@@ -26,6 +27,9 @@ class StreamNode:
         self.listeners = listeners  # (protocol, address, port) of the node's open listeners
         self.groups = Groups()
         self._tracking: dict[int, Tracking] = {}
+        # (host, port) of each replica metadata names (TLS: the replicas' TLS ports); a cluster's
+        # leader sets it to its in-sync followers (amqp_server.cluster.node), one node has none.
+        self.replicas: Callable[[bool], list[tuple[str, int]]] = lambda tls: []
 
     def tracking(self, queue) -> Tracking:
         """The stream's tracking (loaded on first use)."""
@@ -47,9 +51,14 @@ class StreamNode:
         host = settings.advertised_host or self.config.cluster.advertise or (local[0] if local else "localhost")
         if settings.advertised_port:
             return host, settings.advertised_port
-        protocol = "stream/ssl" if transport is not None and transport.get_extra_info("ssl_object") else "stream"
+        protocol = "stream/ssl" if self.tls(connection) else "stream"
         port = next((bound for name, _host, bound in self.listeners if name == protocol), settings.port)
         return host, port
+
+    @staticmethod
+    def tls(connection) -> bool:
+        transport = connection.io.transport
+        return transport is not None and transport.get_extra_info("ssl_object") is not None
 
     def snapshot_all(self) -> None:
         """Write every changed tracking state now (the broker is stopping)."""

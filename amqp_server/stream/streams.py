@@ -14,11 +14,12 @@ log = logging.getLogger("hutch.stream")
 # vhost-layer reply codes as stream response codes
 CODES = {ACCESS_REFUSED: codes.ACCESS_REFUSED, NOT_FOUND: codes.STREAM_DOES_NOT_EXIST,
          PRECONDITION_FAILED: codes.PRECONDITION_FAILED}
-# create-stream arguments and the queue arguments they become (None: accepted, no meaning on one node)
+# create-stream arguments and the queue arguments they become (None: accepted, no meaning on one node;
+# stream-filter-size-bytes is range-checked as the queue argument, though hutch keeps no Bloom filter)
 ARGUMENTS = {"max-length-bytes": ("x-max-length-bytes", int), "max-age": ("x-max-age", str),
              "stream-max-segment-size-bytes": ("x-stream-max-segment-size-bytes", int),
              "initial-cluster-size": (None, int), "queue-leader-locator": (None, str),
-             "stream-filter-size-bytes": (None, int)}
+             "stream-filter-size-bytes": ("x-stream-filter-size-bytes", int)}
 
 
 def queue_arguments(arguments: dict[str, str]) -> dict:
@@ -62,23 +63,27 @@ def delete(conn, version: int, f: Fields) -> None:
 
 
 def metadata(conn, version: int, f: Fields) -> None:
-    """The leader (this node) of each stream; the broker list names only the
+    """The leader (this node) of each stream and its replicas: in a
+    cluster the in-sync followers (every stream is on every member), on one
+    node none, as RabbitMQ with one node. The broker list names only the
     brokers an entry refers to, as RabbitMQ's (none when no stream exists)."""
     correlation = f.u32()
     streams = f.strings()
     entries = []
     found = False
+    replicas = conn.node.replicas(conn.node.tls(conn))
+    references = frames.array([frames.u16(1 + i) for i in range(len(replicas))])
     for name in streams:
         if conn.stream(name) is not None:
             found = True
-            entries.append(frames.string(name) + frames.u16(codes.OK) + frames.u16(0) + frames.array([]))
+            entries.append(frames.string(name) + frames.u16(codes.OK) + frames.u16(0) + references)
         else:
             entries.append(frames.string(name) + frames.u16(codes.STREAM_DOES_NOT_EXIST) + frames.u16(0xFFFF)
                            + frames.array([]))
     brokers = []
     if found:
-        host, port = conn.node.advertised(conn)
-        brokers.append(frames.u16(0) + frames.string(host) + frames.u32(port))
+        for reference, (host, port) in enumerate([conn.node.advertised(conn), *replicas]):
+            brokers.append(frames.u16(reference) + frames.string(host) + frames.u32(port))
     conn.send(frames.frame(codes.METADATA | codes.RESPONSE, 1, frames.u32(correlation), frames.array(brokers),
                            frames.array(entries)))
 

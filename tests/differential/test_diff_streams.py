@@ -149,3 +149,22 @@ def test_reading_from_offsets_with_credit_and_independent_consumers(differ):
     delivered = [o for o in rabbit if o[0] == "Basic.Deliver"]
     assert delivered[0][6:] == ("m0", {"content_type": "text/plain", "headers": {"i": 0, "x-stream-offset": 0}})
     assert [o[6] for o in delivered[:5]] == ["m0", "m1", "m2", "m3", "m4"]
+
+
+def test_an_offset_past_the_end_delivers_from_that_offset(differ):
+    """x-stream-offset beyond the last record: the reader attaches at the
+    end and delivers nothing below the offset asked for. RabbitMQ 3.11-4.x
+    do the same over AMQP 0-9-1 (osiris attaches the reader at `next`,
+    rabbit_stream_queue drops records below the consumer's start offset);
+    3.10.8 is the reference here."""
+    rabbit = _same(differ, [
+        stream(),
+        op("confirm.select", on="2.1"),
+        *[op("publish_confirmed", on="2.1", exchange="", routing_key="{s}", body="m%d" % i) for i in range(3)],
+        op("basic.qos", prefetch_count=10),
+        op("basic.consume", queue="{s}", consumer_tag="far", arguments={"x-stream-offset": 5}),
+        *[op("publish_confirmed", on="2.1", exchange="", routing_key="{s}", body="m%d" % i) for i in range(3, 8)],
+        op("deliveries", count=3),
+        op("queue.delete", queue="{s}"),
+    ])
+    assert [o[6] for o in rabbit if o[0] == "Basic.Deliver"] == ["m5", "m6", "m7"]
