@@ -207,3 +207,16 @@ def test_exchanges_and_channels_keep_their_history(sampled, vhost):
         assert newest(listed[0]["message_stats"]["publish_details"]) == 3
         # without a range: the rate alone, as before
         assert set(stats(api, "/api/channels/" + quote(name, safe=""))["publish_details"]) == {"rate"}
+
+
+def test_cc_and_bcc_count_the_queues_the_default_exchange_reaches(sampled, vhost):
+    broker, api = sampled
+    v = segment(vhost)
+    with opened(broker, vhost) as connection:
+        channel = connection.channel()
+        for queue in ("to", "cc"):
+            channel.queue_declare(queue)
+        # to "to", CC "cc" and "missing", BCC "to" again: two queues there (RabbitMQ 3.10's count)
+        channel.basic_publish("", "to", b"m", pika.BasicProperties(headers={"CC": ["cc", "missing"], "BCC": ["to"]}))
+        connection.process_data_events(0)
+    assert counters(stats(api, "/api/exchanges/%s/amq.default" % v)) == {"publish_in": 1, "publish_out": 2}

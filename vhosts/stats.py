@@ -53,8 +53,9 @@ class MessageStats:
 class ExchangeStats:
     """An exchange's RabbitMQ `publish_in` (messages published to it) and
     `publish_out` (copies it routed to queues, through exchange-to-exchange
-    bindings and its alternate exchange too; for the default exchange, as
-    RabbitMQ counts it, the queues its routing keys name, existing or not).
+    bindings and its alternate exchange too; as RabbitMQ 3.10 counts it, a
+    publish to the default exchange with one routing key counts one even
+    when no queue has that name).
     `publish_out` is derived as `publish_in + routed_beyond_one`, the latter
     counting only publishes that went to other than one queue (by n - 1),
     so the commonest publish, to one queue, costs one increment."""

@@ -846,11 +846,8 @@ class VirtualHost:
             storage.writer.flow_waiters.add(publisher)
             publisher.throttled_by(storage.writer)
         reached = len(targets)
-        if name:
-            if reached != 1:
-                counted.routed_beyond_one += reached - 1
-        elif len(routing_keys) != 1:
-            # RabbitMQ counts the queues the default exchange names (its keys,
-            # CC and BCC), existing or not: one per publish unless CC/BCC.
-            counted.routed_beyond_one += len(set(routing_keys)) - 1
+        # RabbitMQ 3.10 counts the one queue a single-key publish to the default
+        # exchange names as routed to even when it does not exist.
+        if reached != 1 and (name or len(routing_keys) != 1):
+            counted.routed_beyond_one += reached - 1
         return reached, waits, rejected

@@ -151,7 +151,8 @@ def test_bad_ranges_are_refused_as_rabbitmq_refuses_them(vhost_on_both, query):
 def exchange_and_channel_traffic(url: str, vhost: str):
     """On one connection: a channel publishing with confirms to a fanout
     exchange bound to two queues (through an exchange-to-exchange binding for
-    one), and an unroutable message each way; a channel getting, consuming and
+    one), an unroutable message each way, and one to the default exchange with
+    CC and BCC keys (one naming no queue); a channel getting, consuming and
     acking; one doing nothing. The connection is left open (its channels are
     what is compared)."""
     connection = pika.BlockingConnection(pika.URLParameters(url.rstrip("/") + "/" + segment(vhost)))
@@ -168,6 +169,9 @@ def exchange_and_channel_traffic(url: str, vhost: str):
     with pytest.raises(pika.exceptions.UnroutableError):
         publisher.basic_publish("amq.direct", "nowhere", b"m", mandatory=True)
     publisher.basic_publish("", "nowhere", b"m")
+    for queue in ("q3", "q4"):
+        publisher.queue_declare(queue)
+    publisher.basic_publish("", "q3", b"m", pika.BasicProperties(headers={"CC": ["q4", "missing"], "BCC": ["q3"]}))
     consumer = connection.channel()
     method, _props, _body = consumer.basic_get("q1")
     consumer.basic_ack(method.delivery_tag)
