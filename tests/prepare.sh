@@ -120,7 +120,10 @@ if port_open; then
     say "something already listens on port ${RABBITMQ_PORT}; using it as the reference RabbitMQ"
 else
     say "starting rabbitmq-server"
-    rabbitmq-server -detached || say "rabbitmq-server -detached exited with $?"
+    # rabbitmq-server runs as the rabbitmq user, who may not read this checkout: a readable copy
+    conf=/tmp/hutch-reference-rabbitmq.conf
+    install -m 644 tests/rabbitmq.conf "${conf}"
+    RABBITMQ_CONFIG_FILE="${conf}" rabbitmq-server -detached || say "rabbitmq-server -detached exited with $?"
     deadline=$((SECONDS + STARTUP_SECONDS))
     until port_open; do
         if [ "${SECONDS}" -ge "${deadline}" ]; then
