@@ -35,7 +35,7 @@ installed() {
 
 # package -> the tests that need it (what a newcomer without it loses)
 declare -A NEEDED_BY=(
-    [default-jre-headless]="Spark: tests/test_spark_*.py; the Java stream client's compression codecs (tests/test_stream_protocol.py)"
+    [default-jre-headless]="Spark: tests/test_spark_*.py"
     [rabbitmq-server]="the differential tests (tests/differential), the hutchctl tests against RabbitMQ"
     [mosquitto]="tests/test_mqtt_differential.py"
     [gcc]="the C twins' tests (tests/test_fastpath.py, tests/test_framing.py)"
@@ -120,10 +120,7 @@ if port_open; then
     say "something already listens on port ${RABBITMQ_PORT}; using it as the reference RabbitMQ"
 else
     say "starting rabbitmq-server"
-    # rabbitmq-server runs as the rabbitmq user, who may not read this checkout: a readable copy
-    conf=/tmp/hutch-reference-rabbitmq.conf
-    install -m 644 tests/rabbitmq.conf "${conf}"
-    RABBITMQ_CONFIG_FILE="${conf}" rabbitmq-server -detached || say "rabbitmq-server -detached exited with $?"
+    rabbitmq-server -detached || say "rabbitmq-server -detached exited with $?"
     deadline=$((SECONDS + STARTUP_SECONDS))
     until port_open; do
         if [ "${SECONDS}" -ge "${deadline}" ]; then
