@@ -35,7 +35,7 @@ installed() {
 
 # package -> the tests that need it (what a newcomer without it loses)
 declare -A NEEDED_BY=(
-    [default-jre-headless]="Spark: tests/test_spark_*.py"
+    [default-jre-headless]="Spark: tests/test_spark_*.py; the Java stream client's compression codecs (tests/test_stream_protocol.py)"
     [rabbitmq-server]="the differential tests (tests/differential), the hutchctl tests against RabbitMQ"
     [mosquitto]="tests/test_mqtt_differential.py"
     [gcc]="the C twins' tests (tests/test_fastpath.py, tests/test_framing.py)"
