@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from types import SimpleNamespace
 
 from amqp_server.amqp.protocol import AMQPProtocol
 from storage.writer import AppendFile, GroupCommitWriter
@@ -53,7 +54,8 @@ async def _held_until_the_acks_record_is_written(tmp_path) -> None:
     writer = GroupCommitWriter(loop, "flush")
     release = threading.Event()
     try:
-        protocol = AMQPProtocol(None, None, set(), None, None, writer)
+        # a broker of a single node: it always promises (no cluster lease fences its output)
+        protocol = AMQPProtocol(SimpleNamespace(promising=None), None, set(), None, None, writer)
         protocol.transport, protocol.connection = Socket(), Output()
         connection, socket = protocol.connection, protocol.transport
         writer.run(lambda: release.wait(60))  # the writer is busy (an fsync, a compaction)
