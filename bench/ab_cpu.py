@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import amqpbench, build_amqpbench, free_port, wait_serving, AMQPBENCH_SRC  # noqa: E402
 from scenarios import S2_SHAPE  # noqa: E402
 
-SHAPES = {"S2": S2_SHAPE, "S3": S2_SHAPE + " --persistent --confirm 100"}
+SHAPES = {"S1": "--size 16 --autoack", "S2": S2_SHAPE, "S3": S2_SHAPE + " --persistent --confirm 100"}
 
 
 def start(checkout: str, data_dir: str) -> tuple[subprocess.Popen, int]:

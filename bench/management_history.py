@@ -1,5 +1,6 @@
 """Cost of the management API's history (amqp_server/management/history.py)
-with 10,000 queues: memory and CPU (docs/management.md, "History").
+with 10,000 queues, exchanges and channels: memory and CPU (docs/management.md,
+"History").
 
 Two parts:
 
@@ -8,14 +9,16 @@ Two parts:
    for the whole retention (an hour and 605 s of samples, on a simulated
    clock), measured with tracemalloc; then the same tracks idle (values
    that never change). This is what the history can hold at most and at
-   least per queue, whatever the traffic.
+   least per queue, whatever the traffic. The same for as many exchanges
+   (publish_in, publish_out) and channels (their 12 message_stats), also
+   kept at "basic" retention.
 2. A real broker from this checkout (the tests' launcher, free ports) with
    --queues queues (one definitions import): its resident memory, the
    broker CPU time of one sample of every queue (the sampler's tick, read
    from /proc/<pid>/stat over --idle seconds of 5 s ticks), and of the
    requests that read the history (mean of --repeat).
 
-    python bench/management_history.py [--queues 10000] [--idle 30] [--repeat 10]
+    python bench/management_history.py [--queues 10000] [--idle 30] [--repeat 10] [--tracks-only]
 """
 from __future__ import annotations
 
@@ -32,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 from amqp_server.management.history import BASIC, Track  # noqa: E402
-from amqp_server.management.rates import QUEUE_FIELDS  # noqa: E402
+from amqp_server.management.rates import CHANNEL_STATS, EXCHANGE_STATS, QUEUE_FIELDS  # noqa: E402
 from conftest import launch  # noqa: E402
 from http_api import Api  # noqa: E402
 
@@ -60,15 +63,18 @@ def resident(pid: int) -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def held(queues: int, busy: bool) -> tuple[int, float]:
-    """(bytes the tracks hold after a full retention of samples, CPU seconds
-    per sample of all of them, timed over a minute of samples after that,
-    without tracemalloc)."""
+KINDS = (("queue", QUEUE_FIELDS), ("exchange", EXCHANGE_STATS), ("channel", CHANNEL_STATS))
+
+
+def held(queues: int, busy: bool, fields: tuple = QUEUE_FIELDS) -> tuple[int, float]:
+    """(bytes the tracks of `queues` objects with `fields` hold after a full
+    retention of samples, CPU seconds per sample of all of them, timed over
+    a minute of samples after that, without tracemalloc)."""
     gc.collect()
     tracemalloc.start()
     base = tracemalloc.get_traced_memory()[0]
-    tracks = [Track(QUEUE_FIELDS, BASIC) for _ in range(queues)]
-    width = len(QUEUE_FIELDS)
+    tracks = [Track(fields, BASIC) for _ in range(queues)]
+    width = len(fields)
 
     def sample(tick: int) -> None:
         for i, track in enumerate(tracks):
@@ -92,12 +98,15 @@ def held(queues: int, busy: bool) -> tuple[int, float]:
 
 
 def main(args) -> None:
-    print("1. the history's own cost, %d queues, a full retention (%s) of 5 s samples:" % (args.queues, BASIC))
-    for busy in (True, False):
-        size, cpu = held(args.queues, busy)
-        print("  %-44s %8.1f MiB (%5.0f bytes a queue), %6.1f ms CPU a sample" % (
-            "every field changing at every sample" if busy else "idle (no value changes)", size / 2**20,
-            size / args.queues, cpu * 1000))
+    for kind, fields in KINDS:
+        print("1. the history's own cost, %d %ss, a full retention (%s) of 5 s samples:" % (args.queues, kind, BASIC))
+        for busy in (True, False):
+            size, cpu = held(args.queues, busy, fields)
+            print("  %-44s %8.1f MiB (%5.0f bytes per %s), %6.1f ms CPU a sample" % (
+                "every field changing at every sample" if busy else "idle (no value changes)", size / 2**20,
+                size / args.queues, kind, cpu * 1000))
+    if args.tracks_only:
+        return
 
     broker = launch(Path(tempfile.mkdtemp(prefix="hutch-bench-")), expect=("AMQP", "HTTP"))
     try:
@@ -128,4 +137,5 @@ if __name__ == "__main__":
     parser.add_argument("--queues", type=int, default=10_000)
     parser.add_argument("--idle", type=float, default=30.0, help="seconds of 5 s samples to measure")
     parser.add_argument("--repeat", type=int, default=10)
+    parser.add_argument("--tracks-only", action="store_true", help="part 1 only")
     main(parser.parse_args())

@@ -10,6 +10,7 @@ from __future__ import annotations
 import http.server
 import json
 import threading
+from urllib.parse import quote
 
 import pika
 import pytest
@@ -508,6 +509,40 @@ def test_charts_show_the_brokers_history_as_the_page_opens(guest, api, vhost):
     finally:
         guest.driver.execute_script("sessionStorage.removeItem('hutch.vhost');"
                                     "sessionStorage.removeItem('hutch.chart-range')")
+
+
+def test_exchange_and_channel_pages_chart_their_history_as_they_open(guest, broker, api, vhost):
+    v = segment(vhost)
+    with pika.BlockingConnection(pika.URLParameters(broker.url.rstrip("/") + "/" + v)) as connection:
+        channel = connection.channel()
+        channel.exchange_declare("ui-fan", "fanout")
+        for queue in ("ui-fan-1", "ui-fan-2"):
+            channel.queue_declare(queue)
+            channel.queue_bind(queue, "ui-fan")
+        for _ in range(5):
+            channel.basic_publish("ui-fan", "", b"m")
+        ranges = "msg_rates_age=600&msg_rates_incr=5"
+        exchange = "/api/exchanges/%s/ui-fan?%s" % (v, ranges)
+        # the session broker samples every 5 s: until its history has them in an
+        # increment that is over (the charts leave out the newest, not over yet)
+        wait_for(lambda: api.get(exchange).body["message_stats"]["publish_out_details"]["samples"][1]["sample"] == 10,
+                 20, 0.2, "the exchange's history")
+        name = api.get("/api/vhosts/%s/channels" % v).body[0]["name"]
+        wait_for(lambda: api.get("/api/channels/%s?%s" % (quote(name, safe=""), ranges)).body["message_stats"][
+            "publish_details"]["samples"][1]["sample"] == 5, 20, 0.2, "the channel's history")
+        guest.driver.execute_script("sessionStorage.removeItem('hutch.chart-range')")
+        for route, heading in (("exchanges/%s/ui-fan" % v, "ui-fan"), ("channels/" + quote(name, safe=""), name)):
+            guest.open(route)
+            guest.wait_text("#view h1", heading)
+            # at its first drawing: ten minutes of 5 s rates (the newest increment, not over, left out),
+            # the publishes made before the page opened among them
+            chart = guest.wait(lambda: (lambda c: "points" in c and c)(_chart(guest, 0)), "the message rates chart")
+            assert int(chart["points"]) in (119, 120) and float(chart["max"]) > 0, (route, chart)
+            assert 585 <= float(chart["to"]) - float(chart["from"]) <= 605, (route, chart)
+            assert [text for text in guest.texts("#view .error") if text] == []
+        labels = guest.driver.execute_script(
+            "return Array.from(document.querySelectorAll('.chart .u-legend .u-label'), e => e.textContent)")
+        assert labels[1:4] == ["publish", "confirm", "return_unroutable"], labels  # after the time
 
 
 def test_a_chart_of_one_point_spans_minutes_not_years(guest, broker, api, vhost):

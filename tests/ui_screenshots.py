@@ -1,6 +1,6 @@
 """The screenshots of docs/ui.md: a broker from this checkout with a little
 traffic (queues with messages, a consumer, dead letters of three reasons, a
-policy, a stream), then a three-node cluster (tests/cluster_kit.py: etcd
+policy, a stream; the default exchange's and the traffic channel's pages), then a three-node cluster (tests/cluster_kit.py: etcd
 and hutch nodes), shown by the same headless browser as tests/test_ui.py.
 
     python tests/ui_screenshots.py docs/ui
@@ -12,6 +12,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 import pika
 
@@ -83,6 +84,14 @@ def main(folder: str) -> None:
             if route == "queues/%2F/clicks":  # from its Stream section on
                 ui.wait(lambda: ui.find("#stream-details td"), "the stream's details")
                 ui.driver.execute_script("document.getElementById('stream-details').parentElement.scrollIntoView()")
+            ui.screenshot(str(out / (name + ".png")))
+        # an exchange's and a channel's pages (the traffic's channel publishes, gets and consumes)
+        traffic_channel = next(ch["name"] for ch in api.get("/api/channels").body if ch.get("message_stats"))
+        for name, route in (("exchange", "exchanges/%2F/amq.default"),
+                            ("channel", "channels/" + quote(traffic_channel, safe=""))):
+            ui.open(route)
+            ui.wait(lambda: ui.find(".chart[data-points]") and ui.find("#view table"), "the charts drawn")
+            ui.driver.execute_script("window.scrollTo(0, 0)")
             ui.screenshot(str(out / (name + ".png")))
         ui.open("users/guest")
         ui.wait(lambda: ui.find("#update-user-tags"), "the user's form")

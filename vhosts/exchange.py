@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import routing
 from vhosts.delayed import DELAYED
+from vhosts.stats import ExchangeStats
 
 # The exchanges every virtual host starts with, as RabbitMQ predeclares them.
 PREDECLARED = (
@@ -19,7 +20,8 @@ TRACE_EXCHANGE = "amq.rabbitmq.trace"
 
 
 class Exchange:
-    __slots__ = ("name", "type", "durable", "auto_delete", "internal", "arguments", "table", "builtin", "policy")
+    __slots__ = ("name", "type", "durable", "auto_delete", "internal", "arguments", "table", "builtin", "policy",
+                 "stats")
 
     def __init__(
         self,
@@ -41,6 +43,7 @@ class Exchange:
         self.table = routing.table_for(self.arguments["x-delayed-type"] if type == DELAYED else type)
         self.builtin = builtin
         self.policy: dict | None = None
+        self.stats = ExchangeStats()
 
     @property
     def alternate_exchange(self) -> str | None:

@@ -69,7 +69,7 @@ from vhosts.queue_types import CLASSIC, STREAM, check_declare as check_queue_typ
 from vhosts.stream_arguments import queue_type, retention, validate_stream
 from vhosts.stream_queue import StreamQueue
 from vhosts.users import limit_reached
-from vhosts.stats import Churn, MessageStats
+from vhosts.stats import Churn, ExchangeStats, VhostStats
 
 # Arguments whose values must match on re-declaration (rabbit_amqqueue's list);
 # other arguments are ignored by the equivalence check, as in RabbitMQ.
@@ -162,7 +162,11 @@ class VirtualHost:
         self.delayed_exchanges: set[str] = set()
         self.delayer = Delayer(self._deliver_delayed,
                                message_storage.delayed_store() if message_storage is not None else None)
-        self.stats = MessageStats()
+        # The default exchange's counters (it is no `Exchange`), and those of deleted exchanges and of
+        # publishes committed after their exchange went: the vhost's publishes are the sum (vhosts.stats).
+        self.default_exchange_stats = ExchangeStats()
+        self.retired_exchange_stats = ExchangeStats()
+        self.stats = VhostStats(self._exchange_stats)
         self.churn = Churn()  # the broker's, once it adopts this vhost
         for xname, xtype in PREDECLARED:
             self.exchanges[xname] = Exchange(xname, xtype, durable=True, builtin=True)
@@ -172,6 +176,12 @@ class VirtualHost:
         # Direct reply-to: live reply token -> deliver(message) of its channel's
         # reply consumer (amqp_server.amqp.direct_reply_to registers them).
         self.reply_consumers: dict[str, Callable[[Message], None]] = {}
+
+    def _exchange_stats(self):
+        yield self.default_exchange_stats
+        yield self.retired_exchange_stats
+        for x in self.exchanges.values():
+            yield x.stats
 
     # -- lookups -------------------------------------------------------------
 
@@ -382,6 +392,7 @@ class VirtualHost:
         if x.durable and self.definitions is not None:
             self.definitions.delete_exchange(self.name, x.name)  # and its bindings, both ways
         del self.exchanges[x.name]
+        self.retired_exchange_stats.fold(x.stats)
         self.delayed_exchanges.discard(x.name)
         for dest, _key, _args in list(x.table.bindings()):
             self._forget_binding(x.name, dest)
@@ -800,10 +811,16 @@ class VirtualHost:
         refused it: reject-publish, the publisher gets a nack). `publisher`
         (with `throttled_by(queue)`) is told which queues ask it to wait
         (credit flow, see vhosts.queue)."""
-        self.stats.publish += 1
+        name = message.exchange
+        if name:
+            x = self.exchanges.get(name)
+            counted = x.stats if x is not None else self.retired_exchange_stats  # a commit after its deletion
+        else:
+            counted = self.default_exchange_stats
+        counted.publish_in += 1
         waits = 0
         rejected = False
-        if message.exchange in self.delayed_exchanges and (delay := delay_of(headers)):
+        if name in self.delayed_exchanges and (delay := delay_of(headers)):
             # Held by the exchange (vhosts.delayed): no queue now, but its
             # alternate exchange, if any, gets it at once, as with the plugin.
             x = self.exchanges[message.exchange]
@@ -828,4 +845,9 @@ class VirtualHost:
         if storage is not None and storage.writer.backlogged:
             storage.writer.flow_waiters.add(publisher)
             publisher.throttled_by(storage.writer)
-        return len(targets), waits, rejected
+        reached = len(targets)
+        # RabbitMQ 3.10 counts the one queue a single-key publish to the default
+        # exchange names as routed to even when it does not exist.
+        if reached != 1 and (name or len(routing_keys) != 1):
+            counted.routed_beyond_one += reached - 1
+        return reached, waits, rejected

@@ -18,6 +18,10 @@ Theory of operation:
   order on commit; rollback drops the publishes and gives the settled
   deliveries back to `unacked`.
 - The consumer side (deliveries, acks, qos) lives in `deliveries.Deliveries`.
+- Counting (RabbitMQ's message_stats): publishes (when routed: a
+  transaction's at commit), confirms and unroutable messages are counted on
+  the channel (`stats`, shared with the consumer side); the exchange's
+  publish_in/publish_out in vhosts.VirtualHost.publish.
 - Permissions: `access` (vhosts.access.Access) is checked by every operation
   where RabbitMQ checks it; on publish that is one dict lookup once the
   channel has used the exchange.
@@ -65,6 +69,7 @@ class Channel(Deliveries):
         self.number = number
         self.vhost = connection.vhost
         self.access = Access(connection.user, connection.vhost.name)
+        self.vhost.stats.attach(self.stats)  # retired by the connection when the channel goes
         self.state = OPEN
         # Pending content: [exchange, routing_key, mandatory, header, body_size, parts, received]
         self._publish: list | None = None
@@ -294,13 +299,14 @@ class Channel(Deliveries):
         `on_durable`, or NACK when a queue refused the message (confirm mode)."""
         if self.vhost.tracing:
             firehose.published(self.vhost, firehose.channel_origin(self), message, keys, headers)
+        self.stats.publish += 1
         reached, waits, rejected = self.vhost.publish(message, keys, headers, self.connection, on_durable)
         if rejected and on_durable is not None:
             return NACK
         if not reached and not mandatory:
-            self.vhost.stats.drop_unroutable += 1
+            self.stats.drop_unroutable += 1
         elif not reached:
-            self.vhost.stats.return_unroutable += 1
+            self.stats.return_unroutable += 1
             self.connection.send_content(
                 self.number,
                 named_method(commands.Basic.Return,
@@ -319,7 +325,7 @@ class Channel(Deliveries):
             first = next(iter(awaiting)) if awaiting else 0
             upto = first - 1 if awaiting else self._publish_seq
             if upto >= self._confirm_from:
-                self.vhost.stats.confirm += upto - self._confirm_from + 1
+                self.stats.confirm += upto - self._confirm_from + 1
                 self.connection.send_raw(fastpath.ack_frame(self.number, upto, upto > self._confirm_from))
                 self._confirm_from = upto + 1
             if not awaiting or awaiting[first] != NACK:

@@ -402,6 +402,7 @@ class Connection(ClientConnection):
     def channel_closed(self, channel: Channel) -> None:
         if self.channels.get(channel.number) is channel:
             del self.channels[channel.number]
+            self.vhost.stats.retire(channel.stats)
             self.broker.churn.channel_closed += 1
         self._confirming.discard(channel)
 
@@ -640,6 +641,7 @@ class Connection(ClientConnection):
         self.broker.churn.channel_closed += len(channels)
         for channel in channels:
             channel.release()
+            channel.vhost.stats.retire(channel.stats)
         for queue in self.exclusive_queues:
             self.vhost.remove_queue(queue)
         self.exclusive_queues.clear()

@@ -12,6 +12,9 @@ Invariants:
   and cancels every consumer (auto-delete queues go when their last one goes).
 - The direct reply-to consumer (amqp_server.amqp.direct_reply_to) is
   `reply_consumer`, not one of `consumers`: it has no queue.
+- Counting (RabbitMQ's message_stats): each delivery, get and ack is counted
+  on its queue and on this channel (`stats`), not on the vhost, which sums
+  its channels' counters when read (vhosts.stats.VhostStats).
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ from vhosts import firehose
 from amqp_server.amqp.framing import named_method
 from storage.message import encode_value
 from vhosts import Consumer
+from vhosts.stats import MessageStats
 from vhosts.queue_types import QUORUM
 from vhosts.errors import (
     AMQPError,
@@ -52,6 +56,7 @@ class Deliveries:
         self.consumers: dict[str, Consumer] = {}
         self.reply_consumer: direct_reply_to.ReplyConsumer | None = None
         self.unacked: dict[int, tuple] = {}
+        self.stats = MessageStats()
         self._next_tag = 1
         self.prefetch_count = 0
         self.global_prefetch = 0
@@ -101,20 +106,20 @@ class Deliveries:
     def deliver(self, consumer: Consumer, queue, entry) -> None:
         tag = self._next_tag
         self._next_tag = tag + 1
-        queue_stats, vhost_stats = queue.stats, self.vhost.stats
+        queue_stats, channel_stats = queue.stats, self.stats
         if consumer.no_ack:
             queue.ack((entry,))
             queue_stats.deliver_no_ack += 1
-            vhost_stats.deliver_no_ack += 1
+            channel_stats.deliver_no_ack += 1
         else:
             self.unacked[tag] = (queue, entry, consumer)
             consumer.unacked += 1
             self.global_unacked += 1
             queue_stats.deliver += 1
-            vhost_stats.deliver += 1
+            channel_stats.deliver += 1
         if entry.redelivered:
             queue_stats.redeliver += 1
-            vhost_stats.redeliver += 1
+            channel_stats.redeliver += 1
         message = entry.message
         if self.vhost.tracing:
             firehose.delivered(self.vhost, firehose.channel_origin(self), queue, message, entry.redelivered)
@@ -138,8 +143,8 @@ class Deliveries:
         tag = self._next_tag
         self._next_tag = tag + 1
         queue.stats.deliver_no_ack += 1
+        self.stats.deliver_no_ack += 1
         vhost = self.vhost
-        vhost.stats.deliver_no_ack += 1
         if vhost.tracing:
             firehose.delivered(vhost, firehose.channel_origin(self), queue, message, False)
         connection = self.connection
@@ -225,7 +230,7 @@ class Deliveries:
                 queue.when_available(lambda: self._get_again(method))
                 return
             queue.stats.get_empty += 1
-            self.vhost.stats.get_empty += 1
+            self.stats.get_empty += 1
             self.send_method(commands.Basic.GetEmpty())
             return
         tag = self._next_tag
@@ -233,14 +238,14 @@ class Deliveries:
         if method.no_ack:
             queue.ack((entry,))
             queue.stats.get_no_ack += 1
-            self.vhost.stats.get_no_ack += 1
+            self.stats.get_no_ack += 1
         else:
             self.unacked[tag] = (queue, entry, None)
             queue.stats.get += 1
-            self.vhost.stats.get += 1
+            self.stats.get += 1
         if entry.redelivered:
             queue.stats.redeliver += 1
-            self.vhost.stats.redeliver += 1
+            self.stats.redeliver += 1
         if self.vhost.tracing:
             firehose.delivered(self.vhost, firehose.channel_origin(self), queue, entry.message, entry.redelivered)
         message = entry.message
@@ -321,7 +326,7 @@ class Deliveries:
             else:
                 if outcome is ACK:
                     queue.stats.ack += len(entries)
-                    self.vhost.stats.ack += len(entries)
+                    self.stats.ack += len(entries)
                 queue.ack(entries)
         if freed:
             self.dispatch_consumers()

@@ -116,6 +116,10 @@ def _posted_rank(posted: dict | None) -> tuple[int, int]:
     return rank((int(posted["term"]), int(posted["position"])))
 
 
+class StateNotSaved(OSError):
+    """The cluster state file could not be written (a full disk)."""
+
+
 class ClusterNode:
     def __init__(self, config: BrokerConfig, open_broker: Callable[[BrokerConfig], Any],
                  follower_metrics: Callable[["ClusterNode"], web.Application]) -> None:
@@ -226,7 +230,12 @@ class ClusterNode:
             log.error("cluster node %s: %s", self.name, message)
 
     def _save(self, state: ClusterState) -> None:
-        self.directory.save(state)
+        """Write the state, then act on it: a state that could not be written
+        (StateNotSaved) is not this node's."""
+        try:
+            self.directory.save(state)
+        except OSError as exc:
+            raise StateNotSaved("cannot write the cluster state in %s: %s" % (self.directory.root, exc)) from exc
         self.state = state
 
     async def eligible(self, by_position: bool) -> bool:
@@ -405,8 +414,11 @@ class ClusterNode:
         if record is not None and not behind and record["id"] == self.state.cluster:
             names = await self.etcd.in_sync()
             if names is not None and names != self.state.in_sync:
-                self._save(ClusterState(self.state.cluster, max(self.state.term, record["term"]),
-                                        self.state.lineage, names))
+                try:
+                    self._save(ClusterState(self.state.cluster, max(self.state.term, record["term"]),
+                                            self.state.lineage, names))
+                except StateNotSaved as exc:  # a full disk: the next poll tries again
+                    self._say(str(exc))
 
     async def _win(self, record: dict | None, seen: bytes | None) -> bool:
         """Campaign; when won, lead. The new term is one more than any seen."""
@@ -434,7 +446,14 @@ class ClusterNode:
     async def _follow(self, leader: str) -> None:
         """Make sure a replication connection to `leader` runs, and know
         where its listeners are (it registers them once they are open), if
-        it leads this node's cluster."""
+        it leads this node's cluster. A follower that cannot write its
+        cluster state (a full disk) does not follow: the next poll tries again."""
+        try:
+            await self._follow_once(leader)
+        except StateNotSaved as exc:
+            self._say(str(exc))
+
+    async def _follow_once(self, leader: str) -> None:
         info = (await self.etcd.nodes()).get(leader)
         if self._followed == leader and self._following is not None and not self._following.done():
             self._leader_info = info or self._leader_info

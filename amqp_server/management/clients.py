@@ -42,7 +42,8 @@ def _connections(req, found) -> list:
 
 
 def _channel_list(req, found) -> list:
-    return present(_channels(found), req.query, shapes.channel, shapes.channel_name)
+    reading = shapes.reading_of(req)
+    return present(_channels(found), req.query, lambda ch: shapes.channel(reading, ch), shapes.channel_name)
 
 
 def connections(req) -> list:
@@ -87,8 +88,11 @@ def channel(req) -> dict:
     for ch in _channels(_open(req, everyone=True)):
         if shapes.channel_name(ch) == req.params["name"]:
             access.owned(req.user, ch.connection)
-            out = shapes.channel(ch)
+            out = shapes.channel(shapes.reading_of(req), ch)
             out["consumer_details"] = [shapes.consumer(ch, c) for c in ch.consumers.values()]
+            # RabbitMQ's per-exchange and per-queue lists, kept only with fine-grained statistics
+            out["deliveries"] = []
+            out["publishes"] = []
             return out
     raise not_found()
 

@@ -3,11 +3,13 @@ lengths of queues, sampled on a timer.
 
 One task per broker (not per message) takes a sample of every object that
 reports rates every `interval` seconds (RabbitMQ's
-collect_statistics_interval, 5 s): each queue, vhost and connection, and
-the node. A sample goes into the object's `history.Track`; the current
-rate is the change between the last two samples divided by the time
-between them ("basic" rates mode), and a request with a range reads the
-samples (`Reading`). Tracks are keyed by the identity of the live object
+collect_statistics_interval, 5 s): each queue, vhost, connection, channel
+and exchange, and the node. A channel or an exchange that has counted
+nothing yet is not sampled (it has no history: its values were 0), so the
+many that never see a message cost nothing. A sample goes into the
+object's `history.Track`; the current rate is the change between the last
+two samples divided by the time between them ("basic" rates mode), and a
+request with a range reads the samples (`Reading`). Tracks are keyed by the identity of the live object
 and rebuilt each round, so deleted objects drop out and a recreated queue
 starts from zero.
 """
@@ -25,6 +27,13 @@ from amqp_server.management.history import BASIC, GLOBAL, Track, details, ranges
 QUEUE_STATS = ("ack", "deliver", "deliver_get", "deliver_no_ack", "get", "get_empty", "get_no_ack", "publish",
                "redeliver")
 VHOST_STATS = QUEUE_STATS + ("confirm", "drop_unroutable", "return_unroutable")
+# RabbitMQ shows a channel's counters in two groups: the publishing side's once
+# it published, the consuming side's once it consumed or got.
+CHANNEL_PUBLISHING = ("confirm", "drop_unroutable", "publish", "return_unroutable")
+CHANNEL_CONSUMING = ("ack", "deliver", "deliver_get", "deliver_no_ack", "get", "get_empty", "get_no_ack",
+                     "redeliver")
+CHANNEL_STATS = CHANNEL_PUBLISHING + CHANNEL_CONSUMING
+EXCHANGE_STATS = ("publish_in", "publish_out")
 LENGTHS = ("messages_ready", "messages_unacknowledged")
 DATA = ("recv_oct", "send_oct")
 NODE_FIGURES = ("mem_used", "fd_used", "sockets_used", "disk_free")
@@ -34,7 +43,8 @@ VHOST_FIELDS = LENGTHS + VHOST_STATS
 NODE_FIELDS = NODE_FIGURES + CHURN_FIELDS
 
 _queue_stats = attrgetter(*QUEUE_STATS)
-_vhost_stats = attrgetter(*VHOST_STATS)
+_channel_stats = attrgetter(*CHANNEL_STATS)
+_exchange_stats = attrgetter(*EXCHANGE_STATS)
 _data = attrgetter(*DATA)
 _churn = attrgetter(*CHURN_FIELDS)
 
@@ -58,6 +68,10 @@ class RateSampler:
             for queue, _entry in connection.unacked_deliveries():
                 unacked[queue] += 1
             yield connection, DATA, BASIC, _data(connection)
+            for channel in list(connection.channels.values()):  # kept under its MessageStats
+                values = _channel_stats(channel.stats)
+                if any(values):
+                    yield channel.stats, CHANNEL_STATS, BASIC, values
         for vhost in self.broker.vhosts.values():
             ready = held = 0
             for queue in vhost.queues.values():
@@ -65,7 +79,12 @@ class RateSampler:
                 ready += count
                 held += waiting
                 yield queue, QUEUE_FIELDS, BASIC, (count, waiting, *_queue_stats(queue.stats))
-            yield vhost, VHOST_FIELDS, GLOBAL, (ready, held, *_vhost_stats(vhost.stats))
+            totals = vhost.stats.totals()
+            yield vhost, VHOST_FIELDS, GLOBAL, (ready, held, *(totals[k] for k in VHOST_STATS))
+            # an exchange's history is kept under its ExchangeStats (the default exchange has no object)
+            for stats in (vhost.default_exchange_stats, *(x.stats for x in vhost.exchanges.values())):
+                if stats.publish_in:  # else nothing was published to it, nor routed from it
+                    yield stats, EXCHANGE_STATS, BASIC, _exchange_stats(stats)
         figures = self.figures()
         yield self.broker, NODE_FIELDS, GLOBAL, (*(figures[n] for n in NODE_FIGURES), *_churn(self.broker.churn))
 

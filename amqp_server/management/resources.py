@@ -44,26 +44,26 @@ def _exchange_list(vhosts) -> list[tuple]:
     return [(v, name) for v in vhosts for name in [""] + sorted(v.exchanges)]
 
 
-def _exchange_json(req, v, name: str) -> dict:
+def _exchange_json(req, reading, v, name: str) -> dict:
     if name == "":
-        return shapes.default_exchange(v.name, req.user.name)
-    return shapes.exchange(v.exchanges[name], v.name, req.user.name, v.policy_for("exchange", name))
+        return shapes.default_exchange(reading, v, req.user.name)
+    return shapes.exchange(reading, v.exchanges[name], v.name, req.user.name, v.policy_for("exchange", name))
 
 
 def exchanges(req) -> list:
+    reading = shapes.reading_of(req)
     return present(_exchange_list(_in_vhosts(req, req.params.get("vhost"))), req.query,
-                   lambda item: _exchange_json(req, *item), lambda item: item[1])
+                   lambda item: _exchange_json(req, reading, *item), lambda item: item[1])
 
 
 def exchange(req) -> dict:
     v = req.vhost(req.params["vhost"])
     name = exchange_name(req.params["name"])
-    if name == "":
-        return shapes.default_exchange(v.name, req.user.name)
-    x = v.exchanges.get(name)
-    if x is None:
+    if name != "" and name not in v.exchanges:
         raise not_found()
-    out = shapes.exchange(x, v.name, req.user.name, v.policy_for("exchange", name))
+    out = _exchange_json(req, shapes.reading_of(req), v, name)
+    # RabbitMQ lists the channels publishing to it and the queues it routes to
+    # only with fine-grained statistics (rates_mode detailed, not its default)
     out["incoming"] = []
     out["outgoing"] = []
     return out

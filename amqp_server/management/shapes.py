@@ -14,7 +14,8 @@ from collections import Counter
 from urllib.parse import quote
 
 from vhosts.node import NODE
-from amqp_server.management.rates import LENGTHS, QUEUE_STATS, VHOST_STATS, Reading  # noqa: F401 - for the handlers
+from amqp_server.management.rates import (CHANNEL_CONSUMING, CHANNEL_PUBLISHING, LENGTHS,  # noqa: F401
+                                          QUEUE_STATS, VHOST_STATS, Reading)
 
 
 
@@ -31,6 +32,25 @@ def message_stats(reading, subject, stats, keys) -> dict | None:
     if not any(totals[key] for key in keys):
         return None
     return reading.with_rates([subject], totals, keys, "msg_rates")
+
+
+def _grouped_stats(reading, stats, groups) -> dict | None:
+    """message_stats of a channel or an exchange, which RabbitMQ shows by
+    groups, each once one of its counters moved (a channel that only
+    consumed has no `publish`; an exchange that routed nothing no
+    `publish_out`). `stats` is also the key of the object's history."""
+    out = {}
+    for keys in groups:
+        totals = {key: getattr(stats, key) for key in keys}
+        if any(totals.values()):
+            out.update(reading.with_rates([stats], totals, keys, "msg_rates"))
+    return dict(sorted(out.items())) if out else None
+
+
+def _with_stats(out: dict, stats) -> dict:
+    if stats is not None:
+        out["message_stats"] = stats
+    return out
 
 
 def counts(reading, subjects: list, ready: int, unacked: int) -> dict:
@@ -123,7 +143,7 @@ def permission(user_name: str, vhost_name: str, found) -> dict:
 # -- exchanges, queues, bindings ------------------------------------------------
 
 
-def exchange(x, vhost_name: str, user_name: str, policy=None) -> dict:
+def exchange(reading, x, vhost_name: str, user_name: str, policy=None) -> dict:
     """`policy`: the `vhosts.policies.Policy` that applies, named only when one does."""
     out = {
         "arguments": x.arguments,
@@ -137,12 +157,17 @@ def exchange(x, vhost_name: str, user_name: str, policy=None) -> dict:
     }
     if policy is not None:
         out["policy"] = policy.name
-    return out
+    return _with_stats(out, _exchange_stats(reading, x.stats))
 
 
-def default_exchange(vhost_name: str, user_name: str) -> dict:
-    return {"arguments": {}, "auto_delete": False, "durable": True, "internal": False, "name": "",
-            "type": "direct", "user_who_performed_action": user_name, "vhost": vhost_name}
+def default_exchange(reading, vhost, user_name: str) -> dict:
+    out = {"arguments": {}, "auto_delete": False, "durable": True, "internal": False, "name": "",
+           "type": "direct", "user_who_performed_action": user_name, "vhost": vhost.name}
+    return _with_stats(out, _exchange_stats(reading, vhost.default_exchange_stats))
+
+
+def _exchange_stats(reading, stats) -> dict | None:
+    return _grouped_stats(reading, stats, (("publish_in",), ("publish_out",)))
 
 
 def queue(reading, q, unacked: int, unacked_bytes: int, consumers: list, policy=None,
@@ -299,11 +324,11 @@ def channel_name(channel) -> str:
     return "%s (%d)" % (connection_name(channel.connection), channel.number)
 
 
-def channel(ch) -> dict:
+def channel(reading, ch) -> dict:
     conn = ch.connection
     peer_host, peer_port = _peer(conn)
     user = conn.user.name if conn.user is not None else ""
-    return {
+    out = {
         "acks_uncommitted": 0,
         "confirm": ch.confirm,
         "connection_details": {"name": connection_name(conn), "peer_host": peer_host, "peer_port": peer_port},
@@ -322,6 +347,7 @@ def channel(ch) -> dict:
         "user_who_performed_action": user,
         "vhost": ch.vhost.name,
     }
+    return _with_stats(out, _grouped_stats(reading, ch.stats, (CHANNEL_PUBLISHING, CHANNEL_CONSUMING)))
 
 
 def consumer(ch, c) -> dict:

@@ -4,9 +4,13 @@ parameters (`lengths_age`/`lengths_incr`, `msg_rates_*`, `data_rates_*`,
 `node_stats_*`) must give `*_details` objects of the same shape: the same
 keys (`rate`, `samples`, `avg`, `avg_rate`), as many samples, each a
 `{"sample", "timestamp"}` pair, newest first, one increment apart, on
-multiples of the increment; and the same refusals of bad ranges.
+multiples of the increment; and the same refusals of bad ranges. Exchanges
+and channels must show the same `message_stats` keys for the same traffic,
+and the same counts.
 """
 from __future__ import annotations
+
+from urllib.parse import quote
 
 import pika
 import pytest
@@ -142,3 +146,105 @@ def test_bad_ranges_are_refused_as_rabbitmq_refuses_them(vhost_on_both, query):
     ours, theirs = hutch.get(path), rabbit.get(path)
     assert (ours.status, ours.body) == (theirs.status, theirs.body)
     assert ours.status == 400 and ours.body["reason"].startswith("Invalid range parameters: age ")
+
+
+def exchange_and_channel_traffic(url: str, vhost: str):
+    """On one connection: a channel publishing with confirms to a fanout
+    exchange bound to two queues (through an exchange-to-exchange binding for
+    one), an unroutable message each way, and one to the default exchange with
+    CC and BCC keys (one naming no queue); a channel getting, consuming and
+    acking; one doing nothing. The connection is left open (its channels are
+    what is compared)."""
+    connection = pika.BlockingConnection(pika.URLParameters(url.rstrip("/") + "/" + segment(vhost)))
+    publisher = connection.channel()
+    publisher.exchange_declare("fan", "fanout")
+    publisher.exchange_declare("next", "fanout")
+    publisher.exchange_bind("next", "fan")
+    for queue, source in (("q1", "fan"), ("q2", "next")):
+        publisher.queue_declare(queue)
+        publisher.queue_bind(queue, source)
+    publisher.confirm_delivery()
+    for _ in range(3):
+        publisher.basic_publish("fan", "", b"m")
+    with pytest.raises(pika.exceptions.UnroutableError):
+        publisher.basic_publish("amq.direct", "nowhere", b"m", mandatory=True)
+    publisher.basic_publish("", "nowhere", b"m")
+    for queue in ("q3", "q4"):
+        publisher.queue_declare(queue)
+    publisher.basic_publish("", "q3", b"m", pika.BasicProperties(headers={"CC": ["q4", "missing"], "BCC": ["q3"]}))
+    consumer = connection.channel()
+    method, _props, _body = consumer.basic_get("q1")
+    consumer.basic_ack(method.delivery_tag)
+    consumer.basic_get("q1", auto_ack=True)
+    got = []
+    consumer.basic_consume("q2", lambda ch, m, p, b: got.append(m))
+    while len(got) < 3:
+        connection.process_data_events(1)
+    consumer.basic_reject(got[0].delivery_tag, requeue=True)
+    while len(got) < 4:
+        connection.process_data_events(1)
+    consumer.basic_ack(0, multiple=True)
+    connection.channel()
+    return connection
+
+
+def stat_shapes(found: dict) -> dict:
+    """The shapes of a channel's message_stats (RabbitMQ's Erlang `reductions_details` left out)."""
+    return {path: shape for path, shape in shapes(found).items() if path.startswith("message_stats.")}
+
+
+def counted(found: dict | None) -> dict:
+    return {k: v for k, v in (found or {}).items() if not k.endswith("_details")}
+
+
+def test_exchange_and_channel_message_stats_are_rabbitmqs(vhost_on_both, broker, rabbitmq_url):
+    hutch, rabbit, vhost = vhost_on_both
+    v = segment(vhost)
+    connections = [exchange_and_channel_traffic(broker.url, vhost), exchange_and_channel_traffic(rabbitmq_url, vhost)]
+    try:
+        def channels(side) -> dict:
+            return {ch["number"]: ch for ch in side.get("/api/vhosts/%s/channels?%s" % (v, RANGES)).body}
+
+        # until both have sampled the publishes and the consumer's acks (RabbitMQ every 5 s)
+        wait_for(lambda: all(newest(side.get("/api/exchanges/%s/fan?%s" % (v, RANGES)).body.get(
+                     "message_stats", {}).get("publish_in_details")) == 3 and
+                     newest(channels(side).get(2, {}).get("message_stats", {}).get("ack_details")) == 4
+                     for side in (hutch, rabbit)), 30, 0.5, "the exchange's and channels' samples on both brokers")
+
+        for name in ("fan", "next", "amq.direct", "amq.default"):
+            path = "/api/exchanges/%s/%s" % (v, name)
+            ours, theirs = hutch.get(path).body, rabbit.get(path).body
+            assert set(ours) == set(theirs), name
+            assert counted(ours.get("message_stats")) == counted(theirs.get("message_stats")), name
+            ours, theirs = both(hutch, rabbit, path + "?" + RANGES)
+            assert shapes(ours) == shapes(theirs), name
+        assert counted(hutch.get("/api/exchanges/%s/fan" % v).body["message_stats"]) == {"publish_in": 3,
+                                                                                         "publish_out": 6}
+        for listed in ("/api/exchanges/%s?%s" % (v, RANGES), "/api/exchanges/%s?page=1&name=fan&%s" % (v, RANGES)):
+            ours, theirs = both(hutch, rabbit, listed)
+            ours, theirs = ({x["name"]: x for x in (found["items"] if isinstance(found, dict) else found)}
+                            for found in (ours, theirs))
+            assert {n: shapes(x) for n, x in ours.items()} == {n: shapes(x) for n, x in theirs.items()}
+
+        ours, theirs = channels(hutch), channels(rabbit)
+        assert sorted(ours) == sorted(theirs) == [1, 2, 3]
+        for number in (1, 2, 3):
+            assert stat_shapes(ours[number]) == stat_shapes(theirs[number]), number
+        plain = {ch["number"]: ch for ch in hutch.get("/api/vhosts/%s/channels" % v).body}, \
+            {ch["number"]: ch for ch in rabbit.get("/api/vhosts/%s/channels" % v).body}
+        for number in (1, 2, 3):
+            assert counted(plain[0][number].get("message_stats")) == counted(plain[1][number].get("message_stats"))
+        assert "message_stats" not in plain[0][3]
+        for side, found in ((hutch, ours), (rabbit, theirs)):
+            one = side.get("/api/channels/%s?%s" % (quote(found[1]["name"], safe=""), RANGES)).body
+            assert one["deliveries"] == one["publishes"] == []
+            found[1] = one
+        assert stat_shapes(ours[1]) == stat_shapes(theirs[1])
+        for listed in ("/api/channels?" + RANGES,
+                       "/api/connections/%s/channels?%s" % (quote(ours[1]["connection_details"]["name"], safe=""),
+                                                            RANGES)):
+            mine = [ch for ch in hutch.get(listed).body if ch["vhost"] == vhost]
+            assert {ch["number"]: stat_shapes(ch) for ch in mine} == {n: stat_shapes(theirs[n]) for n in (1, 2, 3)}
+    finally:
+        for connection in connections:
+            connection.close()

@@ -4,6 +4,8 @@ import * as api from '../api.js';
 import { h, clear, fill, num, rate, bytes, link, enc, facts, table, section, form, json, when, queueLink,
          CONFIRM_DELETE } from '../dom.js';
 import { pagedList } from '../list.js';
+import { historyChart, rangePicker, rangeQuery } from '../charts.js';
+import { detailsOf } from './overview.js';
 
 const inVhost = (ctx, what) => () => (ctx.vhost() ? '/vhosts/' + enc(ctx.vhost()) + '/' + what : '/' + what);
 
@@ -74,25 +76,36 @@ export async function channels(view, _params, ctx) {
     { label: 'Consumers', sort: 'consumer_count', cell: (ch) => num(ch.consumer_count), num: true },
     { label: 'Prefetch', sort: 'prefetch_count', cell: (ch) => num(ch.prefetch_count), num: true },
     { label: 'Unacked', sort: 'messages_unacknowledged', cell: (ch) => num(ch.messages_unacknowledged), num: true },
-    { label: 'Publish', cell: (ch) => rate(ch.message_stats && ch.message_stats.publish_details), num: true },
+    ...CHANNEL_RATES.map(([key, label]) => ({ label, sort: 'message_stats.' + key + '_details.rate',
+                                              cell: (ch) => rate(ch.message_stats && ch.message_stats[key + '_details']),
+                                              num: true })),
   ], 'No channels');
   view.append(h('h1', null, 'Channels'), list.element);
   return list.refresh;
 }
 
-export async function channel(view, params) {
+// The channel list's rate columns, as RabbitMQ's.
+const CHANNEL_RATES = [['publish', 'Publish'], ['confirm', 'Confirm'], ['deliver_get', 'Deliver / get'], ['ack', 'Ack']];
+// What the channel page charts: its publishing side, then its consuming side.
+const RATES = ['publish', 'confirm', 'return_unroutable', 'deliver_get', 'ack', 'redeliver'];
+
+export async function channel(view, params, ctx) {
   const info = h('div');
   const consumers = h('div');
-  view.append(h('h1', null, 'Channel ', h('b', null, params.name)), info, section('Consumers', consumers));
+  const rates = historyChart('Message rates', RATES, 'rates', '/s');
+  view.append(h('h1', null, 'Channel ', h('b', null, params.name)), rangePicker(() => ctx.refresh()),
+    h('div', { class: 'charts' }, rates.element), info, section('Consumers', consumers));
   return async () => {
-    const ch = await api.get('/channels/' + enc(params.name));
+    const ch = await api.get('/channels/' + enc(params.name) + '?' + rangeQuery('msg_rates'));
+    rates.show(detailsOf(ch.message_stats, RATES));
     const details = ch.connection_details || {};
     clear(info).append(facts([
       ['Connection', link('#/connections/' + enc(details.name || ''), details.name || '')],
       ['Virtual host', ch.vhost], ['User', ch.user], ['State', ch.state],
       ['Confirm mode', ch.confirm ? 'yes' : 'no'], ['Transactional', ch.transactional ? 'yes' : 'no'],
       ['Prefetch count', num(ch.prefetch_count)], ['Unacked', num(ch.messages_unacknowledged)],
-      ['Message stats', json(ch.message_stats)],
+      // the totals so far (the samples are charted above)
+      ...Object.entries(ch.message_stats || {}).filter(([k]) => !k.endsWith('_details')).map(([k, v]) => [k, num(v)]),
     ]));
     clear(consumers).append(consumerTable(ch.consumer_details || []));
   };

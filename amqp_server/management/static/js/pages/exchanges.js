@@ -1,9 +1,11 @@
-// #/exchanges and #/exchanges/{vhost}/{name}: bindings both ways, publish a
-// message, delete.
+// #/exchanges and #/exchanges/{vhost}/{name}: its message rates charted
+// from the broker's history, bindings both ways, publish a message, delete.
 
 import * as api from '../api.js';
 import { h, clear, enc, facts, section, form, json, rate, parseObject, exchangeLink, CONFIRM_DELETE } from '../dom.js';
 import { pagedList } from '../list.js';
+import { historyChart, rangePicker, rangeQuery } from '../charts.js';
+import { detailsOf } from './overview.js';
 import { bindingTable, bindForm, bindingsHolder } from './bindings.js';
 
 export async function list(view, _params, ctx) {
@@ -13,8 +15,10 @@ export async function list(view, _params, ctx) {
     { label: 'Type', sort: 'type', cell: (x) => x.type },
     { label: 'Features', cell: (x) => [x.durable ? 'D' : '', x.auto_delete ? ' AD' : '', x.internal ? ' I' : ''].join('') },
     { label: 'Policy', sort: 'policy', cell: (x) => x.policy || '' },
-    { label: 'Rate in', cell: (x) => rate(x.message_stats && x.message_stats.publish_in_details), num: true },
-    { label: 'Rate out', cell: (x) => rate(x.message_stats && x.message_stats.publish_out_details), num: true },
+    { label: 'Rate in', sort: 'message_stats.publish_in_details.rate',
+      cell: (x) => rate(x.message_stats && x.message_stats.publish_in_details), num: true },
+    { label: 'Rate out', sort: 'message_stats.publish_out_details.rate',
+      cell: (x) => rate(x.message_stats && x.message_stats.publish_out_details), num: true },
   ], 'No exchanges');
   const types = (await api.get('/overview')).exchange_types.map((t) => [t.name, t.name]);
   view.append(h('h1', null, 'Exchanges'), paged.element, section('Add a new exchange', form('add-exchange', [
@@ -34,16 +38,21 @@ export async function list(view, _params, ctx) {
   return paged.refresh;
 }
 
-export async function one(view, params) {
+// publish_in: messages published to the exchange; publish_out: the copies it routed to queues.
+const RATES = ['publish_in', 'publish_out'];
+
+export async function one(view, params, ctx) {
   const { vhost, name } = params;
   const path = '/exchanges/' + enc(vhost) + '/' + enc(name);
   const apiName = name === 'amq.default' ? '' : name;
   const info = h('div');
+  const rates = historyChart('Message rates', RATES, 'rates', '/s');
   const outgoing = bindingsHolder();
   const incoming = bindingsHolder();
   let refresh;
   view.append(h('h1', null, 'Exchange ', h('b', null, apiName === '' ? '(AMQP default)' : apiName),
-    h('span', { class: 'muted' }, ' in virtual host ' + vhost)), info);
+    h('span', { class: 'muted' }, ' in virtual host ' + vhost)), rangePicker(() => ctx.refresh()),
+  h('div', { class: 'charts' }, rates.element), info);
   if (apiName !== '') {
     view.append(section('Bindings from this exchange', outgoing.el, bindForm(vhost, { exchange: apiName }, () => refresh())),
       section('Bindings to this exchange', incoming.el));
@@ -72,7 +81,8 @@ export async function one(view, params) {
     }, CONFIRM_DELETE)));
   }
   refresh = async () => {
-    const x = await api.get(path);
+    const x = await api.get(path + '?' + rangeQuery('msg_rates'));
+    rates.show(detailsOf(x.message_stats, RATES));
     clear(info).append(facts([
       ['Type', x.type], ['Durable', x.durable ? 'yes' : 'no'], ['Auto delete', x.auto_delete ? 'yes' : 'no'],
       ['Internal', x.internal ? 'yes' : 'no'], ['Arguments', json(x.arguments)], ['Policy', x.policy || ''],
