@@ -32,7 +32,10 @@ The rules (`check`):
    may or may not have been handled, so delivery is what counts).
 2. No acked message back: a delivery of a number whose ack was settled
    before is allowed only if it has redelivered=true and a new term may have
-   begun between the settled ack and the delivery. That is what
+   begun between the settled ack and the delivery (the settling reply judged
+   at the earliest time it can have been sent, as confirms in rule 4: a
+   qos-ok the leader sent in its term just before a cut of the client's path
+   arrives after the healing, in the next term). That is what
    docs/cluster.md promises: acks do not wait for the followers, so after a
    failover an acked message may come back, flagged, as after a crash;
    without a failover it must never come back.
@@ -142,16 +145,17 @@ def _cuts(ops: list[Op]) -> dict[str, list[tuple[float, float]]]:
     return cuts
 
 
-def _settled(ops: list[Op]) -> dict[int, float]:
-    """number -> when its first ack was settled."""
+def _settled(ops: list[Op], sent_no_earlier) -> dict[int, tuple[float, float]]:
+    """number -> (the earliest time the broker can have handled its first
+    settled ack, and when the settling reply arrived)."""
     pending: dict[int, list[int]] = {}
-    settled: dict[int, float] = {}
+    settled: dict[int, tuple[float, float]] = {}
     for op in ops:
         if op.kind == "ack":
             pending.setdefault(op.conn, []).append(op.number)
         elif op.kind == "settle":
             for number in pending.pop(op.conn, []):
-                settled.setdefault(number, op.t)
+                settled.setdefault(number, (sent_no_earlier(op), op.t))
     return settled
 
 
@@ -194,7 +198,6 @@ def check(ops: list[Op], terms: list[Term]) -> Verdict:
     verdict = Verdict(terms=len({(t.leader, t.term) for t in terms if t.leader is not None}))
     node_of = {op.conn: op.node for op in ops if op.kind == "connect"}
     node_via = {op.conn: op.via or op.node for op in ops if op.kind == "connect"}
-    settled = _settled(ops)
     starts = [term.seen for term in terms]
     new_leaders = [term for term in terms if term.leader is not None]
 
@@ -216,6 +219,7 @@ def check(ops: list[Op], terms: list[Term]) -> Verdict:
                 return start
         return op.t
 
+    settled = _settled(ops, sent_no_earlier)
     delivered: set[int] = set()
     for op in ops:
         kind = op.kind
@@ -236,9 +240,9 @@ def check(ops: list[Op], terms: list[Term]) -> Verdict:
             number = op.number
             if number in delivered and not op.redelivered:
                 verdict.unflagged_redeliveries.append(number)
-            acked_at = settled.get(number)
+            handled, acked_at = settled.get(number, (None, None))
             if acked_at is not None and acked_at < op.t:
-                if op.redelivered and failover_between(acked_at, op.t):
+                if op.redelivered and failover_between(handled, op.t):
                     verdict.acked_back_allowed += 1
                 else:
                     verdict.acked_back.append((number, op.redelivered))

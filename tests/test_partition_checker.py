@@ -90,3 +90,19 @@ def test_a_confirm_retransmitted_after_its_path_was_cut_is_judged_when_the_cut_b
     assert [c[:3] for c in check(late, TERMS).foreign_confirms] == [(1, "n1", "n2")]
     much_later = late[:2] + [Op(25.0, "confirm", conn=1, number=1)]
     assert [c[:3] for c in check(much_later + cut, TERMS).foreign_confirms] == [(1, "n1", "n2")]
+
+
+def test_an_ack_settled_by_a_reply_retransmitted_after_a_cut_counts_from_the_cut():
+    """n1 handled the ack of 1 and sent the settling qos-ok at 9.5, in its
+    term, as the harness cut the client from it; the reply arrives after the
+    mend at 13, in n2's term, and n2 delivers 1 again, flagged: the failover
+    came after the ack was handled (allowed). Without the cut the same
+    history breaks rule 2 (no new term between 13.01 and 14)."""
+    cut = [Op(9.5, "cut", node="n1"), Op(13.0, "mend", node="n1")]
+    acked = [connect(1, 1, "n1"), *published(2, 1, 1), connect(3, 2, "n1"), Op(9.4, "deliver", conn=2, number=1),
+             Op(9.41, "ack", conn=2, number=1), Op(13.01, "settle", conn=2), connect(13.5, 3, "n2"),
+             *consumed(14, 3, 1, redelivered=True)]
+    verdict = check(acked + cut, TERMS)
+    assert verdict.ok, verdict.problems()
+    assert verdict.acked_back_allowed == 1
+    assert check(acked, TERMS).acked_back == [(1, True)]
