@@ -23,14 +23,25 @@ SECRET = "the-test-clusters-shared-secret"  # cluster.secret of every node the t
 from server_process import ROOT, ServerProcess, spawn  # noqa: F401 - ROOT for the cluster tests
 
 
+# Every port free_ports handed out in this process: a node binds its ports only once it runs, so
+# the kernel may offer a port again that an earlier node of the same test has been given but not
+# bound yet (seen: n2 given n1's MQTT port for AMQP, "address already in use").
+_handed_out: set[int] = set()
+
+
 def free_ports(count: int) -> list[int]:
-    sockets = []
+    """`count` ports free now and not handed out before in this process."""
+    sockets, ports = [], []
     try:
-        for _ in range(count):
+        while len(ports) < count:
             s = socket.socket()
             s.bind(("127.0.0.1", 0))
-            sockets.append(s)
-        return [s.getsockname()[1] for s in sockets]
+            sockets.append(s)  # held until all are picked, so none is offered twice in this call
+            port = s.getsockname()[1]
+            if port not in _handed_out:
+                _handed_out.add(port)
+                ports.append(port)
+        return ports
     finally:
         for s in sockets:
             s.close()
