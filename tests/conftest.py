@@ -199,6 +199,16 @@ def _hung(config, nodeid: str) -> None:
 SPARK_FD_BUDGET = 900
 
 
+@pytest.fixture(scope="module")
+def sampled(tmp_path_factory):
+    """A broker of the module whose management API samples every 0.2 s
+    (RabbitMQ's 5 s would make the history tests wait), and its API."""
+    broker = launch(tmp_path_factory.mktemp("sampled"), "--management-sample-interval", "0.2",
+                    expect=("AMQP", "HTTP"))
+    yield broker, Api(broker.ports["HTTP"])
+    broker.stop()
+
+
 @pytest.fixture(scope="session")
 def spark():
     """The one SparkSession of the suite (local[2], two shuffle partitions),

@@ -10,19 +10,9 @@ import time
 import pytest
 
 from helpers import connect, unique, wait_for
-from http_api import Api
+
 
 LENGTHS = "lengths_age=60&lengths_incr=5"
-
-
-@pytest.fixture(scope="module")
-def sampled(tmp_path_factory):
-    from conftest import launch
-
-    broker = launch(tmp_path_factory.mktemp("history"), "--management-sample-interval", "0.2",
-                    expect=("AMQP", "HTTP"))
-    yield broker, Api(broker.ports["HTTP"])
-    broker.stop()
 
 
 def samples(details: dict) -> list[int]:

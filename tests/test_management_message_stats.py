@@ -11,19 +11,9 @@ import pika
 import pytest
 
 from helpers import unique, wait_for
-from http_api import Api, segment
+from http_api import segment
 
 RATES = "msg_rates_age=60&msg_rates_incr=5"
-
-
-@pytest.fixture(scope="module")
-def sampled(tmp_path_factory):
-    from conftest import launch
-
-    broker = launch(tmp_path_factory.mktemp("message-stats"), "--management-sample-interval", "0.2",
-                    expect=("AMQP", "HTTP"))
-    yield broker, Api(broker.ports["HTTP"])
-    broker.stop()
 
 
 @pytest.fixture
