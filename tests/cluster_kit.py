@@ -144,13 +144,6 @@ class Node(ServerProcess):
         until(self.serving, 60, "%s to serve alone" % self.name)
         return self
 
-    def signal(self, sig: int) -> None:
-        self.process.send_signal(sig)
-
-    def kill(self) -> None:
-        self.process.kill()
-        self.process.wait(10)
-
     def serving(self) -> bool:
         """Its AMQP port accepts connections (the leader, or a forwarding follower)."""
         return port_open(self.port)

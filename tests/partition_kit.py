@@ -153,13 +153,6 @@ class HutchNode(ServerProcess):
             self.log_lines, env=env, wrap=self.host.command([], hostname=self.name))
         return self
 
-    def signal(self, sig: int) -> None:
-        self.process.send_signal(sig)
-
-    def kill(self) -> None:
-        self.process.kill()
-        self.process.wait(10)
-
 
 def _mount_tmpfs(path: Path, tag: str) -> None:
     path.mkdir(parents=True, exist_ok=True)

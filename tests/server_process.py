@@ -60,6 +60,14 @@ class ServerProcess:
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
+    def signal(self, sig: int) -> None:
+        self.process.send_signal(sig)
+
+    def kill(self) -> None:
+        """SIGKILL, and wait until it is gone."""
+        self.process.kill()
+        self.process.wait(10)
+
     def stop(self) -> None:
         """SIGTERM, and SIGKILL if it has not exited within `stop_grace`.
         SIGCONT first: a test may have stopped it (SIGSTOP), and a stopped

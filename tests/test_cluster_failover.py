@@ -75,7 +75,7 @@ def test_a_stalled_leader_is_replaced_and_confirms_nothing_after_its_lease(clust
         publisher.join(30)
         assert not publisher.is_alive()
     assert "confirmed" not in outcome.values(), "a stale leader confirmed a publish: %s" % outcome
-    until(lambda: "the etcd lease ran out" in stalled.log, 10, "the stalled node to fence itself")
+    until(lambda: "the etcd lease ran out" in stalled.log, 30, "the stalled node to fence itself")
     until(lambda: len(in_sync(etcd)) == 3, 60, "the stalled node to rejoin in sync")
     assert_nothing_lost(load)
 
