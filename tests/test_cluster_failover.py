@@ -75,7 +75,10 @@ def test_a_stalled_leader_is_replaced_and_confirms_nothing_after_its_lease(clust
         publisher.join(30)
         assert not publisher.is_alive()
     assert "confirmed" not in outcome.values(), "a stale leader confirmed a publish: %s" % outcome
-    until(lambda: "the etcd lease ran out" in stalled.log, 30, "the stalled node to fence itself")
+    # Whichever notices first fences it: its lease thread ("the etcd lease ran out") or the leader's
+    # look at etcd ("etcd no longer names this node leader"); both say the same thing after the reason.
+    until(lambda: "stopping at once and rejoining as a follower" in stalled.log, 30,
+          "the stalled node to fence itself")
     until(lambda: len(in_sync(etcd)) == 3, 60, "the stalled node to rejoin in sync")
     assert_nothing_lost(load)
 
