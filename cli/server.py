@@ -27,6 +27,11 @@ def main(argv: list[str] | None = None) -> int:
     from amqp_server.shared.errors import ListenError
 
     try:
+        if config.shards > 1:
+            from amqp_server.process.shards import Supervisor
+            from amqp_server.process.server import serve_shard
+
+            return Supervisor(config, serve_shard).run()
         if config.cluster.enabled:
             from amqp_server.process.cluster import serve_node
 

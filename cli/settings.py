@@ -46,6 +46,7 @@ _INT_RANGES: dict[str, tuple[int, int | None]] = {
     "segment_bytes": (4096, None),
     "lease_ttl": (2, 3600),  # etcd lease seconds; fencing needs a margin below it
     "max_body_size": (1, None),  # management API request bodies
+    "shards": (1, 64),  # processes of one node
 }
 _CHOICES: dict[str, tuple[str, ...]] = {
     "log_level": ("debug", "info", "warning", "error"),
@@ -288,6 +289,10 @@ def load_settings(argv: list[str] | None, environ: Mapping[str, str]) -> BrokerC
     if bool(config.tls.certfile) != bool(config.tls.keyfile):
         raise SettingsError("settings 'tls.certfile' and 'tls.keyfile' must be set together")
     _check_cluster(config.cluster)
+    if config.cluster.enabled and config.shards > 1:
+        # Until each shard has its own leader (docs/scaling.md), a cluster node is one process.
+        raise SettingsError("setting 'shards': a cluster node runs one shard (shards: 1) until shard leaders "
+                            f"are spread over the cluster; got {config.shards}")
     return config
 
 

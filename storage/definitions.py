@@ -44,13 +44,15 @@ place by `_MIGRATIONS`: version 2 added the tables of topic permissions,
 limits and policies, version 3 the vhosts' description and tags, as columns
 with defaults so existing vhosts read back with none, version 4 operator
 policies and runtime and global parameters, version 5 the user who set a
-runtime parameter, NULL for those set before and by the broker itself):
+runtime parameter, NULL for those set before and by the broker itself,
+version 6 the shard a queue lives on, 0 for those declared before: a node
+of one process is its shard 0, docs/scaling.md):
 
     vhosts      (name PK, description, tags: JSON list of str)
     users       (name PK, password_hash, tags: JSON list of str)
     permissions (user, vhost, configure, write, read; PK user, vhost)
     exchanges   (vhost, name, type, durable, auto_delete, internal, arguments; PK vhost, name)
-    queues      (vhost, name, durable, auto_delete, arguments; PK vhost, name)
+    queues      (vhost, name, durable, auto_delete, arguments, shard; PK vhost, name)
     bindings    (vhost, source, destination_kind 'queue'|'exchange', destination,
                  routing_key, arguments; PK all six)
     topic_permissions (user, vhost, exchange, write, read; PK user, vhost, exchange)
@@ -76,7 +78,7 @@ from typing import Iterator, NamedTuple
 
 from storage import files
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 _SCHEMA = """
 CREATE TABLE vhosts (
@@ -185,6 +187,9 @@ CREATE TABLE global_parameters (
     5: """
 ALTER TABLE parameters ADD COLUMN owner TEXT;
 """,
+    6: """
+ALTER TABLE queues ADD COLUMN shard INTEGER NOT NULL DEFAULT 0;
+""",
 }
 
 
@@ -251,6 +256,7 @@ class QueueRow(NamedTuple):
     durable: bool
     auto_delete: bool
     arguments: dict
+    shard: int = 0
 
 
 class BindingRow(NamedTuple):
@@ -569,13 +575,14 @@ class DefinitionStore:
              (vhost, name)),
         )
 
-    def upsert_queue(self, vhost: str, name: str, durable: bool, auto_delete: bool, arguments: dict | None) -> None:
+    def upsert_queue(self, vhost: str, name: str, durable: bool, auto_delete: bool, arguments: dict | None,
+                     shard: int = 0) -> None:
         args = encode_table(arguments)
         self._run((
-            "INSERT INTO queues (vhost, name, durable, auto_delete, arguments) VALUES (?, ?, ?, ?, ?) "
+            "INSERT INTO queues (vhost, name, durable, auto_delete, arguments, shard) VALUES (?, ?, ?, ?, ?, ?) "
             "ON CONFLICT (vhost, name) DO UPDATE SET durable = excluded.durable, "
-            "auto_delete = excluded.auto_delete, arguments = excluded.arguments",
-            (vhost, name, int(durable), int(auto_delete), args),
+            "auto_delete = excluded.auto_delete, arguments = excluded.arguments, shard = excluded.shard",
+            (vhost, name, int(durable), int(auto_delete), args, shard),
         ))
 
     def delete_queue(self, vhost: str, name: str) -> None:
@@ -622,8 +629,9 @@ class DefinitionStore:
                            for v, n, t, d, a, i, args in db.execute(
                                "SELECT vhost, name, type, durable, auto_delete, internal, arguments "
                                "FROM exchanges ORDER BY rowid")],
-                queues=[QueueRow(v, n, bool(d), bool(a), decode_table(args)) for v, n, d, a, args in db.execute(
-                    "SELECT vhost, name, durable, auto_delete, arguments FROM queues ORDER BY rowid")],
+                queues=[QueueRow(v, n, bool(d), bool(a), decode_table(args), shard)
+                        for v, n, d, a, args, shard in db.execute(
+                            "SELECT vhost, name, durable, auto_delete, arguments, shard FROM queues ORDER BY rowid")],
                 bindings=[BindingRow(v, s, kind, dest, key, decode_table(args))
                           for v, s, kind, dest, key, args in db.execute(
                               "SELECT vhost, source, destination_kind, destination, routing_key, arguments "

@@ -60,8 +60,15 @@ class Broker:
         loopback_users: list[str],
         definitions=None,
         message_storage=None,
+        shards=None,
     ) -> None:
         self.vhosts: dict[str, VirtualHost] = {}
+        # The node's other shards (vhosts.remote_queue.ShardPort), when it has several.
+        self.shards = shards
+        # On a node of several shards: order(op, done) has a definition
+        # change made on every shard, in one order, and calls done(result or
+        # AMQPError) once every shard applied it (amqp_server.shards).
+        self.order_definition = None
         self.users: dict[str, User] = {}
         self.loopback_users = frozenset(loopback_users)
         self.churn = Churn()
@@ -106,6 +113,7 @@ class Broker:
         storage = self.message_storage(name) if self.message_storage is not None else None
         vhost = VirtualHost(name, self.definitions, storage)
         vhost.churn = self.churn
+        vhost.shards = self.shards
         if storage is not None and storage.dead_letters is not None:
             vhost.on_dead_letter.append(DeadLetterRecorder(name, storage.dead_letters))
         return vhost

@@ -28,7 +28,7 @@ class ConsumerChannel(Protocol):
 
 class Consumer:
     __slots__ = ("tag", "queue", "channel", "no_ack", "exclusive", "prefetch_count", "unacked", "arguments",
-                 "priority")
+                 "priority", "remote_id")
 
     def __init__(
         self,
@@ -53,3 +53,5 @@ class Consumer:
         self.arguments = arguments
         # x-priority: higher-priority consumers are served first (see vhosts.queue).
         self.priority = priority
+        # Its id at the shard that owns its queue, when another does (amqp_server.shards.node).
+        self.remote_id = 0

@@ -66,6 +66,7 @@ from vhosts.policies import Policy, effective, matching
 from vhosts.queue import DURABLE_PENDING, HANDED_OFF, REJECTED, Queue
 from vhosts.queue_arguments import max_priority, validate as validate_queue_arguments
 from vhosts.queue_types import CLASSIC, STREAM, check_declare as check_queue_type, check_server_named
+from vhosts.remote_queue import RemoteQueue, ShardPort
 from vhosts.stream_arguments import queue_type, retention, validate_stream
 from vhosts.stream_queue import StreamQueue
 from vhosts.users import limit_reached
@@ -176,6 +177,9 @@ class VirtualHost:
         # Direct reply-to: live reply token -> deliver(message) of its channel's
         # reply consumer (amqp_server.amqp.direct_reply_to registers them).
         self.reply_consumers: dict[str, Callable[[Message], None]] = {}
+        # The node's other shards (vhosts.remote_queue.ShardPort), when it has
+        # several: a queue another shard owns is a RemoteQueue here.
+        self.shards: ShardPort | None = None
 
     def _exchange_stats(self):
         yield self.default_exchange_stats
@@ -283,7 +287,7 @@ class VirtualHost:
                 self.delayed_exchanges.add(row.name)
         for row in queues:
             self.queues[row.name] = self._new_queue(
-                row.name, row.durable, None, row.auto_delete, row.arguments, restoring=True)
+                row.name, row.durable, None, row.auto_delete, row.arguments, restoring=True, shard=row.shard)
         for row in bindings:
             dest = Destination(row.destination_kind, row.destination)
             x = self.exchanges.get(row.source)
@@ -548,13 +552,7 @@ class VirtualHost:
             else:
                 validate_queue_arguments(name, self.name, arguments)
                 check_queue_type(name, self.name, durable, exclusive, auto_delete, arguments)
-            q = self._new_queue(name, durable, owner if exclusive else None, auto_delete, arguments)
-            q.apply_policy(self._definition_for("queue", name))
-            if self.definitions is not None and self._stored(q):
-                self.definitions.upsert_queue(self.name, name, durable, auto_delete, arguments)
-            self.queues[name] = q
-            self.churn.queue_created += 1
-            return q
+            return self.adopt_queue(name, durable, owner if exclusive else None, auto_delete, arguments)
         if q.exclusive_owner is not None and q.exclusive_owner is not owner:
             raise self._locked(name)
         if q.durable != durable:
@@ -567,14 +565,36 @@ class VirtualHost:
         q.touch()
         return q
 
+    def adopt_queue(self, name: str, durable: bool, exclusive_owner: object | None, auto_delete: bool,
+                    arguments: dict, shard: int | None = None, restoring: bool = False) -> Queue:
+        """Make a queue a declaration created, checked already (here, or on
+        the shard that orders definitions: amqp_server.shards)."""
+        q = self._new_queue(name, durable, exclusive_owner, auto_delete, arguments, restoring, shard)
+        q.apply_policy(self._definition_for("queue", name))
+        if self.definitions is not None and self._stored(q):
+            self.definitions.upsert_queue(self.name, name, durable, auto_delete, arguments,
+                                          getattr(q, "shard", self.shards.here if self.shards else 0))
+        self.queues[name] = q
+        self.churn.queue_created += 1
+        return q
+
     def _new_queue(self, name: str, durable: bool, exclusive_owner: object | None, auto_delete: bool,
-                   arguments: dict, restoring: bool = False) -> Queue | StreamQueue:
+                   arguments: dict, restoring: bool = False, shard: int | None = None) -> Queue | StreamQueue:
         """A new queue object (declared, or restored at start). A stream
         keeps its messages in a log of its own (vhosts.stream_queue); the
         others in the message storage, which pages them to disk under memory
         pressure; only a durable, non-exclusive queue keeps persistent
         messages across restarts (exclusive queues are never recovered).
-        A priority queue has one backing queue per priority level."""
+        A priority queue has one backing queue per priority level. On a
+        node of several shards a queue lives on `shard` (placed now when
+        None) and is a RemoteQueue on the others."""
+        shards = self.shards
+        if shards is not None:
+            if shard is None:
+                shard = shards.place(self.name, name, exclusive_owner is not None or auto_delete,
+                                     arguments.get("x-queue-type") == STREAM)
+            if shard != shards.here:
+                return RemoteQueue(name, self.name, shard, durable, exclusive_owner, auto_delete, arguments, shards)
         storage = self.message_storage
         if arguments.get("x-queue-type") == STREAM:
             if storage is None:
@@ -634,6 +654,8 @@ class VirtualHost:
         self.churn.queue_deleted += 1
         for consumer in q.delete():
             consumer.channel.consumer_cancelled(consumer)
+        if self.shards is not None:
+            self.shards.removed(self.name, q)
         return count
 
     def queue_expired(self, q: Queue) -> None:

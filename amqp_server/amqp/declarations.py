@@ -5,6 +5,12 @@ In a cluster the reply waits until the in-sync followers hold the change
 that the declared thing survives a failover. On a single node it goes at
 once (the definitions store has committed it to disk already).
 
+On a node of several shards (`Broker.order_definition` set) a change is
+ordered by shard 0 and made on every shard before the reply
+(amqp_server.shards.definitions): the connection reads nothing more until
+then, so its next method sees the change, and a refusal closes the channel
+(or the connection) as it would here.
+
 Every handler takes (channel, method). Names given as "" mean the channel's
 most recently declared queue (spec: queue-name shortcut), and a binding key of
 "" with that shortcut means the queue's name, as RabbitMQ expands them.
@@ -14,6 +20,7 @@ from __future__ import annotations
 from pamqp import commands
 
 from vhosts import reply_to
+from vhosts.errors import AMQPError
 from amqp_server.amqp.framing import named_method
 
 
@@ -25,7 +32,44 @@ def _reply(channel, method) -> None:
         barrier(lambda: channel.state == "open" and channel.send_method(method))  # unless closed meanwhile
 
 
+class _Hold:
+    """What holds a connection's reading while its change is ordered."""
+
+    __slots__ = ()
+
+
+def _ordered(channel, m, method: str, args: tuple, answer) -> bool:
+    """On a node of several shards: have `method` (a vhost call) ordered
+    with `args`, then `answer(result)`; False on a node of one shard."""
+    order = channel.connection.broker.order_definition
+    if order is None:
+        return False
+    connection = channel.connection
+    hold = _Hold()
+    connection.throttled_by(hold)
+
+    def done(result) -> None:
+        connection.unblocked(hold)
+        if channel.state != "open" or channel.connection.channels.get(channel.number) is not channel:
+            return  # closed meanwhile
+        if isinstance(result, AMQPError):
+            result.at(m.index >> 16, m.index & 0xFFFF)
+            if result.closes_connection:
+                connection.close_with(result)
+            else:
+                channel.close_with(result)
+            return
+        answer(result)
+
+    order(method, args, connection, channel.vhost, done)
+    return True
+
+
 def exchange_declare(channel, m) -> None:
+    if _ordered(channel, m, "exchange_declare", (m.exchange, m.exchange_type, m.passive, m.durable, m.auto_delete,
+                                                 m.internal, m.arguments),
+                lambda _result: m.nowait or _reply(channel, commands.Exchange.DeclareOk())):
+        return
     channel.vhost.declare_exchange(
         m.exchange, m.exchange_type, m.passive, m.durable, m.auto_delete, m.internal, m.arguments,
         channel.access,
@@ -35,18 +79,27 @@ def exchange_declare(channel, m) -> None:
 
 
 def exchange_delete(channel, m) -> None:
+    if _ordered(channel, m, "exchange_delete", (m.exchange, m.if_unused),
+                lambda _result: m.nowait or _reply(channel, commands.Exchange.DeleteOk())):
+        return
     channel.vhost.delete_exchange(m.exchange, m.if_unused, channel.access)
     if not m.nowait:
         _reply(channel, commands.Exchange.DeleteOk())
 
 
 def exchange_bind(channel, m) -> None:
+    if _ordered(channel, m, "exchange_bind", (m.destination, m.source, m.routing_key, m.arguments),
+                lambda _result: m.nowait or _reply(channel, commands.Exchange.BindOk())):
+        return
     channel.vhost.bind_exchange(m.destination, m.source, m.routing_key, m.arguments, channel.access)
     if not m.nowait:
         _reply(channel, commands.Exchange.BindOk())
 
 
 def exchange_unbind(channel, m) -> None:
+    if _ordered(channel, m, "exchange_unbind", (m.destination, m.source, m.routing_key, m.arguments),
+                lambda _result: m.nowait or _reply(channel, commands.Exchange.UnbindOk())):
+        return
     channel.vhost.unbind_exchange(m.destination, m.source, m.routing_key, m.arguments, channel.access)
     if not m.nowait:
         _reply(channel, commands.Exchange.UnbindOk())
@@ -55,6 +108,9 @@ def exchange_unbind(channel, m) -> None:
 def queue_declare(channel, m) -> None:
     if m.queue.startswith(reply_to.PSEUDO_QUEUE):
         _reply_to_declare(channel, m)
+        return
+    if _ordered(channel, m, "queue_declare", (m.queue, m.passive, m.durable, m.exclusive, m.auto_delete, m.arguments),
+                lambda result: _declared(channel, m, result)):
         return
     queue = channel.vhost.declare_queue(
         m.queue, channel.connection, m.passive, m.durable, m.exclusive, m.auto_delete, m.arguments,
@@ -69,6 +125,24 @@ def queue_declare(channel, m) -> None:
                 queue=queue.name, message_count=queue.message_count, consumer_count=queue.consumer_count
             )
         )
+
+
+def _declared(channel, m, result) -> None:
+    """A declare ordered on a node of several shards: the queue is here now
+    (maybe as another shard's); its counts are its owner's."""
+    name = result[0]
+    queue = channel.vhost.queues.get(name)
+    if queue is None:  # deleted again meanwhile
+        channel.close_with(channel.vhost.no_queue(name).at(50, 10))
+        return
+    if m.exclusive and not m.passive:
+        channel.connection.own_exclusive(queue)
+    channel.most_recent_queue = name
+    if m.nowait:
+        return
+    channel.vhost.shards.counts(queue, lambda: _reply(channel, named_method(
+        commands.Queue.DeclareOk, queue=name, message_count=queue.message_count,
+        consumer_count=queue.consumer_count)))
 
 
 def _reply_to_declare(channel, m) -> None:
@@ -89,6 +163,9 @@ def _binding_target(channel, m) -> tuple[str, str]:
 
 def queue_bind(channel, m) -> None:
     queue, key = _binding_target(channel, m)
+    if _ordered(channel, m, "queue_bind", (queue, m.exchange, key, m.arguments),
+                lambda _result: m.nowait or _reply(channel, commands.Queue.BindOk())):
+        return
     channel.vhost.bind_queue(queue, m.exchange, key, m.arguments, channel.connection, channel.access)
     if not m.nowait:
         _reply(channel, commands.Queue.BindOk())
@@ -96,6 +173,9 @@ def queue_bind(channel, m) -> None:
 
 def queue_unbind(channel, m) -> None:
     queue, key = _binding_target(channel, m)
+    if _ordered(channel, m, "queue_unbind", (queue, m.exchange, key, m.arguments),
+                lambda _result: _reply(channel, commands.Queue.UnbindOk())):
+        return
     channel.vhost.unbind_queue(queue, m.exchange, key, m.arguments, channel.connection, channel.access)
     _reply(channel, commands.Queue.UnbindOk())
 
@@ -107,6 +187,9 @@ def queue_purge(channel, m) -> None:
 
 
 def queue_delete(channel, m) -> None:
+    if _ordered(channel, m, "queue_delete", (channel.queue_name(m.queue), m.if_unused, m.if_empty),
+                lambda count: m.nowait or _reply(channel, commands.Queue.DeleteOk(message_count=count))):
+        return
     count = channel.vhost.delete_queue(
         channel.queue_name(m.queue), channel.connection, m.if_unused, m.if_empty, channel.access)
     if not m.nowait:

@@ -34,7 +34,8 @@ async def open_listeners(config: BrokerConfig, amqp_factory, mqtt_factory,
     """Open every configured listener: (the asyncio servers, (protocol,
     address, port) of each socket as RabbitMQ lists listeners, protocol ->
     (protocol factory, TLS context, address) for the connections a cluster
-    follower forwards, amqp_server.cluster.gateway). Raises ListenError
+    follower forwards, amqp_server.cluster.gateway). A face without a
+    factory has no listener (shards other than 0). Raises ListenError
     naming the listener that cannot open."""
     loop = asyncio.get_running_loop()
     listeners = [("AMQP", config.port, None, amqp_factory)]
@@ -45,7 +46,7 @@ async def open_listeners(config: BrokerConfig, amqp_factory, mqtt_factory,
         except (OSError, ssl.SSLError) as exc:
             raise ListenError("cannot load the TLS certificate or key: %s" % exc) from None
         listeners.append(("AMQPS", config.tls.port, context, amqp_factory))
-    if config.mqtt.enabled:
+    if config.mqtt.enabled and mqtt_factory is not None:
         listeners.append(("MQTT", config.mqtt.port, None, mqtt_factory))
         if context is not None:
             listeners.append(("MQTTS", config.mqtt.tls_port, context, mqtt_factory))
@@ -57,7 +58,9 @@ async def open_listeners(config: BrokerConfig, amqp_factory, mqtt_factory,
     try:
         for name, port, context, factory in listeners:
             try:
-                server = await loop.create_server(factory, config.bind, port, ssl=context, reuse_address=True)
+                # Several shards listen on one port (amqp_server.process.shards).
+                server = await loop.create_server(factory, config.bind, port, ssl=context, reuse_address=True,
+                                                  reuse_port=config.shards > 1)
             except OSError as exc:
                 raise ListenError("cannot listen for %s on %s:%d: %s" % (name, config.bind, port,
                                                                         exc.strerror or exc)) from None

@@ -4,6 +4,7 @@ the listeners; and the process lifetime (start, stop on a signal)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import signal
@@ -19,6 +20,8 @@ from amqp_server.mqtt.protocol import MQTTProtocol
 from amqp_server.mqtt.retained import RetainedMessages
 from amqp_server.mqtt.sessions import Sessions
 from amqp_server.process.listeners import open_listeners
+from amqp_server.process.shards import Shard
+from amqp_server.shards.node import ShardNode
 from amqp_server.stream.protocol import StreamNode, StreamProtocol
 from amqp_server.shared import allocator
 from amqp_server.shared.alarms import ResourceAlarms
@@ -56,12 +59,15 @@ def open_definitions(data_dir: str) -> DefinitionStore:
 
 
 class BrokerServer:
-    def __init__(self, config: BrokerConfig) -> None:
+    def __init__(self, config: BrokerConfig, shard: Shard | None = None) -> None:
         """Opens and recovers the data directory (blocking: before serving).
         Must run inside the event loop (the writer hands results back to it).
         If this fails, nothing stays open and a data directory this start
-        created is removed (`abandon`)."""
+        created is removed (`abandon`). `shard`: this process is one shard
+        of its node (amqp_server.process.shards); the management listeners
+        and the links run on shard 0 only."""
         self.config = config
+        self.shard = shard
         self.data_directory = open_data_directory(config.data_dir)
         self.definitions: DefinitionStore | None = None
         self.writer: GroupCommitWriter | None = None
@@ -105,11 +111,17 @@ class BrokerServer:
             directory = os.path.join(config.data_dir, "vhosts", dir_name(vhost))
             return VhostStorage(directory, self.writer, self.monitor, storage_settings)
 
+        # The node's other shards, when it has several (docs/scaling.md).
+        self.shards = ShardNode(self.shard) if self.shard is not None else None
         self.broker = Broker(
             config.default_user, config.default_pass, config.default_vhost, config.loopback_users,
             definitions=self.definitions,
             message_storage=message_storage,
+            shards=self.shards,
         )
+        if self.shards is not None:
+            self.shards.broker = self.broker
+            self.broker.order_definition = self.shards.definitions.order_amqp
         log.info(
             "definitions from %s: %d vhosts, %d users, %d exchanges, %d queues, %d bindings",
             self.definitions.path, len(self.broker.vhosts), len(self.broker.users),
@@ -167,12 +179,19 @@ class BrokerServer:
                                 self.writer)
 
         self.alarms.start()
+        if self.shards is not None:
+            await self.shards.start()
+        # MQTT and the stream protocol are served by shard 0 only (docs/scaling.md).
+        first = self.shard is None or self.shard.index == 0
         self.servers, self.listeners[:], acceptors = await open_listeners(
-            config, factory, mqtt_factory, lambda: StreamProtocol(self.stream_node))
+            config, factory, mqtt_factory if first else None,
+            (lambda: StreamProtocol(self.stream_node)) if first else None)
         self.acceptors.update(acceptors)
         amqp_port = next(port for protocol, _host, port in self.listeners if protocol == "amqp")
         tls_port = next((port for protocol, _host, port in self.listeners if protocol == "amqp/ssl"), None)
         local_host = "127.0.0.1" if config.bind in ("0.0.0.0", "", "::") else config.bind
+        if self.shard is not None and self.shard.index != 0:
+            return
         self.links = Links(self.broker, LocalNode(
             local_host, amqp_port, config.default_user, config.default_pass, NODE,
             str(self.broker.global_parameters.get("internal_cluster_id", "")), tls_port))
@@ -203,6 +222,8 @@ class BrokerServer:
             connection.close_with(AMQPError(CONNECTION_FORCED, "broker forced connection closure with reason 'shutdown'"))
         for server in self.servers:
             await server.wait_closed()
+        if self.shards is not None:
+            await self.shards.stop()
         self.stream_node.snapshot_all()
         # Everything queued reaches disk, then the summaries describe it
         # (blocking, but nothing is served any more), then the marker says so.
@@ -220,8 +241,14 @@ class BrokerServer:
             marker.write("hutch stopped cleanly\n")
 
 
-async def serve(config: BrokerConfig) -> None:
-    server = BrokerServer(config)
+def serve_shard(config: BrokerConfig, shard: Shard) -> int:
+    """One shard of a node, in its own process (amqp_server.process.shards)."""
+    run(config, functools.partial(serve, shard=shard))
+    return 0
+
+
+async def serve(config: BrokerConfig, shard: Shard | None = None) -> None:
+    server = BrokerServer(config, shard)
     # Handlers first: a signal that arrives once "listening" is logged (the
     # readiness line) must be a clean stop, not the default handler's exit.
     stop = asyncio.Event()

@@ -230,6 +230,10 @@ class BrokerConfig:
     # The asyncio event loop: "auto" (uvloop when it is installed, else the
     # standard library's), "uvloop" or "asyncio" (beyond RabbitMQ).
     event_loop: str = "auto"
+    # Shard processes of this node (docs/scaling.md): each owns its queues on
+    # its own event loop; 1 is one process (beyond RabbitMQ, whose schedulers
+    # are its threads).
+    shards: int = 1
     tls: TLSConfig = field(default_factory=TLSConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
     management: ManagementConfig = field(default_factory=ManagementConfig)

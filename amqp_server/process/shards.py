@@ -1,0 +1,204 @@
+"""A node of several shards (docs/scaling.md): this process supervises one
+child process per shard and serves nothing itself.
+
+- Ports: every client listener port is resolved here first (a port 0 gets
+  its number) by a socket bound with SO_REUSEPORT and never listening, held
+  for the node's life so the port stays ours between shard restarts; each
+  shard then listens on the same port with SO_REUSEPORT, and the kernel
+  spreads new connections over the shards that listen.
+- Data: shard 0 keeps the node's data directory itself (so a node that had
+  one process keeps its queues where they are), shard K > 0 keeps
+  DATA_DIR/shards/K. A node restarted with fewer shards than hold queues
+  refuses to start: their queues would be out of reach.
+- Links: the shards reach each other over Unix sockets in a directory only
+  this user may enter (`LinkDirectory`), made here and removed at the stop.
+- Lifetime: the shards are forked before this process starts any thread or
+  event loop. A shard that exits unasked is forked again (its storage
+  recovers as after a crash) while the others keep serving; SIGTERM or
+  SIGINT is passed to every shard, and this process exits once they have.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import shutil
+import signal
+import socket
+import tempfile
+import time
+
+from amqp_server.shared.config import BrokerConfig
+from amqp_server.shared.errors import ListenError
+
+log = logging.getLogger("hutch.shards")
+
+# A shard that dies within this many seconds of its start is not restarted
+# at once again: a shard that cannot start (a full disk, a broken file)
+# would otherwise be forked in a tight loop.
+RESTART_BACKOFF = (0.1, 5.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Shard:
+    """Where one shard stands among its node's shards."""
+
+    index: int
+    count: int
+    links: str  # the directory of the shards' link sockets
+
+    def socket(self, index: int) -> str:
+        return os.path.join(self.links, "%d.sock" % index)
+
+
+def shard_data_dir(data_dir: str, index: int) -> str:
+    return data_dir if index == 0 else os.path.join(data_dir, "shards", str(index))
+
+
+def check_shard_dirs(data_dir: str, count: int) -> None:
+    """Refuse a shard count that leaves a shard's queues behind."""
+    root = os.path.join(data_dir, "shards")
+    try:
+        names = os.listdir(root)
+    except FileNotFoundError:
+        return
+    for name in sorted(names):
+        if not name.isdigit() or int(name) < count:
+            continue
+        vhosts = os.path.join(root, name, "vhosts")
+        if os.path.isdir(vhosts) and any(os.scandir(vhosts)):
+            raise ListenError(
+                "shard %s of this node holds queues (%s), but shards is %d: start with shards >= %d, "
+                "or move the queues off that shard first" % (name, vhosts, count, int(name) + 1))
+
+
+def _client_ports(config: BrokerConfig) -> list[tuple[str, int]]:
+    """(setting, port) of every client listener the shards share."""
+    ports = [("port", config.port)]
+    if config.tls.enabled:
+        ports.append(("tls.port", config.tls.port))
+    if config.mqtt.enabled:
+        ports.append(("mqtt.port", config.mqtt.port))
+        if config.tls.enabled:
+            ports.append(("mqtt.tls_port", config.mqtt.tls_port))
+    if config.stream.enabled:
+        ports.append(("stream.port", config.stream.port))
+        if config.tls.enabled:
+            ports.append(("stream.tls_port", config.stream.tls_port))
+    return ports
+
+
+def hold_ports(config: BrokerConfig) -> tuple[BrokerConfig, list[socket.socket]]:
+    """The config with every client port resolved, and the sockets holding them."""
+    held = []
+    values = {}
+    try:
+        for setting, port in _client_ports(config):
+            family = socket.AF_INET6 if ":" in config.bind else socket.AF_INET
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            held.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            try:
+                sock.bind((config.bind, port))
+            except OSError as exc:
+                raise ListenError("cannot listen on %s:%d (%s): %s" % (config.bind, port, setting,
+                                                                       exc.strerror or exc)) from None
+            values[setting] = sock.getsockname()[1]
+    except BaseException:
+        for sock in held:
+            sock.close()
+        raise
+    resolved = dataclasses.replace(config, port=values["port"])
+    for setting, port in values.items():
+        if "." in setting:
+            group, field = setting.split(".")
+            setattr(resolved, group, dataclasses.replace(getattr(resolved, group), **{field: port}))
+    return resolved, held
+
+
+class Supervisor:
+    def __init__(self, config: BrokerConfig, serve_shard) -> None:
+        """`serve_shard(config, shard)` runs one shard to its end in a child."""
+        self.config = config
+        self.serve_shard = serve_shard
+        self.children: dict[int, tuple[int, float]] = {}  # pid -> (shard index, start time)
+        self.stopping = False
+        self.held: list[socket.socket] = []
+        self.links = ""
+
+    def run(self) -> int:
+        config = self.config
+        check_shard_dirs(config.data_dir, config.shards)
+        self.config, self.held = hold_ports(config)
+        self.links = tempfile.mkdtemp(prefix="hutch-shards-")  # mode 0700
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._stop)
+        try:
+            for index in range(config.shards):
+                self._fork(index)
+            return self._watch()
+        finally:
+            for sock in self.held:
+                sock.close()
+            shutil.rmtree(self.links, ignore_errors=True)
+
+    def _stop(self, signum, _frame) -> None:
+        self.stopping = True
+        for pid in self.children:
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:
+                pass
+
+    def _fork(self, index: int) -> None:
+        config = dataclasses.replace(self.config, data_dir=shard_data_dir(self.config.data_dir, index))
+        shard = Shard(index, self.config.shards, self.links)
+        pid = os.fork()
+        if pid == 0:
+            status = 1
+            try:
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    signal.signal(sig, signal.SIG_DFL)
+                for sock in self.held:
+                    sock.close()
+                status = self.serve_shard(config, shard)
+            except ListenError as exc:
+                log.error("shard %d cannot start: %s", index, exc)
+                status = 1
+            except BaseException:
+                log.exception("shard %d failed", index)
+            finally:
+                logging.shutdown()
+                os._exit(status or 0)
+        log.info("shard %d of %d: pid %d, data in %s", index, self.config.shards, pid, config.data_dir)
+        self.children[pid] = (index, time.monotonic())
+
+    def _watch(self) -> int:
+        failures: dict[int, int] = {}
+        status = 0
+        while self.children:
+            try:
+                pid, code = os.wait()
+            except ChildProcessError:
+                break
+            except InterruptedError:
+                continue
+            if pid not in self.children:
+                continue
+            index, started = self.children.pop(pid)
+            if self.stopping:
+                status = status or os.waitstatus_to_exitcode(code)
+                continue
+            how = os.waitstatus_to_exitcode(code)
+            log.error("shard %d (pid %d) ended (%s); starting it again", index, pid,
+                      "signal %d" % -how if how < 0 else "status %d" % how)
+            quick = time.monotonic() - started < 2.0
+            failures[index] = failures.get(index, 0) + 1 if quick else 0
+            delay = min(RESTART_BACKOFF[0] * 2 ** failures[index], RESTART_BACKOFF[1]) if quick else 0
+            deadline = time.monotonic() + delay
+            while not self.stopping and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if not self.stopping:
+                self._fork(index)
+        return status

@@ -1,0 +1,464 @@
+"""This shard's side of its node (docs/scaling.md): the links to the other
+shards, the queues it owns for them, and its RemoteQueues' way to theirs
+(it is the `vhosts.remote_queue.ShardPort`).
+
+Links: every shard listens on its socket in the node's link directory and
+opens one link to every other shard (again after a loss); a shard sends its
+requests on the link it opened, and answers a request on the link it came
+on, so a request and its answer share one ordered byte stream.
+
+Records (tuples, amqp_server.shards.link), by the requester:
+  ("hello", index)                        first on every link
+  ("pub", vhost, queue, data, ticket)      ticket 0: no confirm wanted
+  ("consume", cid, vhost, queue, tag, no_ack, exclusive, prefetch, arguments)
+  ("cancel", cid)
+  ("settle", cid, outcome, [entry ids])    ack, reject or requeue; cid 0: a get
+  ("credit", cid, n)                       no-ack deliveries handed to the client
+  ("get", ticket, vhost, queue, no_ack)
+  ("counts", ticket, vhost, queue)
+  ("define", ticket, op)                   to shard 0 (amqp_server.shards.definitions)
+  ("apply", ticket, op)                    from shard 0 to every other shard
+and by the owner, on the same link:
+  ("durable", ticket) ("deliver", cid, entry id, redelivered, deliveries, data)
+  ("cancelled", cid) ("got", ticket, entry id, redelivered, deliveries, data, count)
+  ("counted", ticket, messages, consumers) ("defined", ticket, result)
+  ("refused", ticket, code, text) ("applied", ticket)
+
+Invariants: an entry the owner delivered over a link stays held for that
+link (`held`) until it is settled; when the link is lost the owner gives
+every held entry back to its queue (redelivered), as when a channel closes.
+A no-ack delivery is settled when it is sent, and counts against its
+consumer's window until the client's shard gives credit back.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+
+from amqp_server.shards.definitions import Definitions
+from amqp_server.shards.link import Link
+from storage import Message
+from vhosts.consumer import Consumer
+from vhosts.errors import AMQPError
+from vhosts.remote_queue import RemoteEntry, RemoteQueue
+
+log = logging.getLogger("hutch.shards")
+
+# Deliveries in flight to another shard's no-ack or unlimited consumer.
+WINDOW = 512
+RECONNECT = 0.1
+
+
+class StandIn:
+    """The owner's side of a consumer on another shard: the ConsumerChannel
+    its Consumer belongs to."""
+
+    output_blocked = False
+
+    def __init__(self, node: "ShardNode", link: Link, cid: int) -> None:
+        self.node = node
+        self.link = link
+        self.cid = cid
+        self.in_flight = 0  # no-ack or unlimited deliveries not credited back
+
+    def can_deliver(self, consumer: Consumer) -> bool:
+        if self.link.closed:
+            return False
+        if consumer.prefetch_count and not consumer.no_ack:
+            return consumer.unacked < consumer.prefetch_count
+        return self.in_flight < WINDOW
+
+    def deliver(self, consumer: Consumer, queue, entry) -> None:
+        if consumer.no_ack:
+            queue.ack((entry,))
+            ident = 0
+            queue.stats.deliver_no_ack += 1
+        else:
+            ident = self.node.hold(self.link, queue, entry)
+            consumer.unacked += 1
+            queue.stats.deliver += 1
+        if not consumer.prefetch_count or consumer.no_ack:
+            self.in_flight += 1
+        self.link.send(("deliver", self.cid, ident, entry.redelivered, entry.deliveries,
+                        entry.message.to_bytes()))
+
+    def deliver_fresh(self, consumer: Consumer, queue, message) -> None:
+        queue.stats.deliver_no_ack += 1
+        self.in_flight += 1
+        self.link.send(("deliver", self.cid, 0, False, 0, message.to_bytes()))
+
+    def consumer_cancelled(self, consumer: Consumer) -> None:
+        self.node.standins.pop((self.link, self.cid), None)
+        self.link.send(("cancelled", self.cid))
+
+
+class ShardNode:
+    def __init__(self, shard) -> None:
+        self.shard = shard
+        self.here = shard.index
+        self.broker = None  # set once the broker is built (it needs this node first)
+        self.outgoing: dict[int, Link] = {}
+        self.links: set[Link] = set()
+        self._tickets = itertools.count(1)
+        self.waiting: dict[int, object] = {}  # ticket -> callback(record)
+        self.standins: dict[tuple, tuple] = {}  # (link, cid) -> (queue, Consumer)
+        self.held: dict[Link, dict[int, tuple]] = {}  # link -> entry id -> (queue, entry, consumer)
+        self._entry_ids = itertools.count(1)
+        self._cids = itertools.count(1)
+        self.consumers: dict[int, tuple[RemoteQueue, Consumer]] = {}  # cid -> ours at another shard
+        self.definitions = Definitions(self)
+        self._server = None
+        self._tasks: set[asyncio.Task] = set()
+        self._placed = itertools.count(0)
+
+    # -- links ------------------------------------------------------------------
+
+    async def start(self) -> None:
+        path = self.shard.socket(self.here)
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_unix_server(lambda: Link(self.received, self._lost), path)
+        for peer in range(self.shard.count):
+            if peer != self.here:
+                self._connect_soon(peer, 0)
+
+    def _connect_soon(self, peer: int, delay: float) -> None:
+        task = asyncio.get_running_loop().create_task(self._connect(peer, delay))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _connect(self, peer: int, delay: float) -> None:
+        await asyncio.sleep(delay)
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                _transport, link = await loop.create_unix_connection(
+                    lambda: Link(self.received, self._lost), self.shard.socket(peer))
+                break
+            except OSError:
+                await asyncio.sleep(RECONNECT)
+        link.peer = peer
+        self.outgoing[peer] = link
+        self.links.add(link)
+        link.send(("hello", self.here))
+        log.info("shard %d: linked to shard %d", self.here, peer)
+        self.definitions.linked(peer)
+
+    def _lost(self, link: Link) -> None:
+        self.links.discard(link)
+        for ident, (queue, entry, consumer) in self.held.pop(link, {}).items():
+            if consumer is not None:
+                consumer.unacked -= 1
+            queue.requeue((entry,))
+        for key in [key for key in self.standins if key[0] is link]:
+            queue, consumer = self.standins.pop(key)
+            if queue.remove_consumer(consumer) and not queue.deleted:
+                queue.host.remove_queue(queue)
+        peer = link.peer
+        if peer is not None and self.outgoing.get(peer) is link:
+            del self.outgoing[peer]
+            log.warning("shard %d: the link to shard %d is lost", self.here, peer)
+            self._peer_gone(peer)
+            self._connect_soon(peer, RECONNECT)
+
+    def _peer_gone(self, peer: int) -> None:
+        """Shard `peer` ended: what waited on it ends too."""
+        for cid, (queue, consumer) in list(self.consumers.items()):
+            if queue.shard == peer:
+                del self.consumers[cid]
+                queue.owner_cancelled(consumer.tag)
+        self.definitions.peer_gone(peer)
+        for ticket, callback in list(self.waiting.items()):
+            if getattr(callback, "peer", None) == peer:
+                del self.waiting[ticket]
+                callback(("lost", ticket))
+
+    def request(self, peer: int, record_of, callback) -> None:
+        """Send record_of(ticket) to `peer`; callback(answer) gets the answer
+        (("lost", ticket) if the peer ends first)."""
+        ticket = next(self._tickets)
+        callback.peer = peer
+        link = self.outgoing.get(peer)
+        if link is None:
+            callback(("lost", ticket))
+            return
+        self.waiting[ticket] = callback
+        link.send(record_of(ticket))
+
+    # -- records ------------------------------------------------------------------
+
+    def received(self, link: Link, record: tuple) -> None:
+        kind = record[0]
+        handler = getattr(self, "_on_" + kind, None)
+        if handler is None:
+            log.error("shard %d: unknown record %r from shard %s", self.here, kind, link.peer)
+            return
+        handler(link, *record[1:])
+
+    def _answered(self, ticket: int, record: tuple) -> None:
+        callback = self.waiting.pop(ticket, None)
+        if callback is not None:
+            callback(record)
+
+    def _on_hello(self, link: Link, index: int) -> None:
+        link.peer = index
+        self.links.add(link)
+
+    def _on_durable(self, link, ticket):
+        self._answered(ticket, ("durable", ticket))
+
+    def _on_got(self, link, ticket, *rest):
+        self._answered(ticket, ("got", ticket) + rest)
+
+    def _on_counted(self, link, ticket, *rest):
+        self._answered(ticket, ("counted", ticket) + rest)
+
+    def _on_defined(self, link, ticket, result):
+        self._answered(ticket, ("defined", ticket, result))
+
+    def _on_refused(self, link, ticket, code, text):
+        self._answered(ticket, ("refused", ticket, code, text))
+
+    def _on_applied(self, link, ticket):
+        self._answered(ticket, ("applied", ticket))
+
+    def _on_define(self, link, ticket, op):
+        self.definitions.ordered(link, ticket, op)
+
+    def _on_apply(self, link, ticket, op):
+        self.definitions.apply(op)
+        link.send(("applied", ticket))
+
+    # -- the owner's side -----------------------------------------------------------
+
+    def _owned(self, vhost: str, name: str):
+        host = self.broker.vhosts.get(vhost)
+        queue = host.queues.get(name) if host is not None else None
+        return None if queue is None or isinstance(queue, RemoteQueue) else queue
+
+    def hold(self, link: Link, queue, entry, consumer=None) -> int:
+        ident = next(self._entry_ids)
+        self.held.setdefault(link, {})[ident] = (queue, entry, consumer)
+        return ident
+
+    def _on_pub(self, link, vhost, name, data, ticket):
+        queue = self._owned(vhost, name)
+        if queue is None:  # deleted meanwhile: as a publish into a queue deleted under it
+            if ticket:
+                link.send(("durable", ticket))
+            return
+        message = Message.from_bytes(data)
+        if not ticket:
+            queue.publish(message)
+            return
+        answered = []
+
+        def durable():
+            if not answered:
+                answered.append(True)
+                link.send(("durable", ticket))
+
+        outcome = queue.publish(message, durable)
+        if outcome != 1:  # not DURABLE_PENDING: nothing will call back (a refusal is not told yet)
+            durable()
+
+    def _on_consume(self, link, cid, vhost, name, tag, no_ack, exclusive, prefetch, arguments):
+        queue = self._owned(vhost, name)
+        if queue is None:
+            link.send(("cancelled", cid))
+            return
+        try:
+            priority = queue.accept_consumer(no_ack, prefetch, exclusive, arguments)
+        except AMQPError:
+            link.send(("cancelled", cid))
+            return
+        consumer = Consumer(tag, queue, StandIn(self, link, cid), no_ack, exclusive, prefetch, arguments, priority)
+        self.standins[(link, cid)] = (queue, consumer)
+        queue.add_consumer(consumer)
+
+    def _on_cancel(self, link, cid):
+        found = self.standins.pop((link, cid), None)
+        if found is not None:
+            queue, consumer = found
+            if queue.remove_consumer(consumer) and not queue.deleted:
+                queue.host.remove_queue(queue)
+
+    def _on_settle(self, link, cid, outcome, idents):
+        held = self.held.get(link, {})
+        by_queue: dict = {}
+        for ident in idents:
+            found = held.pop(ident, None)
+            if found is None:
+                continue
+            queue, entry, consumer = found
+            if consumer is not None:
+                consumer.unacked -= 1
+            by_queue.setdefault(queue, []).append(entry)
+        for queue, entries in by_queue.items():
+            if outcome == "ack":
+                queue.stats.ack += len(entries)
+                queue.ack(entries)
+            elif outcome == "requeue":
+                queue.requeue(entries)
+            else:
+                queue.reject(entries)
+            if not queue.deleted:
+                queue.dispatch()
+
+    def _on_credit(self, link, cid, count):
+        found = self.standins.get((link, cid))
+        if found is not None:
+            queue, consumer = found
+            consumer.channel.in_flight -= count
+            queue.dispatch()
+
+    def _on_get(self, link, ticket, vhost, name, no_ack):
+        queue = self._owned(vhost, name)
+        if queue is None:
+            link.send(("got", ticket, 0, False, 0, None, 0))
+            return
+        self._get(link, ticket, queue, no_ack)
+
+    def _get(self, link, ticket, queue, no_ack) -> None:
+        entry = queue.get()
+        if entry is None:
+            if queue.message_count and not queue.deleted:
+                queue.when_available(lambda: self._get(link, ticket, queue, no_ack))
+                return
+            link.send(("got", ticket, 0, False, 0, None, 0))
+            return
+        if no_ack:
+            queue.ack((entry,))
+            ident = 0
+        else:
+            ident = self.hold(link, queue, entry)
+        link.send(("got", ticket, ident, entry.redelivered, entry.deliveries, entry.message.to_bytes(),
+                   queue.message_count))
+
+    def _on_counts(self, link, ticket, vhost, name):
+        queue = self._owned(vhost, name)
+        if queue is None:
+            link.send(("counted", ticket, 0, 0))
+        else:
+            link.send(("counted", ticket, queue.message_count, queue.consumer_count))
+
+    # -- the client's side (vhosts.remote_queue.ShardPort) ------------------------------
+
+    def place(self, vhost: str, name: str, local: bool, stream: bool) -> int:
+        """Where a new queue lives: a stream on shard 0 (its stream-protocol
+        readers are there); an exclusive or auto-delete one with its
+        declaring connection (`definitions.origin`); any other on the shard
+        that holds the fewest queues of the vhost."""
+        if stream:
+            return 0
+        if local:
+            return self.definitions.origin
+        host = self.broker.vhosts.get(vhost)
+        counts = [0] * self.shard.count
+        if host is not None:
+            for queue in host.queues.values():
+                counts[getattr(queue, "shard", self.here)] += 1
+        return min(range(self.shard.count), key=lambda index: (counts[index], (index - self.here) % self.shard.count))
+
+    def publish(self, queue: RemoteQueue, message: Message, on_durable) -> None:
+        if on_durable is None:
+            link = self.outgoing.get(queue.shard)
+            if link is not None:
+                link.send(("pub", queue.vhost, queue.name, message.to_bytes(), 0))
+            return
+
+        def answered(record):
+            on_durable()  # a lost owner: confirmed as RabbitMQ does for a queue that went away
+
+        data = message.to_bytes()
+        self.request(queue.shard, lambda ticket: ("pub", queue.vhost, queue.name, data, ticket), answered)
+
+    def consume(self, queue: RemoteQueue, consumer: Consumer) -> None:
+        cid = next(self._cids)
+        self.consumers[cid] = (queue, consumer)
+        consumer.remote_id = cid
+        link = self.outgoing.get(queue.shard)
+        if link is None:
+            self.consumers.pop(cid)
+            asyncio.get_running_loop().call_soon(queue.owner_cancelled, consumer.tag)
+            return
+        link.send(("consume", cid, queue.vhost, queue.name, consumer.tag, consumer.no_ack, consumer.exclusive,
+                   consumer.prefetch_count or consumer.channel.global_prefetch, consumer.arguments))
+
+    def cancel(self, queue: RemoteQueue, consumer: Consumer) -> None:
+        cid = getattr(consumer, "remote_id", None)
+        if self.consumers.pop(cid, None) is not None:
+            link = self.outgoing.get(queue.shard)
+            if link is not None:
+                link.send(("cancel", cid))
+
+    def settle(self, queue: RemoteQueue, entries: list, outcome: str) -> None:
+        link = self.outgoing.get(queue.shard)
+        if link is None:
+            return
+        idents = [entry.seq for entry in entries if entry.seq]
+        if idents:
+            link.send(("settle", 0, outcome, idents))
+        credits: dict = {}
+        for entry in entries:
+            consumer = entry.consumer
+            if consumer is not None and (not entry.seq or not consumer.prefetch_count):
+                cid = getattr(consumer, "remote_id", None)
+                credits[cid] = credits.get(cid, 0) + 1
+        for cid, count in credits.items():
+            link.send(("credit", cid, count))
+
+    def removed(self, vhost: str, queue) -> None:
+        self.definitions.removed(vhost, queue)
+
+    def fetch(self, queue: RemoteQueue) -> None:
+        def answered(record):
+            if record[0] == "lost" or record[5] is None:
+                queue.fetched(None, 0 if record[0] == "lost" else record[6])
+                return
+            _kind, _ticket, ident, redelivered, deliveries, data, count = record
+            queue.fetched(RemoteEntry(ident, Message.from_bytes(data), redelivered, deliveries, None), count)
+
+        no_ack = False  # the channel acks a no-ack get itself, at once
+        self.request(queue.shard, lambda ticket: ("get", ticket, queue.vhost, queue.name, no_ack), answered)
+
+    def _on_deliver(self, link, cid, ident, redelivered, deliveries, data):
+        found = self.consumers.get(cid)
+        if found is None:
+            if ident:
+                link.send(("settle", 0, "requeue", [ident]))
+            return
+        queue, consumer = found
+        queue.received(consumer.tag, RemoteEntry(ident, Message.from_bytes(data), redelivered, deliveries, consumer))
+
+    def _on_cancelled(self, link, cid):
+        found = self.consumers.pop(cid, None)
+        if found is not None:
+            queue, consumer = found
+            queue.owner_cancelled(consumer.tag)
+
+    def counts(self, queue, done) -> None:
+        """Refresh a RemoteQueue's counts from its owner, then done()."""
+        if not isinstance(queue, RemoteQueue):
+            done()
+            return
+
+        def answered(record):
+            if record[0] == "counted":
+                queue.message_count, queue.consumer_count = record[2], record[3]
+            done()
+
+        self.request(queue.shard, lambda ticket: ("counts", ticket, queue.vhost, queue.name), answered)
+
+    async def stop(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        if self._server is not None:
+            self._server.close()
+        for link in list(self.links) + list(self.outgoing.values()):
+            link.close()

@@ -1,0 +1,225 @@
+"""A queue that another shard of this node owns (docs/scaling.md).
+
+Every shard knows every queue (routing happens where a publish arrives);
+the shard that owns a queue holds its messages, consumers and deliveries,
+and the others hold a `RemoteQueue`: its declaration, and the way to the
+owner through the node's shard port (`ShardPort`, given by the composition
+root: amqp_server.shards.node).
+
+Theory of operation, on the shard of the client:
+- publish: the message goes to the owner; a publish that waits for a
+  confirm counts the owner among the queues it waits for (DURABLE_PENDING),
+  and `on_durable` runs when the owner has it on disk.
+- consume: a local `Consumer` (the client's channel's) is registered here
+  and at the owner, which runs a stand-in consumer of the same tag,
+  priority, exclusivity and per-consumer prefetch, so the owner's queue
+  chooses among all consumers of every shard as it would among local ones.
+  The owner's deliveries arrive as `RemoteEntry`s, wait in `pending` for
+  the client's channel to take them (its own prefetch and output), and go
+  out through the channel's ordinary `deliver`; acks, rejects and requeues
+  of them go back to the owner by entry id.
+- basic.get: `get` starts a fetch at the owner and answers None while it
+  is out, with `message_count` positive, so the channel waits on
+  `when_available` exactly as it waits for a message read back from disk.
+- The owner is gone (its shard ended): consumers are cancelled (the client
+  hears basic.cancel, as when a queue's node fails), unconfirmed publishes
+  are nacked, and acks of its deliveries are dropped (the owner's restart
+  recovers every message it had not seen acked, flagged redelivered).
+"""
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING, Callable, Iterable, Protocol
+
+from storage import Message, QueueEntry
+from vhosts.errors import PRECONDITION_FAILED, AMQPError
+from vhosts.queue_arguments import consumer_priority
+from vhosts.queue_types import queue_type
+from vhosts.stats import MessageStats
+
+if TYPE_CHECKING:
+    from vhosts.consumer import Consumer
+
+# vhosts.queue's publish outcomes (the same values)
+ACCEPTED, DURABLE_PENDING = 0, 1
+
+
+class ShardPort(Protocol):
+    here: int  # this shard's index
+
+    def place(self, vhost: str, name: str, local: bool, stream: bool) -> int: ...
+
+    def publish(self, queue: "RemoteQueue", message: Message, on_durable: Callable[[], None] | None) -> None: ...
+
+    def consume(self, queue: "RemoteQueue", consumer: "Consumer") -> None: ...
+
+    def cancel(self, queue: "RemoteQueue", consumer: "Consumer") -> None: ...
+
+    def settle(self, queue: "RemoteQueue", entries: list["RemoteEntry"], outcome: str) -> None: ...
+
+    def fetch(self, queue: "RemoteQueue") -> None: ...
+
+    def removed(self, vhost: str, queue) -> None: ...  # a queue of this shard went (not by an order)
+
+
+class RemoteEntry(QueueEntry):
+    """A delivery from the owner: `seq` is the owner's id for it."""
+
+    __slots__ = ("consumer",)
+
+    def __init__(self, seq: int, message: Message, redelivered: bool, deliveries: int, consumer) -> None:
+        super().__init__(seq, message)
+        self.redelivered = redelivered
+        self.deliveries = deliveries
+        self.consumer = consumer  # the local Consumer it was sent to; None for a basic.get
+
+
+class RemoteQueue:
+    remote = True
+    backed_up = False
+
+    def __init__(self, name: str, vhost: str, shard: int, durable: bool, exclusive_owner: object | None,
+                 auto_delete: bool, arguments: dict, port: ShardPort) -> None:
+        self.name = name
+        self.vhost = vhost
+        self.shard = shard
+        self.durable = durable
+        self.exclusive_owner = exclusive_owner
+        self.auto_delete = auto_delete
+        self.arguments = arguments
+        self.port = port
+        self.kind = queue_type(arguments)
+        self.consumers: dict[str, Consumer] = {}  # the local ones, by tag
+        self.pending: dict[str, deque[RemoteEntry]] = {}
+        self.stats = MessageStats()
+        self.deleted = False
+        self.policy = None
+        # basic.get: None (no fetch out), True (out), or its answer (an entry, or False: empty)
+        self._fetched: object = None
+        self._get_waiters: list[Callable[[], None]] = []
+        # the owner's counts as it last reported them (declare-ok, listings)
+        self.message_count = 0
+        self.consumer_count = 0
+
+    # -- publish --------------------------------------------------------------
+
+    def publish(self, message: Message, on_durable: Callable[[], None] | None = None) -> int:
+        self.port.publish(self, message, on_durable)
+        return DURABLE_PENDING if on_durable is not None else ACCEPTED
+
+    def throttle(self, publisher) -> None:
+        """Credit flow across shards is the link's (amqp_server.shards.link)."""
+
+    # -- consumers ---------------------------------------------------------------
+
+    def accept_consumer(self, no_ack: bool, prefetch_count: int, exclusive: bool, arguments: dict) -> int:
+        """The arguments are checked here; exclusivity at the owner, which
+        cancels the consumer if it is refused."""
+        return consumer_priority(self.vhost, self.name, arguments)
+
+    def add_consumer(self, consumer: "Consumer") -> None:
+        self.consumers[consumer.tag] = consumer
+        self.pending[consumer.tag] = deque()
+        self.port.consume(self, consumer)
+
+    def remove_consumer(self, consumer: "Consumer") -> bool:
+        """Auto-delete is the owner's to decide."""
+        if self.consumers.pop(consumer.tag, None) is None:
+            return False
+        left = self.pending.pop(consumer.tag, ())
+        if left:
+            self.port.settle(self, list(left), "requeue")
+        self.port.cancel(self, consumer)
+        return False
+
+    def received(self, tag: str, entry: RemoteEntry) -> None:
+        """A delivery from the owner to the local consumer `tag`."""
+        waiting = self.pending.get(tag)
+        if waiting is None:  # cancelled meanwhile: back to the owner
+            self.port.settle(self, [entry], "requeue")
+            return
+        waiting.append(entry)
+        self.dispatch()
+
+    def dispatch(self, now: int = 0) -> None:
+        for tag, waiting in self.pending.items():
+            consumer = self.consumers[tag]
+            channel = consumer.channel
+            while waiting and channel.can_deliver(consumer):
+                channel.deliver(consumer, self, waiting.popleft())
+
+    def owner_cancelled(self, tag: str) -> None:
+        """The owner ended the consumer (queue deleted, exclusive refused, shard gone)."""
+        consumer = self.consumers.pop(tag, None)
+        self.pending.pop(tag, None)
+        if consumer is not None:
+            consumer.channel.consumer_cancelled(consumer)
+
+    # -- basic.get -------------------------------------------------------------
+
+    def get(self) -> QueueEntry | None:
+        fetched = self._fetched
+        if fetched is None:
+            self._fetched = True
+            self.message_count = max(self.message_count, 1)  # the channel waits (when_available)
+            self.port.fetch(self)
+            return None
+        if fetched is True:
+            return None
+        self._fetched = None
+        if fetched is False:
+            self.message_count = 0
+            return None
+        return fetched
+
+    def when_available(self, callback: Callable[[], None]) -> None:
+        self._get_waiters.append(callback)
+
+    def fetched(self, entry: RemoteEntry | None, message_count: int) -> None:
+        self._fetched = entry if entry is not None else False
+        self.message_count = message_count
+        waiters, self._get_waiters = self._get_waiters, []
+        for callback in waiters:
+            callback()
+
+    # -- settlement --------------------------------------------------------------
+
+    def ack(self, entries: Iterable[QueueEntry]) -> None:
+        self.port.settle(self, list(entries), "ack")
+
+    def reject(self, entries: list[QueueEntry]) -> None:
+        self.port.settle(self, list(entries), "reject")
+
+    def requeue(self, entries: Iterable[QueueEntry]) -> None:
+        self.port.settle(self, list(entries), "requeue")
+
+    def check_return(self) -> None:
+        """Only a stream refuses returns, and streams live on shard 0 with their readers."""
+
+    def read_log(self, start: int, limit: int, done, max_bytes: int) -> None:
+        raise AMQPError(PRECONDITION_FAILED, "queue '%s' in vhost '%s' is not a stream" % (self.name, self.vhost))
+
+    # -- declarations and their end ---------------------------------------------
+
+    def touch(self) -> None:
+        """x-expires is the owner's."""
+
+    def apply_policy(self, definition: dict | None) -> None:
+        self.policy = definition
+
+    def purge(self) -> int:
+        raise AMQPError(PRECONDITION_FAILED, "purge of queue '%s' on shard %d: not yet across shards"
+                        % (self.name, self.shard))
+
+    @property
+    def delete_ok_count(self) -> int:
+        return self.message_count
+
+    def delete(self) -> list:
+        """The owner deletes its queue; here, the local consumers are told."""
+        self.deleted = True
+        consumers = list(self.consumers.values())
+        self.consumers.clear()
+        self.pending.clear()
+        self.fetched(None, 0)
+        return consumers
