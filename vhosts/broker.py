@@ -26,6 +26,7 @@ through `on_policies_changed` for the federation policy keys.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import secrets
 from collections.abc import Callable
@@ -49,6 +50,24 @@ from vhosts.users import (
 from vhosts.vhost import VirtualHost
 
 log = logging.getLogger("hutch.broker")
+
+
+def _every_shard(method):
+    """A change every shard of a node makes, in the order shard 0 made it
+    (amqp_server.shards.definitions): shard 0 reports the call once it
+    succeeded; the changes it makes on the way are part of it."""
+    @functools.wraps(method)
+    def change(self, *args, **kwargs):
+        shards = self.shards
+        if shards is None:
+            return method(self, *args, **kwargs)
+        with shards.nested() as outermost:
+            result = method(self, *args, **kwargs)
+        if outermost:  # a callable argument (a check) was made here and is not repeated
+            shards.changed(("broker", method.__name__, args,
+                            {key: value for key, value in kwargs.items() if not callable(value)}))
+        return result
+    return change
 
 
 class Broker:
@@ -179,6 +198,7 @@ class Broker:
 
     # -- vhosts, users, permissions ---------------------------------------------
 
+    @_every_shard
     def add_vhost(self, name: str, description: str = "", tags: list = (),
                   acting_user: str | None = None) -> VirtualHost:
         """The vhost, created if new, with this description and these tags
@@ -203,6 +223,7 @@ class Broker:
                 self.set_permissions(acting_user, name, Permission())
         return vhost
 
+    @_every_shard
     def delete_vhost(self, name: str) -> None:
         """The vhost, its connections (closed with 320), exchanges, queues,
         their messages on disk, its limits and policies, and every permission
@@ -228,6 +249,7 @@ class Broker:
         for forget in self.on_vhost_deleted:
             forget(name)
 
+    @_every_shard
     def set_vhost_limits(self, name: str, limits: dict) -> None:
         """Replace the vhost's limits (max-connections, max-queues; negative:
         no limit), as rabbitmqctl set_vhost_limits does. Open connections
@@ -238,6 +260,7 @@ class Broker:
             self.definitions.set_vhost_limits(name, limits)
         vhost.limits = limits
 
+    @_every_shard
     def clear_vhost_limits(self, name: str) -> None:
         self.set_vhost_limits(name, {})
 
@@ -253,6 +276,7 @@ class Broker:
             raise LookupError("no user '%s'" % name)
         return user
 
+    @_every_shard
     def put_user(self, name: str, password_hash: str, tags: list[str]) -> User:
         """Add a user, or change an existing one's password hash and tags."""
         if self.definitions is not None:
@@ -265,20 +289,24 @@ class Broker:
             user.tags = list(tags)
         return user
 
+    @_every_shard
     def add_user(self, name: str, password: str, tags=()) -> User:
         """A new user with a password (stored hashed); ValueError if it exists."""
         if name in self.users:
             raise ValueError("user '%s' already exists" % name)
         return self.put_user(name, hash_password(password), list(tags))
 
+    @_every_shard
     def change_password(self, name: str, password: str) -> None:
         user = self._user(name)
         self.put_user(name, hash_password(password), user.tags)
 
+    @_every_shard
     def set_user_tags(self, name: str, tags: list[str]) -> None:
         user = self._user(name)
         self.put_user(name, user.password_hash, list(tags))
 
+    @_every_shard
     def delete_user(self, name: str) -> None:
         """The user, its permissions and limits; its connections are closed (320)."""
         self._user(name)
@@ -287,6 +315,7 @@ class Broker:
         del self.users[name]
         self._force_close(lambda c: c.user is not None and c.user.name == name, "user '%s' is deleted" % name)
 
+    @_every_shard
     def set_user_limits(self, name: str, limits: dict) -> None:
         """Add to the user's limits (max-connections, max-channels; negative:
         no limit), as rabbitmqctl set_user_limits does."""
@@ -296,6 +325,7 @@ class Broker:
             self.definitions.set_user_limits(name, merged)
         user.limits = merged
 
+    @_every_shard
     def clear_user_limits(self, name: str, limit: str = "all") -> None:
         """One limit by name, or "all"."""
         user = self._user(name)
@@ -304,6 +334,7 @@ class Broker:
             self.definitions.set_user_limits(name, remaining)
         user.limits = remaining
 
+    @_every_shard
     def set_permissions(self, user: str, vhost: str, permission: Permission) -> None:
         """Open channels keep the grants they already used (RabbitMQ's
         per-channel cache, see vhosts.access); everything else sees the change."""
@@ -315,6 +346,7 @@ class Broker:
             self.definitions.set_permission(user, vhost, permission.configure, permission.write, permission.read)
         self.users[user].permissions[vhost] = permission
 
+    @_every_shard
     def clear_permissions(self, user: str, vhost: str) -> None:
         found = self.users.get(user)
         if found is not None and vhost in found.permissions:
@@ -322,6 +354,7 @@ class Broker:
                 self.definitions.clear_permission(user, vhost)
             del found.permissions[vhost]
 
+    @_every_shard
     def set_topic_permissions(self, user: str, vhost: str, exchange: str, write: str, read: str) -> None:
         found = self._user(user)
         self._vhost(vhost)
@@ -331,6 +364,7 @@ class Broker:
             self.definitions.set_topic_permission(user, vhost, exchange, write, read)
         found.topic_permissions[(vhost, exchange)] = TopicPermission(exchange, write, read)
 
+    @_every_shard
     def clear_topic_permissions(self, user: str, vhost: str, exchange: str | None = None) -> None:
         """One exchange's topic permission, or (None) all of the user's in the vhost."""
         found = self._user(user)
@@ -341,6 +375,7 @@ class Broker:
 
     # -- policies --------------------------------------------------------------
 
+    @_every_shard
     def set_policy(self, vhost: str, name: str, pattern: str, definition: dict, priority: int = 0,
                    apply_to: str = "all", operator: bool = False) -> Policy:
         """Add or replace a policy, or (`operator`) an operator policy
@@ -355,6 +390,7 @@ class Broker:
         self._policies_changed(target)
         return policy
 
+    @_every_shard
     def clear_policy(self, vhost: str, name: str, operator: bool = False) -> None:
         target = self._vhost(vhost)
         table = "operator_policies" if operator else "policies"
@@ -378,6 +414,7 @@ class Broker:
 
     # -- runtime and global parameters -----------------------------------------
 
+    @_every_shard
     def set_parameter(self, vhost: str, component: str, name: str, value: object,
                       owner: str | None = None, may_connect=None) -> None:
         """Add or replace a runtime parameter: ValueError whose text is
@@ -399,6 +436,7 @@ class Broker:
         for notify in self.on_parameter_changed:
             notify(vhost, component, name, value)
 
+    @_every_shard
     def clear_parameter(self, vhost: str, component: str, name: str) -> None:
         target = self._vhost(vhost)
         if (component, name) not in target.parameters:
@@ -418,11 +456,13 @@ class Broker:
                  if component in (None, c)]
         return sorted(found, key=lambda row: (row[2], row[1], row[0]))
 
+    @_every_shard
     def set_global_parameter(self, name: str, value: object) -> None:
         if self.definitions is not None:
             self.definitions.set_global_parameter(name, value)
         self.global_parameters[name] = value
 
+    @_every_shard
     def clear_global_parameter(self, name: str) -> None:
         if name not in self.global_parameters:
             raise LookupError("Parameter does not exist")

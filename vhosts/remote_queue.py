@@ -59,7 +59,11 @@ class ShardPort(Protocol):
 
     def fetch(self, queue: "RemoteQueue") -> None: ...
 
-    def removed(self, vhost: str, queue) -> None: ...  # a queue of this shard went (not by an order)
+    # A definition changed here (a tuple: amqp_server.shards.definitions); inside `nested()`
+    # only the outermost change is reported.
+    def changed(self, change: tuple) -> None: ...
+
+    def nested(self): ...
 
 
 class RemoteEntry(QueueEntry):

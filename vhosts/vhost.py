@@ -366,6 +366,8 @@ class VirtualHost:
             self.exchanges[name] = x
             if type == DELAYED:
                 self.delayed_exchanges.add(name)
+            if self.shards is not None:
+                self.shards.changed(("exchange", self.name, name, type, durable, auto_delete, internal, arguments))
             return x
         for key, received, current in (
             ("type", type, x.type),
@@ -401,6 +403,8 @@ class VirtualHost:
         for dest, _key, _args in list(x.table.bindings()):
             self._forget_binding(x.name, dest)
         self._remove_destination(Destination("exchange", x.name))
+        if self.shards is not None:
+            self.shards.changed(("exchange-", self.name, x.name))
 
     def _remove_destination(self, dest: Destination) -> None:
         """Drop every binding to `dest`, auto-deleting sources left with none."""
@@ -429,11 +433,13 @@ class VirtualHost:
         x = self.exchange(source)
         if isinstance(x.table, routing.HeadersTable) and arguments and "x-match" in arguments:
             _check_x_match(arguments["x-match"])
-        if (self.definitions is not None and self._durable_binding(x, dest)
-                and not x.table.has_binding(dest, key, arguments)):
+        new = not x.table.has_binding(dest, key, arguments)
+        if self.definitions is not None and self._durable_binding(x, dest) and new:
             self.definitions.add_binding(self.name, source, dest.kind, dest.name, key, arguments)
         if x.table.bind(dest, key, arguments):
             self._bound_from.setdefault(dest, set()).add(source)
+        if new and self.shards is not None:
+            self.shards.changed(("bind", self.name, source, dest.kind, dest.name, key, arguments))
 
     def unbind(self, source: str, dest: Destination, key: str, arguments: dict | None) -> None:
         """Idempotent, as in RabbitMQ: a missing source, destination or binding is fine."""
@@ -447,6 +453,8 @@ class VirtualHost:
             x.table.unbind(dest, key, arguments)
             if not x.table.has_destination(dest):
                 self._forget_binding(source, dest)
+            if self.shards is not None:
+                self.shards.changed(("unbind", self.name, source, dest.kind, dest.name, key, arguments))
             self._maybe_auto_delete(x)
 
     def _check_binding(self, access: Access | None, source: str, dest: Destination, key: str) -> None:
@@ -576,6 +584,9 @@ class VirtualHost:
                                           getattr(q, "shard", self.shards.here if self.shards else 0))
         self.queues[name] = q
         self.churn.queue_created += 1
+        if self.shards is not None:
+            self.shards.changed(("queue", self.name, name, durable, exclusive_owner, auto_delete, arguments,
+                                 getattr(q, "shard", self.shards.here)))
         return q
 
     def _new_queue(self, name: str, durable: bool, exclusive_owner: object | None, auto_delete: bool,
@@ -655,7 +666,7 @@ class VirtualHost:
         for consumer in q.delete():
             consumer.channel.consumer_cancelled(consumer)
         if self.shards is not None:
-            self.shards.removed(self.name, q)
+            self.shards.changed(("queue-", self.name, q.name))
         return count
 
     def queue_expired(self, q: Queue) -> None:

@@ -62,6 +62,23 @@ _CHECKED_PROPERTIES = 0x0010 | 0x0100
 NACK = -1  # in `_awaiting`: a refused publish, nacked when its turn comes
 
 
+class _Confirm:
+    """`on_durable` of a publish in confirm mode: called when every queue
+    has the message; `refused` when one cannot keep it (vhosts.remote_queue)."""
+
+    __slots__ = ("channel", "seq")
+
+    def __init__(self, channel: "Channel", seq: int) -> None:
+        self.channel = channel
+        self.seq = seq
+
+    def __call__(self) -> None:
+        self.channel._durable(self.seq)
+
+    def refused(self) -> None:
+        self.channel._refused(self.seq)
+
+
 class Channel(Deliveries):
     def __init__(self, connection: "Connection", number: int) -> None:
         super().__init__()
@@ -256,10 +273,16 @@ class Channel(Deliveries):
             self._route(message, keys, headers, mandatory)
             return
         seq = self._publish_seq
-        waits = self._route(message, keys, headers, mandatory, lambda: self._durable(seq))
+        waits = self._route(message, keys, headers, mandatory, _Confirm(self, seq))
         if waits:
             self._awaiting[seq] = waits
         if waits <= 0:  # confirmable now (0), or refused (NACK)
+            self.connection.confirm_pending(self)
+
+    def _refused(self, seq: int) -> None:
+        """A queue that was to keep it cannot (another shard's, gone): a nack."""
+        if seq in self._awaiting:
+            self._awaiting[seq] = NACK
             self.connection.confirm_pending(self)
 
     def _durable(self, seq: int) -> None:

@@ -124,6 +124,7 @@ class Supervisor:
         self.serve_shard = serve_shard
         self.children: dict[int, tuple[int, float]] = {}  # pid -> (shard index, start time)
         self.stopping = False
+        self.restarting: set[int] = set()  # shards stopped because shard 0 ended
         self.held: list[socket.socket] = []
         self.links = ""
 
@@ -190,9 +191,24 @@ class Supervisor:
             if self.stopping:
                 status = status or os.waitstatus_to_exitcode(code)
                 continue
-            how = os.waitstatus_to_exitcode(code)
-            log.error("shard %d (pid %d) ended (%s); starting it again", index, pid,
-                      "signal %d" % -how if how < 0 else "status %d" % how)
+            if index in self.restarting:
+                self.restarting.discard(index)
+                if self.restarting:
+                    continue
+                index = 0  # every shard stopped: shard 0 first, the others follow below
+            else:
+                how = os.waitstatus_to_exitcode(code)
+                log.error("shard %d (pid %d) ended (%s); starting it again", index, pid,
+                          "signal %d" % -how if how < 0 else "status %d" % how)
+                if index == 0 and self.children:
+                    # Shard 0 orders the definitions and alone knew the others' transient
+                    # ones: the node restarts whole, as after a node's crash.
+                    log.error("shard 0 orders the node's definitions: stopping the other shards to start "
+                              "them again with it")
+                    self.restarting = {other for other, _started in self.children.values()}
+                    for other_pid in self.children:
+                        os.kill(other_pid, signal.SIGTERM)
+                    continue
             quick = time.monotonic() - started < 2.0
             failures[index] = failures.get(index, 0) + 1 if quick else 0
             delay = min(RESTART_BACKOFF[0] * 2 ** failures[index], RESTART_BACKOFF[1]) if quick else 0
@@ -201,4 +217,9 @@ class Supervisor:
                 time.sleep(0.05)
             if not self.stopping:
                 self._fork(index)
+                running = {other for other, _started in self.children.values()}
+                if index == 0:
+                    for other in range(1, self.config.shards):
+                        if other not in running:
+                            self._fork(other)
         return status

@@ -1,30 +1,42 @@
 """Definition changes on a node of several shards: made on every shard, in
 one order (docs/scaling.md).
 
-Shard 0 orders them. A change a client asks of any shard (an AMQP
-exchange.* or queue.* method) travels to shard 0 as an *order*: the
-method's name and arguments, the user and vhost, and the connection that
-asked (its shard and id). Shard 0 runs it through the same vhost call a
-single process makes, permission checks and reply codes included, and
-turns what changed into *applies*: resolved changes that need no check
-(a server-generated queue name and the queue's shard are filled in). It
-applies them itself, sends them to every other shard, and answers the
-order once every shard has applied them; the asking shard answers its
-client only then, so a client that was answered may use the change on any
-connection. A refused order changes nothing anywhere.
+Shard 0 orders them. Everything that changes definitions runs there: the
+management API, MQTT, the stream protocol and the links are served by
+shard 0 only, and an AMQP exchange.* or queue.* method that reaches
+another shard travels to shard 0 as an *order* (the vhost call's name and
+arguments, the user and vhost, and the connection that asked: its shard
+and id), where it runs through the same vhost call a single process makes,
+permission checks and reply codes included.
+
+The domain reports each change it makes (`changed`: a queue, an exchange,
+a binding made or removed; a Broker call such as add_user, whose own
+effects are part of it: `nested`) as a tuple that needs no check (a
+server-generated queue name and the queue's shard filled in). Shard 0
+sends them, in order, to every other shard, which makes them too
+(`apply`); its replies that promise a change (declare-ok and friends, the
+management API's answers: `Broker.durability_barrier`) wait until every
+running shard has applied every change made so far (`barrier`), so a
+client that was answered may use the change on any connection.
+
+A shard's own changes besides these (an exclusive queue whose connection
+closed, an auto-delete queue's last consumer gone, x-expires) are queue
+removals, sent to shard 0 as `removed` orders.
 
 Each shard keeps every durable definition in its own definitions store (a
 queue's row names its shard), so a restarted shard restores its own queues
-before serving; a shard that comes back takes shard 0's copy of what
-changed meanwhile (`linked`, not yet: docs/scaling.md says what is left).
-
-Changes a queue's own shard decides (an exclusive queue whose connection
-closed, an auto-delete queue's last consumer gone, x-expires) are sent to
-shard 0 as `removed` orders the same way.
+before serving; it then asks shard 0 for everything (`sync`) and makes the
+difference (what it lacks, and undoing what it has that shard 0 has not),
+before it opens its listeners. Shard 0's end restarts the whole node
+(amqp_server.process.shards): the others' transient definitions were known
+to it only.
 """
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import pickle
 import weakref
 
 from routing import Destination
@@ -52,19 +64,44 @@ class RemoteOwner:
         self.key = key
 
 
+# What undoes a change a shard has and shard 0 has not (`sync`).
+_UNDO = {
+    "add_vhost": lambda args, kwargs: ("delete_vhost", (args[0],)),
+    "put_user": lambda args, kwargs: ("delete_user", (args[0],)),
+    "set_permissions": lambda args, kwargs: ("clear_permissions", (args[0], args[1])),
+    "set_topic_permissions": lambda args, kwargs: ("clear_topic_permissions", (args[0], args[1], args[2])),
+    "set_vhost_limits": lambda args, kwargs: ("clear_vhost_limits", (args[0],)),
+    "set_user_limits": lambda args, kwargs: ("clear_user_limits", (args[0],)),
+    "set_policy": lambda args, kwargs: ("clear_policy", (args[0], args[1], kwargs.get("operator", False))),
+    "set_parameter": lambda args, kwargs: ("clear_parameter", (args[0], args[1], args[2])),
+    "set_global_parameter": lambda args, kwargs: ("clear_global_parameter", (args[0],)),
+}
+
+
 class Definitions:
     def __init__(self, node) -> None:
         self.node = node
         self.origin = node.here  # the shard whose connection asked for the change being made
         self._connections: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
         self._owners: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
-        self._replaying = False
+        self._depth = 0  # inside a Broker call or an apply: its changes are not reported
+        self._pending: list[tuple] = []  # shard 0: changes made, not sent yet
+        self._flush_armed = False
+        self._batch = 0  # shard 0: batches sent
+        self._acked: dict[int, int] = {}  # shard 0: peer -> last batch it applied
+        self._waiters: list[tuple[int, object]] = []  # (batch, done)
+        self.synced = asyncio.Event()
+        self._early: list[tuple] = []  # batches that came before this shard's sync
 
-    # -- who asked -----------------------------------------------------------------
+    # -- who asked ---------------------------------------------------------------------
 
-    def key_of(self, connection) -> tuple:
-        key = (self.node.here, id(connection))
-        self._connections[key[1]] = connection
+    def key_of(self, owner) -> tuple | None:
+        if owner is None:
+            return None
+        if isinstance(owner, RemoteOwner):
+            return owner.key
+        key = (self.node.here, id(owner))
+        self._connections[key[1]] = owner
         return key
 
     def owner(self, key: tuple | None):
@@ -77,7 +114,66 @@ class Definitions:
             owner = self._owners[key] = RemoteOwner(key)
         return owner
 
-    # -- the order (Broker.order_definition) --------------------------------------------
+    # -- what the domain reports (vhosts.remote_queue.ShardPort) ---------------------------
+
+    @contextlib.contextmanager
+    def nested(self):
+        self._depth += 1
+        try:
+            yield self._depth == 1
+        finally:
+            self._depth -= 1
+
+    def changed(self, change: tuple) -> None:
+        if self._depth:
+            return
+        if change[0] == "queue":
+            change = change[:4] + (self.key_of(change[4]),) + change[5:]
+        if self.node.here != 0:
+            if change[0] == "queue-":
+                self.order(("removed", change[1], change[2]), lambda _result: None)
+            elif self.synced.is_set():
+                log.error("shard %d: a change outside an order: %r", self.node.here, change[:3])
+            return
+        self._pending.append(change)
+        if not self._flush_armed:
+            self._flush_armed = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_armed = False
+        if not self._pending:
+            return
+        changes, self._pending = self._pending, []
+        self._batch += 1
+        batch = self._batch
+        for peer, link in list(self.node.outgoing.items()):
+            self.node.request(peer, lambda ticket: ("apply", ticket, batch, changes), self._applied(peer, batch))
+
+    def _applied(self, peer: int, batch: int):
+        def callback(record) -> None:
+            if record[0] == "applied" and peer in self._acked:
+                self._acked[peer] = max(self._acked[peer], batch)
+                self._release()
+        return callback
+
+    def _release(self) -> None:
+        # A shard counts from its sync on (`synced_peer`) until it ends.
+        done_upto = min(self._acked.values(), default=self._batch)
+        ready = [done for batch, done in self._waiters if batch <= done_upto]
+        self._waiters = [(batch, done) for batch, done in self._waiters if batch > done_upto]
+        for done in ready:
+            done()
+
+    def barrier(self, done) -> None:
+        """Shard 0 (Broker.durability_barrier): done() once every running
+        shard applied every change made so far."""
+        if self._pending:
+            self._flush()
+        self._waiters.append((self._batch, done))
+        self._release()
+
+    # -- orders ----------------------------------------------------------------------------
 
     def order_amqp(self, method: str, args: tuple, connection, vhost, done) -> None:
         """Broker.order_definition: an AMQP exchange.* or queue.* method of
@@ -96,7 +192,7 @@ class Definitions:
             elif record[0] == "refused":
                 done(_refusal(record[2], record[3]))
             else:
-                done(AMQPError(INTERNAL_ERROR, "shard 0 ended before it answered; try again"))
+                done(AMQPError(INTERNAL_ERROR, "shard 0, which orders definitions, ended before it answered"))
 
         self.node.request(0, lambda ticket: ("define", ticket, op), answered)
 
@@ -112,140 +208,107 @@ class Definitions:
 
     def _order(self, op: tuple, done) -> None:
         try:
-            result, applies = self._execute(op)
+            result = self._execute(op)
         except AMQPError as exc:
             done(exc)
             return
         except Exception:
-            log.exception("shard 0: failed to order %r", op[:2])
+            log.exception("shard 0: failed to make %r", op[:2])
             done(AMQPError(INTERNAL_ERROR, "internal error"))
             return
-        peers = [peer for peer in self.node.outgoing]
-        if not applies or not peers:
-            done(result)
-            return
-        left = set(peers)
+        self.barrier(lambda: done(result))
 
-        def applied(peer):
-            def callback(_record):
-                left.discard(peer)
-                if not left:
-                    done(result)
-            return callback
-
-        for peer in peers:
-            self.node.request(peer, lambda ticket: ("apply", ticket, applies), applied(peer))
-
-    # -- shard 0 runs an order --------------------------------------------------------------
-
-    def _execute(self, op: tuple) -> tuple[object, list]:
-        kind = op[0]
-        if kind == "removed":
+    def _execute(self, op: tuple):
+        broker = self.node.broker
+        if op[0] == "removed":
             _kind, vhost, name = op
-            host = self.node.broker.vhosts.get(vhost)
+            host = broker.vhosts.get(vhost)
             queue = host.queues.get(name) if host is not None else None
             if queue is not None:
-                self._replaying = True
-                try:
-                    host.remove_queue(queue)
-                finally:
-                    self._replaying = False
-            return None, [("queue-", vhost, name)]
+                host.remove_queue(queue)
+            else:  # gone here already: the others still hear of it
+                self.changed(("queue-", vhost, name))
+            return None
         _kind, method, user_name, vhost_name, key, args = op
-        broker = self.node.broker
         user = broker.users.get(user_name)
         host = broker.vhosts.get(vhost_name)
         if user is None or host is None:
-            raise AMQPError(INTERNAL_ERROR, "user or vhost gone")
+            raise AMQPError(INTERNAL_ERROR, "the user or the vhost was deleted meanwhile")
         access = Access(user, vhost_name)
         owner = self.owner(key)
         self.origin = key[0]
-        self._replaying = True
         try:
-            return getattr(self, "_" + method)(host, access, owner, key, *args)
+            return getattr(self, "_" + method)(host, access, owner, *args)
         finally:
             self.origin = self.node.here
-            self._replaying = False
-
-    def _queue_declare(self, host, access, owner, key, name, passive, durable, exclusive, auto_delete, arguments):
-        before = name in host.queues
-        queue = host.declare_queue(name, owner, passive, durable, exclusive, auto_delete, arguments, access)
-        result = (queue.name, queue.message_count, queue.consumer_count)
-        if before or passive or queue.name not in host.queues:
-            return result, []
-        return result, [("queue", host.name, queue.name, durable, key if exclusive else None, auto_delete,
-                         queue.arguments, getattr(queue, "shard", 0))]
-
-    def _queue_delete(self, host, access, owner, key, name, if_unused, if_empty):
-        existed = name in host.queues
-        count = host.delete_queue(name, owner, if_unused, if_empty, access)
-        return count, ([("queue-", host.name, name)] if existed and name not in host.queues else [])
-
-    def _queue_bind(self, host, access, owner, key, queue, exchange, routing_key, arguments):
-        dest = Destination("queue", queue)
-        had = self._has(host, exchange, dest, routing_key, arguments)
-        host.bind_queue(queue, exchange, routing_key, arguments, owner, access)
-        return None, ([] if had else [("bind", host.name, exchange, "queue", queue, routing_key, arguments)])
-
-    def _queue_unbind(self, host, access, owner, key, queue, exchange, routing_key, arguments):
-        dest = Destination("queue", queue)
-        had = self._has(host, exchange, dest, routing_key, arguments)
-        host.unbind_queue(queue, exchange, routing_key, arguments, owner, access)
-        return None, ([("unbind", host.name, exchange, "queue", queue, routing_key, arguments)] if had else [])
-
-    def _exchange_declare(self, host, access, owner, key, name, type_, passive, durable, auto_delete, internal,
-                          arguments):
-        before = name in host.exchanges
-        host.declare_exchange(name, type_, passive, durable, auto_delete, internal, arguments, access)
-        if before or passive:
-            return None, []
-        return None, [("exchange", host.name, name, type_, durable, auto_delete, internal, arguments)]
-
-    def _exchange_delete(self, host, access, owner, key, name, if_unused):
-        existed = name in host.exchanges
-        host.delete_exchange(name, if_unused, access)
-        return None, ([("exchange-", host.name, name)] if existed and name not in host.exchanges else [])
-
-    def _exchange_bind(self, host, access, owner, key, destination, source, routing_key, arguments):
-        dest = Destination("exchange", destination)
-        had = self._has(host, source, dest, routing_key, arguments)
-        host.bind_exchange(destination, source, routing_key, arguments, access)
-        return None, ([] if had else [("bind", host.name, source, "exchange", destination, routing_key, arguments)])
-
-    def _exchange_unbind(self, host, access, owner, key, destination, source, routing_key, arguments):
-        dest = Destination("exchange", destination)
-        had = self._has(host, source, dest, routing_key, arguments)
-        host.unbind_exchange(destination, source, routing_key, arguments, access)
-        return None, ([("unbind", host.name, source, "exchange", destination, routing_key, arguments)]
-                      if had else [])
 
     @staticmethod
-    def _has(host, source, dest, routing_key, arguments) -> bool:
-        x = host.exchanges.get(source)
-        return x is not None and x.table.has_binding(dest, routing_key, arguments)
+    def _queue_declare(host, access, owner, name, passive, durable, exclusive, auto_delete, arguments):
+        queue = host.declare_queue(name, owner, passive, durable, exclusive, auto_delete, arguments, access)
+        return (queue.name,)
 
-    # -- every other shard applies ----------------------------------------------------------
+    @staticmethod
+    def _queue_delete(host, access, owner, name, if_unused, if_empty):
+        return host.delete_queue(name, owner, if_unused, if_empty, access)
 
-    def apply(self, applies: list) -> None:
-        self._replaying = True
-        try:
-            for change in applies:
+    @staticmethod
+    def _queue_bind(host, access, owner, queue, exchange, routing_key, arguments):
+        host.bind_queue(queue, exchange, routing_key, arguments, owner, access)
+
+    @staticmethod
+    def _queue_unbind(host, access, owner, queue, exchange, routing_key, arguments):
+        host.unbind_queue(queue, exchange, routing_key, arguments, owner, access)
+
+    @staticmethod
+    def _exchange_declare(host, access, owner, name, type_, passive, durable, auto_delete, internal, arguments):
+        host.declare_exchange(name, type_, passive, durable, auto_delete, internal, arguments, access)
+
+    @staticmethod
+    def _exchange_delete(host, access, owner, name, if_unused):
+        host.delete_exchange(name, if_unused, access)
+
+    @staticmethod
+    def _exchange_bind(host, access, owner, destination, source, routing_key, arguments):
+        host.bind_exchange(destination, source, routing_key, arguments, access)
+
+    @staticmethod
+    def _exchange_unbind(host, access, owner, destination, source, routing_key, arguments):
+        host.unbind_exchange(destination, source, routing_key, arguments, access)
+
+    # -- every other shard applies -------------------------------------------------------------
+
+    def batch(self, link, ticket: int, batch: int, changes: list) -> None:
+        """A batch of shard 0's changes; one made before this shard's sync is
+        kept until the sync, and then made only if the sync did not include it."""
+        if not self.synced.is_set():
+            self._early.append((link, ticket, batch, changes))
+            return
+        self.apply(changes)
+        link.send(("applied", ticket))
+
+    def apply(self, changes: list) -> None:
+        with self.nested():
+            for change in changes:
                 try:
                     self._apply(change)
                 except Exception:
                     log.exception("shard %d: failed to apply %r", self.node.here, change[:3])
-        finally:
-            self._replaying = False
 
     def _apply(self, change: tuple) -> None:
+        broker = self.node.broker
+        if change[0] == "broker":
+            _kind, method, args, kwargs = change
+            getattr(broker, method)(*args, **kwargs)
+            return
         kind, vhost = change[0], change[1]
-        host = self.node.broker.vhosts.get(vhost)
+        host = broker.vhosts.get(vhost)
         if host is None:
             return
         if kind == "queue":
             _kind, _vhost, name, durable, key, auto_delete, arguments, shard = change
             if name not in host.queues:
-                host.adopt_queue(name, durable, self.owner(key), auto_delete, arguments, shard)
+                host.adopt_queue(name, durable, self.owner(key), auto_delete, arguments, shard,
+                                 restoring=durable and key is None and shard == self.node.here)
         elif kind == "queue-":
             queue = host.queues.get(change[2])
             if queue is not None:
@@ -259,21 +322,126 @@ class Definitions:
                 host.delete_exchange(change[2])
         elif kind in ("bind", "unbind"):
             _kind, _vhost, source, dest_kind, dest, routing_key, arguments = change
-            (host.bind if kind == "bind" else host.unbind)(source, Destination(dest_kind, dest), routing_key,
-                                                          arguments)
+            if source in host.exchanges:
+                (host.bind if kind == "bind" else host.unbind)(source, Destination(dest_kind, dest), routing_key,
+                                                              arguments)
 
-    # -- a queue's own shard removed it --------------------------------------------------------
+    # -- everything, for a shard that (re)starts ---------------------------------------------------
 
-    def removed(self, vhost: str, queue) -> None:
-        """VirtualHost.remove_queue ran here outside an order or an apply."""
-        if self._replaying or isinstance(queue, RemoteQueue):
-            return
-        self.order(("removed", vhost, queue.name), lambda _result: None)
+    def everything(self) -> list[tuple]:
+        """Every definition of this shard, as the changes that make it."""
+        broker = self.node.broker
+        changes = []
+        for name, host in broker.vhosts.items():
+            changes.append(("broker", "add_vhost", (name, host.description, list(host.tags)), {}))
+            if host.limits:
+                changes.append(("broker", "set_vhost_limits", (name, host.limits), {}))
+        for user in broker.users.values():
+            changes.append(("broker", "put_user", (user.name, user.password_hash, list(user.tags)), {}))
+            if user.limits:
+                changes.append(("broker", "set_user_limits", (user.name, user.limits), {}))
+            for vhost, permission in user.permissions.items():
+                changes.append(("broker", "set_permissions", (user.name, vhost, permission), {}))
+            for (vhost, exchange), topic in user.topic_permissions.items():
+                changes.append(("broker", "set_topic_permissions", (user.name, vhost, exchange, topic.write,
+                                                                    topic.read), {}))
+        for name, value in broker.global_parameters.items():
+            changes.append(("broker", "set_global_parameter", (name, value), {}))
+        for name, host in broker.vhosts.items():
+            for operator, policies in ((False, host.policies), (True, host.operator_policies)):
+                for policy in policies.values():
+                    changes.append(("broker", "set_policy", (name, policy.name, policy.pattern, policy.definition,
+                                                             policy.priority, policy.apply_to),
+                                    {"operator": True} if operator else {}))
+            for (component, parameter), value in host.parameters.items():
+                changes.append(("broker", "set_parameter", (name, component, parameter, value),
+                                {"owner": host.parameter_owners.get((component, parameter))}))
+            for x in host.exchanges.values():
+                if not x.builtin:
+                    changes.append(("exchange", name, x.name, x.type, x.durable, x.auto_delete, x.internal,
+                                    x.arguments))
+            for queue in host.queues.values():
+                changes.append(("queue", name, queue.name, queue.durable, self.key_of(queue.exclusive_owner),
+                                queue.auto_delete, queue.arguments, getattr(queue, "shard", self.node.here)))
+            for source, dest, routing_key, arguments in host.bindings():
+                changes.append(("bind", name, source, dest.kind, dest.name, routing_key, arguments))
+        return changes
 
-    # -- links ------------------------------------------------------------------------------------
+    def sync(self, theirs: list[tuple]) -> None:
+        """Make this shard's definitions shard 0's: undo what it has that
+        shard 0 has not, then make what it lacks."""
+        ours = self.everything()
+        keys = {pickle.dumps(change): change for change in theirs}
+        mine = {pickle.dumps(change): change for change in ours}
+        missing = [keys[key] for key in keys if key not in mine]
+        extra = [mine[key] for key in mine if key not in keys]
+        undo = []
+        for change in reversed(extra):
+            if change[0] == "bind":
+                undo.append(("unbind",) + change[1:])
+            elif change[0] == "queue":
+                if not any(c[0] == "queue" and c[1:3] == change[1:3] for c in missing):
+                    undo.append(("queue-", change[1], change[2]))
+            elif change[0] == "exchange":
+                undo.append(("exchange-", change[1], change[2]))
+            elif change[0] == "broker" and change[1] in _UNDO:
+                if not any(c[0] == "broker" and c[1] == change[1] and c[2][:1] == change[2][:1] for c in missing):
+                    method, args = _UNDO[change[1]](change[2], change[3])
+                    undo.append(("broker", method, args, {}))
+        # a queue both sides have, differently: shard 0's wins, unless this
+        # shard holds it (its messages are here: kept, and said)
+        for change in missing:
+            if change[0] == "queue" and any(c[0] == "queue" and c[1:3] == change[1:3] for c in extra):
+                host = self.node.broker.vhosts.get(change[1])
+                if isinstance(host.queues.get(change[2]), RemoteQueue):
+                    undo.append(("queue-", change[1], change[2]))
+                else:
+                    log.error("shard %d: queue '%s' in vhost '%s' is this shard's, but shard 0 knows it "
+                              "otherwise: kept as it is", self.node.here, change[2], change[1])
+        self.apply(undo + missing)
+        log.info("shard %d: definitions synced with shard 0 (%d made, %d undone)", self.node.here, len(missing),
+                 len(undo))
 
     def linked(self, peer: int) -> None:
-        """A link to `peer` is open (what a restarted shard missed: docs/scaling.md)."""
+        """A link to `peer` opened: a shard other than 0 syncs with shard 0."""
+        if peer != 0 or self.node.here == 0:
+            return
+
+        def answered(record):
+            if record[0] != "synced":
+                return  # shard 0 ended: the next link to it syncs again
+            _kind, _ticket, changes, upto = record
+            self.sync(changes)
+            self.synced.set()
+            early, self._early = self._early, []
+            for link, ticket, batch, batch_changes in early:
+                if batch > upto:
+                    self.apply(batch_changes)
+                link.send(("applied", ticket))
+
+        self.node.request(0, lambda ticket: ("sync", ticket), answered)
+
+    def synced_peer(self, peer: int) -> tuple[list, int]:
+        """Shard 0: `peer` asks for everything; it takes part in the barrier from now on."""
+        if self._pending:
+            self._flush()
+        self._acked[peer] = self._batch
+        return self.everything(), self._batch
 
     def peer_gone(self, peer: int) -> None:
-        """Nothing waits for a gone shard: `request` answers its tickets as lost."""
+        """Shard 0: `peer` ended. Its transient queues ended with it (as
+        RabbitMQ's do with their node), and so did its connections'
+        exclusive queues elsewhere; its durable queues stay, unreachable
+        until it is back."""
+        self._acked.pop(peer, None)
+        if self.node.here != 0:
+            return
+        self._release()
+        for host in list(self.node.broker.vhosts.values()):
+            for queue in list(host.queues.values()):
+                owner = queue.exclusive_owner
+                gone = owner is not None and getattr(owner, "key", (None,))[0] == peer
+                kept = queue.durable and owner is None  # what a restart recovers
+                if gone or (getattr(queue, "shard", 0) == peer and not kept):
+                    host.remove_queue(queue)
+

@@ -17,12 +17,13 @@ Records (tuples, amqp_server.shards.link), by the requester:
   ("get", ticket, vhost, queue, no_ack)
   ("counts", ticket, vhost, queue)
   ("define", ticket, op)                   to shard 0 (amqp_server.shards.definitions)
-  ("apply", ticket, op)                    from shard 0 to every other shard
+  ("sync", ticket)                         to shard 0: all its definitions, please
+  ("apply", ticket, batch, changes)        from shard 0 to every other shard
 and by the owner, on the same link:
   ("durable", ticket) ("deliver", cid, entry id, redelivered, deliveries, data)
   ("cancelled", cid) ("got", ticket, entry id, redelivered, deliveries, data, count)
   ("counted", ticket, messages, consumers) ("defined", ticket, result)
-  ("refused", ticket, code, text) ("applied", ticket)
+  ("refused", ticket, code, text) ("applied", ticket) ("synced", ticket, changes, batch)
 
 Invariants: an entry the owner delivered over a link stays held for that
 link (`held`) until it is settled; when the link is lost the owner gives
@@ -126,6 +127,10 @@ class ShardNode:
         for peer in range(self.shard.count):
             if peer != self.here:
                 self._connect_soon(peer, 0)
+        if self.here == 0:
+            self.definitions.synced.set()
+        else:  # serve only with shard 0's definitions
+            await self.definitions.synced.wait()
 
     def _connect_soon(self, peer: int, delay: float) -> None:
         task = asyncio.get_running_loop().create_task(self._connect(peer, delay))
@@ -227,12 +232,18 @@ class ShardNode:
     def _on_applied(self, link, ticket):
         self._answered(ticket, ("applied", ticket))
 
+    def _on_sync(self, link, ticket):
+        changes, upto = self.definitions.synced_peer(link.peer)
+        link.send(("synced", ticket, changes, upto))
+
+    def _on_synced(self, link, ticket, changes, upto):
+        self._answered(ticket, ("synced", ticket, changes, upto))
+
     def _on_define(self, link, ticket, op):
         self.definitions.ordered(link, ticket, op)
 
-    def _on_apply(self, link, ticket, op):
-        self.definitions.apply(op)
-        link.send(("applied", ticket))
+    def _on_apply(self, link, ticket, batch, changes):
+        self.definitions.batch(link, ticket, batch, changes)
 
     # -- the owner's side -----------------------------------------------------------
 
@@ -373,7 +384,12 @@ class ShardNode:
             return
 
         def answered(record):
-            on_durable()  # a lost owner: confirmed as RabbitMQ does for a queue that went away
+            if record[0] == "durable":
+                on_durable()
+            else:  # the owner ended first: it may not have the message
+                refused = getattr(on_durable, "refused", None)
+                if refused is not None:
+                    refused()
 
         data = message.to_bytes()
         self.request(queue.shard, lambda ticket: ("pub", queue.vhost, queue.name, data, ticket), answered)
@@ -413,8 +429,11 @@ class ShardNode:
         for cid, count in credits.items():
             link.send(("credit", cid, count))
 
-    def removed(self, vhost: str, queue) -> None:
-        self.definitions.removed(vhost, queue)
+    def changed(self, change: tuple) -> None:
+        self.definitions.changed(change)
+
+    def nested(self):
+        return self.definitions.nested()
 
     def fetch(self, queue: RemoteQueue) -> None:
         def answered(record):
