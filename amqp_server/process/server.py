@@ -122,6 +122,8 @@ class BrokerServer:
         if self.shards is not None:
             self.shards.broker = self.broker
             self.broker.order_definition = self.shards.definitions.order_amqp
+            if self.shard.index == 0:  # its replies promise changes every shard has made
+                self.broker.durability_barrier = self.shards.definitions.barrier
         log.info(
             "definitions from %s: %d vhosts, %d users, %d exchanges, %d queues, %d bindings",
             self.definitions.path, len(self.broker.vhosts), len(self.broker.users),
