@@ -19,11 +19,14 @@ Records (tuples, amqp_server.shards.link), by the requester:
   ("define", ticket, op)                   to shard 0 (amqp_server.shards.definitions)
   ("sync", ticket)                         to shard 0: all its definitions, please
   ("apply", ticket, batch, changes)        from shard 0 to every other shard
+  ("report", index, report)               to shard 0, every REPORT_INTERVAL (no answer)
+  ("ask", ticket, service, args)          a management service of another shard
 and by the owner, on the same link:
   ("durable", ticket) ("deliver", cid, entry id, redelivered, deliveries, data)
   ("cancelled", cid) ("got", ticket, entry id, redelivered, deliveries, data, count)
   ("counted", ticket, messages, consumers) ("defined", ticket, result)
   ("refused", ticket, code, text) ("applied", ticket) ("synced", ticket, changes, batch)
+  ("answer", ticket, answer) ("failed", ticket, code, text)
 
 Invariants: an entry the owner delivered over a link stays held for that
 link (`held`) until it is settled; when the link is lost the owner gives
@@ -50,6 +53,12 @@ log = logging.getLogger("hutch.shards")
 # Deliveries in flight to another shard's no-ack or unlimited consumer.
 WINDOW = 512
 RECONNECT = 0.1
+# Seconds between a shard's reports to shard 0 (what the management API shows of it).
+REPORT_INTERVAL = 1.0
+
+
+class ShardGone(Exception):
+    """The shard asked ended before it answered."""
 
 
 class StandIn:
@@ -112,7 +121,14 @@ class ShardNode:
         self.definitions = Definitions(self)
         self._server = None
         self._tasks: set[asyncio.Task] = set()
-        self._placed = itertools.count(0)
+        # What this shard tells shard 0 of itself (its connections, its queues'
+        # figures: the management face's rows, given by the composition root),
+        # and shard 0's latest report of every other shard: shard -> (monotonic time, report).
+        self.report_source = None
+        self.reports: dict[int, tuple[float, object]] = {}
+        # name -> handler(*args) -> answer (or an awaitable of it): requests another
+        # shard's management may make of this one ("ask" records).
+        self.services: dict[str, object] = {}
 
     # -- links ------------------------------------------------------------------
 
@@ -131,6 +147,64 @@ class ShardNode:
             self.definitions.synced.set()
         else:  # serve only with shard 0's definitions
             await self.definitions.synced.wait()
+            self._spawn(self._report())
+
+    def _spawn(self, coroutine) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _report(self) -> None:
+        while True:
+            link = self.outgoing.get(0)
+            if link is not None and self.report_source is not None:
+                try:
+                    link.send(("report", self.here, self.report_source()))
+                except Exception:
+                    log.exception("shard %d: cannot make its report", self.here)
+            await asyncio.sleep(REPORT_INTERVAL)
+
+    def _on_report(self, link, index, report):
+        self.reports[index] = (asyncio.get_running_loop().time(), report)
+
+    async def ask(self, peer: int, service: str, *args):
+        """The answer of `service` on shard `peer` (ShardGone if it ends first)."""
+        future = asyncio.get_running_loop().create_future()
+
+        def answered(record):
+            if not future.done():
+                if record[0] == "answer":
+                    future.set_result(record[2])
+                elif record[0] == "failed":
+                    future.set_exception(AMQPError(record[2], record[3]) if record[2] else RuntimeError(record[3]))
+                else:
+                    future.set_exception(ShardGone("shard %d ended before it answered" % peer))
+
+        self.request(peer, lambda ticket: ("ask", ticket, service, args), answered)
+        return await future
+
+    def _on_ask(self, link, ticket, service, args):
+        async def serve():
+            try:
+                answer = self.services[service](*args)
+                if asyncio.iscoroutine(answer):
+                    answer = await answer
+            except AMQPError as exc:
+                link.send(("failed", ticket, exc.reply_code, exc.reply_text))
+                return
+            except Exception as exc:
+                log.exception("shard %d: %s failed", self.here, service)
+                link.send(("failed", ticket, 0, str(exc)))
+                return
+            link.send(("answer", ticket, answer))
+
+        self._spawn(serve())
+
+    def _on_answer(self, link, ticket, answer):
+        self._answered(ticket, ("answer", ticket, answer))
+
+    def _on_failed(self, link, ticket, code, text):
+        self._answered(ticket, ("failed", ticket, code, text))
 
     def _connect_soon(self, peer: int, delay: float) -> None:
         task = asyncio.get_running_loop().create_task(self._connect(peer, delay))
@@ -178,6 +252,7 @@ class ShardNode:
                 del self.consumers[cid]
                 queue.owner_cancelled(consumer.tag)
         self.definitions.peer_gone(peer)
+        self.reports.pop(peer, None)
         for ticket, callback in list(self.waiting.items()):
             if getattr(callback, "peer", None) == peer:
                 del self.waiting[ticket]
