@@ -59,6 +59,9 @@ class ShardPort(Protocol):
 
     def fetch(self, queue: "RemoteQueue") -> None: ...
 
+    # done(message count purged, or the AMQPError of a refusal)
+    def purge(self, queue: "RemoteQueue", done: Callable[[object], None]) -> None: ...
+
     # A definition changed here (a tuple: amqp_server.shards.definitions); inside `nested()`
     # only the outermost change is reported.
     def changed(self, change: tuple) -> None: ...
@@ -212,8 +215,19 @@ class RemoteQueue:
         self.policy = definition
 
     def purge(self) -> int:
-        raise AMQPError(PRECONDITION_FAILED, "purge of queue '%s' on shard %d: not yet across shards"
-                        % (self.name, self.shard))
+        """A purge answers once the owner has purged: `purge_at_owner`."""
+        raise AMQPError(PRECONDITION_FAILED, "queue '%s' in vhost '%s' is on shard %d: it is purged there "
+                        "(purge_at_owner)" % (self.name, self.vhost, self.shard))
+
+    def purge_at_owner(self, done: Callable[[object], None]) -> None:
+        """Purge at the owner: done(message count) once it has, or
+        done(AMQPError) when it refused or ended first."""
+        def purged(result) -> None:
+            if not isinstance(result, AMQPError):
+                self.message_count = 0
+            done(result)
+
+        self.port.purge(self, purged)
 
     @property
     def delete_ok_count(self) -> int:

@@ -44,6 +44,14 @@ def _ordered(channel, m, method: str, args: tuple, answer) -> bool:
     order = channel.connection.broker.order_definition
     if order is None:
         return False
+    _held(channel, m, lambda done: order(method, args, channel.connection, channel.vhost, done), answer)
+    return True
+
+
+def _held(channel, m, start, answer) -> None:
+    """start(done) an operation another shard completes, holding the
+    connection's reading until done(result); then answer(result), or close
+    the channel (or the connection) when the result is an AMQPError."""
     connection = channel.connection
     hold = _Hold()
     connection.throttled_by(hold)
@@ -61,8 +69,7 @@ def _ordered(channel, m, method: str, args: tuple, answer) -> bool:
             return
         answer(result)
 
-    order(method, args, connection, channel.vhost, done)
-    return True
+    start(done)
 
 
 def exchange_declare(channel, m) -> None:
@@ -181,9 +188,25 @@ def queue_unbind(channel, m) -> None:
 
 
 def queue_purge(channel, m) -> None:
-    count = channel.vhost.purge_queue(channel.queue_name(m.queue), channel.connection, channel.access)
+    name = channel.queue_name(m.queue)
+    queue = channel.vhost.queues.get(name)
+    if getattr(queue, "remote", False):
+        _purged_at_owner(channel, m, name)
+        return
+    count = channel.vhost.purge_queue(name, channel.connection, channel.access)
     if not m.nowait:
         _reply(channel, commands.Queue.PurgeOk(message_count=count))
+
+
+def _purged_at_owner(channel, m, name: str) -> None:
+    """queue.purge of a queue another shard owns (vhosts.remote_queue): the
+    owner purges, and the connection reads nothing more until it has, so
+    the next method sees the queue purged."""
+    if channel.access is not None:
+        channel.access.check("queue", name, "read")
+    queue = channel.vhost.queue(name, channel.connection)  # exclusive to another connection: refused
+    _held(channel, m, queue.purge_at_owner,
+          lambda count: m.nowait or _reply(channel, commands.Queue.PurgeOk(message_count=count)))
 
 
 def queue_delete(channel, m) -> None:

@@ -9,7 +9,7 @@ import binascii
 from vhosts.errors import CONNECTION_FORCED, AMQPError
 from vhosts.users import Permission, hash_password
 
-from amqp_server.management import access, shapes
+from amqp_server.management import access, shapes, shards
 from amqp_server.management.errors import bad_request, not_found
 from amqp_server.management.http import CREATED, NO_CONTENT
 from amqp_server.management.listing import present
@@ -19,15 +19,34 @@ from amqp_server.management.listing import present
 
 def vhosts(req) -> list:
     reading = shapes.reading_of(req)
-    unacked = shapes.unacked_by_queue(req.node.connections)
+    unacked = shapes.unacked_by_queue(shards.holders(req.node))
     return present(access.visible_vhosts(req.user, req.broker), req.query,
-                   lambda v: shapes.vhost(reading, v, unacked, req.node.connections), lambda v: v.name)
+                   lambda v: _vhost(req, reading, v, unacked), lambda v: v.name)
 
 
 def vhost(req) -> dict:
     found = req.vhost(req.params["vhost"])
-    connections = req.node.connections
-    return shapes.vhost(shapes.reading_of(req), found, shapes.unacked_by_queue(connections), connections)
+    reading = shapes.reading_of(req)
+    return _vhost(req, reading, found, shapes.unacked_by_queue(shards.holders(req.node)))
+
+
+DATA_KEYS = ("recv_oct", "send_oct", "recv_oct_details", "send_oct_details")
+
+
+def _vhost(req, reading, v, unacked) -> dict:
+    """A vhost's row; on a node of several shards, with every shard's
+    messages, message_stats and connections' traffic."""
+    out = shapes.vhost(reading, v, unacked, req.node.connections)
+    if req.node.shards is None:
+        return out
+    lengths, stats = shards.vhost_totals(req.node, reading, [v], unacked)
+    out.update(lengths)
+    if any(stats[key] for key in shapes.VHOST_STATS):
+        out["message_stats"] = stats
+    for row in shards.remote_rows(req.node, "connections"):
+        if row["vhost"] == v.name:
+            out.update(shards.add_figures({key: out[key] for key in DATA_KEYS}, {key: row[key] for key in DATA_KEYS}))
+    return out
 
 
 def _tracing(value) -> bool | None:

@@ -1,11 +1,15 @@
 """Handlers for what clients hold open: connections (listing and closing),
 channels and consumers. Management users see their own connections only;
-monitoring and administrator users see all."""
+monitoring and administrator users see all.
+
+On a node of several shards, the listings add the rows the other shards
+reported (amqp_server.management.shards), each row naming its "shard", and
+a connection of another shard is closed by that shard."""
 from __future__ import annotations
 
 from vhosts.errors import CONNECTION_FORCED, AMQPError
 
-from amqp_server.management import access, shapes
+from amqp_server.management import access, shapes, shards
 from amqp_server.management.errors import not_authorised, not_found
 from amqp_server.management.http import NO_CONTENT
 from amqp_server.management.listing import present
@@ -27,23 +31,46 @@ def _channels(connections) -> list:
 
 
 def _connection(req):
-    """The named connection: 404 when there is none, 401 when it is
-    someone else's and the user may not see it (RabbitMQ's answers)."""
+    """The named connection of this shard, or None; 401 when it is someone
+    else's and the user may not see it (RabbitMQ's answer)."""
     name = req.params["name"]
     for connection in _open(req, everyone=True):
         if shapes.connection_name(connection) == name:
             return access.owned(req.user, connection)
+    return None
+
+
+def _remote_connection(req) -> dict:
+    """The named connection's row from the shard that holds it: 404 when
+    no shard has it, 401 when the user may not see it."""
+    name = req.params["name"]
+    for row in shards.remote_rows(req.node, "connections"):
+        if row["name"] == name:
+            if not (access.sees_everything(req.user) or row["user"] == req.user.name):
+                raise not_authorised("User not authorised to access object")
+            return row
     raise not_found()
 
 
-def _connections(req, found) -> list:
+def _connections(req, found, vhost_name: str | None = None) -> list:
+    """This shard's connections (shaped only if listed: `present`) and the
+    other shards' rows, oldest first."""
     reading = shapes.reading_of(req)
-    return present(found, req.query, lambda c: shapes.connection(reading, c), shapes.connection_name)
+    items = sorted(found + shards.visible_rows(req, "connections", vhost_name),
+                   key=lambda item: item["connected_at"] if isinstance(item, dict) else item.connected_at)
+    return present(items, req.query,
+                   lambda item: item if isinstance(item, dict) else shards.marked(
+                       req.node, shapes.connection(reading, item)),
+                   lambda item: item["name"] if isinstance(item, dict) else shapes.connection_name(item))
 
 
-def _channel_list(req, found) -> list:
+def _channel_list(req, found, vhost_name: str | None = None, remote: bool = True) -> list:
     reading = shapes.reading_of(req)
-    return present(_channels(found), req.query, lambda ch: shapes.channel(reading, ch), shapes.channel_name)
+    items = _channels(found) + (shards.visible_rows(req, "channels", vhost_name) if remote else [])
+    return present(items, req.query,
+                   lambda item: item if isinstance(item, dict) else shards.marked(
+                       req.node, shapes.channel(reading, item)),
+                   lambda item: item["name"] if isinstance(item, dict) else shapes.channel_name(item))
 
 
 def connections(req) -> list:
@@ -53,25 +80,45 @@ def connections(req) -> list:
 def vhost_connections(req) -> list:
     name = req.params["vhost"]
     req.vhost(name)
-    return _connections(req, _open(req, name))
+    return _connections(req, _open(req, name), name)
 
 
 def connection(req) -> dict:
-    return shapes.connection(shapes.reading_of(req), _connection(req))
-
-
-def close_connection(req):
-    """connection.close 320 CONNECTION_FORCED with the X-Reason header's text
-    or RabbitMQ's default; only the owner or an administrator may."""
     found = _connection(req)
-    if not (access.has(req.user, access.ADMINISTRATOR) or found.user.name == req.user.name):
+    if found is None:
+        return _remote_connection(req)
+    return shards.marked(req.node, shapes.connection(shapes.reading_of(req), found))
+
+
+async def close_connection(req):
+    """connection.close 320 CONNECTION_FORCED with the X-Reason header's text
+    or RabbitMQ's default; only the owner or an administrator may. A
+    connection of another shard is closed there."""
+    found = _connection(req)
+    owner = found.user.name if found is not None else _remote_connection(req)["user"]
+    if not (access.has(req.user, access.ADMINISTRATOR) or owner == req.user.name):
         raise not_authorised("Not administrator user")
-    found.close_with(AMQPError(CONNECTION_FORCED, req.headers.get("X-Reason") or DEFAULT_CLOSE_REASON))
+    reason = req.headers.get("X-Reason") or DEFAULT_CLOSE_REASON
+    if found is not None:
+        found.close_with(AMQPError(CONNECTION_FORCED, reason))
+        return NO_CONTENT
+    row = _remote_connection(req)
+    try:
+        closed = await shards.ask(req.node, row["shard"], "connection.close", row["name"], reason)
+    except Exception:  # the shard ended before it answered (ShardGone): its connections went with it
+        closed = False
+    if not closed:
+        raise not_found()
     return NO_CONTENT
 
 
 def connection_channels(req) -> list:
-    return _channel_list(req, [_connection(req)])
+    found = _connection(req)
+    if found is not None:
+        return _channel_list(req, [found], remote=False)
+    name = _remote_connection(req)["name"]
+    return present([row for row in shards.remote_rows(req.node, "channels")
+                    if row["connection_details"]["name"] == name], req.query)
 
 
 def channels(req) -> list:
@@ -81,16 +128,27 @@ def channels(req) -> list:
 def vhost_channels(req) -> list:
     name = req.params["vhost"]
     req.vhost(name)
-    return _channel_list(req, _open(req, name))
+    return _channel_list(req, _open(req, name), name)
 
 
 def channel(req) -> dict:
     for ch in _channels(_open(req, everyone=True)):
         if shapes.channel_name(ch) == req.params["name"]:
             access.owned(req.user, ch.connection)
-            out = shapes.channel(shapes.reading_of(req), ch)
-            out["consumer_details"] = [shapes.consumer(ch, c) for c in ch.consumers.values()]
+            out = shards.marked(req.node, shapes.channel(shapes.reading_of(req), ch))
+            out["consumer_details"] = [shards.marked(req.node, shapes.consumer(ch, c))
+                                       for c in ch.consumers.values()]
             # RabbitMQ's per-exchange and per-queue lists, kept only with fine-grained statistics
+            out["deliveries"] = []
+            out["publishes"] = []
+            return out
+    for row in shards.remote_rows(req.node, "channels"):
+        if row["name"] == req.params["name"]:
+            if not (access.sees_everything(req.user) or row["user"] == req.user.name):
+                raise not_authorised("User not authorised to access object")
+            out = dict(row)
+            out["consumer_details"] = [c for c in shards.remote_rows(req.node, "consumers")
+                                       if c["channel_details"]["name"] == row["name"]]
             out["deliveries"] = []
             out["publishes"] = []
             return out
@@ -107,6 +165,7 @@ def consumers(req) -> list:
         if name not in req.broker.vhosts:
             raise not_found()
         names &= {name}
-    out = [shapes.consumer(ch, c) for ch in _channels(list(req.node.connections))
+    out = [shards.marked(req.node, shapes.consumer(ch, c)) for ch in _channels(list(req.node.connections))
            if ch.vhost.name in names for c in ch.consumers.values()]
+    out += [row for row in shards.remote_rows(req.node, "consumers") if row["queue"]["vhost"] in names]
     return present(out, req.query)

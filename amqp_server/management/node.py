@@ -10,6 +10,7 @@ from amqp_server.shared.alarms import DISK, MEMORY, ResourceAlarms, resident_mem
 from amqp_server.shared.login_throttle import LoginThrottle
 from amqp_server.shared.figures import open_files
 from amqp_server.management.rates import RateSampler
+from amqp_server.management.shards import LinkHolder
 
 # The RabbitMQ release whose API (and definitions format) hutch answers as.
 COMPATIBLE_VERSION = "3.10.8"
@@ -34,9 +35,13 @@ class Node:
     started: float = field(default_factory=time.monotonic)
     stopping: asyncio.Event = field(default_factory=asyncio.Event)  # set when the listeners close
     links: object = None  # amqp_server.links.supervisor.Links, once the broker has started it
+    # On a node of several shards, this shard's amqp_server.shards.node.ShardNode
+    # (amqp_server.management.shards); None on a node of one process.
+    shards: object = None
 
     def __post_init__(self) -> None:
         self.sampler.figures = self.figures
+        self.sampler.held = lambda: LinkHolder(self.shards).unacked_deliveries() if self.shards is not None else ()
 
     def figures(self) -> dict:
         """RabbitMQ's node_stats figures now: resident memory, file

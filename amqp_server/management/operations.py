@@ -22,6 +22,7 @@ from vhosts.errors import ACCESS_REFUSED, NOT_FOUND, PRECONDITION_FAILED, AMQPEr
 from vhosts import firehose, reply_to
 from vhosts.properties import check_properties
 from vhosts.node import NODE
+from amqp_server.management import shards
 from amqp_server.management.errors import (ApiError, amqp_errors_as_http, bad_request, missing_keys,
                                            not_authorised)
 from amqp_server.management.http import NO_CONTENT
@@ -55,10 +56,10 @@ _PUBLISHER = _HttpPublisher()
 _requests = itertools.count(1)
 
 
-def _origin(req) -> firehose.Origin:
+def _origin(user_name: str) -> firehose.Origin:
     """Who publishes or gets through the API, for the firehose: RabbitMQ
     names the internal connection of each request by its Erlang pid."""
-    return firehose.Origin("<%s.1.%d.0>" % (NODE, next(_requests)), 1, req.user.name)
+    return firehose.Origin("<%s.1.%d.0>" % (NODE, next(_requests)), 1, user_name)
 
 
 def _queue_to_get(req):
@@ -98,18 +99,33 @@ def _positive_int(body: dict, key: str) -> int:
 
 
 async def get_messages(req) -> list:
+    """On a node of several shards, the shard that owns the queue takes the
+    messages (`take`, asked through amqp_server.management.shards)."""
     body = req.body()
     missing_keys(body, ("ackmode", "count", "encoding"))
     if body["ackmode"] not in ACK_MODES:
         raise bad_request("Unsupported ackmode: %s" % body["ackmode"])
     if body["encoding"] not in ("auto", "base64"):
         raise bad_request("Unsupported encoding: %s" % body["encoding"])
-    count = _positive_int(body, "count")
-    truncate = _positive_int(body, "truncate") if body.get("truncate") is not None else None
+    asked = {"ackmode": body["ackmode"], "encoding": body["encoding"], "count": _positive_int(body, "count"),
+             "truncate": _positive_int(body, "truncate") if body.get("truncate") is not None else None}
     v, queue = _queue_to_get(req)
-    origin = _origin(req)
+    if not getattr(queue, "remote", False):
+        return await take(v, queue, asked, req.user.name)
+    try:
+        return await shards.ask(req.node, queue.shard, "queue.get", v.name, queue.name, asked, req.user.name)
+    except AMQPError as exc:
+        raise refused_get(exc) from None
+    except Exception as exc:  # the owner ended before it answered (ShardGone)
+        raise shards.unavailable(queue, exc) from None
+
+
+async def take(v, queue, asked: dict, user_name: str) -> list:
+    """The API's get from a queue of this shard: `asked` is the request's
+    checked ackmode, encoding, count and truncate."""
+    origin = _origin(user_name)
     taken, out = [], []
-    for _ in range(count):
+    for _ in range(asked["count"]):
         try:
             entry = await _fetch(queue)
         except AMQPError as exc:  # a stream refuses basic.get: nothing was taken yet
@@ -121,9 +137,9 @@ async def get_messages(req) -> list:
         taken.append(entry)
         queue.stats.get += 1
         v.stats.get += 1
-        out.append(rendered(entry, queue.message_count, body["encoding"], truncate))
+        out.append(rendered(entry, queue.message_count, asked["encoding"], asked["truncate"]))
     if taken:
-        if ACK_MODES[body["ackmode"]]:
+        if ACK_MODES[asked["ackmode"]]:
             queue.requeue(taken)
         else:
             queue.ack(taken)
@@ -164,10 +180,21 @@ def properties_json(props):
     return out or []
 
 
-def purge(req):
+async def purge(req):
+    """A queue of another shard is purged by its owner (its "queue.purge")."""
     v, queue = find_queue(req)
     with amqp_errors_as_http():
-        v.purge_queue(queue.name, None, access=req.access(v))
+        if not getattr(queue, "remote", False):
+            v.purge_queue(queue.name, None, access=req.access(v))
+            return NO_CONTENT
+        req.access(v).check("queue", queue.name, "read")
+        v.queue(queue.name, None)  # an exclusive queue is locked to its connection
+        try:
+            await shards.ask(req.node, queue.shard, "queue.purge", v.name, queue.name)
+        except AMQPError:
+            raise
+        except Exception as exc:  # the owner ended before it answered (ShardGone)
+            raise shards.unavailable(queue, exc) from None
     return NO_CONTENT
 
 
@@ -255,7 +282,7 @@ def publish(req) -> dict:
         raise bad_request("invalid properties: %s" % exc) from None
     message = Message(exchange, routing_key, content, payload)
     if v.tracing:
-        firehose.published(v, _origin(req), message, [routing_key], props.headers)
+        firehose.published(v, _origin(req.user.name), message, [routing_key], props.headers)
     reached, _waits, _rejected = v.publish(message, [routing_key], props.headers, _PUBLISHER)
     if not reached:
         v.stats.drop_unroutable += 1

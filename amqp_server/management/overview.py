@@ -7,7 +7,7 @@ import os
 from routing import EXCHANGE_TYPES
 from vhosts.stats import CHURN_FIELDS
 
-from amqp_server.management import access, shapes
+from amqp_server.management import access, shapes, shards
 from amqp_server.management.errors import not_found
 from amqp_server.management.listing import present
 from amqp_server.management.node import COMPATIBLE_VERSION
@@ -34,19 +34,16 @@ def _visible_connections(req) -> list:
 
 
 def overview(req) -> dict:
+    """On a node of several shards: totals over every shard, as reported
+    (amqp_server.management.shards), and the shard count."""
     node, reading = req.node, shapes.reading_of(req)
     vhosts = access.visible_vhosts(req.user, req.broker)
     connections = _visible_connections(req)
-    unacked = shapes.unacked_by_queue(req.node.connections)
+    node_queues = shards.NodeQueues(node, reading)
+    queue_totals, message_stats = shards.vhost_totals(node, reading, vhosts, node_queues.unacked)
     queues = [q for v in vhosts for q in v.queues.values()]
-    ready = sum(q.message_count for q in queues)
-    held = sum(unacked[q] for q in queues)
-    totals = dict.fromkeys(shapes.VHOST_STATS, 0)
-    for v in vhosts:
-        for key, value in v.stats.totals().items():
-            if key in totals:
-                totals[key] += value
-    return {
+    remote_channels = shards.visible_rows(req, "channels")
+    out = {
         "management_version": COMPATIBLE_VERSION,
         "rates_mode": "basic",
         "sample_retention_policies": {"global": [600, 3600, 28800, 86400], "basic": [600, 3600], "detailed": [600]},
@@ -57,13 +54,13 @@ def overview(req) -> dict:
         "cluster_name": shapes.NODE,
         "disable_stats": False,
         "enable_queue_totals": False,
-        "message_stats": reading.with_rates(vhosts, totals, shapes.VHOST_STATS, "msg_rates"),
+        "message_stats": message_stats,
         "churn_rates": reading.with_rates([req.broker], req.broker.churn.totals(), CHURN_FIELDS, "node_stats"),
-        "queue_totals": shapes.counts(reading, vhosts, ready, held),
+        "queue_totals": queue_totals,
         "object_totals": {
-            "channels": sum(len(c.channels) for c in connections),
-            "connections": len(connections),
-            "consumers": sum(len(q.consumers) for q in queues),
+            "channels": sum(len(c.channels) for c in connections) + len(remote_channels),
+            "connections": len(connections) + len(shards.visible_rows(req, "connections")),
+            "consumers": sum(node_queues.consumer_count(q) for q in queues),
             "exchanges": sum(len(v.exchanges) + 1 for v in vhosts),
             "queues": len(queues),
         },
@@ -75,6 +72,9 @@ def overview(req) -> dict:
         ],
         "contexts": contexts(node),
     }
+    if node.shards is not None:
+        out["shards"] = shards.shard_count(node)
+    return out
 
 
 def contexts(node) -> list[dict]:
@@ -119,6 +119,8 @@ def node_info(req, reading=None) -> dict:
         **node.resources(),
         **reading.with_rates([req.broker], req.broker.churn.totals(), CHURN_FIELDS, "node_stats"),
     }
+    if node.shards is not None:  # the node's shards: processes, each with its own memory and descriptors
+        out["shards"] = shards.shard_count(node)
     # RabbitMQ's node_stats fields with their rates (and samples, with a node_stats range)
     for key in NODE_FIGURES:
         out[key] = figures[key]

@@ -14,28 +14,24 @@ from aiohttp import web
 from vhosts.stats import MessageStats
 
 from amqp_server.shared.alarms import DISK, MEMORY
-from amqp_server.management import shapes
+from amqp_server.management import shapes, shards
 from amqp_server.management.node import COMPATIBLE_VERSION
+from amqp_server.management.rates import Reading
 
 CONTENT_TYPE = "text/plain; version=0.0.4"
 GAUGE, COUNTER, UNTYPED = "gauge", "counter", "untyped"
 STATES = ("alpha", "gamma", "delta")
 
-# Per queue: (name, type, help, value of (queue, unacked, states)).
+# Per queue: (name, type, help, key of its figures: `_queue_figures`).
 QUEUE_FAMILIES = (
-    ("rabbitmq_queue_messages_ready", GAUGE, "Messages ready to be delivered to consumers",
-     lambda q, unacked, states: q.message_count),
-    ("rabbitmq_queue_messages_unacked", GAUGE, "Messages delivered to consumers but not yet acknowledged",
-     lambda q, unacked, states: unacked),
-    ("rabbitmq_queue_messages", GAUGE, "Sum of ready and unacknowledged messages - total queue depth",
-     lambda q, unacked, states: q.message_count + unacked),
+    ("rabbitmq_queue_messages_ready", GAUGE, "Messages ready to be delivered to consumers", "ready"),
+    ("rabbitmq_queue_messages_unacked", GAUGE, "Messages delivered to consumers but not yet acknowledged", "unacked"),
+    ("rabbitmq_queue_messages", GAUGE, "Sum of ready and unacknowledged messages - total queue depth", "messages"),
     ("rabbitmq_queue_messages_ready_bytes", GAUGE, "Size in bytes of ready messages (of a stream: its segments)",
-     lambda q, unacked, states: q.size),
-    ("rabbitmq_queue_messages_paged_out", GAUGE, "Messages paged out to disk",
-     lambda q, unacked, states: states.get("delta", 0)),
-    ("rabbitmq_queue_consumers", GAUGE, "Consumers on a queue", lambda q, unacked, states: len(q.consumers)),
-    ("rabbitmq_queue_messages_published_total", COUNTER, "Total number of messages published to queues",
-     lambda q, unacked, states: q.stats.publish),
+     "bytes"),
+    ("rabbitmq_queue_messages_paged_out", GAUGE, "Messages paged out to disk", "paged_out"),
+    ("rabbitmq_queue_consumers", GAUGE, "Consumers on a queue", "consumers"),
+    ("rabbitmq_queue_messages_published_total", COUNTER, "Total number of messages published to queues", "published"),
 )
 # Node counters: (name, help, value of the summed vhost stats).
 GLOBAL_COUNTERS = (
@@ -121,32 +117,63 @@ def _number(value) -> str:
     return repr(value) if isinstance(value, float) else str(value)
 
 
+def _queue_figures(node, queues) -> dict:
+    """Queue -> its figures for the metrics: this shard's own, or (a queue
+    of another shard of the node) as its owner last reported them."""
+    node_queues = shards.NodeQueues(node, Reading(node.sampler, {}))
+    out = {}
+    for q in queues:
+        if getattr(q, "remote", False):
+            row = node_queues.figures_of(q)
+            ready, unacked, size = row["messages_ready"], row["messages_unacknowledged"], row["message_bytes_ready"]
+            states, consumers = row["message_states"], row["consumers"]
+            published = row.get("message_stats", {}).get("publish", 0)
+        else:
+            ready, unacked, size = q.message_count, node_queues.unacked[q], q.size
+            states, consumers = q.state_counts(), len(q.consumers)
+            published = q.stats.publish
+            for stats in node_queues.counted.get((q.vhost, q.name), ()):  # publishes other shards took in
+                published += stats.get("publish", 0)
+        out[q] = {"ready": ready, "unacked": unacked, "messages": ready + unacked, "bytes": size,
+                  "paged_out": states.get("delta", 0), "consumers": consumers, "published": published,
+                  "states": states}
+    return out
+
+
 def render(node, per_object: bool = False) -> str:
+    """On a node of several shards: every shard's queues, connections,
+    channels and message counters (amqp_server.management.shards)."""
     vhosts = list(node.broker.vhosts.values())
     queues = [q for v in vhosts for q in v.queues.values()]
     connections = [c for c in list(node.connections) if c.vhost is not None]
-    unacked = shapes.unacked_by_queue(node.connections)
-    states = {q: q.state_counts() for q in queues}
+    figures = _queue_figures(node, queues)
+    states = {q: figures[q]["states"] for q in queues}
     out = Exposition()
     out.one("rabbitmq_build_info", UNTYPED, "RabbitMQ & Erlang/OTP version info", 1,
             {"rabbitmq_version": COMPATIBLE_VERSION, "prometheus_plugin_version": COMPATIBLE_VERSION,
              "product": "hutch"})
     out.one("rabbitmq_identity_info", UNTYPED, "RabbitMQ node & cluster identity info", 1,
             {"rabbitmq_node": shapes.NODE, "rabbitmq_cluster": shapes.NODE})
-    out.one("rabbitmq_connections", GAUGE, "Connections currently open", len(connections))
-    out.one("rabbitmq_channels", GAUGE, "Channels currently open", sum(len(c.channels) for c in connections))
-    out.one("rabbitmq_consumers", GAUGE, "Consumers currently connected", sum(len(q.consumers) for q in queues))
+    out.one("rabbitmq_connections", GAUGE, "Connections currently open",
+            len(connections) + len(shards.remote_rows(node, "connections")))
+    out.one("rabbitmq_channels", GAUGE, "Channels currently open",
+            sum(len(c.channels) for c in connections) + len(shards.remote_rows(node, "channels")))
+    out.one("rabbitmq_consumers", GAUGE, "Consumers currently connected",
+            sum(figures[q]["consumers"] for q in queues))
     out.one("rabbitmq_queues", GAUGE, "Queues available", len(queues))
-    for name, kind, help_text, value in QUEUE_FAMILIES:
+    for name, kind, help_text, key in QUEUE_FAMILIES:
         if per_object:
-            samples = [({"vhost": q.vhost, "queue": q.name}, value(q, unacked[q], states[q])) for q in queues]
+            samples = [({"vhost": q.vhost, "queue": q.name}, figures[q][key]) for q in queues]
         else:
-            samples = [({}, sum(value(q, unacked[q], states[q]) for q in queues))]
+            samples = [({}, sum(figures[q][key] for q in queues))]
         out.family(name, kind, help_text, samples)
     totals = MessageStats().totals()
     for v in vhosts:
         for key, value in v.stats.totals().items():
             totals[key] += value
+    for other in shards.vhost_figures(node, [v.name for v in vhosts], "message_stats"):
+        for key in totals:
+            totals[key] += other.get(key, 0)
     for name, help_text, value in GLOBAL_COUNTERS:
         out.one(name, COUNTER, help_text, value(totals))
     churn = node.broker.churn.totals()

@@ -56,6 +56,8 @@ class RateSampler:
         self.interval = interval
         # The node's figures now ({name: int} for NODE_FIGURES), set by the node.
         self.figures = lambda: dict.fromkeys(NODE_FIGURES, 0)
+        # (queue, entry) of deliveries held besides the connections' (for other shards' clients), set by the node.
+        self.held = lambda: ()
         # id(object) -> (object, Track): the object is kept to tell a new one at a reused id
         self._tracks: dict[int, tuple] = {}
         self._at: float | None = None  # time.monotonic() of the last sample
@@ -72,10 +74,13 @@ class RateSampler:
                 values = _channel_stats(channel.stats)
                 if any(values):
                     yield channel.stats, CHANNEL_STATS, BASIC, values
+        for queue, _entry in self.held():
+            unacked[queue] += 1
         for vhost in self.broker.vhosts.values():
             ready = held = 0
             for queue in vhost.queues.values():
-                count, waiting = queue.message_count, unacked[queue]
+                # another shard's queue: its lengths are its owner's (counted there), its counters here
+                count, waiting = (0, 0) if getattr(queue, "remote", False) else (queue.message_count, unacked[queue])
                 ready += count
                 held += waiting
                 yield queue, QUEUE_FIELDS, BASIC, (count, waiting, *_queue_stats(queue.stats))

@@ -13,7 +13,7 @@ from urllib.parse import unquote
 
 from routing import Destination
 
-from amqp_server.management import access, shapes
+from amqp_server.management import access, shapes, shards
 from amqp_server.management.errors import ApiError, amqp_errors_as_http, bad_request, not_found
 from amqp_server.management.http import CREATED, NO_CONTENT, Created
 from amqp_server.management.listing import present
@@ -127,20 +127,12 @@ def delete_exchange(req):
 
 
 def queues(req) -> list:
+    """Every queue of the node: one another shard owns shows that shard's
+    reported figures (amqp_server.management.shards)."""
     vhosts = _in_vhosts(req, req.params.get("vhost"))
-    reading = shapes.reading_of(req)
-    connections = req.node.connections
-    unacked = shapes.unacked_by_queue(connections)
-    unacked_bytes = shapes.unacked_bytes_by_queue(connections)
-    consumers = shapes.consumers_by_queue(connections)
-
-    def shape(pair) -> dict:
-        v, q = pair
-        return shapes.queue(reading, q, unacked[q], unacked_bytes[q], consumers.get(q, []),
-                            v.policy_for("queue", q.name), v.operator_policy_for("queue", q.name))
-
-    return present([(v, v.queues[n]) for v in vhosts for n in sorted(v.queues)], req.query, shape,
-                   lambda pair: pair[1].name)
+    node_queues = shards.NodeQueues(req.node, shapes.reading_of(req))
+    return present([(v, v.queues[n]) for v in vhosts for n in sorted(v.queues)], req.query,
+                   lambda pair: node_queues.row(*pair), lambda pair: pair[1].name)
 
 
 def find_queue(req):
@@ -151,14 +143,17 @@ def find_queue(req):
     return v, q
 
 
-def queue(req) -> dict:
+async def queue(req) -> dict:
+    """One queue; one of another shard with its owner's figures of now when
+    it answers at once (else as last reported)."""
     v, q = find_queue(req)
-    connections = req.node.connections
-    consumers = shapes.consumers_by_queue(connections).get(q, [])
-    out = shapes.queue(shapes.reading_of(req), q, shapes.unacked_by_queue(connections)[q],
-                       shapes.unacked_bytes_by_queue(connections)[q], consumers, v.policy_for("queue", q.name),
-                       v.operator_policy_for("queue", q.name))
-    out["consumer_details"] = [shapes.consumer(ch, c) for ch, c in consumers]
+    node_queues = shards.NodeQueues(req.node, shapes.reading_of(req))
+    if getattr(q, "remote", False):
+        fresh = await shards.fresh_figures(req.node, q)
+        if fresh is not None:
+            node_queues.figures[(q.vhost, q.name)] = fresh
+    out = node_queues.row(v, q)
+    out["consumer_details"] = shards.consumer_rows(req.node, q)
     out["deliveries"] = []
     out["incoming"] = []
     return out

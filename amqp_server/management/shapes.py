@@ -175,18 +175,40 @@ def queue(reading, q, unacked: int, unacked_bytes: int, consumers: list, policy=
     """`policy`, `operator_policy`: the `vhosts.policies.Policy` and
     `OperatorPolicy` that apply, if any (the queue runs with their
     combination, `q.policy`)."""
+    out = queue_declaration(q, policy, operator_policy)
+    out.update(queue_figures(reading, q, unacked, unacked_bytes, consumers))
+    return out
+
+
+def queue_declaration(q, policy=None, operator_policy=None) -> dict:
+    """What a queue's row shows of its declaration and policies: the same on
+    every shard of a node (a RemoteQueue has it too)."""
+    return {
+        "arguments": q.arguments,
+        "auto_delete": q.auto_delete,
+        "durable": q.durable,
+        "effective_policy_definition": dict(q.policy or {}),
+        "exclusive": q.exclusive_owner is not None,
+        "name": q.name,
+        "node": NODE,
+        "operator_policy": operator_policy.name if operator_policy is not None else None,
+        "policy": policy.name if policy is not None else None,
+        "type": q.kind,
+        "vhost": q.vhost,
+    }
+
+
+def queue_figures(reading, q, unacked: int, unacked_bytes: int, consumers: list) -> dict:
+    """What a queue's row shows of its contents, consumers and rates: known
+    to the shard that owns it (on a node of several shards, the others show
+    what it last reported: amqp_server.management.shards)."""
     states = q.state_counts()
     ready = q.message_count
     exclusive_tag = next((c.tag for _ch, c in consumers if c.exclusive), None)
     out = {
-        "arguments": q.arguments,
-        "auto_delete": q.auto_delete,
         "consumers": q.consumer_count,  # a stream's counts its stream-protocol subscriptions too
         "consumer_capacity": 1.0 if q.consumers else 0,
         "consumer_utilisation": 1.0 if q.consumers else None,
-        "durable": q.durable,
-        "effective_policy_definition": dict(q.policy or {}),
-        "exclusive": q.exclusive_owner is not None,
         **_owner(q.exclusive_owner),
         "exclusive_consumer_tag": exclusive_tag,
         "head_message_timestamp": None,
@@ -198,20 +220,27 @@ def queue(reading, q, unacked: int, unacked_bytes: int, consumers: list, policy=
         "messages_ready_ram": ready - states.get("delta", 0),
         "messages_unacknowledged_ram": unacked,
         "message_states": states,
-        "name": q.name,
-        "node": NODE,
-        "operator_policy": operator_policy.name if operator_policy is not None else None,
-        "policy": policy.name if policy is not None else None,
         "single_active_consumer_tag": None,
         "state": "running",
-        "type": q.kind,
-        "vhost": q.vhost,
         **counts(reading, [q], ready, unacked),
     }
     stats = message_stats(reading, q, q.stats, QUEUE_STATS)
     if stats is not None:
         out["message_stats"] = stats
     return out
+
+
+def idle_queue_figures(reading) -> dict:
+    """The figures of a queue with no messages, consumers or stats (what a
+    shard leaves out of its report)."""
+    return {
+        "consumers": 0, "consumer_capacity": 0, "consumer_utilisation": None, "exclusive_consumer_tag": None,
+        "head_message_timestamp": None, "message_bytes": 0, "message_bytes_ready": 0,
+        "message_bytes_unacknowledged": 0, "messages_paged_out": 0, "messages_ram": 0, "messages_ready_ram": 0,
+        "messages_unacknowledged_ram": 0, "message_states": {"alpha": 0, "gamma": 0, "delta": 0},
+        "single_active_consumer_tag": None,
+        "state": "running", **counts(reading, [], 0, 0),
+    }
 
 
 def _owner(connection) -> dict:

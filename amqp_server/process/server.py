@@ -14,7 +14,8 @@ from amqp_server.amqp import framing
 from amqp_server.amqp.protocol import AMQPProtocol
 from amqp_server.links.client import LocalNode
 from amqp_server.links.supervisor import Links
-from amqp_server.management import ManagementListeners
+from amqp_server.management import ManagementListeners, operations
+from amqp_server.management import shards as management_shards
 from amqp_server.management.listeners import ListenerError
 from amqp_server.mqtt.protocol import MQTTProtocol
 from amqp_server.mqtt.retained import RetainedMessages
@@ -157,6 +158,8 @@ class BrokerServer:
                                       self.listeners)
         self.management = ManagementListeners(self.broker, self.connections, config, self.writer, self.monitor,
                                               self.listeners, self.alarms, self.mqtt_sessions, self.logins)
+        if self.shards is not None:  # shard 0's management shows the whole node (docs/management.md)
+            management_shards.attach(self.management.node, self.shards, operations.take)
         self.links: Links | None = None  # once the AMQP listener is open (a link may point at this node)
 
     def abandon(self) -> None:
@@ -193,6 +196,7 @@ class BrokerServer:
         tls_port = next((port for protocol, _host, port in self.listeners if protocol == "amqp/ssl"), None)
         local_host = "127.0.0.1" if config.bind in ("0.0.0.0", "", "::") else config.bind
         if self.shard is not None and self.shard.index != 0:
+            self.management.node.sampler.start()  # the rates its reports to shard 0 carry
             return
         self.links = Links(self.broker, LocalNode(
             local_host, amqp_port, config.default_user, config.default_pass, NODE,

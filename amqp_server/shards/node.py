@@ -45,7 +45,7 @@ from amqp_server.shards.definitions import Definitions
 from amqp_server.shards.link import Link
 from storage import Message
 from vhosts.consumer import Consumer
-from vhosts.errors import AMQPError
+from vhosts.errors import NOT_FOUND, AMQPError
 from vhosts.remote_queue import RemoteEntry, RemoteQueue
 
 log = logging.getLogger("hutch.shards")
@@ -128,7 +128,7 @@ class ShardNode:
         self.reports: dict[int, tuple[float, object]] = {}
         # name -> handler(*args) -> answer (or an awaitable of it): requests another
         # shard's management may make of this one ("ask" records).
-        self.services: dict[str, object] = {}
+        self.services: dict[str, object] = {"queue.purge": self._purge_owned}
 
     # -- links ------------------------------------------------------------------
 
@@ -535,6 +535,27 @@ class ShardNode:
         if found is not None:
             queue, consumer = found
             queue.owner_cancelled(consumer.tag)
+
+    def purge(self, queue: RemoteQueue, done) -> None:
+        """ShardPort: the owner purges its queue (after every publish this
+        shard sent it before: one link, in order); done(message count), or
+        done(AMQPError) when it refuses or ended first."""
+        def answered(record):
+            if record[0] == "answer":
+                done(record[2])
+            elif record[0] == "failed" and record[2]:
+                done(AMQPError(record[2], record[3]))
+            else:
+                done(AMQPError(NOT_FOUND, "home shard %d of queue '%s' in vhost '%s' is down or inaccessible"
+                               % (queue.shard, queue.name, queue.vhost)))
+
+        self.request(queue.shard, lambda ticket: ("ask", ticket, "queue.purge", (queue.vhost, queue.name)),
+                     answered)
+
+    def _purge_owned(self, vhost: str, name: str) -> int:
+        """The "queue.purge" service: purge a queue this shard owns (0 if it is gone)."""
+        queue = self._owned(vhost, name)
+        return queue.purge() if queue is not None else 0
 
     def counts(self, queue, done) -> None:
         """Refresh a RemoteQueue's counts from its owner, then done()."""

@@ -8,7 +8,9 @@ import { h, clear } from './dom.js';
 
 const remembered = new Map(); // list id -> its paging state, kept across refreshes and visits
 
-// columns: [{label, sort (API field), cell(item), num}]; path: API path without the query.
+// columns: [{label, sort (API field), cell(item), num, field}]; a column with `field` is shown only
+// when an item of the page has that field (the "shard" of a node of several shards).
+// path: API path without the query.
 export function pagedList(id, path, columns, empty = 'Nothing to show') {
   const state = remembered.get(id) || { page: 1, pageSize: 100, name: '', regex: false, sort: '', reverse: false };
   remembered.set(id, state);
@@ -67,11 +69,12 @@ export function pagedList(id, path, columns, empty = 'Nothing to show') {
           h('option', { value: String(i + 1), selected: i + 1 === answer.page ? true : null }, String(i + 1))));
       pager.append('Page ', pages, ' of ' + answer.page_count);
     }
+    const shown = columns.filter((c) => !c.field || answer.items.some((item) => c.field in item));
     clear(body).append(answer.items.length
       ? h('table', null,
-        h('thead', null, h('tr', null, columns.map(header))),
+        h('thead', null, h('tr', null, shown.map(header))),
         h('tbody', null, answer.items.map((item) =>
-          h('tr', null, columns.map((c) => h('td', { class: c.num ? 'num' : null }, c.cell(item)))))))
+          h('tr', null, shown.map((c) => h('td', { class: c.num ? 'num' : null }, c.cell(item)))))))
       : h('p', { class: 'muted' }, empty));
   }
 

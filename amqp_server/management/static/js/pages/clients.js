@@ -19,6 +19,7 @@ export async function connections(view, _params, ctx) {
     { label: 'Name', sort: 'name', cell: (c) => link('#/connections/' + enc(c.name), c.name) },
     { label: 'Virtual host', sort: 'vhost', cell: (c) => c.vhost },
     { label: 'User', sort: 'user', cell: (c) => c.user },
+    { label: 'Shard', sort: 'shard', field: 'shard', cell: (c) => String(c.shard), num: true },
     { label: 'Client', cell: clientName },
     { label: 'Protocol', sort: 'protocol', cell: (c) => c.protocol },
     { label: 'State', sort: 'state', cell: (c) => c.state },

@@ -40,6 +40,7 @@ export async function list(view, _params, ctx) {
     { label: 'Virtual host', sort: 'vhost', cell: (q) => q.vhost },
     { label: 'Name', sort: 'name', cell: (q) => queueLink(q.vhost, q.name) },
     { label: 'Type', sort: 'type', cell: (q) => q.type || 'classic' },
+    { label: 'Shard', sort: 'shard', field: 'shard', cell: (q) => String(q.shard), num: true },
     { label: 'Features', cell: features },
     { label: 'Policy', sort: 'policy', cell: (q) => q.policy || '' },
     { label: 'State', sort: 'state', cell: (q) => q.state },

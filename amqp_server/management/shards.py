@@ -1,0 +1,312 @@
+"""The management face on a node of several shards (docs/management.md,
+"Management on a node of several shards"; docs/scaling.md for the shards).
+
+Shard 0 serves the HTTP API, the UI and /metrics. Every other shard sends
+it a `report` every second (amqp_server.shards.node, REPORT_INTERVAL):
+the rows of its own connections, channels and consumers in the API's
+shapes, the figures of the queues it owns (only those with messages,
+consumers or counted messages: an idle queue's figures are known without
+a report, so thousands of idle queues cost nothing), the message counters
+of other shards' queues that it counted (publishes that arrived here), and
+per vhost its message_stats and lengths. Shard 0 keeps the latest report
+of each shard and merges them into its listings (`NodeQueues`,
+`remote_rows`); like RabbitMQ's sampled figures they are up to a report
+interval old. Rates are each shard's own (its sampler), summed; a request
+for a range of samples gets shard 0's samples only.
+
+Operations on another shard's objects are requests to its `SERVICES`
+(ShardNode.ask): close a connection, get messages (the owner takes them),
+fresh figures of one queue. Purge is the node's own "queue.purge" service,
+which AMQP's queue.purge of a RemoteQueue uses too.
+
+`node.shards` (management.node.Node) is the ShardNode, given by the
+composition root and used by its duck type: `here`, `shard.count`,
+`reports`, `held`, `ask`.
+"""
+from __future__ import annotations
+
+import asyncio
+
+from vhosts.errors import CONNECTION_FORCED, AMQPError
+
+from amqp_server.management import access, shapes
+from amqp_server.management.errors import ApiError
+from amqp_server.management.rates import QUEUE_STATS, VHOST_STATS, Reading
+
+# Seconds shard 0 waits for a queue's fresh figures before it shows the reported ones.
+FRESH_WAIT = 1.0
+
+
+class LinkHolder:
+    """The links to the other shards as one more holder of deliveries: the
+    entries of this shard's queues delivered to a client of another shard
+    and not settled yet (ShardNode.held). They count as unacknowledged
+    where their queue is, as the owner's figures are the queue's figures."""
+
+    def __init__(self, shards) -> None:
+        self.shards = shards
+        self.channels: dict = {}  # none of its own: its consumers are in the other shards' rows
+
+    def unacked_deliveries(self):
+        for held in list(self.shards.held.values()):
+            for queue, entry, _consumer in list(held.values()):
+                yield queue, entry
+
+
+def holders(node) -> list:
+    """What holds deliveries of this shard's queues: its connections and,
+    on a node of several shards, the links."""
+    found = list(node.connections)
+    if node.shards is not None:
+        found.append(LinkHolder(node.shards))
+    return found
+
+
+def marked(node, row: dict) -> dict:
+    """A row of one of this shard's objects, with its "shard" on a node of several."""
+    if node.shards is not None:
+        row["shard"] = node.shards.here
+    return row
+
+
+def shard_count(node) -> int:
+    return node.shards.shard.count if node.shards is not None else 1
+
+
+def reports(node) -> list[tuple[int, dict]]:
+    """(shard, report) of every other shard, as last reported (shard 0 keeps them)."""
+    if node.shards is None:
+        return []
+    return [(index, report) for index, (_at, report) in sorted(node.shards.reports.items())]
+
+
+def remote_rows(node, kind: str) -> list[dict]:
+    """The rows of `kind` ("connections", "channels", "consumers") the other shards reported."""
+    return [row for _index, report in reports(node) for row in report[kind]]
+
+
+def visible_rows(req, kind: str, vhost_name: str | None = None) -> list[dict]:
+    """Other shards' connection or channel rows this user may see (its own;
+    all of them for monitoring and administrator users), of one vhost or all."""
+    everything = access.sees_everything(req.user)
+    return [row for row in remote_rows(req.node, kind)
+            if (everything or row["user"] == req.user.name) and (vhost_name is None or row["vhost"] == vhost_name)]
+
+
+def consumer_rows(node, q) -> list[dict]:
+    """The consumers of queue `q` on every shard."""
+    found = [marked(node, shapes.consumer(channel, consumer))
+             for channel, consumer in shapes.consumers_by_queue(node.connections).get(q, [])]
+    found += [row for row in remote_rows(node, "consumers")
+              if row["queue"]["name"] == q.name and row["queue"]["vhost"] == q.vhost]
+    return found
+
+
+def busy(queue, unacked: int) -> bool:
+    stats = queue.stats
+    return bool(queue.message_count or queue.consumers or unacked or stats.publish or stats.deliver_get
+                or stats.ack or stats.redeliver or stats.get_empty)
+
+
+def _counted(stats) -> bool:
+    return any(getattr(stats, key) for key in QUEUE_STATS if key != "deliver_get")
+
+
+def report(node) -> dict:
+    """This shard's report to shard 0 (see the module's note)."""
+    reading = Reading(node.sampler, {})
+    connections, channels, consumers = [], [], []
+    for connection in sorted((c for c in list(node.connections) if c.vhost is not None),
+                             key=lambda c: c.connected_at):
+        connections.append(marked(node, shapes.connection(reading, connection)))
+        for _number, channel in sorted(connection.channels.items()):
+            channels.append(marked(node, shapes.channel(reading, channel)))
+            consumers += [marked(node, shapes.consumer(channel, c)) for c in channel.consumers.values()]
+    held = holders(node)
+    unacked = shapes.unacked_by_queue(held)
+    unacked_bytes = shapes.unacked_bytes_by_queue(held)
+    by_queue = shapes.consumers_by_queue(node.connections)
+    queues, counted, vhosts = {}, {}, {}
+    for v in list(node.broker.vhosts.values()):
+        ready = waiting = 0
+        for q in list(v.queues.values()):
+            if getattr(q, "remote", False):
+                if _counted(q.stats):
+                    counted[(v.name, q.name)] = shapes.message_stats(reading, q, q.stats, QUEUE_STATS)
+                continue
+            ready += q.message_count
+            waiting += unacked[q]
+            if busy(q, unacked[q]):
+                queues[(v.name, q.name)] = shapes.queue_figures(reading, q, unacked[q], unacked_bytes[q],
+                                                                by_queue.get(q, []))
+        vhosts[v.name] = {"lengths": shapes.counts(reading, [v], ready, waiting),
+                          "message_stats": reading.with_rates([v], v.stats.totals(), VHOST_STATS, "msg_rates")}
+    return {"connections": connections, "channels": channels, "consumers": consumers, "queues": queues,
+            "counted": counted, "vhosts": vhosts}
+
+
+# -- merging ----------------------------------------------------------------------------
+
+
+def add_figures(into: dict, other: dict) -> dict:
+    """`into` plus `other`, key by key: counts add, and so do the current
+    rates of `_details` (a range's samples stay `into`'s). A new dict."""
+    out = dict(into)
+    for key, value in other.items():
+        mine = out.get(key)
+        if isinstance(value, dict):
+            if isinstance(mine, dict):
+                merged = dict(mine)
+                if "rate" in value:
+                    merged["rate"] = round(mine.get("rate", 0.0) + value["rate"], 1)
+                out[key] = merged
+            else:
+                out[key] = dict(value)
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[key] = (mine or 0) + value
+    return out
+
+
+class NodeQueues:
+    """Every queue of the node as one request sees it: a queue this shard
+    owns by its own figures, another shard's by that shard's report (or,
+    when it reported none, as idle), and its message_stats summed over the
+    shards that counted its messages."""
+
+    def __init__(self, node, reading) -> None:
+        self.node = node
+        self.reading = reading
+        held = holders(node)
+        self.unacked = shapes.unacked_by_queue(held)
+        self.unacked_bytes = shapes.unacked_bytes_by_queue(held)
+        self.consumers = shapes.consumers_by_queue(node.connections)
+        self.figures: dict = {}
+        self.counted: dict = {}  # (vhost, name) -> [message_stats of other shards]
+        for _index, found in reports(node):
+            self.figures.update(found["queues"])
+            for key, stats in found["counted"].items():
+                self.counted.setdefault(key, []).append(stats)
+
+    def figures_of(self, q) -> dict:
+        """The queue's figures (a new dict)."""
+        if not getattr(q, "remote", False):
+            out = shapes.queue_figures(self.reading, q, self.unacked[q], self.unacked_bytes[q],
+                                       self.consumers.get(q, []))
+        else:
+            out = dict(self.figures.get((q.vhost, q.name)) or shapes.idle_queue_figures(self.reading))
+            if _counted(q.stats):  # messages counted here, on their way to the owner
+                self._count(out, shapes.message_stats(self.reading, q, q.stats, QUEUE_STATS))
+        for stats in self.counted.get((q.vhost, q.name), ()):
+            self._count(out, stats)
+        return out
+
+    @staticmethod
+    def _count(out: dict, stats: dict) -> None:
+        out["message_stats"] = add_figures(out.get("message_stats", {}), stats)
+
+    def row(self, v, q) -> dict:
+        out = shapes.queue_declaration(q, v.policy_for("queue", q.name), v.operator_policy_for("queue", q.name))
+        out.update(self.figures_of(q))
+        if self.node.shards is not None:
+            out["shard"] = getattr(q, "shard", self.node.shards.here)
+        return out
+
+    def ready(self, q) -> int:
+        if getattr(q, "remote", False):
+            return self.figures.get((q.vhost, q.name), {}).get("messages_ready", 0)
+        return q.message_count
+
+    def held(self, q) -> int:
+        if getattr(q, "remote", False):
+            return self.figures.get((q.vhost, q.name), {}).get("messages_unacknowledged", 0)
+        return self.unacked[q]
+
+    def consumer_count(self, q) -> int:
+        if getattr(q, "remote", False):
+            return self.figures.get((q.vhost, q.name), {}).get("consumers", 0)
+        return q.consumer_count
+
+
+def vhost_figures(node, names, key: str) -> list[dict]:
+    """The other shards' `key` ("lengths", "message_stats") of the vhosts `names`."""
+    return [found["vhosts"][name][key] for _index, found in reports(node) for name in names
+            if name in found["vhosts"]]
+
+
+def vhost_totals(node, reading, vhosts, unacked) -> tuple[dict, dict]:
+    """(queue_totals, message_stats) of `vhosts` over the node (`unacked`:
+    this shard's deliveries not acked, by queue: shapes.unacked_by_queue)."""
+    own = [q for v in vhosts for q in v.queues.values() if not getattr(q, "remote", False)]
+    lengths = shapes.counts(reading, vhosts, sum(q.message_count for q in own), sum(unacked[q] for q in own))
+    totals = dict.fromkeys(VHOST_STATS, 0)
+    for v in vhosts:
+        for key, value in v.stats.totals().items():
+            if key in totals:
+                totals[key] += value
+    stats = reading.with_rates(vhosts, totals, VHOST_STATS, "msg_rates")
+    names = [v.name for v in vhosts]
+    for other in vhost_figures(node, names, "lengths"):
+        lengths = add_figures(lengths, other)
+    for other in vhost_figures(node, names, "message_stats"):
+        stats = add_figures(stats, other)
+    return lengths, stats
+
+
+# -- services: what shard 0 asks of the others ------------------------------------------------
+
+
+def attach(node, shards, get_messages) -> None:
+    """Make the management face of this shard (`node`) part of its node of
+    several shards (`shards`: its ShardNode; see `services` for `get_messages`)."""
+    node.shards = shards
+    shards.report_source = lambda: report(node)
+    shards.services.update(services(node, get_messages))
+
+
+def services(node, get_messages) -> dict:
+    """The requests this shard answers for shard 0's management
+    (ShardNode.services). `get_messages(v, queue, body, user name)`: the
+    API's get, run where the queue is (amqp_server.management.operations)."""
+
+    def close_connection(name: str, reason: str) -> bool:
+        for connection in list(node.connections):
+            if connection.vhost is not None and shapes.connection_name(connection) == name:
+                connection.close_with(AMQPError(CONNECTION_FORCED, reason))
+                return True
+        return False
+
+    async def get(vhost: str, name: str, body: dict, user: str) -> list:
+        v = node.broker.vhosts.get(vhost)
+        q = v.queues.get(name) if v is not None else None
+        if q is None or getattr(q, "remote", False):
+            return []
+        return await get_messages(v, q, body, user)
+
+    def figures(vhost: str, name: str) -> dict | None:
+        v = node.broker.vhosts.get(vhost)
+        q = v.queues.get(name) if v is not None else None
+        if q is None or getattr(q, "remote", False):
+            return None
+        return NodeQueues(node, Reading(node.sampler, {})).figures_of(q)
+
+    return {"connection.close": close_connection, "queue.get": get, "queue.figures": figures}
+
+
+def unavailable(queue, error: Exception) -> ApiError:
+    """The 503 when the shard that owns `queue` ended before it answered
+    (it is restarted; the request may be tried again)."""
+    return ApiError(503, "service_unavailable", "queue '%s' in vhost '%s' is on shard %d, which did not answer: %s"
+                    % (queue.name, queue.vhost, queue.shard, error))
+
+
+async def ask(node, shard: int, service: str, *args):
+    """The answer of another shard's service (the node's ShardNode.ask)."""
+    return await node.shards.ask(shard, service, *args)
+
+
+async def fresh_figures(node, q) -> dict | None:
+    """A queue's figures from its owner now, or None when it does not answer within FRESH_WAIT."""
+    try:
+        return await asyncio.wait_for(ask(node, q.shard, "queue.figures", q.vhost, q.name), FRESH_WAIT)
+    except Exception:  # the owner ended, or is busy: the listing's reported figures will do
+        return None

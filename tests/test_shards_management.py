@@ -1,0 +1,195 @@
+"""The management face of a node of several shards (docs/management.md,
+"Management on a node of several shards"): a real `--shards 2` broker, pika
+clients opened until both shards hold some (the "shard" field of each
+connection says where it landed), and the HTTP API, hutchctl and /metrics
+on shard 0 showing every shard's connections, channels, consumers and
+queues, and acting on another shard's objects (closing a connection,
+getting and purging messages of its queue, AMQP queue.purge across shards).
+"""
+from __future__ import annotations
+
+import json
+import urllib.request
+
+import pika
+import pytest
+from pika.exceptions import ConnectionClosedByBroker
+
+from conftest import launch
+from helpers import unique, wait_for as _wait_for
+from http_api import Api, segment
+from hutchctl_targets import hutch_target
+
+
+def wait_for(predicate, timeout: float, what: str):
+    """Poll at HTTP's pace (each poll is a request)."""
+    return _wait_for(predicate, timeout=timeout, interval=0.05, what=what)
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory):
+    proc = launch(tmp_path_factory.mktemp("shards"), "--shards", "2",
+                  expect=("AMQP", "HTTP", "PROMETHEUS"))
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="module")
+def api(node):
+    return Api(node.ports["HTTP"])
+
+
+def _rows(api, path: str) -> list:
+    reply = api.get(path)
+    assert reply.status == 200, reply
+    return reply.body
+
+
+def _named(api, name: str) -> dict | None:
+    """The connection row whose client_properties carry `name` (pika's connection_name)."""
+    for row in _rows(api, "/api/connections"):
+        if (row.get("client_properties") or {}).get("connection_name") == name:
+            return row
+    return None
+
+
+@pytest.fixture
+def clients(node, api):
+    """shard -> a pika connection held by that shard (opened until both have one)."""
+    held, extra = {}, []
+    for _attempt in range(40):
+        name = unique("c")
+        params = pika.URLParameters(node.url)
+        params.client_properties = {"connection_name": name}
+        connection = pika.BlockingConnection(params)
+        connection.listed_as = name
+        row = wait_for(lambda: _named(api, name), timeout=10, what="connection %s listed" % name)
+        if row["shard"] in held:
+            extra.append(connection)
+        else:
+            held[row["shard"]] = connection
+        if len(held) == 2:
+            break
+    for connection in extra:
+        connection.close()
+    assert set(held) == {0, 1}, "no connection landed on shard 1 in 40 tries"
+    yield held
+    for connection in held.values():
+        if connection.is_open:
+            connection.close()
+
+
+def _queue_on(api, channel, shard: int) -> str:
+    """A queue placed on `shard` (a new queue goes to the shard with the
+    fewest: declare until one lands there, then delete the others)."""
+    missed = []
+    try:
+        for _attempt in range(20):
+            name = unique("q")
+            channel.queue_declare(name)
+            row = wait_for(lambda: _queue_row(api, name), timeout=10, what="queue %s listed" % name)
+            if row["shard"] == shard:
+                return name
+            missed.append(name)
+        raise AssertionError("no queue placed on shard %d in 20 tries" % shard)
+    finally:
+        for name in missed:
+            channel.queue_delete(name)
+
+
+def _queue_row(api, name: str) -> dict | None:
+    reply = api.get("/api/queues/%2F/" + segment(name))
+    return reply.body if reply.status == 200 else None
+
+
+def _publish(channel, queue: str, n: int) -> None:
+    channel.confirm_delivery()
+    for i in range(n):
+        channel.basic_publish("", queue, b"m%d" % i)
+
+
+def test_listings_show_every_shards_connections_channels_consumers_and_queues(node, api, clients):
+    far = clients[1].channel()
+    remote = _queue_on(api, far, 1)
+    _publish(far, remote, 3)
+    near = clients[0].channel()
+    tag = near.basic_consume(remote, lambda *args: None, auto_ack=False)  # a consumer on shard 0, queue on 1
+    rows = _rows(api, "/api/connections")
+    assert {row["shard"] for row in rows} >= {0, 1}
+    assert {row["node"] for row in rows} == {api.get("/api/overview").body["node"]}  # "node" as it was
+    wait_for(lambda: {row["shard"] for row in _rows(api, "/api/channels")} >= {0, 1}, timeout=10,
+             what="channels of both shards listed")
+    assert any(row["consumer_tag"] == tag and row["shard"] == 0 and row["queue"]["name"] == remote
+               for row in _rows(api, "/api/consumers"))
+
+    def settled() -> dict | None:
+        row = next((q for q in _rows(api, "/api/queues") if q["name"] == remote), None)
+        return row if row is not None and row["consumers"] == 1 and row["messages"] == 3 else None
+
+    row = wait_for(settled, timeout=10, what="queue on shard 1 with its owner's counts")
+    assert row["shard"] == 1
+    assert row["messages_unacknowledged"] == 3  # the consumer on shard 0 holds them (prefetch unlimited)
+    assert row["message_stats"]["publish"] == 3
+    one = api.get("/api/queues/%2F/" + segment(remote)).body
+    assert one["shard"] == 1 and one["consumers"] == 1
+    assert [c["consumer_tag"] for c in one["consumer_details"]] == [tag]
+    overview = api.get("/api/overview").body
+    assert overview["shards"] == 2
+    assert overview["object_totals"]["connections"] >= 2
+    assert overview["queue_totals"]["messages_unacknowledged"] >= 3
+    assert api.get("/api/nodes").body[0]["shards"] == 2
+
+
+def test_a_connection_of_the_other_shard_is_closed_through_the_api(node, api, clients):
+    connection = clients[1]
+    row = _named(api, connection.listed_as)
+    path = "/api/connections/" + segment(row["name"])
+    assert api.get(path).body["shard"] == 1
+    reply = api.delete(path, headers={"X-Reason": "bye from shard 0"})
+    assert reply.status == 204, reply
+    with pytest.raises(ConnectionClosedByBroker) as closed:
+        wait_for(lambda: connection.process_data_events(0.05), timeout=10, what="the client to see its close")
+    assert closed.value.args == (320, "CONNECTION_FORCED - bye from shard 0")
+    wait_for(lambda: api.get(path).status == 404, timeout=10, what="the connection gone from the listing")
+
+
+def test_get_and_purge_of_a_queue_on_the_other_shard(node, api, clients):
+    far = clients[1].channel()
+    remote = _queue_on(api, far, 1)
+    _publish(far, remote, 4)
+    path = "/api/queues/%2F/" + segment(remote)
+    got = api.post(path + "/get", {"count": 2, "ackmode": "ack_requeue_false", "encoding": "auto"})
+    assert got.status == 200, got
+    assert [m["payload"] for m in got.body] == ["m0", "m1"]
+    assert got.body[-1]["message_count"] == 2
+    wait_for(lambda: _queue_row(api, remote)["messages"] == 2, timeout=10, what="two messages left")
+    assert api.delete(path + "/contents").status == 204
+    wait_for(lambda: _queue_row(api, remote)["messages"] == 0, timeout=10, what="the queue purged")
+    # AMQP queue.purge from shard 0 of a queue on shard 1: purge-ok counts the owner's messages
+    _publish(far, remote, 5)
+    near = clients[0].channel()
+    assert near.queue_purge(remote).method.message_count == 5
+    assert near.basic_get(remote, auto_ack=True) == (None, None, None)
+
+
+def test_hutchctl_and_prometheus_show_both_shards(node, api, clients):
+    far, near = clients[1].channel(), clients[0].channel()
+    on_one, on_zero = _queue_on(api, far, 1), _queue_on(api, near, 0)
+    _publish(far, on_one, 2)
+    _publish(near, on_zero, 1)
+    wait_for(lambda: any(q["name"] == on_one and q["messages"] == 2 for q in _rows(api, "/api/queues")),
+             timeout=10, what="shard 1's report")
+    target = hutch_target(node)
+    listed = target.ok("list_queues", "name", "messages", "--formatter", "json")
+    counts = {row["name"]: row["messages"] for row in json.loads(listed)}
+    assert counts[on_one] == 2 and counts[on_zero] == 1
+    names = {row["client_properties"]["connection_name"] for row in _rows(api, "/api/connections")}
+    connections = target.ok("list_connections", "client_properties", "--formatter", "json")
+    assert all(name in connections for name in names)
+    tag = far.basic_consume(on_zero, lambda *args: None)  # a consumer on shard 1
+    wait_for(lambda: tag in target.ok("list_consumers", "consumer_tag"), timeout=10, what="hutchctl lists it")
+    with urllib.request.urlopen("http://127.0.0.1:%d/metrics/per-object" % node.ports["PROMETHEUS"]) as answer:
+        text = answer.read().decode()
+    assert 'rabbitmq_queue_messages_ready{vhost="/",queue="%s"} 2' % on_one in text
+    assert 'rabbitmq_queue_messages{vhost="/",queue="%s"} 1' % on_zero in text  # ready or held by shard 1
+    assert 'rabbitmq_queue_consumers{vhost="/",queue="%s"} 1' % on_zero in text
