@@ -28,7 +28,7 @@ def wait_for(predicate, timeout: float, what: str):
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory):
-    proc = launch(tmp_path_factory.mktemp("shards"), "--shards", "2",
+    proc = launch(tmp_path_factory.mktemp("shards"), "--shards", "2", "--management-sample-interval", "0.2",
                   expect=("AMQP", "HTTP", "PROMETHEUS"))
     yield proc
     proc.stop()
@@ -138,6 +138,16 @@ def test_listings_show_every_shards_connections_channels_consumers_and_queues(no
     assert overview["object_totals"]["connections"] >= 2
     assert overview["queue_totals"]["messages_unacknowledged"] >= 3
     assert api.get("/api/nodes").body[0]["shards"] == 2
+    # with a range (the UI's charts): samples from the owner, and summed over the shards in the overview
+    ranged = "?lengths_age=60&lengths_incr=5&msg_rates_age=60&msg_rates_incr=5"
+
+    def newest(details: dict) -> int:
+        return details["samples"][0]["sample"]
+
+    wait_for(lambda: newest(api.get("/api/queues/%2F/" + segment(remote) + ranged).body["messages_details"]) == 3,
+             timeout=10, what="the owner's samples of the queue")
+    totals = api.get("/api/overview" + ranged).body["queue_totals"]
+    assert newest(totals["messages_unacknowledged_details"]) >= 3
 
 
 def test_a_connection_of_the_other_shard_is_closed_through_the_api(node, api, clients):

@@ -33,14 +33,15 @@ def _visible_connections(req) -> list:
 # -- overview, nodes, whoami ------------------------------------------------------
 
 
-def overview(req) -> dict:
+async def overview(req) -> dict:
     """On a node of several shards: totals over every shard, as reported
     (amqp_server.management.shards), and the shard count."""
     node, reading = req.node, shapes.reading_of(req)
     vhosts = access.visible_vhosts(req.user, req.broker)
     connections = _visible_connections(req)
     node_queues = shards.NodeQueues(node, reading)
-    queue_totals, message_stats = shards.vhost_totals(node, reading, vhosts, node_queues.unacked)
+    queue_totals, message_stats = await shards.vhost_totals_now(node, reading, req.query, vhosts,
+                                                                node_queues.unacked)
     queues = [q for v in vhosts for q in v.queues.values()]
     remote_channels = shards.visible_rows(req, "channels")
     out = {

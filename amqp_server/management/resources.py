@@ -149,7 +149,7 @@ async def queue(req) -> dict:
     v, q = find_queue(req)
     node_queues = shards.NodeQueues(req.node, shapes.reading_of(req))
     if getattr(q, "remote", False):
-        fresh = await shards.fresh_figures(req.node, q)
+        fresh = await shards.fresh_figures(req.node, q, req.query)
         if fresh is not None:
             node_queues.figures[(q.vhost, q.name)] = fresh
     out = node_queues.row(v, q)

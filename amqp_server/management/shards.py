@@ -149,22 +149,42 @@ def report(node) -> dict:
 
 
 def add_figures(into: dict, other: dict) -> dict:
-    """`into` plus `other`, key by key: counts add, and so do the current
-    rates of `_details` (a range's samples stay `into`'s). A new dict."""
+    """`into` plus `other`, key by key: counts add, and so do `_details`
+    (`add_details`). A new dict; neither is changed."""
     out = dict(into)
     for key, value in other.items():
         mine = out.get(key)
         if isinstance(value, dict):
-            if isinstance(mine, dict):
-                merged = dict(mine)
-                if "rate" in value:
-                    merged["rate"] = round(mine.get("rate", 0.0) + value["rate"], 1)
-                out[key] = merged
-            else:
-                out[key] = dict(value)
+            out[key] = add_details(mine, value) if isinstance(mine, dict) else dict(value)
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
             out[key] = (mine or 0) + value
     return out
+
+
+def add_details(mine: dict, other: dict) -> dict:
+    """Two `X_details` summed: the samples of one range (the same times on
+    every shard: history.Range.times) add up, and the rates follow from
+    them as history.details has them; without samples on both, the current
+    rates add (the range's samples stay `mine`'s)."""
+    ours, theirs = mine.get("samples"), other.get("samples")
+    if ours is None or theirs is None or [s["timestamp"] for s in ours] != [s["timestamp"] for s in theirs]:
+        out = dict(mine)
+        out["rate"] = round(mine.get("rate", 0.0) + other.get("rate", 0.0), 1)
+        return out
+    samples = [a["sample"] + b["sample"] for a, b in zip(ours, theirs)]
+    times = [a["timestamp"] for a in ours]
+    out = {"samples": [{"sample": n, "timestamp": t} for n, t in zip(samples, times)], "rate": 0.0}
+    if len(samples) >= 2:
+        incr = (times[0] - times[1]) / 1000
+        out["rate"] = (samples[0] - samples[1]) / incr
+        out["avg"] = sum(samples) / len(samples)
+        out["avg_rate"] = (samples[0] - samples[-1]) / ((len(samples) - 1) * incr)
+    return out
+
+
+def range_query(query) -> dict:
+    """The range parameters of a request's query (what another shard needs to answer with samples)."""
+    return {key: query[key] for key in query if key.endswith(("_age", "_incr"))}
 
 
 class NodeQueues:
@@ -233,9 +253,10 @@ def vhost_figures(node, names, key: str) -> list[dict]:
             if name in found["vhosts"]]
 
 
-def vhost_totals(node, reading, vhosts, unacked) -> tuple[dict, dict]:
-    """(queue_totals, message_stats) of `vhosts` over the node (`unacked`:
-    this shard's deliveries not acked, by queue: shapes.unacked_by_queue)."""
+def own_vhost_totals(reading, vhosts, unacked) -> tuple[dict, dict]:
+    """(queue_totals, message_stats) of `vhosts` on this shard: the queues
+    it owns, the messages it counted (`unacked`: its deliveries not acked,
+    by queue: shapes.unacked_by_queue)."""
     own = [q for v in vhosts for q in v.queues.values() if not getattr(q, "remote", False)]
     lengths = shapes.counts(reading, vhosts, sum(q.message_count for q in own), sum(unacked[q] for q in own))
     totals = dict.fromkeys(VHOST_STATS, 0)
@@ -243,12 +264,42 @@ def vhost_totals(node, reading, vhosts, unacked) -> tuple[dict, dict]:
         for key, value in v.stats.totals().items():
             if key in totals:
                 totals[key] += value
-    stats = reading.with_rates(vhosts, totals, VHOST_STATS, "msg_rates")
+    return lengths, reading.with_rates(vhosts, totals, VHOST_STATS, "msg_rates")
+
+
+def vhost_totals(node, reading, vhosts, unacked) -> tuple[dict, dict]:
+    """(queue_totals, message_stats) of `vhosts` over the node, the other
+    shards' as they reported them."""
+    lengths, stats = own_vhost_totals(reading, vhosts, unacked)
     names = [v.name for v in vhosts]
     for other in vhost_figures(node, names, "lengths"):
         lengths = add_figures(lengths, other)
     for other in vhost_figures(node, names, "message_stats"):
         stats = add_figures(stats, other)
+    return lengths, stats
+
+
+async def vhost_totals_now(node, reading, query, vhosts, unacked) -> tuple[dict, dict]:
+    """`vhost_totals`; when the request asks for a range, each other shard
+    is asked for its totals with their samples (its report, when it does not
+    answer within FRESH_WAIT)."""
+    if node.shards is None or not reading.ranges:
+        return vhost_totals(node, reading, vhosts, unacked)
+    lengths, stats = own_vhost_totals(reading, vhosts, unacked)
+    names = [v.name for v in vhosts]
+    asked = range_query(query)
+    for index, found in reports(node):
+        try:
+            other_lengths, other_stats = await asyncio.wait_for(
+                ask(node, index, "vhost.totals", names, asked), FRESH_WAIT)
+        except Exception:  # ended, or busy (ShardGone, TimeoutError): as it last reported
+            parts = [found["vhosts"][name] for name in names if name in found["vhosts"]]
+            for part in parts:
+                lengths = add_figures(lengths, part["lengths"])
+                stats = add_figures(stats, part["message_stats"])
+            continue
+        lengths = add_figures(lengths, other_lengths)
+        stats = add_figures(stats, other_stats)
     return lengths, stats
 
 
@@ -282,14 +333,19 @@ def services(node, get_messages) -> dict:
             return []
         return await get_messages(v, q, body, user)
 
-    def figures(vhost: str, name: str) -> dict | None:
+    def figures(vhost: str, name: str, query: dict) -> dict | None:
         v = node.broker.vhosts.get(vhost)
         q = v.queues.get(name) if v is not None else None
         if q is None or getattr(q, "remote", False):
             return None
-        return NodeQueues(node, Reading(node.sampler, {})).figures_of(q)
+        return NodeQueues(node, Reading(node.sampler, query)).figures_of(q)
 
-    return {"connection.close": close_connection, "queue.get": get, "queue.figures": figures}
+    def totals(names: list, query: dict) -> tuple[dict, dict]:
+        vhosts = [node.broker.vhosts[name] for name in names if name in node.broker.vhosts]
+        return own_vhost_totals(Reading(node.sampler, query), vhosts, shapes.unacked_by_queue(holders(node)))
+
+    return {"connection.close": close_connection, "queue.get": get, "queue.figures": figures,
+            "vhost.totals": totals}
 
 
 def unavailable(queue, error: Exception) -> ApiError:
@@ -304,9 +360,11 @@ async def ask(node, shard: int, service: str, *args):
     return await node.shards.ask(shard, service, *args)
 
 
-async def fresh_figures(node, q) -> dict | None:
-    """A queue's figures from its owner now, or None when it does not answer within FRESH_WAIT."""
+async def fresh_figures(node, q, query) -> dict | None:
+    """A queue's figures from its owner now (with the samples of the ranges
+    `query` asks for), or None when it does not answer within FRESH_WAIT."""
     try:
-        return await asyncio.wait_for(ask(node, q.shard, "queue.figures", q.vhost, q.name), FRESH_WAIT)
+        return await asyncio.wait_for(ask(node, q.shard, "queue.figures", q.vhost, q.name, range_query(query)),
+                                      FRESH_WAIT)
     except Exception:  # the owner ended, or is busy: the listing's reported figures will do
         return None
