@@ -151,7 +151,7 @@ async def queue(req) -> dict:
     if getattr(q, "remote", False):
         fresh = await shards.fresh_figures(req.node, q, req.query)
         if fresh is not None:
-            node_queues.figures[(q.vhost, q.name)] = fresh
+            node_queues.fresh[(q.vhost, q.name)] = fresh
     out = node_queues.row(v, q)
     out["consumer_details"] = shards.consumer_rows(req.node, q)
     out["deliveries"] = []

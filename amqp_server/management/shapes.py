@@ -202,29 +202,44 @@ def queue_figures(reading, q, unacked: int, unacked_bytes: int, consumers: list)
     """What a queue's row shows of its contents, consumers and rates: known
     to the shard that owns it (on a node of several shards, the others show
     what it last reported: amqp_server.management.shards)."""
-    states = q.state_counts()
-    ready = q.message_count
-    exclusive_tag = next((c.tag for _ch, c in consumers if c.exclusive), None)
+    return figures_of(queue_values(q, unacked, unacked_bytes, consumers),
+                      counts(reading, [q], q.message_count, unacked),
+                      message_stats(reading, q, q.stats, QUEUE_STATS))
+
+
+def queue_values(q, unacked: int, unacked_bytes: int, consumers: list) -> tuple:
+    """The figures of a queue that are not rates, as one small tuple (what a
+    shard's report carries per queue): consumers, whether it has any of its
+    own (a stream's stream-protocol subscribers are counted, not held),
+    ready, unacked, bytes ready and unacked, its message states, the
+    exclusive consumer's tag, its exclusive owner's details."""
+    return (q.consumer_count, bool(q.consumers), q.message_count, unacked, q.size, unacked_bytes, q.state_counts(),
+            next((c.tag for _ch, c in consumers if c.exclusive), None), _owner(q.exclusive_owner))
+
+
+def figures_of(values: tuple, lengths: dict, stats: dict | None) -> dict:
+    """A queue's figures from its `queue_values`, its `counts` and its message_stats."""
+    consumers, held, ready, unacked, size, unacked_bytes, states, exclusive_tag, owner = values
+    paged_out = states.get("delta", 0)
     out = {
-        "consumers": q.consumer_count,  # a stream's counts its stream-protocol subscriptions too
-        "consumer_capacity": 1.0 if q.consumers else 0,
-        "consumer_utilisation": 1.0 if q.consumers else None,
-        **_owner(q.exclusive_owner),
+        "consumers": consumers,  # a stream's counts its stream-protocol subscriptions too
+        "consumer_capacity": 1.0 if held else 0,
+        "consumer_utilisation": 1.0 if held else None,
+        **owner,
         "exclusive_consumer_tag": exclusive_tag,
         "head_message_timestamp": None,
-        "message_bytes": q.size + unacked_bytes,
-        "message_bytes_ready": q.size,
+        "message_bytes": size + unacked_bytes,
+        "message_bytes_ready": size,
         "message_bytes_unacknowledged": unacked_bytes,
-        "messages_paged_out": states.get("delta", 0),
-        "messages_ram": ready - states.get("delta", 0),
-        "messages_ready_ram": ready - states.get("delta", 0),
+        "messages_paged_out": paged_out,
+        "messages_ram": ready - paged_out,
+        "messages_ready_ram": ready - paged_out,
         "messages_unacknowledged_ram": unacked,
         "message_states": states,
         "single_active_consumer_tag": None,
         "state": "running",
-        **counts(reading, [q], ready, unacked),
+        **lengths,
     }
-    stats = message_stats(reading, q, q.stats, QUEUE_STATS)
     if stats is not None:
         out["message_stats"] = stats
     return out
@@ -233,14 +248,8 @@ def queue_figures(reading, q, unacked: int, unacked_bytes: int, consumers: list)
 def idle_queue_figures(reading) -> dict:
     """The figures of a queue with no messages, consumers or stats (what a
     shard leaves out of its report)."""
-    return {
-        "consumers": 0, "consumer_capacity": 0, "consumer_utilisation": None, "exclusive_consumer_tag": None,
-        "head_message_timestamp": None, "message_bytes": 0, "message_bytes_ready": 0,
-        "message_bytes_unacknowledged": 0, "messages_paged_out": 0, "messages_ram": 0, "messages_ready_ram": 0,
-        "messages_unacknowledged_ram": 0, "message_states": {"alpha": 0, "gamma": 0, "delta": 0},
-        "single_active_consumer_tag": None,
-        "state": "running", **counts(reading, [], 0, 0),
-    }
+    return figures_of((0, False, 0, 0, 0, 0, {"alpha": 0, "gamma": 0, "delta": 0}, None, {}),
+                      counts(reading, [], 0, 0), None)
 
 
 def _owner(connection) -> dict:

@@ -137,12 +137,39 @@ def report(node) -> dict:
             ready += q.message_count
             waiting += unacked[q]
             if busy(q, unacked[q]):
-                queues[(v.name, q.name)] = shapes.queue_figures(reading, q, unacked[q], unacked_bytes[q],
-                                                                by_queue.get(q, []))
+                queues[(v.name, q.name)] = packed(reading, q, unacked[q], unacked_bytes[q], by_queue.get(q, []))
         vhosts[v.name] = {"lengths": shapes.counts(reading, [v], ready, waiting),
                           "message_stats": reading.with_rates([v], v.stats.totals(), VHOST_STATS, "msg_rates")}
     return {"connections": connections, "channels": channels, "consumers": consumers, "queues": queues,
             "counted": counted, "vhosts": vhosts}
+
+
+# A queue's figures in a report, packed small: its shapes.queue_values, the
+# current rates of its lengths, and (total, rate) of each QUEUE_STATS counter
+# or None (unpacked by `unpacked` into what shapes.queue_figures makes).
+LENGTH_DETAILS = ("messages_details", "messages_ready_details", "messages_unacknowledged_details")
+
+
+def packed(reading, q, unacked: int, unacked_bytes: int, consumers: list) -> tuple:
+    lengths = shapes.counts(reading, [q], q.message_count, unacked)
+    stats = shapes.message_stats(reading, q, q.stats, QUEUE_STATS)
+    return (shapes.queue_values(q, unacked, unacked_bytes, consumers),
+            tuple(lengths[key]["rate"] for key in LENGTH_DETAILS),
+            None if stats is None else tuple((stats[key], stats[key + "_details"]["rate"]) for key in QUEUE_STATS))
+
+
+def unpacked(entry: tuple) -> dict:
+    values, rates, counted = entry
+    ready, unacked = values[2], values[3]
+    lengths = {"messages": ready + unacked, "messages_ready": ready, "messages_unacknowledged": unacked}
+    lengths.update({key: {"rate": rate} for key, rate in zip(LENGTH_DETAILS, rates)})
+    stats = None
+    if counted is not None:
+        stats = {}
+        for key, (total, rate) in zip(QUEUE_STATS, counted):
+            stats[key] = total
+            stats[key + "_details"] = {"rate": rate}
+    return shapes.figures_of(values, dict(sorted(lengths.items())), stats)
 
 
 # -- merging ----------------------------------------------------------------------------
@@ -200,7 +227,8 @@ class NodeQueues:
         self.unacked = shapes.unacked_by_queue(held)
         self.unacked_bytes = shapes.unacked_bytes_by_queue(held)
         self.consumers = shapes.consumers_by_queue(node.connections)
-        self.figures: dict = {}
+        self.figures: dict = {}  # (vhost, name) -> `packed` figures of another shard's queue
+        self.fresh: dict = {}  # (vhost, name) -> figures its owner just gave
         self.counted: dict = {}  # (vhost, name) -> [message_stats of other shards]
         for _index, found in reports(node):
             self.figures.update(found["queues"])
@@ -213,7 +241,12 @@ class NodeQueues:
             out = shapes.queue_figures(self.reading, q, self.unacked[q], self.unacked_bytes[q],
                                        self.consumers.get(q, []))
         else:
-            out = dict(self.figures.get((q.vhost, q.name)) or shapes.idle_queue_figures(self.reading))
+            key = (q.vhost, q.name)
+            found = self.figures.get(key)
+            if key in self.fresh:
+                out = dict(self.fresh[key])
+            else:
+                out = unpacked(found) if found is not None else shapes.idle_queue_figures(self.reading)
             if _counted(q.stats):  # messages counted here, on their way to the owner
                 self._count(out, shapes.message_stats(self.reading, q, q.stats, QUEUE_STATS))
         for stats in self.counted.get((q.vhost, q.name), ()):
@@ -231,19 +264,10 @@ class NodeQueues:
             out["shard"] = getattr(q, "shard", self.node.shards.here)
         return out
 
-    def ready(self, q) -> int:
-        if getattr(q, "remote", False):
-            return self.figures.get((q.vhost, q.name), {}).get("messages_ready", 0)
-        return q.message_count
-
-    def held(self, q) -> int:
-        if getattr(q, "remote", False):
-            return self.figures.get((q.vhost, q.name), {}).get("messages_unacknowledged", 0)
-        return self.unacked[q]
-
     def consumer_count(self, q) -> int:
         if getattr(q, "remote", False):
-            return self.figures.get((q.vhost, q.name), {}).get("consumers", 0)
+            found = self.figures.get((q.vhost, q.name))
+            return found[0][0] if found is not None else 0
         return q.consumer_count
 
 
