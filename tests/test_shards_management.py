@@ -53,13 +53,13 @@ def _named(api, name: str) -> dict | None:
     return None
 
 
-@pytest.fixture
-def clients(node, api):
-    """shard -> a pika connection held by that shard (opened until both have one)."""
+def _spread(node, api, user: str = "guest", password: str = "guest") -> dict:
+    """shard -> a pika connection of `user` held by that shard (opened until both have one)."""
     held, extra = {}, []
     for _attempt in range(40):
         name = unique("c")
         params = pika.URLParameters(node.url)
+        params.credentials = pika.PlainCredentials(user, password)
         params.client_properties = {"connection_name": name}
         connection = pika.BlockingConnection(params)
         connection.listed_as = name
@@ -73,6 +73,12 @@ def clients(node, api):
     for connection in extra:
         connection.close()
     assert set(held) == {0, 1}, "no connection landed on shard 1 in 40 tries"
+    return held
+
+
+@pytest.fixture
+def clients(node, api):
+    held = _spread(node, api)
     yield held
     for connection in held.values():
         if connection.is_open:
@@ -211,3 +217,35 @@ def test_hutchctl_and_prometheus_show_both_shards(node, api, clients):
     assert 'rabbitmq_queue_messages_ready{vhost="/",queue="%s"} 2' % on_one in text
     assert 'rabbitmq_queue_messages{vhost="/",queue="%s"} 1' % on_zero in text  # ready or held by shard 1
     assert 'rabbitmq_queue_consumers{vhost="/",queue="%s"} 1' % on_zero in text
+
+
+def test_a_management_user_sees_and_closes_only_its_own_connections_on_every_shard(node, api, clients):
+    user = unique("alice")
+    assert api.put("/api/users/" + user, {"password": "pw", "tags": "management"}).status == 201
+    assert api.put("/api/permissions/%2F/" + user, {"configure": ".*", "write": ".*", "read": ".*"}).status == 201
+    own = _spread(node, api, user, "pw")
+    try:
+        alice = api.as_user(user, "pw")
+        mine = {own[shard].listed_as for shard in own}
+        wait_for(lambda: {(r["client_properties"] or {}).get("connection_name")
+                          for r in _rows(alice, "/api/connections")} == mine, timeout=10,
+                 what="the user's own connections of both shards, and no other")
+        clients[1].channel()
+        wait_for(lambda: any(r["shard"] == 1 and r["user"] == "guest" for r in _rows(api, "/api/channels")),
+                 timeout=10, what="guest's channel on shard 1 listed")
+        assert {r["user"] for r in _rows(alice, "/api/channels")} <= {user}
+        guests = _named(api, clients[1].listed_as)
+        path = "/api/connections/" + segment(guests["name"])
+        assert alice.get(path).status == 401
+        assert alice.delete(path).status == 401
+        assert clients[1].is_open
+        theirs = _named(api, own[1].listed_as)
+        assert alice.delete("/api/connections/" + segment(theirs["name"])).status == 204
+    finally:
+        for connection in own.values():
+            if connection.is_open:
+                try:
+                    connection.close()
+                except pika.exceptions.AMQPError:
+                    pass
+        api.delete("/api/users/" + user)
