@@ -102,14 +102,14 @@ def consumer_rows(node, q) -> list[dict]:
     return found
 
 
-def busy(queue, unacked: int) -> bool:
-    stats = queue.stats
-    return bool(queue.message_count or queue.consumers or unacked or stats.publish or stats.deliver_get
-                or stats.ack or stats.redeliver or stats.get_empty)
-
-
 def _counted(stats) -> bool:
+    """Whether a queue's counters moved (deliver_get is their sum)."""
     return any(getattr(stats, key) for key in QUEUE_STATS if key != "deliver_get")
+
+
+def busy(queue, unacked: int) -> bool:
+    """Whether a queue's figures are not those of an idle one (`shapes.idle_queue_figures`)."""
+    return bool(queue.message_count or queue.consumer_count or unacked or _counted(queue.stats))
 
 
 def report(node) -> dict:
@@ -312,18 +312,18 @@ async def vhost_totals_now(node, reading, query, vhosts, unacked) -> tuple[dict,
     lengths, stats = own_vhost_totals(reading, vhosts, unacked)
     names = [v.name for v in vhosts]
     asked = range_query(query)
-    for index, found in reports(node):
-        try:
-            other_lengths, other_stats = await asyncio.wait_for(
-                ask(node, index, "vhost.totals", names, asked), FRESH_WAIT)
-        except Exception:  # ended, or busy (ShardGone, TimeoutError): as it last reported
-            parts = [found["vhosts"][name] for name in names if name in found["vhosts"]]
-            for part in parts:
-                lengths = add_figures(lengths, part["lengths"])
-                stats = add_figures(stats, part["message_stats"])
-            continue
-        lengths = add_figures(lengths, other_lengths)
-        stats = add_figures(stats, other_stats)
+    found = reports(node)
+    answers = await asyncio.gather(*(asyncio.wait_for(ask(node, index, "vhost.totals", names, asked), FRESH_WAIT)
+                                     for index, _report in found), return_exceptions=True)
+    for (_index, report), answer in zip(found, answers):
+        if isinstance(answer, BaseException):  # ended, or busy (ShardGone, TimeoutError): as it last reported
+            answer = [(part["lengths"], part["message_stats"])
+                      for part in (report["vhosts"][name] for name in names if name in report["vhosts"])]
+        else:
+            answer = [answer]
+        for other_lengths, other_stats in answer:
+            lengths = add_figures(lengths, other_lengths)
+            stats = add_figures(stats, other_stats)
     return lengths, stats
 
 
@@ -340,8 +340,8 @@ def attach(node, shards, get_messages) -> None:
 
 def services(node, get_messages) -> dict:
     """The requests this shard answers for shard 0's management
-    (ShardNode.services). `get_messages(v, queue, body, user name)`: the
-    API's get, run where the queue is (amqp_server.management.operations)."""
+    (ShardNode.services). `get_messages(v, queue, asked, user name)`: the
+    API's get, run where the queue is (amqp_server.management.operations.take)."""
 
     def close_connection(name: str, reason: str) -> bool:
         for connection in list(node.connections):
@@ -350,12 +350,12 @@ def services(node, get_messages) -> dict:
                 return True
         return False
 
-    async def get(vhost: str, name: str, body: dict, user: str) -> list:
+    async def get(vhost: str, name: str, asked: dict, user: str) -> list:
         v = node.broker.vhosts.get(vhost)
         q = v.queues.get(name) if v is not None else None
-        if q is None or getattr(q, "remote", False):
+        if q is None or getattr(q, "remote", False):  # deleted meanwhile: nothing to get
             return []
-        return await get_messages(v, q, body, user)
+        return await get_messages(v, q, asked, user)
 
     def figures(vhost: str, name: str, query: dict) -> dict | None:
         v = node.broker.vhosts.get(vhost)
