@@ -15,6 +15,7 @@ import pika
 import pytest
 from pika.exceptions import ConnectionClosedByBroker
 
+from browser import Ui, require_chromium
 from conftest import launch
 from helpers import unique, wait_for as _wait_for
 from http_api import Api, segment
@@ -249,3 +250,30 @@ def test_a_management_user_sees_and_closes_only_its_own_connections_on_every_sha
                 except pika.exceptions.AMQPError:
                     pass
         api.delete("/api/users/" + user)
+
+
+def test_the_ui_shows_the_shard_of_each_queue_and_connection(node, api, clients):
+    require_chromium()
+    remote = _queue_on(api, clients[1].channel(), 1)
+    wait_for(lambda: {row["shard"] for row in _rows(api, "/api/connections")} >= {0, 1}, timeout=10,
+             what="connections of both shards listed")
+    ui = Ui(node.ports["HTTP"])
+    try:
+        ui.login("guest", "guest")
+        ui.one("#tab-queues")
+        ui.open("queues")
+        ui.filter(remote)
+        ui.wait(lambda: ui.texts("#queues thead th")[-1:] == ["Shard"], "a Shard column")
+        ui.wait(lambda: [(row[1], row[-1]) for row in _table(ui, "#queues")] == [(remote, "1")],
+                "the queue on shard 1")
+        ui.open("connections")
+        ui.wait(lambda: {row[-1] for row in _table(ui, "#connections")} >= {"0", "1"},
+                "connections of both shards, each with its shard")
+    finally:
+        ui.close()
+
+
+def _table(ui, css: str) -> list[list[str]]:
+    return ui.driver.execute_script("""
+        return Array.from(document.querySelectorAll(arguments[0] + ' tbody tr'),
+                          r => Array.from(r.cells, c => c.innerText))""", css)

@@ -19,13 +19,13 @@ export async function connections(view, _params, ctx) {
     { label: 'Name', sort: 'name', cell: (c) => link('#/connections/' + enc(c.name), c.name) },
     { label: 'Virtual host', sort: 'vhost', cell: (c) => c.vhost },
     { label: 'User', sort: 'user', cell: (c) => c.user },
-    { label: 'Shard', sort: 'shard', field: 'shard', cell: (c) => String(c.shard), num: true },
     { label: 'Client', cell: clientName },
     { label: 'Protocol', sort: 'protocol', cell: (c) => c.protocol },
     { label: 'State', sort: 'state', cell: (c) => c.state },
     { label: 'Channels', sort: 'channels', cell: (c) => num(c.channels), num: true },
     { label: 'From client', sort: 'recv_oct_details.rate', cell: (c) => bytes(c.recv_oct_details && c.recv_oct_details.rate) + '/s', num: true },
     { label: 'To client', sort: 'send_oct_details.rate', cell: (c) => bytes(c.send_oct_details && c.send_oct_details.rate) + '/s', num: true },
+    { label: 'Shard', sort: 'shard', field: 'shard', cell: (c) => String(c.shard), num: true },
   ], 'No connections');
   view.append(h('h1', null, 'Connections'), list.element);
   return list.refresh;

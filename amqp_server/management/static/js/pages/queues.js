@@ -40,7 +40,6 @@ export async function list(view, _params, ctx) {
     { label: 'Virtual host', sort: 'vhost', cell: (q) => q.vhost },
     { label: 'Name', sort: 'name', cell: (q) => queueLink(q.vhost, q.name) },
     { label: 'Type', sort: 'type', cell: (q) => q.type || 'classic' },
-    { label: 'Shard', sort: 'shard', field: 'shard', cell: (q) => String(q.shard), num: true },
     { label: 'Features', cell: features },
     { label: 'Policy', sort: 'policy', cell: (q) => q.policy || '' },
     { label: 'State', sort: 'state', cell: (q) => q.state },
@@ -50,6 +49,7 @@ export async function list(view, _params, ctx) {
     { label: 'Incoming', sort: 'message_stats.publish_details.rate', cell: (q) => stat(q, 'publish'), num: true },
     { label: 'Deliver / get', sort: 'message_stats.deliver_get_details.rate', cell: (q) => stat(q, 'deliver_get'), num: true },
     { label: 'Ack', sort: 'message_stats.ack_details.rate', cell: (q) => stat(q, 'ack'), num: true },
+    { label: 'Shard', sort: 'shard', field: 'shard', cell: (q) => String(q.shard), num: true },
   ], 'No queues');
   view.append(h('h1', null, 'Queues'), paged.element, section('Add a new queue', form('add-queue', [
     { name: 'type', label: 'Type', type: 'select', options: [['classic', 'Classic'], ['stream', 'Stream']],
