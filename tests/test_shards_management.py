@@ -126,6 +126,12 @@ def test_listings_show_every_shards_connections_channels_consumers_and_queues(no
     assert {row["node"] for row in rows} == {api.get("/api/overview").body["node"]}  # "node" as it was
     wait_for(lambda: {row["shard"] for row in _rows(api, "/api/channels")} >= {0, 1}, timeout=10,
              what="channels of both shards listed")
+    far_name = _named(api, clients[1].listed_as)["name"]
+    listed = wait_for(lambda: _rows(api, "/api/connections/%s/channels" % segment(far_name)), timeout=10,
+                      what="the channel of shard 1's connection")
+    assert [(row["number"], row["shard"]) for row in listed] == [(far.channel_number, 1)]
+    one_channel = api.get("/api/channels/" + segment(listed[0]["name"])).body
+    assert one_channel["shard"] == 1 and one_channel["consumer_details"] == []
     assert any(row["consumer_tag"] == tag and row["shard"] == 0 and row["queue"]["name"] == remote
                for row in _rows(api, "/api/consumers"))
 
