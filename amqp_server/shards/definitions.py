@@ -92,6 +92,7 @@ class Definitions:
         self._waiters: list[tuple[int, object]] = []  # (batch, done)
         self.synced = asyncio.Event()
         self._early: list[tuple] = []  # batches that came before this shard's sync
+        self._followers: dict = {}  # shard 0: peer -> the link it synced on, which carries its batches
 
     # -- who asked ---------------------------------------------------------------------
 
@@ -147,8 +148,9 @@ class Definitions:
         changes, self._pending = self._pending, []
         self._batch += 1
         batch = self._batch
-        for peer, link in list(self.node.outgoing.items()):
-            self.node.request(peer, lambda ticket: ("apply", ticket, batch, changes), self._applied(peer, batch))
+        for peer, link in list(self._followers.items()):
+            self.node.request(peer, lambda ticket: ("apply", ticket, batch, changes), self._applied(peer, batch),
+                              link)
 
     def _applied(self, peer: int, batch: int):
         def callback(record) -> None:
@@ -421,21 +423,26 @@ class Definitions:
 
         self.node.request(0, lambda ticket: ("sync", ticket), answered)
 
-    def synced_peer(self, peer: int) -> tuple[list, int]:
-        """Shard 0: `peer` asks for everything; it takes part in the barrier from now on."""
+    def synced_peer(self, link) -> tuple[list, int]:
+        """Shard 0: the shard at the other end of `link` asks for everything:
+        from now on it gets every batch on that link, after this answer, and
+        takes part in the barrier."""
         if self._pending:
             self._flush()
-        self._acked[peer] = self._batch
+        self._acked[link.peer] = self._batch
+        self._followers[link.peer] = link
         return self.everything(), self._batch
 
-    def peer_gone(self, peer: int) -> None:
-        """Shard 0: `peer` ended. Its transient queues ended with it (as
-        RabbitMQ's do with their node), and so did its connections'
-        exclusive queues elsewhere; its durable queues stay, unreachable
-        until it is back."""
-        self._acked.pop(peer, None)
-        if self.node.here != 0:
+    def link_lost(self, link) -> None:
+        """Shard 0: when the link a shard synced on is lost, that shard
+        ended. Its transient queues ended with it (as RabbitMQ's do with
+        their node), and so did its connections' exclusive queues; its
+        durable queues stay, unreachable until it is back."""
+        peer = link.peer
+        if self._followers.get(peer) is not link:
             return
+        del self._followers[peer]
+        self._acked.pop(peer, None)
         self._release()
         for host in list(self.node.broker.vhosts.values()):
             for queue in list(host.queues.values()):

@@ -86,7 +86,7 @@ class StandIn:
             ident = 0
             queue.stats.deliver_no_ack += 1
         else:
-            ident = self.node.hold(self.link, queue, entry)
+            ident = self.node.hold(self.link, queue, entry, consumer)
             consumer.unacked += 1
             queue.stats.deliver += 1
         if not consumer.prefetch_count or consumer.no_ack:
@@ -244,6 +244,7 @@ class ShardNode:
             log.warning("shard %d: the link to shard %d is lost", self.here, peer)
             self._peer_gone(peer)
             self._connect_soon(peer, RECONNECT)
+        self.definitions.link_lost(link)
 
     def _peer_gone(self, peer: int) -> None:
         """Shard `peer` ended: what waited on it ends too."""
@@ -251,19 +252,20 @@ class ShardNode:
             if queue.shard == peer:
                 del self.consumers[cid]
                 queue.owner_cancelled(consumer.tag)
-        self.definitions.peer_gone(peer)
         self.reports.pop(peer, None)
         for ticket, callback in list(self.waiting.items()):
             if getattr(callback, "peer", None) == peer:
                 del self.waiting[ticket]
                 callback(("lost", ticket))
 
-    def request(self, peer: int, record_of, callback) -> None:
-        """Send record_of(ticket) to `peer`; callback(answer) gets the answer
+    def request(self, peer: int, record_of, callback, link: Link | None = None) -> None:
+        """Send record_of(ticket) to `peer` (on `link`, by default the one
+        this shard opened to it); callback(answer) gets the answer
         (("lost", ticket) if the peer ends first)."""
         ticket = next(self._tickets)
         callback.peer = peer
-        link = self.outgoing.get(peer)
+        if link is None:
+            link = self.outgoing.get(peer)
         if link is None:
             callback(("lost", ticket))
             return
@@ -308,7 +310,7 @@ class ShardNode:
         self._answered(ticket, ("applied", ticket))
 
     def _on_sync(self, link, ticket):
-        changes, upto = self.definitions.synced_peer(link.peer)
+        changes, upto = self.definitions.synced_peer(link)
         link.send(("synced", ticket, changes, upto))
 
     def _on_synced(self, link, ticket, changes, upto):
