@@ -5,12 +5,14 @@ connections on the shard it needs by the `shard` server property.
 """
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import sqlite3
 import subprocess
 import sys
 
+import aiomqtt
 import pika
 import pytest
 
@@ -22,7 +24,7 @@ SHARDS = 2
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory):
-    proc = launch(tmp_path_factory.mktemp("shards"), "--shards", str(SHARDS))
+    proc = launch(tmp_path_factory.mktemp("shards"), "--shards", str(SHARDS), expect=("AMQP", "MQTT"))
     wait_for(lambda: proc.log.count("listening for AMQP") >= SHARDS, 20, what="every shard listening")
     yield proc
     proc.stop()
@@ -225,3 +227,89 @@ def test_fewer_shards_than_hold_queues_is_refused_with_the_reason(tmp_path):
         assert channel.basic_get(queue, auto_ack=True)[2] == b"kept"
     finally:
         again.stop()
+
+
+def test_a_transaction_into_another_shards_queue_is_there_once_committed(node):
+    owner = on_shard(node.port, 1)
+    queue = queue_on(node, owner.channel(), 1)
+    publisher = on_shard(node.port, 0)
+    channel = publisher.channel()
+    channel.tx_select()
+    for i in range(20):
+        channel.basic_publish("", queue, b"%d" % i, pika.BasicProperties(delivery_mode=2))
+    assert owner.channel().queue_declare(queue, passive=True).method.message_count == 0
+    channel.tx_commit()
+    assert owner.channel().queue_declare(queue, passive=True).method.message_count == 20
+    channel.basic_publish("", queue, b"rolled back")
+    channel.tx_rollback()
+    assert owner.channel().queue_declare(queue, passive=True).method.message_count == 20
+    owner.close()
+    publisher.close()
+
+
+def test_direct_reply_to_answers_a_caller_on_another_shard(node):
+    caller = on_shard(node.port, 0).channel()
+    server = on_shard(node.port, 1).channel()
+    requests = queue_on(node, server, 1)
+    replies = []
+    caller.basic_consume("amq.rabbitmq.reply-to", lambda ch, m, p, body: replies.append(body), auto_ack=True)
+    caller.basic_publish("", requests, b"ping", pika.BasicProperties(reply_to="amq.rabbitmq.reply-to"))
+    _method, props, body = _get(server, requests)
+    server.basic_publish("", props.reply_to, b"pong:" + body)
+    wait_for(lambda: caller.connection.process_data_events(0.05) or replies, 5, what="the reply")
+    assert replies == [b"pong:ping"]
+
+
+def _get(channel, queue, auto_ack: bool = True):
+    """The next message of `queue` (polled: it may be on its way from another shard)."""
+    return wait_for(lambda: (lambda got: got if got[0] is not None else None)(
+        channel.basic_get(queue, auto_ack=auto_ack)), 5, what="a message in %s" % queue)
+
+
+def test_dead_letters_reach_a_queue_on_another_shard_and_an_alternate_exchange_routes_there(node):
+    channel = on_shard(node.port, 0).channel()
+    dlx, ae = unique("dlx"), unique("ae")
+    channel.exchange_declare(dlx, "fanout", durable=True)
+    channel.exchange_declare(ae, "fanout", durable=True)
+    dead = queue_on(node, channel, 1)
+    channel.queue_bind(dead, dlx)
+    channel.queue_bind(dead, ae)
+    source = unique("src")
+    channel.queue_declare(source, durable=True, arguments={"x-dead-letter-exchange": dlx})
+    channel.basic_publish("", source, b"dies")
+    method, _props, _body = _get(channel, source, auto_ack=False)
+    channel.basic_reject(method.delivery_tag, requeue=False)
+    routed = unique("rx")
+    channel.exchange_declare(routed, "direct", arguments={"alternate-exchange": ae})
+    channel.basic_publish(routed, "nowhere", b"unroutable")
+    other = on_shard(node.port, 1).channel()
+    bodies = sorted(_get(other, dead)[2] for _ in range(2))
+    assert bodies == [b"dies", b"unroutable"]
+
+
+def test_single_active_consumer_and_priorities_hold_across_shards(node):
+    owner = on_shard(node.port, 1).channel()
+    queue = unique("sac")
+    owner.queue_declare(queue, durable=True, arguments={"x-single-active-consumer": True})
+    got = {0: [], 1: []}
+    consumers = []
+    for shard in (0, 1):
+        channel = on_shard(node.port, shard).channel()
+        channel.basic_consume(queue, lambda ch, m, p, body, shard=shard: got[shard].append(body), auto_ack=True)
+        consumers.append(channel)
+    for i in range(10):
+        owner.basic_publish("", queue, b"%d" % i)
+    wait_for(lambda: [c.connection.process_data_events(0.02) for c in consumers] and
+             len(got[0]) + len(got[1]) == 10, 5, what="every message delivered")
+    assert sorted(len(v) for v in got.values()) == [0, 10]  # one consumer got them all
+
+
+async def test_mqtt_subscribers_get_what_amqp_publishes_on_any_shard(node):
+    topic = unique("room") + "/temp"
+    async with aiomqtt.Client("127.0.0.1", node.ports["MQTT"], identifier=unique("c")) as subscriber:
+        await subscriber.subscribe(topic, qos=1)
+        for shard in range(SHARDS):
+            channel = on_shard(node.port, shard).channel()
+            channel.basic_publish("amq.topic", topic.replace("/", "."), b"from %d" % shard)
+            message = await asyncio.wait_for(anext(aiter(subscriber.messages)), 5)
+            assert (str(message.topic), message.payload) == (topic, b"from %d" % shard)

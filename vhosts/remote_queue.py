@@ -65,6 +65,9 @@ class ShardPort(Protocol):
 
     def nested(self): ...
 
+    # A direct reply to a token of a channel on another shard (vhosts.reply_to).
+    def reply(self, vhost: str, token: str, message: Message) -> None: ...
+
 
 class RemoteEntry(QueueEntry):
     """A delivery from the owner: `seq` is the owner's id for it."""

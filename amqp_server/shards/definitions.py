@@ -338,6 +338,8 @@ class Definitions:
             changes.append(("broker", "add_vhost", (name, host.description, list(host.tags)), {}))
             if host.limits:
                 changes.append(("broker", "set_vhost_limits", (name, host.limits), {}))
+            if host.tracing:
+                changes.append(("broker", "set_tracing", (name, True), {}))
         for user in broker.users.values():
             changes.append(("broker", "put_user", (user.name, user.password_hash, list(user.tags)), {}))
             if user.limits:

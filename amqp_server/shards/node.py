@@ -15,6 +15,7 @@ Records (tuples, amqp_server.shards.link), by the requester:
   ("settle", cid, outcome, [entry ids])    ack, reject or requeue; cid 0: a get
   ("credit", cid, n)                       no-ack deliveries handed to the client
   ("get", ticket, vhost, queue, no_ack)
+  ("reply", vhost, token, data)            a direct reply to a channel of that shard (no answer)
   ("counts", ticket, vhost, queue)
   ("define", ticket, op)                   to shard 0 (amqp_server.shards.definitions)
   ("sync", ticket)                         to shard 0: all its definitions, please
@@ -22,7 +23,7 @@ Records (tuples, amqp_server.shards.link), by the requester:
   ("report", index, report)               to shard 0, every REPORT_INTERVAL (no answer)
   ("ask", ticket, service, args)          a management service of another shard
 and by the owner, on the same link:
-  ("durable", ticket) ("deliver", cid, entry id, redelivered, deliveries, data)
+  ("durable", ticket) ("rejected", ticket) ("deliver", cid, entry id, redelivered, deliveries, data)
   ("cancelled", cid) ("got", ticket, entry id, redelivered, deliveries, data, count)
   ("counted", ticket, messages, consumers) ("defined", ticket, result)
   ("refused", ticket, code, text) ("applied", ticket) ("synced", ticket, changes, batch)
@@ -44,8 +45,10 @@ import os
 from amqp_server.shards.definitions import Definitions
 from amqp_server.shards.link import Link
 from storage import Message
+from vhosts import reply_to
 from vhosts.consumer import Consumer
 from vhosts.errors import AMQPError
+from vhosts.queue import DURABLE_PENDING, REJECTED
 from vhosts.remote_queue import RemoteEntry, RemoteQueue
 
 log = logging.getLogger("hutch.shards")
@@ -294,6 +297,9 @@ class ShardNode:
     def _on_durable(self, link, ticket):
         self._answered(ticket, ("durable", ticket))
 
+    def _on_rejected(self, link, ticket):
+        self._answered(ticket, ("rejected", ticket))
+
     def _on_got(self, link, ticket, *rest):
         self._answered(ticket, ("got", ticket) + rest)
 
@@ -352,7 +358,9 @@ class ShardNode:
                 link.send(("durable", ticket))
 
         outcome = queue.publish(message, durable)
-        if outcome != 1:  # not DURABLE_PENDING: nothing will call back (a refusal is not told yet)
+        if outcome == REJECTED:  # reject-publish: the publisher gets a nack
+            link.send(("rejected", ticket))
+        elif outcome != DURABLE_PENDING:  # nothing will call back
             durable()
 
     def _on_consume(self, link, cid, vhost, name, tag, no_ack, exclusive, prefetch, arguments):
@@ -505,6 +513,17 @@ class ShardNode:
                 credits[cid] = credits.get(cid, 0) + 1
         for cid, count in credits.items():
             link.send(("credit", cid, count))
+
+    def reply(self, vhost: str, token: str, message: Message) -> None:
+        link = self.outgoing.get(reply_to.shard_of(token))
+        if link is not None:  # else the token's shard ended, and its channel with it: dropped
+            link.send(("reply", vhost, token, message.to_bytes()))
+
+    def _on_reply(self, link, vhost, token, data):
+        host = self.broker.vhosts.get(vhost)
+        deliver = host.reply_consumers.get(token) if host is not None else None
+        if deliver is not None:  # else its channel went meanwhile: dropped, as RabbitMQ drops it
+            deliver(Message.from_bytes(data))
 
     def changed(self, change: tuple) -> None:
         self.definitions.changed(change)
