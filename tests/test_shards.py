@@ -313,3 +313,37 @@ async def test_mqtt_subscribers_get_what_amqp_publishes_on_any_shard(node):
             channel.basic_publish("amq.topic", topic.replace("/", "."), b"from %d" % shard)
             message = await asyncio.wait_for(anext(aiter(subscriber.messages)), 5)
             assert (str(message.topic), message.payload) == (topic, b"from %d" % shard)
+
+
+def test_deleting_another_shards_queue_answers_its_count_and_honours_if_empty(node):
+    owner = on_shard(node.port, 1).channel()
+    queue = queue_on(node, owner, 1)
+    owner.basic_publish("", queue, b"a")
+    owner.basic_publish("", queue, b"b")
+    other = on_shard(node.port, 0)
+    code, _text = channel_error(other.channel().queue_delete, queue, if_empty=True)
+    assert code == 406
+    assert other.channel().queue_delete(queue).method.message_count == 2
+    code, _text = channel_error(owner.connection.channel().queue_declare, queue, passive=True)
+    assert code == 404
+
+
+def test_a_stream_is_read_from_either_shard_from_an_offset(node):
+    writer = on_shard(node.port, 1).channel()
+    stream = unique("st")
+    writer.queue_declare(stream, durable=True, arguments={"x-queue-type": "stream"})
+    writer.confirm_delivery()
+    for i in range(30):
+        writer.basic_publish("", stream, b"%d" % i)
+    for shard in range(SHARDS):
+        reader = on_shard(node.port, shard).channel()
+        reader.basic_qos(prefetch_count=10)
+        bodies = []
+        for method, props, body in reader.consume(stream, arguments={"x-stream-offset": 10}, inactivity_timeout=5):
+            assert method is not None, "stream deliveries stopped after %d" % len(bodies)
+            assert props.headers["x-stream-offset"] == 10 + len(bodies)
+            bodies.append(int(body))
+            reader.basic_ack(method.delivery_tag)
+            if len(bodies) == 20:
+                break
+        assert bodies == list(range(10, 30)), shard

@@ -647,7 +647,7 @@ class VirtualHost:
         if q is None:
             return 0
         self.queue(name, owner)
-        if if_unused and q.consumers:
+        if if_unused and q.consumer_count:
             raise AMQPError(PRECONDITION_FAILED, "queue '%s' %s in use" % (name, self._where()))
         if if_empty and q.message_count:
             raise AMQPError(PRECONDITION_FAILED, "queue '%s' %s not empty" % (name, self._where()))

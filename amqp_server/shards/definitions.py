@@ -209,6 +209,16 @@ class Definitions:
         self._order(op, done)
 
     def _order(self, op: tuple, done) -> None:
+        if op[0] == "amqp" and op[1] == "queue_delete":
+            # if-empty, if-unused and the count answered are the owner's
+            host = self.node.broker.vhosts.get(op[3])
+            queue = host.queues.get(op[5][0]) if host is not None else None
+            if isinstance(queue, RemoteQueue):
+                self.node.counts(queue, lambda: self._order_now(op, done))
+                return
+        self._order_now(op, done)
+
+    def _order_now(self, op: tuple, done) -> None:
         try:
             result = self._execute(op)
         except AMQPError as exc:
