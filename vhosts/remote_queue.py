@@ -145,8 +145,12 @@ class RemoteQueue:
         if waiting is None:  # cancelled meanwhile: back to the owner
             self.port.settle(self, [entry], "requeue")
             return
-        waiting.append(entry)
-        self.dispatch()
+        consumer = self.consumers[tag]
+        channel = consumer.channel
+        if not waiting and channel.can_deliver(consumer):
+            channel.deliver(consumer, self, entry)
+        else:
+            waiting.append(entry)
 
     def dispatch(self, now: int = 0) -> None:
         for tag, waiting in self.pending.items():

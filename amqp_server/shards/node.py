@@ -132,6 +132,8 @@ class ShardNode:
         # name -> handler(*args) -> answer (or an awaitable of it): requests another
         # shard's management may make of this one ("ask" records).
         self.services: dict[str, object] = {}
+        self._credits: dict[tuple[int, int], int] = {}  # (owner shard, cid) -> deliveries to give back
+        self._credits_armed = False
 
     # -- links ------------------------------------------------------------------
 
@@ -505,14 +507,24 @@ class ShardNode:
         idents = [entry.seq for entry in entries if entry.seq]
         if idents:
             link.send(("settle", 0, outcome, idents))
-        credits: dict = {}
+        credits = self._credits
         for entry in entries:
             consumer = entry.consumer
             if consumer is not None and (not entry.seq or not consumer.prefetch_count):
-                cid = getattr(consumer, "remote_id", None)
-                credits[cid] = credits.get(cid, 0) + 1
-        for cid, count in credits.items():
-            link.send(("credit", cid, count))
+                key = (queue.shard, consumer.remote_id)
+                credits[key] = credits.get(key, 0) + 1
+        if credits and not self._credits_armed:
+            self._credits_armed = True
+            asyncio.get_running_loop().call_soon(self._send_credits)
+
+    def _send_credits(self) -> None:
+        """One credit record per consumer per loop turn, however many it got."""
+        self._credits_armed = False
+        credits, self._credits = self._credits, {}
+        for (shard, cid), count in credits.items():
+            link = self.outgoing.get(shard)
+            if link is not None:
+                link.send(("credit", cid, count))
 
     def reply(self, vhost: str, token: str, message: Message) -> None:
         link = self.outgoing.get(reply_to.shard_of(token))
