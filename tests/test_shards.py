@@ -16,7 +16,7 @@ import aiomqtt
 import pika
 import pytest
 
-from conftest import PORT_ARGS, launch
+from conftest import PORT_ARGS, ROOT, launch
 from helpers import channel_error, unique, wait_for
 
 SHARDS = 2
@@ -215,7 +215,7 @@ def test_fewer_shards_than_hold_queues_is_refused_with_the_reason(tmp_path):
     proc.stop()
     result = subprocess.run([sys.executable, "-m", "cli.server", *PORT_ARGS, "--data-dir", str(proc.data_dir),
                              "--shards", "1"], capture_output=True, text=True, timeout=30,
-                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                            cwd=ROOT)
     assert result.returncode != 0
     assert "shard 1 of this node holds queues" in result.stderr
     assert "start with shards >= 2" in result.stderr
@@ -347,3 +347,21 @@ def test_a_stream_is_read_from_either_shard_from_an_offset(node):
             if len(bodies) == 20:
                 break
         assert bodies == list(range(10, 30)), shard
+
+
+def test_a_cluster_node_of_several_shards_is_refused_at_start(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "cli.server", "--shards", "2", "--data-dir", str(tmp_path),
+                             "--cluster-etcd", "http://127.0.0.1:2379", "--cluster-secret", "s" * 32],
+                            capture_output=True, text=True, timeout=30, cwd=ROOT)
+    assert result.returncode == 2
+    assert "a cluster node runs one shard (shards: 1)" in result.stderr
+
+
+def test_purging_another_shards_queue_answers_the_owners_count(node):
+    owner = on_shard(node.port, 1).channel()
+    queue = queue_on(node, owner, 1)
+    for body in (b"a", b"b", b"c"):
+        owner.basic_publish("", queue, body)
+    other = on_shard(node.port, 0).channel()
+    assert other.queue_purge(queue).method.message_count == 3
+    assert owner.queue_declare(queue, passive=True).method.message_count == 0

@@ -59,6 +59,9 @@ class ShardPort(Protocol):
 
     def fetch(self, queue: "RemoteQueue") -> None: ...
 
+    # queue.purge: done(count, or an AMQPError) once the owner purged it.
+    def purge(self, queue: "RemoteQueue", done: Callable[[object], None]) -> None: ...
+
     # A definition changed here (a tuple: amqp_server.shards.definitions); inside `nested()`
     # only the outermost change is reported.
     def changed(self, change: tuple) -> None: ...
@@ -219,8 +222,10 @@ class RemoteQueue:
         self.policy = definition
 
     def purge(self) -> int:
-        raise AMQPError(PRECONDITION_FAILED, "purge of queue '%s' on shard %d: not yet across shards"
-                        % (self.name, self.shard))
+        """A purge made here at once (the management API's): the AMQP face
+        purges through the port instead (amqp_server.amqp.declarations)."""
+        raise AMQPError(PRECONDITION_FAILED, "queue '%s' in vhost '%s' lives on shard %d: purge it there"
+                        % (self.name, self.vhost, self.shard))
 
     @property
     def delete_ok_count(self) -> int:

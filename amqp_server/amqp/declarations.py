@@ -44,6 +44,13 @@ def _ordered(channel, m, method: str, args: tuple, answer) -> bool:
     order = channel.connection.broker.order_definition
     if order is None:
         return False
+    _held(channel, m, lambda done: order(method, args, channel.connection, channel.vhost, done), answer)
+    return True
+
+
+def _held(channel, m, start, answer) -> None:
+    """start(done) something another shard answers; the connection reads
+    nothing more until done(result or AMQPError), then `answer(result)`."""
     connection = channel.connection
     hold = _Hold()
     connection.throttled_by(hold)
@@ -61,8 +68,7 @@ def _ordered(channel, m, method: str, args: tuple, answer) -> bool:
             return
         answer(result)
 
-    order(method, args, connection, channel.vhost, done)
-    return True
+    start(done)
 
 
 def exchange_declare(channel, m) -> None:
@@ -181,6 +187,14 @@ def queue_unbind(channel, m) -> None:
 
 
 def queue_purge(channel, m) -> None:
+    vhost = channel.vhost
+    queue = vhost.queues.get(channel.queue_name(m.queue))
+    if getattr(queue, "remote", False):  # another shard's: it purges (the checks are made here)
+        channel.access.check("queue", queue.name, "read")
+        vhost.queue(queue.name, channel.connection)
+        _held(channel, m, lambda done: vhost.shards.purge(queue, done),
+              lambda count: m.nowait or _reply(channel, commands.Queue.PurgeOk(message_count=count)))
+        return
     count = channel.vhost.purge_queue(channel.queue_name(m.queue), channel.connection, channel.access)
     if not m.nowait:
         _reply(channel, commands.Queue.PurgeOk(message_count=count))

@@ -17,6 +17,7 @@ Records (tuples, amqp_server.shards.link), by the requester:
   ("get", ticket, vhost, queue, no_ack)
   ("reply", vhost, token, data)            a direct reply to a channel of that shard (no answer)
   ("counts", ticket, vhost, queue)
+  ("purge", ticket, vhost, queue)
   ("define", ticket, op)                   to shard 0 (amqp_server.shards.definitions)
   ("sync", ticket)                         to shard 0: all its definitions, please
   ("apply", ticket, batch, changes)        from shard 0 to every other shard
@@ -25,7 +26,7 @@ Records (tuples, amqp_server.shards.link), by the requester:
 and by the owner, on the same link:
   ("durable", ticket) ("rejected", ticket) ("deliver", cid, entry id, redelivered, deliveries, data)
   ("cancelled", cid) ("got", ticket, entry id, redelivered, deliveries, data, count)
-  ("counted", ticket, messages, consumers) ("defined", ticket, result)
+  ("counted", ticket, messages, consumers) ("purged", ticket, count) ("defined", ticket, result)
   ("refused", ticket, code, text) ("applied", ticket) ("synced", ticket, changes, batch)
   ("answer", ticket, answer) ("failed", ticket, code, text)
 
@@ -47,7 +48,7 @@ from amqp_server.shards.link import Link
 from storage import Message
 from vhosts import reply_to
 from vhosts.consumer import Consumer
-from vhosts.errors import AMQPError
+from vhosts.errors import NOT_FOUND, AMQPError
 from vhosts.queue import DURABLE_PENDING, REJECTED
 from vhosts.remote_queue import RemoteEntry, RemoteQueue
 
@@ -58,6 +59,8 @@ WINDOW = 512
 RECONNECT = 0.1
 # Seconds between a shard's reports to shard 0 (what the management API shows of it).
 REPORT_INTERVAL = 1.0
+# Records that wait for a link to a shard that is starting (a publish, a get).
+UNSENT_MAX = 100_000
 
 
 class ShardGone(Exception):
@@ -133,6 +136,7 @@ class ShardNode:
         # shard's management may make of this one ("ask" records).
         self.services: dict[str, object] = {}
         self._credits: dict[tuple[int, int], int] = {}  # (owner shard, cid) -> deliveries to give back
+        self._unsent: dict[int, list] = {}  # peer -> records waiting for its link
         self._credits_armed = False
 
     # -- links ------------------------------------------------------------------
@@ -230,6 +234,8 @@ class ShardNode:
         self.outgoing[peer] = link
         self.links.add(link)
         link.send(("hello", self.here))
+        for record in self._unsent.pop(peer, ()):
+            link.send(record)
         log.info("shard %d: linked to shard %d", self.here, peer)
         self.definitions.linked(peer)
 
@@ -270,12 +276,26 @@ class ShardNode:
         ticket = next(self._tickets)
         callback.peer = peer
         if link is None:
-            link = self.outgoing.get(peer)
-        if link is None:
-            callback(("lost", ticket))
-            return
+            if not self.send_to(peer, record_of(ticket)):
+                callback(("lost", ticket))
+                return
+        else:
+            link.send(record_of(ticket))
         self.waiting[ticket] = callback
-        link.send(record_of(ticket))
+
+    def send_to(self, peer: int, record: tuple) -> bool:
+        """Send `record` on this shard's link to `peer`; while there is none
+        (the peer starts, or starts again) it waits for the link, at most
+        UNSENT_MAX records per peer. False: dropped."""
+        link = self.outgoing.get(peer)
+        if link is not None:
+            link.send(record)
+            return True
+        unsent = self._unsent.setdefault(peer, [])
+        if len(unsent) >= UNSENT_MAX:
+            return False
+        unsent.append(record)
+        return True
 
     # -- records ------------------------------------------------------------------
 
@@ -438,11 +458,29 @@ class ShardNode:
         link.send(("got", ticket, ident, entry.redelivered, entry.deliveries, entry.message.to_bytes(),
                    queue.message_count))
 
+    def _on_purge(self, link, ticket, vhost, name):
+        queue = self._owned(vhost, name)
+        link.send(("purged", ticket, queue.purge() if queue is not None else 0))
+
+    def _on_purged(self, link, ticket, count):
+        self._answered(ticket, ("purged", ticket, count))
+
+    def purge(self, queue: RemoteQueue, done) -> None:
+        def answered(record):
+            if record[0] == "purged":
+                done(record[2])
+            else:
+                done(AMQPError(NOT_FOUND, "queue '%s' in vhost '%s': its shard %d ended before it answered"
+                               % (queue.name, queue.vhost, queue.shard)))
+
+        self.request(queue.shard, lambda ticket: ("purge", ticket, queue.vhost, queue.name), answered)
+
     def _on_counts(self, link, ticket, vhost, name):
         queue = self._owned(vhost, name)
         if queue is None:
             link.send(("counted", ticket, 0, 0))
-        else:
+        else:  # asked for a declare (passive too), which renews x-expires
+            queue.touch()
             link.send(("counted", ticket, queue.message_count, queue.consumer_count))
 
     # -- the client's side (vhosts.remote_queue.ShardPort) ------------------------------
@@ -465,9 +503,7 @@ class ShardNode:
 
     def publish(self, queue: RemoteQueue, message: Message, on_durable) -> None:
         if on_durable is None:
-            link = self.outgoing.get(queue.shard)
-            if link is not None:
-                link.send(("pub", queue.vhost, queue.name, message.to_bytes(), 0))
+            self.send_to(queue.shard, ("pub", queue.vhost, queue.name, message.to_bytes(), 0))
             return
 
         def answered(record):
