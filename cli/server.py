@@ -23,14 +23,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.basicConfig(stream=sys.stderr, level=config.log_level.upper(), format=LOG_FORMAT)
 
-    from amqp_server.process.server import run
+    from amqp_server.process.server import run, serve_shard
+    from amqp_server.process.shards import Supervisor, check_shard_dirs
     from amqp_server.shared.errors import ListenError
 
     try:
+        check_shard_dirs(config.data_dir, config.shards)
         if config.shards > 1:
-            from amqp_server.process.shards import Supervisor
-            from amqp_server.process.server import serve_shard
-
             return Supervisor(config, serve_shard).run()
         if config.cluster.enabled:
             from amqp_server.process.cluster import serve_node

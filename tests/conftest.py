@@ -3,6 +3,8 @@
 `broker` is one broker for the whole session (tests use unique names);
 `fresh_broker` starts a dedicated one, and `start_broker` starts one with
 extra flags or environment. Each fixture reads the port the broker logged.
+With TEST_SHARDS=N in the environment every broker (but a cluster's nodes)
+runs as N shards (docs/scaling.md).
 The session broker runs on the standard library's event loop and the others
 on the default one (uvloop, when it is installed), so the suite holds hutch to
 the same behaviour on both.
@@ -76,9 +78,19 @@ def launch(tmp: Path, *args: str, env: dict | None = None, expect: tuple = ("AMQ
         if not line or all(name in broker.ports for name in expect):
             ready.set()
 
+    shards = int(os.environ.get("TEST_SHARDS", "1"))
+    if shards > 1 and "--shards" not in args and not any(arg.startswith("--cluster") for arg in args):
+        args = (*args, "--shards", str(shards))  # the whole suite against a node of several shards
+    else:
+        shards = 1
     broker = BrokerProcess(None, {}, data_dir)
     broker.process = spawn([*PORT_ARGS, "--data-dir", str(data_dir), *args], broker.log_lines, env, on_line)
     if not ready.wait(20) or not all(name in broker.ports for name in expect):
+        broker.stop()
+        raise RuntimeError("broker did not start:\n" + broker.log)
+    try:
+        wait_for(lambda: broker.log.count("listening for AMQP") >= shards, 20, what="every shard listening")
+    except AssertionError:
         broker.stop()
         raise RuntimeError("broker did not start:\n" + broker.log)
     return broker

@@ -250,6 +250,11 @@ class Broker:
             forget(name)
 
     @_every_shard
+    def set_tracing(self, name: str, enabled: bool) -> None:
+        """The firehose of the vhost on or off (vhosts.firehose; not kept across restarts, as in RabbitMQ)."""
+        self._vhost(name).tracing = enabled
+
+    @_every_shard
     def set_vhost_limits(self, name: str, limits: dict) -> None:
         """Replace the vhost's limits (max-connections, max-queues; negative:
         no limit), as rabbitmqctl set_vhost_limits does. Open connections

@@ -59,7 +59,7 @@ class ShardPort(Protocol):
 
     def fetch(self, queue: "RemoteQueue") -> None: ...
 
-    # done(message count purged, or the AMQPError of a refusal)
+    # queue.purge: done(count, or an AMQPError) once the owner purged it.
     def purge(self, queue: "RemoteQueue", done: Callable[[object], None]) -> None: ...
 
     # A definition changed here (a tuple: amqp_server.shards.definitions); inside `nested()`
@@ -67,6 +67,9 @@ class ShardPort(Protocol):
     def changed(self, change: tuple) -> None: ...
 
     def nested(self): ...
+
+    # A direct reply to a token of a channel on another shard (vhosts.reply_to).
+    def reply(self, vhost: str, token: str, message: Message) -> None: ...
 
 
 class RemoteEntry(QueueEntry):
@@ -145,8 +148,12 @@ class RemoteQueue:
         if waiting is None:  # cancelled meanwhile: back to the owner
             self.port.settle(self, [entry], "requeue")
             return
-        waiting.append(entry)
-        self.dispatch()
+        consumer = self.consumers[tag]
+        channel = consumer.channel
+        if not waiting and channel.can_deliver(consumer):
+            channel.deliver(consumer, self, entry)
+        else:
+            waiting.append(entry)
 
     def dispatch(self, now: int = 0) -> None:
         for tag, waiting in self.pending.items():
@@ -215,19 +222,10 @@ class RemoteQueue:
         self.policy = definition
 
     def purge(self) -> int:
-        """A purge answers once the owner has purged: `purge_at_owner`."""
-        raise AMQPError(PRECONDITION_FAILED, "queue '%s' in vhost '%s' is on shard %d: it is purged there "
-                        "(purge_at_owner)" % (self.name, self.vhost, self.shard))
-
-    def purge_at_owner(self, done: Callable[[object], None]) -> None:
-        """Purge at the owner: done(message count) once it has, or
-        done(AMQPError) when it refused or ended first."""
-        def purged(result) -> None:
-            if not isinstance(result, AMQPError):
-                self.message_count = 0
-            done(result)
-
-        self.port.purge(self, purged)
+        """A purge made here at once (the management API's): the AMQP face
+        purges through the port instead (amqp_server.amqp.declarations)."""
+        raise AMQPError(PRECONDITION_FAILED, "queue '%s' in vhost '%s' lives on shard %d: purge it there"
+                        % (self.name, self.vhost, self.shard))
 
     @property
     def delete_ok_count(self) -> int:

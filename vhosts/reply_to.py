@@ -9,6 +9,23 @@ PSEUDO_QUEUE = "amq.rabbitmq.reply-to"
 TOKEN_PREFIX = PSEUDO_QUEUE + "."
 
 
+# On a node of several shards a token's first character after the prefix
+# names the shard of its channel (this alphabet's index: up to 64 shards), so
+# a reply published on any shard finds it.
+_SHARD_MARKS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+
+
+def shard_mark(shard: int) -> str:
+    return _SHARD_MARKS[shard]
+
+
+def shard_of(token: str) -> int | None:
+    """The shard whose channel holds `token`, or None for no token."""
+    if not token.startswith(TOKEN_PREFIX) or len(token) == len(TOKEN_PREFIX):
+        return None
+    return _SHARD_MARKS.find(token[len(TOKEN_PREFIX)])
+
+
 def no_consumer() -> AMQPError:
     """A publish asking for a direct reply on a channel without a reply
     consumer (the management API's publish never has one)."""

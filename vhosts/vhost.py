@@ -44,6 +44,7 @@ import routing
 from routing import Destination
 from storage import MemoryQueue, Message, QueueEntry
 from storage.priority_queue import PriorityQueue, level_name
+from vhosts import reply_to
 from vhosts.access import Access
 from vhosts.clock import Clock, LoopClock
 from vhosts.dead_letter import Death, dead_lettered, is_cycle, routing_keys as death_routing_keys
@@ -646,7 +647,7 @@ class VirtualHost:
         if q is None:
             return 0
         self.queue(name, owner)
-        if if_unused and q.consumers:
+        if if_unused and q.consumer_count:
             raise AMQPError(PRECONDITION_FAILED, "queue '%s' %s in use" % (name, self._where()))
         if if_empty and q.message_count:
             raise AMQPError(PRECONDITION_FAILED, "queue '%s' %s not empty" % (name, self._where()))
@@ -819,6 +820,10 @@ class VirtualHost:
             deliver = self.reply_consumers.get(key)
             if deliver is not None:
                 deliver(message)
+            elif self.shards is not None:  # a token of a channel on another shard
+                shard = reply_to.shard_of(key)
+                if shard is not None and shard >= 0 and shard != self.shards.here:
+                    self.shards.reply(self.name, key, message)
 
     def check_publish(self, exchange: str) -> Exchange | None:
         """The exchange a publish goes to (None: the default exchange)."""
@@ -862,7 +867,8 @@ class VirtualHost:
             targets = self.route(ae, routing_keys, headers) if ae is not None else []
         else:
             targets = self.route(message.exchange, routing_keys, headers)
-            if self.reply_consumers and message.exchange == "" and len(targets) < len(routing_keys):
+            if (self.reply_consumers or self.shards is not None) and message.exchange == "" \
+                    and len(targets) < len(routing_keys):
                 self._deliver_replies(message, routing_keys)
         for q in targets:
             outcome = q.publish(message, on_durable)

@@ -417,12 +417,31 @@ class Channel(Deliveries):
     def _tx_commit(self, method) -> None:
         actions = self._require_tx()
         self._tx = []
+        # On a node of several shards the commit waits until every queue has
+        # its messages (another shard's queue gets them over a link).
+        waiting = [1] if self.connection.broker.shards is not None else None
+
+        def one_done() -> None:
+            waiting[0] -= 1
+            if not waiting[0]:
+                self._committed()
+
         for action in actions:
             if action[0] == "publish":
-                self._route(*action[1:])
+                waits = self._route(*action[1:], on_durable=one_done if waiting else None)
+                if waiting and waits > 0:
+                    waiting[0] += waits
             else:
                 self.settle(*action[1:])
+        if waiting:
+            one_done()
+        else:
+            self._committed()
+
+    def _committed(self) -> None:
         barrier = self.connection.broker.durability_barrier
+        if self.state is not OPEN:
+            return
         if barrier is None:
             self.send_method(commands.Tx.CommitOk())
         else:  # a cluster's leader: once the in-sync followers hold what the commit wrote

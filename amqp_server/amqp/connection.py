@@ -455,6 +455,12 @@ class Connection(ClientConnection):
         except AMQPError as exc:
             raise exc.at(index >> 16, index & 0xFFFF)
 
+    def _server_properties(self) -> dict:
+        """On a node of several shards, also which one serves this connection
+        (docs/scaling.md; clients ignore a property they do not know)."""
+        shards = self.broker.shards
+        return server_properties() if shards is None else dict(server_properties(), shard=shards.here)
+
     def _send_start(self) -> None:
         self.state = START_OK
         self.send_method(
@@ -462,7 +468,7 @@ class Connection(ClientConnection):
             commands.Connection.Start(
                 version_major=0,
                 version_minor=9,
-                server_properties=server_properties(),
+                server_properties=self._server_properties(),
                 mechanisms=MECHANISMS,
                 locales="en_US",
             ),

@@ -49,9 +49,8 @@ def _ordered(channel, m, method: str, args: tuple, answer) -> bool:
 
 
 def _held(channel, m, start, answer) -> None:
-    """start(done) an operation another shard completes, holding the
-    connection's reading until done(result); then answer(result), or close
-    the channel (or the connection) when the result is an AMQPError."""
+    """start(done) something another shard answers; the connection reads
+    nothing more until done(result or AMQPError), then `answer(result)`."""
     connection = channel.connection
     hold = _Hold()
     connection.throttled_by(hold)
@@ -188,25 +187,17 @@ def queue_unbind(channel, m) -> None:
 
 
 def queue_purge(channel, m) -> None:
-    name = channel.queue_name(m.queue)
-    queue = channel.vhost.queues.get(name)
-    if getattr(queue, "remote", False):
-        _purged_at_owner(channel, m, name)
+    vhost = channel.vhost
+    queue = vhost.queues.get(channel.queue_name(m.queue))
+    if getattr(queue, "remote", False):  # another shard's: it purges (the checks are made here)
+        channel.access.check("queue", queue.name, "read")
+        vhost.queue(queue.name, channel.connection)
+        _held(channel, m, lambda done: vhost.shards.purge(queue, done),
+              lambda count: m.nowait or _reply(channel, commands.Queue.PurgeOk(message_count=count)))
         return
-    count = channel.vhost.purge_queue(name, channel.connection, channel.access)
+    count = channel.vhost.purge_queue(channel.queue_name(m.queue), channel.connection, channel.access)
     if not m.nowait:
         _reply(channel, commands.Queue.PurgeOk(message_count=count))
-
-
-def _purged_at_owner(channel, m, name: str) -> None:
-    """queue.purge of a queue another shard owns (vhosts.remote_queue): the
-    owner purges, and the connection reads nothing more until it has, so
-    the next method sees the queue purged."""
-    if channel.access is not None:
-        channel.access.check("queue", name, "read")
-    queue = channel.vhost.queue(name, channel.connection)  # exclusive to another connection: refused
-    _held(channel, m, queue.purge_at_owner,
-          lambda count: m.nowait or _reply(channel, commands.Queue.PurgeOk(message_count=count)))
 
 
 def queue_delete(channel, m) -> None:

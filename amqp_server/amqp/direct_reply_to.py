@@ -35,7 +35,7 @@ from pamqp import commands
 from amqp_server.amqp import fastpath
 from storage.message import reply_to, with_reply_to
 from vhosts.errors import NOT_ALLOWED, PRECONDITION_FAILED, AMQPError
-from vhosts.reply_to import PSEUDO_QUEUE, TOKEN_PREFIX, no_consumer
+from vhosts.reply_to import PSEUDO_QUEUE, TOKEN_PREFIX, no_consumer, shard_mark
 
 if TYPE_CHECKING:
     from amqp_server.amqp.channel import Channel
@@ -55,7 +55,12 @@ class ReplyConsumer:
         self.tag = tag
         # RabbitMQ's shape, <who>.<key> in base64. Both parts are random here:
         # the vhost finds the channel by the whole token, which no one can guess.
-        self.token = TOKEN_PREFIX + "%s.%s" % (_b64(18), _b64(16))
+        # On a node of several shards the first character names this one (vhosts.reply_to).
+        shards = channel.connection.broker.shards
+        who = _b64(18)
+        if shards is not None:
+            who = shard_mark(shards.here) + who[1:]
+        self.token = TOKEN_PREFIX + "%s.%s" % (who, _b64(16))
         self._token_bytes = self.token.encode("ascii")
 
     def deliver(self, message: "Message") -> None:

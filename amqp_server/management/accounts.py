@@ -72,7 +72,7 @@ def put_vhost(req):
     existed = name in req.broker.vhosts
     found = req.broker.add_vhost(name, description, tags, acting_user=req.user.name)
     if tracing is not None:
-        found.tracing = tracing
+        req.broker.set_tracing(found.name, tracing)
     return NO_CONTENT if existed else CREATED
 
 
@@ -98,7 +98,7 @@ def put_trace(req):
     enabled = req.body().get("enabled")
     if not isinstance(enabled, bool):
         raise bad_request("[{key_missing,enabled}]" if enabled is None else "enabled must be a boolean")
-    found.tracing = enabled
+    req.broker.set_tracing(found.name, enabled)
     return NO_CONTENT
 
 

@@ -181,7 +181,7 @@ def properties_json(props):
 
 
 async def purge(req):
-    """A queue of another shard is purged by its owner (its "queue.purge")."""
+    """A queue of another shard is purged by its owner (as AMQP's queue.purge of it)."""
     v, queue = find_queue(req)
     with amqp_errors_as_http():
         if not getattr(queue, "remote", False):
@@ -189,12 +189,7 @@ async def purge(req):
             return NO_CONTENT
         req.access(v).check("queue", queue.name, "read")
         v.queue(queue.name, None)  # an exclusive queue is locked to its connection
-        try:
-            await shards.ask(req.node, queue.shard, "queue.purge", v.name, queue.name)
-        except AMQPError:
-            raise
-        except Exception as exc:  # the owner ended before it answered (ShardGone)
-            raise shards.unavailable(queue, exc) from None
+        await shards.purged(req.node, queue)
     return NO_CONTENT
 
 

@@ -16,12 +16,12 @@ for a range of samples gets shard 0's samples only.
 
 Operations on another shard's objects are requests to its `SERVICES`
 (ShardNode.ask): close a connection, get messages (the owner takes them),
-fresh figures of one queue. Purge is the node's own "queue.purge" service,
-which AMQP's queue.purge of a RemoteQueue uses too.
+fresh figures of one queue. A purge is the node's own (ShardNode.purge, the
+one AMQP's queue.purge of another shard's queue uses).
 
 `node.shards` (management.node.Node) is the ShardNode, given by the
 composition root and used by its duck type: `here`, `shard.count`,
-`reports`, `held`, `ask`.
+`reports`, `held`, `ask`, `purge`.
 """
 from __future__ import annotations
 
@@ -382,6 +382,17 @@ def unavailable(queue, error: Exception) -> ApiError:
 async def ask(node, shard: int, service: str, *args):
     """The answer of another shard's service (the node's ShardNode.ask)."""
     return await node.shards.ask(shard, service, *args)
+
+
+async def purged(node, queue) -> int:
+    """Purge another shard's queue at its owner: the count purged (an
+    AMQPError when the owner ended before it answered)."""
+    future = asyncio.get_running_loop().create_future()
+    node.shards.purge(queue, lambda result: future.done() or future.set_result(result))
+    result = await future
+    if isinstance(result, AMQPError):
+        raise result
+    return result
 
 
 async def fresh_figures(node, q, query) -> dict | None:

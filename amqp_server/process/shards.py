@@ -130,7 +130,6 @@ class Supervisor:
 
     def run(self) -> int:
         config = self.config
-        check_shard_dirs(config.data_dir, config.shards)
         self.config, self.held = hold_ports(config)
         self.links = tempfile.mkdtemp(prefix="hutch-shards-")  # mode 0700
         for sig in (signal.SIGTERM, signal.SIGINT):

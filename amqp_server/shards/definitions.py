@@ -92,6 +92,7 @@ class Definitions:
         self._waiters: list[tuple[int, object]] = []  # (batch, done)
         self.synced = asyncio.Event()
         self._early: list[tuple] = []  # batches that came before this shard's sync
+        self._followers: dict = {}  # shard 0: peer -> the link it synced on, which carries its batches
 
     # -- who asked ---------------------------------------------------------------------
 
@@ -147,8 +148,9 @@ class Definitions:
         changes, self._pending = self._pending, []
         self._batch += 1
         batch = self._batch
-        for peer, link in list(self.node.outgoing.items()):
-            self.node.request(peer, lambda ticket: ("apply", ticket, batch, changes), self._applied(peer, batch))
+        for peer, link in list(self._followers.items()):
+            self.node.request(peer, lambda ticket: ("apply", ticket, batch, changes), self._applied(peer, batch),
+                              link)
 
     def _applied(self, peer: int, batch: int):
         def callback(record) -> None:
@@ -207,6 +209,16 @@ class Definitions:
         self._order(op, done)
 
     def _order(self, op: tuple, done) -> None:
+        if op[0] == "amqp" and op[1] == "queue_delete":
+            # if-empty, if-unused and the count answered are the owner's
+            host = self.node.broker.vhosts.get(op[3])
+            queue = host.queues.get(op[5][0]) if host is not None else None
+            if isinstance(queue, RemoteQueue):
+                self.node.counts(queue, lambda: self._order_now(op, done))
+                return
+        self._order_now(op, done)
+
+    def _order_now(self, op: tuple, done) -> None:
         try:
             result = self._execute(op)
         except AMQPError as exc:
@@ -336,6 +348,8 @@ class Definitions:
             changes.append(("broker", "add_vhost", (name, host.description, list(host.tags)), {}))
             if host.limits:
                 changes.append(("broker", "set_vhost_limits", (name, host.limits), {}))
+            if host.tracing:
+                changes.append(("broker", "set_tracing", (name, True), {}))
         for user in broker.users.values():
             changes.append(("broker", "put_user", (user.name, user.password_hash, list(user.tags)), {}))
             if user.limits:
@@ -421,21 +435,26 @@ class Definitions:
 
         self.node.request(0, lambda ticket: ("sync", ticket), answered)
 
-    def synced_peer(self, peer: int) -> tuple[list, int]:
-        """Shard 0: `peer` asks for everything; it takes part in the barrier from now on."""
+    def synced_peer(self, link) -> tuple[list, int]:
+        """Shard 0: the shard at the other end of `link` asks for everything:
+        from now on it gets every batch on that link, after this answer, and
+        takes part in the barrier."""
         if self._pending:
             self._flush()
-        self._acked[peer] = self._batch
+        self._acked[link.peer] = self._batch
+        self._followers[link.peer] = link
         return self.everything(), self._batch
 
-    def peer_gone(self, peer: int) -> None:
-        """Shard 0: `peer` ended. Its transient queues ended with it (as
-        RabbitMQ's do with their node), and so did its connections'
-        exclusive queues elsewhere; its durable queues stay, unreachable
-        until it is back."""
-        self._acked.pop(peer, None)
-        if self.node.here != 0:
+    def link_lost(self, link) -> None:
+        """Shard 0: when the link a shard synced on is lost, that shard
+        ended. Its transient queues ended with it (as RabbitMQ's do with
+        their node), and so did its connections' exclusive queues; its
+        durable queues stay, unreachable until it is back."""
+        peer = link.peer
+        if self._followers.get(peer) is not link:
             return
+        del self._followers[peer]
+        self._acked.pop(peer, None)
         self._release()
         for host in list(self.node.broker.vhosts.values()):
             for queue in list(host.queues.values()):

@@ -15,16 +15,18 @@ Records (tuples, amqp_server.shards.link), by the requester:
   ("settle", cid, outcome, [entry ids])    ack, reject or requeue; cid 0: a get
   ("credit", cid, n)                       no-ack deliveries handed to the client
   ("get", ticket, vhost, queue, no_ack)
+  ("reply", vhost, token, data)            a direct reply to a channel of that shard (no answer)
   ("counts", ticket, vhost, queue)
+  ("purge", ticket, vhost, queue)
   ("define", ticket, op)                   to shard 0 (amqp_server.shards.definitions)
   ("sync", ticket)                         to shard 0: all its definitions, please
   ("apply", ticket, batch, changes)        from shard 0 to every other shard
   ("report", index, report)               to shard 0, every REPORT_INTERVAL (no answer)
   ("ask", ticket, service, args)          a management service of another shard
 and by the owner, on the same link:
-  ("durable", ticket) ("deliver", cid, entry id, redelivered, deliveries, data)
+  ("durable", ticket) ("rejected", ticket) ("deliver", cid, entry id, redelivered, deliveries, data)
   ("cancelled", cid) ("got", ticket, entry id, redelivered, deliveries, data, count)
-  ("counted", ticket, messages, consumers) ("defined", ticket, result)
+  ("counted", ticket, messages, consumers) ("purged", ticket, count) ("defined", ticket, result)
   ("refused", ticket, code, text) ("applied", ticket) ("synced", ticket, changes, batch)
   ("answer", ticket, answer) ("failed", ticket, code, text)
 
@@ -44,8 +46,10 @@ import os
 from amqp_server.shards.definitions import Definitions
 from amqp_server.shards.link import Link
 from storage import Message
+from vhosts import reply_to
 from vhosts.consumer import Consumer
 from vhosts.errors import NOT_FOUND, AMQPError
+from vhosts.queue import DURABLE_PENDING, REJECTED
 from vhosts.remote_queue import RemoteEntry, RemoteQueue
 
 log = logging.getLogger("hutch.shards")
@@ -55,6 +59,8 @@ WINDOW = 512
 RECONNECT = 0.1
 # Seconds between a shard's reports to shard 0 (what the management API shows of it).
 REPORT_INTERVAL = 1.0
+# Records that wait for a link to a shard that is starting (a publish, a get).
+UNSENT_MAX = 100_000
 
 
 class ShardGone(Exception):
@@ -86,7 +92,7 @@ class StandIn:
             ident = 0
             queue.stats.deliver_no_ack += 1
         else:
-            ident = self.node.hold(self.link, queue, entry)
+            ident = self.node.hold(self.link, queue, entry, consumer)
             consumer.unacked += 1
             queue.stats.deliver += 1
         if not consumer.prefetch_count or consumer.no_ack:
@@ -128,7 +134,10 @@ class ShardNode:
         self.reports: dict[int, tuple[float, object]] = {}
         # name -> handler(*args) -> answer (or an awaitable of it): requests another
         # shard's management may make of this one ("ask" records).
-        self.services: dict[str, object] = {"queue.purge": self._purge_owned}
+        self.services: dict[str, object] = {}
+        self._credits: dict[tuple[int, int], int] = {}  # (owner shard, cid) -> deliveries to give back
+        self._unsent: dict[int, list] = {}  # peer -> records waiting for its link
+        self._credits_armed = False
 
     # -- links ------------------------------------------------------------------
 
@@ -225,6 +234,8 @@ class ShardNode:
         self.outgoing[peer] = link
         self.links.add(link)
         link.send(("hello", self.here))
+        for record in self._unsent.pop(peer, ()):
+            link.send(record)
         log.info("shard %d: linked to shard %d", self.here, peer)
         self.definitions.linked(peer)
 
@@ -244,6 +255,7 @@ class ShardNode:
             log.warning("shard %d: the link to shard %d is lost", self.here, peer)
             self._peer_gone(peer)
             self._connect_soon(peer, RECONNECT)
+        self.definitions.link_lost(link)
 
     def _peer_gone(self, peer: int) -> None:
         """Shard `peer` ended: what waited on it ends too."""
@@ -251,24 +263,39 @@ class ShardNode:
             if queue.shard == peer:
                 del self.consumers[cid]
                 queue.owner_cancelled(consumer.tag)
-        self.definitions.peer_gone(peer)
         self.reports.pop(peer, None)
         for ticket, callback in list(self.waiting.items()):
             if getattr(callback, "peer", None) == peer:
                 del self.waiting[ticket]
                 callback(("lost", ticket))
 
-    def request(self, peer: int, record_of, callback) -> None:
-        """Send record_of(ticket) to `peer`; callback(answer) gets the answer
+    def request(self, peer: int, record_of, callback, link: Link | None = None) -> None:
+        """Send record_of(ticket) to `peer` (on `link`, by default the one
+        this shard opened to it); callback(answer) gets the answer
         (("lost", ticket) if the peer ends first)."""
         ticket = next(self._tickets)
         callback.peer = peer
-        link = self.outgoing.get(peer)
         if link is None:
-            callback(("lost", ticket))
-            return
+            if not self.send_to(peer, record_of(ticket)):
+                callback(("lost", ticket))
+                return
+        else:
+            link.send(record_of(ticket))
         self.waiting[ticket] = callback
-        link.send(record_of(ticket))
+
+    def send_to(self, peer: int, record: tuple) -> bool:
+        """Send `record` on this shard's link to `peer`; while there is none
+        (the peer starts, or starts again) it waits for the link, at most
+        UNSENT_MAX records per peer. False: dropped."""
+        link = self.outgoing.get(peer)
+        if link is not None:
+            link.send(record)
+            return True
+        unsent = self._unsent.setdefault(peer, [])
+        if len(unsent) >= UNSENT_MAX:
+            return False
+        unsent.append(record)
+        return True
 
     # -- records ------------------------------------------------------------------
 
@@ -292,6 +319,9 @@ class ShardNode:
     def _on_durable(self, link, ticket):
         self._answered(ticket, ("durable", ticket))
 
+    def _on_rejected(self, link, ticket):
+        self._answered(ticket, ("rejected", ticket))
+
     def _on_got(self, link, ticket, *rest):
         self._answered(ticket, ("got", ticket) + rest)
 
@@ -308,7 +338,7 @@ class ShardNode:
         self._answered(ticket, ("applied", ticket))
 
     def _on_sync(self, link, ticket):
-        changes, upto = self.definitions.synced_peer(link.peer)
+        changes, upto = self.definitions.synced_peer(link)
         link.send(("synced", ticket, changes, upto))
 
     def _on_synced(self, link, ticket, changes, upto):
@@ -350,7 +380,9 @@ class ShardNode:
                 link.send(("durable", ticket))
 
         outcome = queue.publish(message, durable)
-        if outcome != 1:  # not DURABLE_PENDING: nothing will call back (a refusal is not told yet)
+        if outcome == REJECTED:  # reject-publish: the publisher gets a nack
+            link.send(("rejected", ticket))
+        elif outcome != DURABLE_PENDING:  # nothing will call back
             durable()
 
     def _on_consume(self, link, cid, vhost, name, tag, no_ack, exclusive, prefetch, arguments):
@@ -426,11 +458,29 @@ class ShardNode:
         link.send(("got", ticket, ident, entry.redelivered, entry.deliveries, entry.message.to_bytes(),
                    queue.message_count))
 
+    def _on_purge(self, link, ticket, vhost, name):
+        queue = self._owned(vhost, name)
+        link.send(("purged", ticket, queue.purge() if queue is not None else 0))
+
+    def _on_purged(self, link, ticket, count):
+        self._answered(ticket, ("purged", ticket, count))
+
+    def purge(self, queue: RemoteQueue, done) -> None:
+        def answered(record):
+            if record[0] == "purged":
+                done(record[2])
+            else:
+                done(AMQPError(NOT_FOUND, "queue '%s' in vhost '%s': its shard %d ended before it answered"
+                               % (queue.name, queue.vhost, queue.shard)))
+
+        self.request(queue.shard, lambda ticket: ("purge", ticket, queue.vhost, queue.name), answered)
+
     def _on_counts(self, link, ticket, vhost, name):
         queue = self._owned(vhost, name)
         if queue is None:
             link.send(("counted", ticket, 0, 0))
-        else:
+        else:  # asked for a declare (passive too), which renews x-expires
+            queue.touch()
             link.send(("counted", ticket, queue.message_count, queue.consumer_count))
 
     # -- the client's side (vhosts.remote_queue.ShardPort) ------------------------------
@@ -453,9 +503,7 @@ class ShardNode:
 
     def publish(self, queue: RemoteQueue, message: Message, on_durable) -> None:
         if on_durable is None:
-            link = self.outgoing.get(queue.shard)
-            if link is not None:
-                link.send(("pub", queue.vhost, queue.name, message.to_bytes(), 0))
+            self.send_to(queue.shard, ("pub", queue.vhost, queue.name, message.to_bytes(), 0))
             return
 
         def answered(record):
@@ -495,14 +543,35 @@ class ShardNode:
         idents = [entry.seq for entry in entries if entry.seq]
         if idents:
             link.send(("settle", 0, outcome, idents))
-        credits: dict = {}
+        credits = self._credits
         for entry in entries:
             consumer = entry.consumer
             if consumer is not None and (not entry.seq or not consumer.prefetch_count):
-                cid = getattr(consumer, "remote_id", None)
-                credits[cid] = credits.get(cid, 0) + 1
-        for cid, count in credits.items():
-            link.send(("credit", cid, count))
+                key = (queue.shard, consumer.remote_id)
+                credits[key] = credits.get(key, 0) + 1
+        if credits and not self._credits_armed:
+            self._credits_armed = True
+            asyncio.get_running_loop().call_soon(self._send_credits)
+
+    def _send_credits(self) -> None:
+        """One credit record per consumer per loop turn, however many it got."""
+        self._credits_armed = False
+        credits, self._credits = self._credits, {}
+        for (shard, cid), count in credits.items():
+            link = self.outgoing.get(shard)
+            if link is not None:
+                link.send(("credit", cid, count))
+
+    def reply(self, vhost: str, token: str, message: Message) -> None:
+        link = self.outgoing.get(reply_to.shard_of(token))
+        if link is not None:  # else the token's shard ended, and its channel with it: dropped
+            link.send(("reply", vhost, token, message.to_bytes()))
+
+    def _on_reply(self, link, vhost, token, data):
+        host = self.broker.vhosts.get(vhost)
+        deliver = host.reply_consumers.get(token) if host is not None else None
+        if deliver is not None:  # else its channel went meanwhile: dropped, as RabbitMQ drops it
+            deliver(Message.from_bytes(data))
 
     def changed(self, change: tuple) -> None:
         self.definitions.changed(change)
@@ -535,27 +604,6 @@ class ShardNode:
         if found is not None:
             queue, consumer = found
             queue.owner_cancelled(consumer.tag)
-
-    def purge(self, queue: RemoteQueue, done) -> None:
-        """ShardPort: the owner purges its queue (after every publish this
-        shard sent it before: one link, in order); done(message count), or
-        done(AMQPError) when it refuses or ended first."""
-        def answered(record):
-            if record[0] == "answer":
-                done(record[2])
-            elif record[0] == "failed" and record[2]:
-                done(AMQPError(record[2], record[3]))
-            else:
-                done(AMQPError(NOT_FOUND, "home shard %d of queue '%s' in vhost '%s' is down or inaccessible"
-                               % (queue.shard, queue.name, queue.vhost)))
-
-        self.request(queue.shard, lambda ticket: ("ask", ticket, "queue.purge", (queue.vhost, queue.name)),
-                     answered)
-
-    def _purge_owned(self, vhost: str, name: str) -> int:
-        """The "queue.purge" service: purge a queue this shard owns (0 if it is gone)."""
-        queue = self._owned(vhost, name)
-        return queue.purge() if queue is not None else 0
 
     def counts(self, queue, done) -> None:
         """Refresh a RemoteQueue's counts from its owner, then done()."""

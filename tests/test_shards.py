@@ -1,0 +1,367 @@
+"""A node of several shards (docs/scaling.md), from the outside: real
+clients on a broker started with --shards 2, whose connections land on
+either shard (the kernel spreads them: SO_REUSEPORT); each test picks
+connections on the shard it needs by the `shard` server property.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+
+import aiomqtt
+import pika
+import pytest
+
+from conftest import PORT_ARGS, ROOT, launch
+from helpers import channel_error, unique, wait_for
+
+SHARDS = 2
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory):
+    proc = launch(tmp_path_factory.mktemp("shards"), "--shards", str(SHARDS), expect=("AMQP", "MQTT"))
+    wait_for(lambda: proc.log.count("listening for AMQP") >= SHARDS, 20, what="every shard listening")
+    yield proc
+    proc.stop()
+
+
+def on_shard(port: int, shard: int) -> pika.BlockingConnection:
+    """A connection served by `shard` (connections land where the kernel puts them)."""
+    others = []
+    try:
+        for _ in range(200):
+            connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+            if connection._impl.server_properties["shard"] == shard:
+                return connection
+            others.append(connection)
+    finally:
+        for other in others:
+            other.close()
+    raise AssertionError("no connection landed on shard %d" % shard)
+
+
+def queue_on(node, channel, shard: int) -> str:
+    """A durable queue that lives on `shard`: a queue is placed on the shard
+    with the fewest queues, so declare until one lands there (its row in
+    shard 0's definitions store names its shard), then delete the others."""
+    extra = []
+    try:
+        for _ in range(4 * SHARDS):
+            name = unique("sq")
+            channel.queue_declare(name, durable=True)
+            if placement(node, name) == shard:
+                return name
+            extra.append(name)
+    finally:
+        for name in extra:
+            channel.queue_delete(name)
+    raise AssertionError("no queue placed on shard %d" % shard)
+
+
+def placement(node, name: str) -> int:
+    db = sqlite3.connect(os.path.join(node.data_dir, "definitions.db"))
+    try:
+        row = db.execute("SELECT shard FROM queues WHERE name = ?", (name,)).fetchone()
+    finally:
+        db.close()
+    assert row is not None, "queue %s is not in shard 0's definitions" % name
+    return row[0]
+
+
+def test_connections_land_on_every_shard_and_definitions_are_everywhere_once_answered(node):
+    a, b = on_shard(node.port, 0), on_shard(node.port, 1)
+    ca, cb = a.channel(), b.channel()
+    exchange, queue = unique("sx"), unique("sq")
+    ca.exchange_declare(exchange, "direct")
+    cb.queue_declare(queue)
+    ca.queue_bind(queue, exchange, "key")
+    # the other shard knows each at once: passive declares, a publish routed by the binding
+    cb.exchange_declare(exchange, "direct", passive=True)
+    ca.queue_declare(queue, passive=True)
+    cb.confirm_delivery()
+    cb.basic_publish(exchange, "key", b"routed")
+    assert ca.basic_get(queue, auto_ack=True)[2] == b"routed"
+    # a refusal comes from the shard that orders definitions, with RabbitMQ's code and text
+    code, text = channel_error(b.channel().queue_declare, queue, durable=True)
+    assert code == 406
+    assert "inequivalent arg 'durable' for queue '%s'" % queue in text
+    ca.exchange_delete(exchange)
+    code, _text = channel_error(b.channel().exchange_declare, exchange, "direct", passive=True)
+    assert code == 404
+    a.close()
+    b.close()
+
+
+@pytest.mark.parametrize("owner", [0, 1])
+def test_confirmed_publishes_into_another_shards_queue_are_all_there_in_order(node, owner):
+    publisher = on_shard(node.port, 1 - owner)
+    local = on_shard(node.port, owner)
+    queue = queue_on(node, local.channel(), owner)
+    channel = publisher.channel()
+    channel.confirm_delivery()
+    for i in range(200):
+        channel.basic_publish("", queue, b"%d" % i, pika.BasicProperties(delivery_mode=2))
+    assert channel.queue_declare(queue, passive=True).method.message_count == 200
+    # consumed half on the owner's shard, half across: each once, in order
+    bodies = []
+    for connection in (local, publisher):
+        consumer = connection.channel()
+        consumer.basic_qos(prefetch_count=10)
+        for method, _props, body in consumer.consume(queue, inactivity_timeout=5):
+            assert method is not None, "deliveries stopped after %d" % len(bodies)
+            bodies.append(int(body))
+            consumer.basic_ack(method.delivery_tag)
+            if len(bodies) % 100 == 0:
+                break
+        consumer.cancel()
+    assert bodies == list(range(200))
+    publisher.close()
+    local.close()
+
+
+def test_a_message_routed_to_queues_on_both_shards_is_confirmed_once_both_have_it(node):
+    connection = on_shard(node.port, 0)
+    channel = connection.channel()
+    exchange = unique("fan")
+    channel.exchange_declare(exchange, "fanout", durable=True)
+    queues = [queue_on(node, channel, shard) for shard in range(SHARDS)]
+    for queue in queues:
+        channel.queue_bind(queue, exchange)
+    channel.confirm_delivery()
+    channel.basic_publish(exchange, "", b"both", pika.BasicProperties(delivery_mode=2), mandatory=True)
+    assert [channel.queue_declare(q, passive=True).method.message_count for q in queues] == [1] * SHARDS
+    assert [channel.basic_get(q, auto_ack=True)[2] for q in queues] == [b"both"] * SHARDS
+    connection.close()
+
+
+def test_get_reject_and_requeue_across_shards_keep_rabbitmqs_flags(node):
+    owner = on_shard(node.port, 1)
+    queue = queue_on(node, owner.channel(), 1)
+    other = on_shard(node.port, 0)
+    channel = other.channel()
+    channel.basic_publish("", queue, b"once")
+    method, _props, body = channel.basic_get(queue)
+    assert (body, method.redelivered, method.message_count) == (b"once", False, 0)
+    channel.basic_nack(method.delivery_tag, requeue=True)
+    method, _props, body = owner.channel().basic_get(queue, auto_ack=True)
+    assert (body, method.redelivered) == (b"once", True)
+    assert channel.basic_get(queue)[0] is None
+    owner.close()
+    other.close()
+
+
+def test_an_exclusive_queue_lives_with_its_connection_and_goes_with_it(node):
+    owner = on_shard(node.port, 1)
+    other = on_shard(node.port, 0)
+    queue = owner.channel().queue_declare("", exclusive=True).method.queue
+    code, _text = channel_error(other.channel().basic_consume, queue, lambda *a: None)
+    assert code == 405
+    owner.close()
+    code, _text = wait_for(lambda: (lambda r: r if r[0] == 404 else None)(
+        channel_error(other.channel().queue_declare, queue, passive=True)), 5, what="the exclusive queue gone")
+    assert code == 404
+    other.close()
+
+
+def test_a_shard_killed_under_load_loses_nothing_confirmed_and_the_other_keeps_serving(node):
+    steady = on_shard(node.port, 0)
+    steady_channel = steady.channel()
+    steady_channel.confirm_delivery()
+    kept = queue_on(node, steady_channel, 1)  # its messages are on the shard that is killed
+    confirmed = 0
+    for i in range(300):
+        steady_channel.basic_publish("", kept, b"%d" % i, pika.BasicProperties(delivery_mode=2))
+        confirmed += 1
+    victim = _pid_of_shard(node, 1)
+    os.kill(victim, signal.SIGKILL)
+    # shard 0's clients see nothing: a queue of its own still works meanwhile
+    local = queue_on(node, steady_channel, 0)
+    steady_channel.basic_publish("", local, b"still", pika.BasicProperties(delivery_mode=2))
+    assert steady_channel.basic_get(local, auto_ack=True)[2] == b"still"
+    wait_for(lambda: _pid_of_shard(node, 1) not in (None, victim), 20, what="shard 1 started again")
+    fresh = on_shard(node.port, 1).channel()
+    count = wait_for(lambda: fresh.queue_declare(kept, passive=True).method.message_count or None, 20,
+                     what="the queue back")
+    assert count == confirmed
+    bodies = [int(fresh.basic_get(kept, auto_ack=True)[2]) for _ in range(confirmed)]
+    assert bodies == list(range(confirmed))
+    steady.close()
+
+
+def _pid_of_shard(node, shard: int) -> int | None:
+    found = None
+    for line in node.log.splitlines():
+        if "shard %d of %d: pid " % (shard, SHARDS) in line:
+            found = int(line.split("pid ")[1].split(",")[0])
+    try:
+        os.kill(found, 0)
+    except (OSError, TypeError):
+        return None
+    return found
+
+
+def test_fewer_shards_than_hold_queues_is_refused_with_the_reason(tmp_path):
+    proc = launch(tmp_path, "--shards", "2")
+    wait_for(lambda: proc.log.count("listening for AMQP") >= 2, 20, what="every shard listening")
+    connection = on_shard(proc.port, 1)
+    queue = queue_on(proc, connection.channel(), 1)
+    connection.channel().basic_publish("", queue, b"kept", pika.BasicProperties(delivery_mode=2))
+    connection.close()
+    proc.stop()
+    result = subprocess.run([sys.executable, "-m", "cli.server", *PORT_ARGS, "--data-dir", str(proc.data_dir),
+                             "--shards", "1"], capture_output=True, text=True, timeout=30,
+                            cwd=ROOT)
+    assert result.returncode != 0
+    assert "shard 1 of this node holds queues" in result.stderr
+    assert "start with shards >= 2" in result.stderr
+    # and with two shards again, the message is there
+    again = launch(tmp_path, "--data-dir", str(proc.data_dir), "--shards", "2")
+    try:
+        wait_for(lambda: again.log.count("listening for AMQP") >= 2, 20, what="every shard listening")
+        channel = on_shard(again.port, 0).channel()
+        assert channel.basic_get(queue, auto_ack=True)[2] == b"kept"
+    finally:
+        again.stop()
+
+
+def test_a_transaction_into_another_shards_queue_is_there_once_committed(node):
+    owner = on_shard(node.port, 1)
+    queue = queue_on(node, owner.channel(), 1)
+    publisher = on_shard(node.port, 0)
+    channel = publisher.channel()
+    channel.tx_select()
+    for i in range(20):
+        channel.basic_publish("", queue, b"%d" % i, pika.BasicProperties(delivery_mode=2))
+    assert owner.channel().queue_declare(queue, passive=True).method.message_count == 0
+    channel.tx_commit()
+    assert owner.channel().queue_declare(queue, passive=True).method.message_count == 20
+    channel.basic_publish("", queue, b"rolled back")
+    channel.tx_rollback()
+    assert owner.channel().queue_declare(queue, passive=True).method.message_count == 20
+    owner.close()
+    publisher.close()
+
+
+def test_direct_reply_to_answers_a_caller_on_another_shard(node):
+    caller = on_shard(node.port, 0).channel()
+    server = on_shard(node.port, 1).channel()
+    requests = queue_on(node, server, 1)
+    replies = []
+    caller.basic_consume("amq.rabbitmq.reply-to", lambda ch, m, p, body: replies.append(body), auto_ack=True)
+    caller.basic_publish("", requests, b"ping", pika.BasicProperties(reply_to="amq.rabbitmq.reply-to"))
+    _method, props, body = _get(server, requests)
+    server.basic_publish("", props.reply_to, b"pong:" + body)
+    wait_for(lambda: caller.connection.process_data_events(0.05) or replies, 5, what="the reply")
+    assert replies == [b"pong:ping"]
+
+
+def _get(channel, queue, auto_ack: bool = True):
+    """The next message of `queue` (polled: it may be on its way from another shard)."""
+    return wait_for(lambda: (lambda got: got if got[0] is not None else None)(
+        channel.basic_get(queue, auto_ack=auto_ack)), 5, what="a message in %s" % queue)
+
+
+def test_dead_letters_reach_a_queue_on_another_shard_and_an_alternate_exchange_routes_there(node):
+    channel = on_shard(node.port, 0).channel()
+    dlx, ae = unique("dlx"), unique("ae")
+    channel.exchange_declare(dlx, "fanout", durable=True)
+    channel.exchange_declare(ae, "fanout", durable=True)
+    dead = queue_on(node, channel, 1)
+    channel.queue_bind(dead, dlx)
+    channel.queue_bind(dead, ae)
+    source = unique("src")
+    channel.queue_declare(source, durable=True, arguments={"x-dead-letter-exchange": dlx})
+    channel.basic_publish("", source, b"dies")
+    method, _props, _body = _get(channel, source, auto_ack=False)
+    channel.basic_reject(method.delivery_tag, requeue=False)
+    routed = unique("rx")
+    channel.exchange_declare(routed, "direct", arguments={"alternate-exchange": ae})
+    channel.basic_publish(routed, "nowhere", b"unroutable")
+    other = on_shard(node.port, 1).channel()
+    bodies = sorted(_get(other, dead)[2] for _ in range(2))
+    assert bodies == [b"dies", b"unroutable"]
+
+
+def test_single_active_consumer_and_priorities_hold_across_shards(node):
+    owner = on_shard(node.port, 1).channel()
+    queue = unique("sac")
+    owner.queue_declare(queue, durable=True, arguments={"x-single-active-consumer": True})
+    got = {0: [], 1: []}
+    consumers = []
+    for shard in (0, 1):
+        channel = on_shard(node.port, shard).channel()
+        channel.basic_consume(queue, lambda ch, m, p, body, shard=shard: got[shard].append(body), auto_ack=True)
+        consumers.append(channel)
+    for i in range(10):
+        owner.basic_publish("", queue, b"%d" % i)
+    wait_for(lambda: [c.connection.process_data_events(0.02) for c in consumers] and
+             len(got[0]) + len(got[1]) == 10, 5, what="every message delivered")
+    assert sorted(len(v) for v in got.values()) == [0, 10]  # one consumer got them all
+
+
+async def test_mqtt_subscribers_get_what_amqp_publishes_on_any_shard(node):
+    topic = unique("room") + "/temp"
+    async with aiomqtt.Client("127.0.0.1", node.ports["MQTT"], identifier=unique("c")) as subscriber:
+        await subscriber.subscribe(topic, qos=1)
+        for shard in range(SHARDS):
+            channel = on_shard(node.port, shard).channel()
+            channel.basic_publish("amq.topic", topic.replace("/", "."), b"from %d" % shard)
+            message = await asyncio.wait_for(anext(aiter(subscriber.messages)), 5)
+            assert (str(message.topic), message.payload) == (topic, b"from %d" % shard)
+
+
+def test_deleting_another_shards_queue_answers_its_count_and_honours_if_empty(node):
+    owner = on_shard(node.port, 1).channel()
+    queue = queue_on(node, owner, 1)
+    owner.basic_publish("", queue, b"a")
+    owner.basic_publish("", queue, b"b")
+    other = on_shard(node.port, 0)
+    code, _text = channel_error(other.channel().queue_delete, queue, if_empty=True)
+    assert code == 406
+    assert other.channel().queue_delete(queue).method.message_count == 2
+    code, _text = channel_error(owner.connection.channel().queue_declare, queue, passive=True)
+    assert code == 404
+
+
+def test_a_stream_is_read_from_either_shard_from_an_offset(node):
+    writer = on_shard(node.port, 1).channel()
+    stream = unique("st")
+    writer.queue_declare(stream, durable=True, arguments={"x-queue-type": "stream"})
+    writer.confirm_delivery()
+    for i in range(30):
+        writer.basic_publish("", stream, b"%d" % i)
+    for shard in range(SHARDS):
+        reader = on_shard(node.port, shard).channel()
+        reader.basic_qos(prefetch_count=10)
+        bodies = []
+        for method, props, body in reader.consume(stream, arguments={"x-stream-offset": 10}, inactivity_timeout=5):
+            assert method is not None, "stream deliveries stopped after %d" % len(bodies)
+            assert props.headers["x-stream-offset"] == 10 + len(bodies)
+            bodies.append(int(body))
+            reader.basic_ack(method.delivery_tag)
+            if len(bodies) == 20:
+                break
+        assert bodies == list(range(10, 30)), shard
+
+
+def test_a_cluster_node_of_several_shards_is_refused_at_start(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "cli.server", "--shards", "2", "--data-dir", str(tmp_path),
+                             "--cluster-etcd", "http://127.0.0.1:2379", "--cluster-secret", "s" * 32],
+                            capture_output=True, text=True, timeout=30, cwd=ROOT)
+    assert result.returncode == 2
+    assert "a cluster node runs one shard (shards: 1)" in result.stderr
+
+
+def test_purging_another_shards_queue_answers_the_owners_count(node):
+    owner = on_shard(node.port, 1).channel()
+    queue = queue_on(node, owner, 1)
+    for body in (b"a", b"b", b"c"):
+        owner.basic_publish("", queue, body)
+    other = on_shard(node.port, 0).channel()
+    assert other.queue_purge(queue).method.message_count == 3
+    assert owner.queue_declare(queue, passive=True).method.message_count == 0
