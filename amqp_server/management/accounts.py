@@ -17,33 +17,37 @@ from amqp_server.management.listing import present
 # -- vhosts -------------------------------------------------------------------
 
 
-def vhosts(req) -> list:
+async def vhosts(req) -> list:
     reading = shapes.reading_of(req)
     unacked = shapes.unacked_by_queue(shards.holders(req.node))
+    found = await shards.gathered(req.node, VHOST_PARTS, req.query)
     return present(access.visible_vhosts(req.user, req.broker), req.query,
-                   lambda v: _vhost(req, reading, v, unacked), lambda v: v.name)
+                   lambda v: _vhost(req, reading, v, unacked, found), lambda v: v.name)
 
 
-def vhost(req) -> dict:
-    found = req.vhost(req.params["vhost"])
+async def vhost(req) -> dict:
+    v = req.vhost(req.params["vhost"])
     reading = shapes.reading_of(req)
-    return _vhost(req, reading, found, shapes.unacked_by_queue(shards.holders(req.node)))
+    found = await shards.gathered(req.node, VHOST_PARTS, req.query)
+    return _vhost(req, reading, v, shapes.unacked_by_queue(shards.holders(req.node)), found)
 
 
+VHOST_PARTS = ("vhosts", "connections")
 DATA_KEYS = ("recv_oct", "send_oct", "recv_oct_details", "send_oct_details")
 
 
-def _vhost(req, reading, v, unacked) -> dict:
+def _vhost(req, reading, v, unacked, found) -> dict:
     """A vhost's row; on a node of several shards, with every shard's
-    messages, message_stats and connections' traffic."""
+    messages, message_stats and connections' traffic (`found`: the other
+    shards' reports)."""
     out = shapes.vhost(reading, v, unacked, req.node.connections)
     if req.node.shards is None:
         return out
-    lengths, stats = shards.vhost_totals(req.node, reading, [v], unacked)
+    lengths, stats = shards.vhost_totals(reading, [v], unacked, found)
     out.update(lengths)
     if any(stats[key] for key in shapes.VHOST_STATS):
         out["message_stats"] = stats
-    for row in shards.remote_rows(req.node, "connections"):
+    for row in shards.remote_rows(found, "connections"):
         if row["vhost"] == v.name:
             out.update(shards.add_figures({key: out[key] for key in DATA_KEYS}, {key: row[key] for key in DATA_KEYS}))
     return out

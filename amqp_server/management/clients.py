@@ -40,11 +40,20 @@ def _connection(req):
     return None
 
 
-def _remote_connection(req) -> dict:
-    """The named connection's row from the shard that holds it: 404 when
-    no shard has it, 401 when the user may not see it."""
+CLIENTS = ("connections", "channels", "consumers")
+
+
+async def _others(req) -> list:
+    """The other shards' reports of their clients (amqp_server.management.shards)."""
+    return await shards.gathered(req.node, CLIENTS, req.query)
+
+
+def _remote_connection(req, found) -> dict:
+    """The named connection's row from the shard that holds it (`found`:
+    the other shards' reports): 404 when no shard has it, 401 when the user
+    may not see it."""
     name = req.params["name"]
-    for row in shards.remote_rows(req.node, "connections"):
+    for row in shards.remote_rows(found, "connections"):
         if row["name"] == name:
             if not (access.sees_everything(req.user) or row["user"] == req.user.name):
                 raise not_authorised("User not authorised to access object")
@@ -52,11 +61,12 @@ def _remote_connection(req) -> dict:
     raise not_found()
 
 
-def _connections(req, found, vhost_name: str | None = None) -> list:
+async def _connections(req, connections, vhost_name: str | None = None) -> list:
     """This shard's connections (shaped only if listed: `present`) and the
     other shards' rows, oldest first."""
     reading = shapes.reading_of(req)
-    items = sorted(found + shards.visible_rows(req, "connections", vhost_name),
+    rows = shards.visible_rows(req, await _others(req), "connections", vhost_name)
+    items = sorted(connections + rows,
                    key=lambda item: item["connected_at"] if isinstance(item, dict) else item.connected_at)
     return present(items, req.query,
                    lambda item: item if isinstance(item, dict) else shards.marked(
@@ -64,29 +74,29 @@ def _connections(req, found, vhost_name: str | None = None) -> list:
                    lambda item: item["name"] if isinstance(item, dict) else shapes.connection_name(item))
 
 
-def _channel_list(req, found, vhost_name: str | None = None, remote: bool = True) -> list:
+def _channel_list(req, connections, rows=()) -> list:
+    """The channels of this shard's `connections`, then the other shards' `rows`."""
     reading = shapes.reading_of(req)
-    items = _channels(found) + (shards.visible_rows(req, "channels", vhost_name) if remote else [])
-    return present(items, req.query,
+    return present(_channels(connections) + list(rows), req.query,
                    lambda item: item if isinstance(item, dict) else shards.marked(
                        req.node, shapes.channel(reading, item)),
                    lambda item: item["name"] if isinstance(item, dict) else shapes.channel_name(item))
 
 
-def connections(req) -> list:
-    return _connections(req, _open(req))
+async def connections(req) -> list:
+    return await _connections(req, _open(req))
 
 
-def vhost_connections(req) -> list:
+async def vhost_connections(req) -> list:
     name = req.params["vhost"]
     req.vhost(name)
-    return _connections(req, _open(req, name), name)
+    return await _connections(req, _open(req, name), name)
 
 
-def connection(req) -> dict:
+async def connection(req) -> dict:
     found = _connection(req)
     if found is None:
-        return _remote_connection(req)
+        return _remote_connection(req, await _others(req))
     return shards.marked(req.node, shapes.connection(shapes.reading_of(req), found))
 
 
@@ -95,14 +105,14 @@ async def close_connection(req):
     or RabbitMQ's default; only the owner or an administrator may. A
     connection of another shard is closed there."""
     found = _connection(req)
-    owner = found.user.name if found is not None else _remote_connection(req)["user"]
+    row = _remote_connection(req, await _others(req)) if found is None else None
+    owner = found.user.name if found is not None else row["user"]
     if not (access.has(req.user, access.ADMINISTRATOR) or owner == req.user.name):
         raise not_authorised("Not administrator user")
     reason = req.headers.get("X-Reason") or DEFAULT_CLOSE_REASON
     if found is not None:
         found.close_with(AMQPError(CONNECTION_FORCED, reason))
         return NO_CONTENT
-    row = _remote_connection(req)
     try:
         closed = await shards.ask(req.node, row["shard"], "connection.close", row["name"], reason)
     except Exception:  # the shard ended before it answered (ShardGone): its connections went with it
@@ -112,50 +122,54 @@ async def close_connection(req):
     return NO_CONTENT
 
 
-def connection_channels(req) -> list:
+async def connection_channels(req) -> list:
     found = _connection(req)
     if found is not None:
-        return _channel_list(req, [found], remote=False)
-    name = _remote_connection(req)["name"]
-    return present([row for row in shards.remote_rows(req.node, "channels")
-                    if row["connection_details"]["name"] == name], req.query)
+        return _channel_list(req, [found])
+    others = await _others(req)
+    name = _remote_connection(req, others)["name"]
+    return _channel_list(req, [], [row for row in shards.remote_rows(others, "channels")
+                                   if row["connection_details"]["name"] == name])
 
 
-def channels(req) -> list:
-    return _channel_list(req, _open(req))
+async def channels(req) -> list:
+    return _channel_list(req, _open(req), shards.visible_rows(req, await _others(req), "channels"))
 
 
-def vhost_channels(req) -> list:
+async def vhost_channels(req) -> list:
     name = req.params["vhost"]
     req.vhost(name)
-    return _channel_list(req, _open(req, name), name)
+    return _channel_list(req, _open(req, name), shards.visible_rows(req, await _others(req), "channels", name))
 
 
-def channel(req) -> dict:
+async def channel(req) -> dict:
     for ch in _channels(_open(req, everyone=True)):
         if shapes.channel_name(ch) == req.params["name"]:
             access.owned(req.user, ch.connection)
             out = shards.marked(req.node, shapes.channel(shapes.reading_of(req), ch))
             out["consumer_details"] = [shards.marked(req.node, shapes.consumer(ch, c))
                                        for c in ch.consumers.values()]
-            # RabbitMQ's per-exchange and per-queue lists, kept only with fine-grained statistics
-            out["deliveries"] = []
-            out["publishes"] = []
-            return out
-    for row in shards.remote_rows(req.node, "channels"):
+            return _without_fine_stats(out)
+    others = await _others(req)
+    for row in shards.remote_rows(others, "channels"):
         if row["name"] == req.params["name"]:
             if not (access.sees_everything(req.user) or row["user"] == req.user.name):
                 raise not_authorised("User not authorised to access object")
             out = dict(row)
-            out["consumer_details"] = [c for c in shards.remote_rows(req.node, "consumers")
+            out["consumer_details"] = [c for c in shards.remote_rows(others, "consumers")
                                        if c["channel_details"]["name"] == row["name"]]
-            out["deliveries"] = []
-            out["publishes"] = []
-            return out
+            return _without_fine_stats(out)
     raise not_found()
 
 
-def consumers(req) -> list:
+def _without_fine_stats(out: dict) -> dict:
+    """RabbitMQ's per-exchange and per-queue lists, kept only with fine-grained statistics."""
+    out["deliveries"] = []
+    out["publishes"] = []
+    return out
+
+
+async def consumers(req) -> list:
     """Every consumer on the vhosts the user may see (RabbitMQ lists them per
     vhost, not per connection owner); for a vhost the user may not see, none
     (RabbitMQ's empty list, not a refusal)."""
@@ -167,5 +181,5 @@ def consumers(req) -> list:
         names &= {name}
     out = [shards.marked(req.node, shapes.consumer(ch, c)) for ch in _channels(list(req.node.connections))
            if ch.vhost.name in names for c in ch.consumers.values()]
-    out += [row for row in shards.remote_rows(req.node, "consumers") if row["queue"]["vhost"] in names]
+    out += [row for row in shards.remote_rows(await _others(req), "consumers") if row["queue"]["vhost"] in names]
     return present(out, req.query)

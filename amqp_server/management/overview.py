@@ -39,11 +39,10 @@ async def overview(req) -> dict:
     node, reading = req.node, shapes.reading_of(req)
     vhosts = access.visible_vhosts(req.user, req.broker)
     connections = _visible_connections(req)
-    node_queues = shards.NodeQueues(node, reading)
-    queue_totals, message_stats = await shards.vhost_totals_now(node, reading, req.query, vhosts,
-                                                                node_queues.unacked)
+    found = await shards.gathered(node, ("connections", "channels", "queues", "vhosts"), req.query)
+    node_queues = shards.NodeQueues(node, reading, found)
+    queue_totals, message_stats = shards.vhost_totals(reading, vhosts, node_queues.unacked, found)
     queues = [q for v in vhosts for q in v.queues.values()]
-    remote_channels = shards.visible_rows(req, "channels")
     out = {
         "management_version": COMPATIBLE_VERSION,
         "rates_mode": "basic",
@@ -59,8 +58,8 @@ async def overview(req) -> dict:
         "churn_rates": reading.with_rates([req.broker], req.broker.churn.totals(), CHURN_FIELDS, "node_stats"),
         "queue_totals": queue_totals,
         "object_totals": {
-            "channels": sum(len(c.channels) for c in connections) + len(remote_channels),
-            "connections": len(connections) + len(shards.visible_rows(req, "connections")),
+            "channels": sum(len(c.channels) for c in connections) + len(shards.visible_rows(req, found, "channels")),
+            "connections": len(connections) + len(shards.visible_rows(req, found, "connections")),
             "consumers": sum(node_queues.consumer_count(q) for q in queues),
             "exchanges": sum(len(v.exchanges) + 1 for v in vhosts),
             "queues": len(queues),

@@ -117,10 +117,10 @@ def _number(value) -> str:
     return repr(value) if isinstance(value, float) else str(value)
 
 
-def _queue_figures(node, queues) -> dict:
+def _queue_figures(node, queues, found) -> dict:
     """Queue -> its figures for the metrics: this shard's own, or (a queue
-    of another shard of the node) as its owner last reported them."""
-    node_queues = shards.NodeQueues(node, Reading(node.sampler, {}))
+    of another shard of the node) its owner's (`found`: the other shards' reports)."""
+    node_queues = shards.NodeQueues(node, Reading(node.sampler, {}), found)
     out = {}
     for q in queues:
         if getattr(q, "remote", False):
@@ -140,13 +140,14 @@ def _queue_figures(node, queues) -> dict:
     return out
 
 
-def render(node, per_object: bool = False) -> str:
+async def render(node, per_object: bool = False) -> str:
     """On a node of several shards: every shard's queues, connections,
     channels and message counters (amqp_server.management.shards)."""
+    found = await shards.gathered(node, ("connections", "channels", "queues", "counted", "vhosts"))
     vhosts = list(node.broker.vhosts.values())
     queues = [q for v in vhosts for q in v.queues.values()]
     connections = [c for c in list(node.connections) if c.vhost is not None]
-    figures = _queue_figures(node, queues)
+    figures = _queue_figures(node, queues, found)
     states = {q: figures[q]["states"] for q in queues}
     out = Exposition()
     out.one("rabbitmq_build_info", UNTYPED, "RabbitMQ & Erlang/OTP version info", 1,
@@ -155,9 +156,9 @@ def render(node, per_object: bool = False) -> str:
     out.one("rabbitmq_identity_info", UNTYPED, "RabbitMQ node & cluster identity info", 1,
             {"rabbitmq_node": shapes.NODE, "rabbitmq_cluster": shapes.NODE})
     out.one("rabbitmq_connections", GAUGE, "Connections currently open",
-            len(connections) + len(shards.remote_rows(node, "connections")))
+            len(connections) + len(shards.remote_rows(found, "connections")))
     out.one("rabbitmq_channels", GAUGE, "Channels currently open",
-            sum(len(c.channels) for c in connections) + len(shards.remote_rows(node, "channels")))
+            sum(len(c.channels) for c in connections) + len(shards.remote_rows(found, "channels")))
     out.one("rabbitmq_consumers", GAUGE, "Consumers currently connected",
             sum(figures[q]["consumers"] for q in queues))
     out.one("rabbitmq_queues", GAUGE, "Queues available", len(queues))
@@ -171,9 +172,10 @@ def render(node, per_object: bool = False) -> str:
     for v in vhosts:
         for key, value in v.stats.totals().items():
             totals[key] += value
-    for other in shards.vhost_figures(node, [v.name for v in vhosts], "message_stats"):
-        for key in totals:
-            totals[key] += other.get(key, 0)
+    for _index, report in found:
+        for other in report["vhosts"].values():
+            for key in totals:
+                totals[key] += other["message_stats"].get(key, 0)
     for name, help_text, value in GLOBAL_COUNTERS:
         out.one(name, COUNTER, help_text, value(totals))
     churn = node.broker.churn.totals()
@@ -297,10 +299,10 @@ def _writer_metrics(out: Exposition, node) -> None:
 
 def make_app(node) -> web.Application:
     async def metrics(request: web.Request) -> web.Response:
-        return web.Response(text=render(node), headers={"Content-Type": CONTENT_TYPE})
+        return web.Response(text=await render(node), headers={"Content-Type": CONTENT_TYPE})
 
     async def per_object(request: web.Request) -> web.Response:
-        return web.Response(text=render(node, per_object=True), headers={"Content-Type": CONTENT_TYPE})
+        return web.Response(text=await render(node, per_object=True), headers={"Content-Type": CONTENT_TYPE})
 
     app = web.Application()
     app.router.add_get("/metrics", metrics)

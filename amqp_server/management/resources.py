@@ -44,24 +44,32 @@ def _exchange_list(vhosts) -> list[tuple]:
     return [(v, name) for v in vhosts for name in [""] + sorted(v.exchanges)]
 
 
-def _exchange_json(req, reading, v, name: str) -> dict:
+def _exchange_json(req, reading, v, name: str, found) -> dict:
+    """`found`: the other shards' reports, whose counters of the exchange add up."""
     if name == "":
-        return shapes.default_exchange(reading, v, req.user.name)
-    return shapes.exchange(reading, v.exchanges[name], v.name, req.user.name, v.policy_for("exchange", name))
+        out = shapes.default_exchange(reading, v, req.user.name)
+    else:
+        out = shapes.exchange(reading, v.exchanges[name], v.name, req.user.name, v.policy_for("exchange", name))
+    for stats in shards.exchange_stats(found, v.name, name):
+        out["message_stats"] = dict(sorted(shards.add_figures(out.get("message_stats", {}), stats).items()))
+    return out
 
 
-def exchanges(req) -> list:
+async def exchanges(req) -> list:
     reading = shapes.reading_of(req)
-    return present(_exchange_list(_in_vhosts(req, req.params.get("vhost"))), req.query,
-                   lambda item: _exchange_json(req, reading, *item), lambda item: item[1])
+    vhosts = _in_vhosts(req, req.params.get("vhost"))
+    found = await shards.gathered(req.node, ("exchanges",), req.query)
+    return present(_exchange_list(vhosts), req.query,
+                   lambda item: _exchange_json(req, reading, *item, found), lambda item: item[1])
 
 
-def exchange(req) -> dict:
+async def exchange(req) -> dict:
     v = req.vhost(req.params["vhost"])
     name = exchange_name(req.params["name"])
     if name != "" and name not in v.exchanges:
         raise not_found()
-    out = _exchange_json(req, shapes.reading_of(req), v, name)
+    reading = shapes.reading_of(req)
+    out = _exchange_json(req, reading, v, name, await shards.gathered(req.node, ("exchanges",), req.query))
     # RabbitMQ lists the channels publishing to it and the queues it routes to
     # only with fine-grained statistics (rates_mode detailed, not its default)
     out["incoming"] = []
@@ -126,11 +134,15 @@ def delete_exchange(req):
 # -- queues -----------------------------------------------------------------------
 
 
-def queues(req) -> list:
+QUEUE_PARTS = ("queues", "counted")
+
+
+async def queues(req) -> list:
     """Every queue of the node: one another shard owns shows that shard's
-    reported figures (amqp_server.management.shards)."""
+    figures (amqp_server.management.shards)."""
     vhosts = _in_vhosts(req, req.params.get("vhost"))
-    node_queues = shards.NodeQueues(req.node, shapes.reading_of(req))
+    reading = shapes.reading_of(req)
+    node_queues = shards.NodeQueues(req.node, reading, await shards.gathered(req.node, QUEUE_PARTS))
     return present([(v, v.queues[n]) for v in vhosts for n in sorted(v.queues)], req.query,
                    lambda pair: node_queues.row(*pair), lambda pair: pair[1].name)
 
@@ -144,16 +156,20 @@ def find_queue(req):
 
 
 async def queue(req) -> dict:
-    """One queue; one of another shard with its owner's figures of now when
-    it answers at once (else as last reported)."""
+    """One queue; one of another shard with its owner's figures (and the
+    samples of the ranges asked for)."""
     v, q = find_queue(req)
-    node_queues = shards.NodeQueues(req.node, shapes.reading_of(req))
+    reading = shapes.reading_of(req)
+    found = await shards.gathered(req.node, ("counted", "consumers"))
+    node_queues = shards.NodeQueues(req.node, reading, found)
     if getattr(q, "remote", False):
         fresh = await shards.fresh_figures(req.node, q, req.query)
         if fresh is not None:
             node_queues.fresh[(q.vhost, q.name)] = fresh
+        else:  # the owner did not answer: as it last reported
+            node_queues.figures.update(dict(shards.reports(req.node)).get(q.shard, {}).get("queues", {}))
     out = node_queues.row(v, q)
-    out["consumer_details"] = shards.consumer_rows(req.node, q)
+    out["consumer_details"] = shards.consumer_rows(req.node, found, q)
     out["deliveries"] = []
     out["incoming"] = []
     return out

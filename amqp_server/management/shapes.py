@@ -157,16 +157,16 @@ def exchange(reading, x, vhost_name: str, user_name: str, policy=None) -> dict:
     }
     if policy is not None:
         out["policy"] = policy.name
-    return _with_stats(out, _exchange_stats(reading, x.stats))
+    return _with_stats(out, exchange_stats(reading, x.stats))
 
 
 def default_exchange(reading, vhost, user_name: str) -> dict:
     out = {"arguments": {}, "auto_delete": False, "durable": True, "internal": False, "name": "",
            "type": "direct", "user_who_performed_action": user_name, "vhost": vhost.name}
-    return _with_stats(out, _exchange_stats(reading, vhost.default_exchange_stats))
+    return _with_stats(out, exchange_stats(reading, vhost.default_exchange_stats))
 
 
-def _exchange_stats(reading, stats) -> dict | None:
+def exchange_stats(reading, stats) -> dict | None:
     return _grouped_stats(reading, stats, (("publish_in",), ("publish_out",)))
 
 

@@ -1,20 +1,23 @@
 """The management face on a node of several shards (docs/management.md,
 "Management on a node of several shards"; docs/scaling.md for the shards).
 
-Shard 0 serves the HTTP API, the UI and /metrics. Every other shard sends
-it a `report` every second (amqp_server.shards.node, REPORT_INTERVAL):
-the rows of its own connections, channels and consumers in the API's
-shapes, the figures of the queues it owns (only those with messages,
-consumers or counted messages: an idle queue's figures are known without
-a report, so thousands of idle queues cost nothing), the message counters
-of other shards' queues that it counted (publishes that arrived here), and
-per vhost its message_stats and lengths. Shard 0 keeps the latest report
-of each shard and merges them into its listings (`NodeQueues`,
-`remote_rows`); like RabbitMQ's sampled figures they are up to a report
-interval old. Rates are each shard's own (its sampler), summed; a request
-for a range of samples gets shard 0's samples only.
+Shard 0 serves the HTTP API, the UI and /metrics. What it shows of the
+other shards comes from their reports (`report`, built here): the rows of
+a shard's connections, channels and consumers in the API's shapes, the
+figures of the queues it owns (only those with messages, consumers or
+counted messages: an idle queue's figures are known without a report, so
+thousands of idle queues cost nothing), the message counters it kept for
+other shards' queues and exchanges (a publish is counted where it
+arrives), and per vhost its message_stats and lengths.
 
-Operations on another shard's objects are requests to its `SERVICES`
+A request asks every other shard for the parts of its report it needs,
+at once (`gathered`: the "report" service); a shard that does not answer
+within FRESH_WAIT (busy, or restarting) is shown as it last reported:
+every shard sends shard 0 its whole report every second anyway
+(amqp_server.shards.node, REPORT_INTERVAL). Rates are each shard's own (its
+sampler), summed; so are the samples of a range.
+
+Operations on another shard's objects are requests to its `services`
 (ShardNode.ask): close a connection, get messages (the owner takes them),
 fresh figures of one queue. A purge is the node's own (ShardNode.purge, the
 one AMQP's queue.purge of another shard's queue uses).
@@ -33,8 +36,10 @@ from amqp_server.management import access, shapes
 from amqp_server.management.errors import ApiError
 from amqp_server.management.rates import QUEUE_STATS, VHOST_STATS, Reading
 
-# Seconds shard 0 waits for a queue's fresh figures before it shows the reported ones.
-FRESH_WAIT = 1.0
+# Seconds shard 0 waits for another shard's answer before it shows what that shard last reported.
+FRESH_WAIT = 0.5
+# What a report holds (a request asks for the parts it needs).
+PARTS = ("connections", "channels", "consumers", "queues", "counted", "exchanges", "vhosts")
 
 
 class LinkHolder:
@@ -80,26 +85,47 @@ def reports(node) -> list[tuple[int, dict]]:
     return [(index, report) for index, (_at, report) in sorted(node.shards.reports.items())]
 
 
-def remote_rows(node, kind: str) -> list[dict]:
-    """The rows of `kind` ("connections", "channels", "consumers") the other shards reported."""
-    return [row for _index, report in reports(node) for row in report[kind]]
+async def gathered(node, parts: tuple, query=None) -> list[tuple[int, dict]]:
+    """(shard, report with `parts`) of every other shard, asked now (with
+    the samples of the ranges `query` asks for); as last reported when it
+    does not answer within FRESH_WAIT; left out when it never reported."""
+    if node.shards is None:
+        return []
+    others = [index for index in range(node.shards.shard.count) if index != node.shards.here]
+    asked = range_query(query or {})
+    answers = await asyncio.gather(*(asyncio.wait_for(ask(node, index, "report", parts, asked), FRESH_WAIT)
+                                     for index in others), return_exceptions=True)
+    found = []
+    for index, answer in zip(others, answers):
+        if isinstance(answer, BaseException):  # busy, or ended (TimeoutError, ShardGone)
+            last = node.shards.reports.get(index)
+            if last is None:
+                continue
+            answer = last[1]
+        found.append((index, answer))
+    return found
 
 
-def visible_rows(req, kind: str, vhost_name: str | None = None) -> list[dict]:
+def remote_rows(found, kind: str) -> list[dict]:
+    """The rows of `kind` ("connections", "channels", "consumers") of the other shards' reports `found`."""
+    return [row for _index, report in found for row in report[kind]]
+
+
+def visible_rows(req, found, kind: str, vhost_name: str | None = None) -> list[dict]:
     """Other shards' connection or channel rows this user may see (its own;
     all of them for monitoring and administrator users), of one vhost or all."""
     everything = access.sees_everything(req.user)
-    return [row for row in remote_rows(req.node, kind)
+    return [row for row in remote_rows(found, kind)
             if (everything or row["user"] == req.user.name) and (vhost_name is None or row["vhost"] == vhost_name)]
 
 
-def consumer_rows(node, q) -> list[dict]:
-    """The consumers of queue `q` on every shard."""
-    found = [marked(node, shapes.consumer(channel, consumer))
-             for channel, consumer in shapes.consumers_by_queue(node.connections).get(q, [])]
-    found += [row for row in remote_rows(node, "consumers")
-              if row["queue"]["name"] == q.name and row["queue"]["vhost"] == q.vhost]
-    return found
+def consumer_rows(node, found, q) -> list[dict]:
+    """The consumers of queue `q` on every shard (`found`: the others' reports)."""
+    rows = [marked(node, shapes.consumer(channel, consumer))
+            for channel, consumer in shapes.consumers_by_queue(node.connections).get(q, [])]
+    rows += [row for row in remote_rows(found, "consumers")
+             if row["queue"]["name"] == q.name and row["queue"]["vhost"] == q.vhost]
+    return rows
 
 
 def _counted(stats) -> bool:
@@ -112,9 +138,22 @@ def busy(queue, unacked: int) -> bool:
     return bool(queue.message_count or queue.consumer_count or unacked or _counted(queue.stats))
 
 
-def report(node) -> dict:
-    """This shard's report to shard 0 (see the module's note)."""
-    reading = Reading(node.sampler, {})
+def report(node, parts: tuple = PARTS, query=None) -> dict:
+    """This shard's report, or the `parts` of it asked for (see the module's note)."""
+    reading = Reading(node.sampler, query or {})
+    out = {}
+    if {"connections", "channels", "consumers"} & set(parts):
+        out.update(_clients(node, reading))
+    if {"queues", "counted", "vhosts"} & set(parts):
+        out.update(_queues(node, reading))
+    if "exchanges" in parts:
+        out["exchanges"] = {(v.name, name): shapes.exchange_stats(reading, stats)
+                            for v in list(node.broker.vhosts.values())
+                            for name, stats in _exchange_counters(v) if stats.publish_in}
+    return {part: out[part] for part in parts}
+
+
+def _clients(node, reading) -> dict:
     connections, channels, consumers = [], [], []
     for connection in sorted((c for c in list(node.connections) if c.vhost is not None),
                              key=lambda c: c.connected_at):
@@ -122,6 +161,17 @@ def report(node) -> dict:
         for _number, channel in sorted(connection.channels.items()):
             channels.append(marked(node, shapes.channel(reading, channel)))
             consumers += [marked(node, shapes.consumer(channel, c)) for c in channel.consumers.values()]
+    return {"connections": connections, "channels": channels, "consumers": consumers}
+
+
+def _exchange_counters(v):
+    """(name, ExchangeStats) of a vhost's exchanges, the default one ("") first."""
+    yield "", v.default_exchange_stats
+    for name, x in list(v.exchanges.items()):
+        yield name, x.stats
+
+
+def _queues(node, reading) -> dict:
     held = holders(node)
     unacked = shapes.unacked_by_queue(held)
     unacked_bytes = shapes.unacked_bytes_by_queue(held)
@@ -140,8 +190,7 @@ def report(node) -> dict:
                 queues[(v.name, q.name)] = packed(reading, q, unacked[q], unacked_bytes[q], by_queue.get(q, []))
         vhosts[v.name] = {"lengths": shapes.counts(reading, [v], ready, waiting),
                           "message_stats": reading.with_rates([v], v.stats.totals(), VHOST_STATS, "msg_rates")}
-    return {"connections": connections, "channels": channels, "consumers": consumers, "queues": queues,
-            "counted": counted, "vhosts": vhosts}
+    return {"queues": queues, "counted": counted, "vhosts": vhosts}
 
 
 # A queue's figures in a report, packed small: its shapes.queue_values, the
@@ -220,7 +269,8 @@ class NodeQueues:
     when it reported none, as idle), and its message_stats summed over the
     shards that counted its messages."""
 
-    def __init__(self, node, reading) -> None:
+    def __init__(self, node, reading, found=()) -> None:
+        """`found`: the other shards' reports (`gathered`), with queues and counted."""
         self.node = node
         self.reading = reading
         held = holders(node)
@@ -230,9 +280,9 @@ class NodeQueues:
         self.figures: dict = {}  # (vhost, name) -> `packed` figures of another shard's queue
         self.fresh: dict = {}  # (vhost, name) -> figures its owner just gave
         self.counted: dict = {}  # (vhost, name) -> [message_stats of other shards]
-        for _index, found in reports(node):
-            self.figures.update(found["queues"])
-            for key, stats in found["counted"].items():
+        for _index, report in found:
+            self.figures.update(report.get("queues", {}))
+            for key, stats in report.get("counted", {}).items():
                 self.counted.setdefault(key, []).append(stats)
 
     def figures_of(self, q) -> dict:
@@ -271,12 +321,6 @@ class NodeQueues:
         return q.consumer_count
 
 
-def vhost_figures(node, names, key: str) -> list[dict]:
-    """The other shards' `key` ("lengths", "message_stats") of the vhosts `names`."""
-    return [found["vhosts"][name][key] for _index, found in reports(node) for name in names
-            if name in found["vhosts"]]
-
-
 def own_vhost_totals(reading, vhosts, unacked) -> tuple[dict, dict]:
     """(queue_totals, message_stats) of `vhosts` on this shard: the queues
     it owns, the messages it counted (`unacked`: its deliveries not acked,
@@ -291,40 +335,23 @@ def own_vhost_totals(reading, vhosts, unacked) -> tuple[dict, dict]:
     return lengths, reading.with_rates(vhosts, totals, VHOST_STATS, "msg_rates")
 
 
-def vhost_totals(node, reading, vhosts, unacked) -> tuple[dict, dict]:
-    """(queue_totals, message_stats) of `vhosts` over the node, the other
-    shards' as they reported them."""
+def vhost_totals(reading, vhosts, unacked, found) -> tuple[dict, dict]:
+    """(queue_totals, message_stats) of `vhosts` over the node (`found`: the
+    other shards' reports, with vhosts)."""
     lengths, stats = own_vhost_totals(reading, vhosts, unacked)
-    names = [v.name for v in vhosts]
-    for other in vhost_figures(node, names, "lengths"):
-        lengths = add_figures(lengths, other)
-    for other in vhost_figures(node, names, "message_stats"):
-        stats = add_figures(stats, other)
+    for _index, report in found:
+        for v in vhosts:
+            part = report["vhosts"].get(v.name)
+            if part is not None:
+                lengths = add_figures(lengths, part["lengths"])
+                stats = add_figures(stats, part["message_stats"])
     return lengths, stats
 
 
-async def vhost_totals_now(node, reading, query, vhosts, unacked) -> tuple[dict, dict]:
-    """`vhost_totals`; when the request asks for a range, each other shard
-    is asked for its totals with their samples (its report, when it does not
-    answer within FRESH_WAIT)."""
-    if node.shards is None or not reading.ranges:
-        return vhost_totals(node, reading, vhosts, unacked)
-    lengths, stats = own_vhost_totals(reading, vhosts, unacked)
-    names = [v.name for v in vhosts]
-    asked = range_query(query)
-    found = reports(node)
-    answers = await asyncio.gather(*(asyncio.wait_for(ask(node, index, "vhost.totals", names, asked), FRESH_WAIT)
-                                     for index, _report in found), return_exceptions=True)
-    for (_index, report), answer in zip(found, answers):
-        if isinstance(answer, BaseException):  # ended, or busy (ShardGone, TimeoutError): as it last reported
-            answer = [(part["lengths"], part["message_stats"])
-                      for part in (report["vhosts"][name] for name in names if name in report["vhosts"])]
-        else:
-            answer = [answer]
-        for other_lengths, other_stats in answer:
-            lengths = add_figures(lengths, other_lengths)
-            stats = add_figures(stats, other_stats)
-    return lengths, stats
+def exchange_stats(found, vhost_name: str, name: str) -> list[dict]:
+    """The message_stats other shards counted for an exchange (publishes that arrived there)."""
+    return [report["exchanges"][(vhost_name, name)] for _index, report in found
+            if (vhost_name, name) in report["exchanges"]]
 
 
 # -- services: what shard 0 asks of the others ------------------------------------------------
@@ -364,12 +391,8 @@ def services(node, get_messages) -> dict:
             return None
         return NodeQueues(node, Reading(node.sampler, query)).figures_of(q)
 
-    def totals(names: list, query: dict) -> tuple[dict, dict]:
-        vhosts = [node.broker.vhosts[name] for name in names if name in node.broker.vhosts]
-        return own_vhost_totals(Reading(node.sampler, query), vhosts, shapes.unacked_by_queue(holders(node)))
-
-    return {"connection.close": close_connection, "queue.get": get, "queue.figures": figures,
-            "vhost.totals": totals}
+    return {"report": lambda parts, query: report(node, tuple(parts), query), "connection.close": close_connection,
+            "queue.get": get, "queue.figures": figures}
 
 
 def unavailable(queue, error: Exception) -> ApiError:
