@@ -9,6 +9,10 @@ getting and purging messages of its queue, AMQP queue.purge across shards).
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
+import time
 import urllib.request
 
 import pika
@@ -283,3 +287,25 @@ def _table(ui, css: str) -> list[list[str]]:
     return ui.driver.execute_script("""
         return Array.from(document.querySelectorAll(arguments[0] + ' tbody tr'),
                           r => Array.from(r.cells, c => c.innerText))""", css)
+
+
+def test_a_shard_that_does_not_answer_is_shown_as_it_last_reported(node, api, clients):
+    far = clients[1].channel()
+    remote = _queue_on(api, far, 1)
+    _publish(far, remote, 2)
+    published = time.monotonic()
+
+    def reported_since() -> bool:  # shard 1's periodic report (the fallback) was made after the publishes
+        return api.get("/api/nodes").body[0]["shard_reports"]["1"] < time.monotonic() - published
+
+    wait_for(reported_since, timeout=10, what="a report of shard 1 made after the publishes")
+    pid = int(re.findall(r"shard 1 of 2: pid (\d+)", node.log)[-1])
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        listed = next(q for q in _rows(api, "/api/queues") if q["name"] == remote)
+        assert time.monotonic() - started < 5  # the listing does not wait for the stopped shard
+        assert (listed["shard"], listed["messages"]) == (1, 2)
+        assert _named(api, clients[1].listed_as)["shard"] == 1
+    finally:
+        os.kill(pid, signal.SIGCONT)

@@ -121,6 +121,7 @@ def node_info(req, reading=None) -> dict:
     }
     if node.shards is not None:  # the node's shards: processes, each with its own memory and descriptors
         out["shards"] = shards.shard_count(node)
+        out["shard_reports"] = shards.report_ages(node)
     # RabbitMQ's node_stats fields with their rates (and samples, with a node_stats range)
     for key in NODE_FIGURES:
         out[key] = figures[key]

@@ -85,6 +85,13 @@ def reports(node) -> list[tuple[int, dict]]:
     return [(index, report) for index, (_at, report) in sorted(node.shards.reports.items())]
 
 
+def report_ages(node) -> dict[str, float]:
+    """Seconds since each other shard's last periodic report, by shard
+    (what shard 0 shows of a shard that does not answer is that old)."""
+    now = asyncio.get_running_loop().time()
+    return {str(index): round(now - at, 3) for index, (at, _report) in sorted(node.shards.reports.items())}
+
+
 async def gathered(node, parts: tuple, query=None) -> list[tuple[int, dict]]:
     """(shard, report with `parts`) of every other shard, asked now (with
     the samples of the ranges `query` asks for); as last reported when it
