@@ -10,6 +10,7 @@ key, the topic permission), like a shovel running as that user.
 """
 from __future__ import annotations
 
+from amqp_server.management import shards
 from amqp_server.management.errors import amqp_errors_as_http, bad_request
 from amqp_server.management.operations import rendered
 from amqp_server.management.resources import exchange_name, find_queue
@@ -27,14 +28,27 @@ def _count(value, default: int | None) -> int | None:
 
 
 async def peek(req) -> list:
+    """A queue of another shard of the node is peeked at by its owner."""
     v, queue = find_queue(req)
     count = _count(req.query.get("count"), 1)
     with amqp_errors_as_http():
         req.access(v).check("queue", queue.name, "read")
-        entries = await v.peek_queue(queue.name, count)
+        if getattr(queue, "remote", False):
+            return await shards.at_owner(req.node, queue, "queue.peek", v.name, queue.name, count)
+        return await _peeked(v, queue, count)
+
+
+async def _peeked(v, queue, count: int) -> list:
+    entries = await v.peek_queue(queue.name, count)
     ready = queue.message_count
     # message_count: the ready messages behind each one, as a get shows it
     return [rendered(entry, max(ready - i - 1, 0), "auto", None) for i, entry in enumerate(entries)]
+
+
+@shards.service("queue.peek")
+async def _peek_here(node, vhost: str, name: str, count: int) -> list:
+    found = shards.owned_queue(node, vhost, name)
+    return [] if found is None else await _peeked(*found, count)
 
 
 def _destination(body: dict) -> tuple[str, str, str | None]:
@@ -65,5 +79,14 @@ async def move(req) -> dict:
             checks.publish(name)
             if key is not None:
                 checks.topic(v.exchanges.get(name), key, "write")
-        moved = await v.move_messages(queue.name, name, kind, count, key)
+        if getattr(queue, "remote", False):  # the owner moves them (to wherever they go from there)
+            moved = await shards.at_owner(req.node, queue, "queue.move", v.name, queue.name, name, kind, count, key)
+        else:
+            moved = await v.move_messages(queue.name, name, kind, count, key)
     return {"moved": moved}
+
+
+@shards.service("queue.move")
+async def _move_here(node, vhost: str, source: str, destination: str, kind: str, count, key) -> int:
+    found = shards.owned_queue(node, vhost, source)
+    return 0 if found is None else await found[0].move_messages(source, destination, kind, count, key)

@@ -16,20 +16,23 @@ connection does).
 """
 from __future__ import annotations
 
-from amqp_server.management import access, shapes
+from amqp_server.management import access, shards
 from amqp_server.management.errors import amqp_errors_as_http, not_authorised, not_found
 from amqp_server.management.http import NO_CONTENT
 from amqp_server.management.listing import present
+from amqp_server.management.rates import Reading
 
 
-def _shape(vhost, session, filters: dict) -> dict:
+def _shape(vhost, session, filters: dict, node_queues) -> dict:
+    """`node_queues`: the node's queues' figures (amqp_server.management.shards:
+    on a node of several shards a session's queue may be on another one)."""
     connection = session.connection
-    unacked = shapes.unacked_by_queue([connection] if connection is not None else [])
     queues, subscriptions = [], []
     for q in session.queues:
         qos = int(q.name[-1])
-        ready, held = q.message_count, unacked[q]
-        queues.append({"name": q.name, "qos": qos, "durable": q.durable, "consumers": len(q.consumers),
+        figures = node_queues.figures_of(q)
+        ready, held = figures["messages_ready"], figures["messages_unacknowledged"]
+        queues.append({"name": q.name, "qos": qos, "durable": q.durable, "consumers": figures["consumers"],
                        "messages": ready + held, "messages_ready": ready, "messages_unacknowledged": held})
         subscriptions += [{"topic_filter": f, "qos": qos} for f in sorted(filters.get(q.name, ()))]
     qos2 = session.qos2
@@ -51,15 +54,20 @@ def _shape(vhost, session, filters: dict) -> dict:
     }
 
 
-def _in(req, vhost) -> list[dict]:
+async def _node_queues(req):
+    return shards.NodeQueues(req.node, Reading(req.node.sampler, {}), await shards.gathered(req.node, ("queues",)))
+
+
+def _in(req, vhost, node_queues) -> list[dict]:
     filters = req.node.mqtt_sessions.topic_filters(vhost, req.node.config.mqtt.exchange)
-    return [_shape(vhost, session, filters) for session in req.node.mqtt_sessions.in_vhost(vhost)]
+    return [_shape(vhost, session, filters, node_queues) for session in req.node.mqtt_sessions.in_vhost(vhost)]
 
 
-def sessions(req) -> list:
+async def sessions(req) -> list:
     name = req.params.get("vhost")
     vhosts = [req.vhost(name)] if name is not None else access.visible_vhosts(req.user, req.broker)
-    return present([row for vhost in vhosts for row in _in(req, vhost)], req.query)
+    node_queues = await _node_queues(req)
+    return present([row for vhost in vhosts for row in _in(req, vhost, node_queues)], req.query)
 
 
 def _find(req):
@@ -71,9 +79,10 @@ def _find(req):
     raise not_found()
 
 
-def session(req) -> dict:
+async def session(req) -> dict:
     vhost, found = _find(req)
-    return _shape(vhost, found, req.node.mqtt_sessions.topic_filters(vhost, req.node.config.mqtt.exchange))
+    return _shape(vhost, found, req.node.mqtt_sessions.topic_filters(vhost, req.node.config.mqtt.exchange),
+                  await _node_queues(req))
 
 
 def end_session(req):

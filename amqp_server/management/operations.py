@@ -113,11 +113,15 @@ async def get_messages(req) -> list:
     if not getattr(queue, "remote", False):
         return await take(v, queue, asked, req.user.name)
     try:
-        return await shards.ask(req.node, queue.shard, "queue.get", v.name, queue.name, asked, req.user.name)
+        return await shards.at_owner(req.node, queue, "queue.get", v.name, queue.name, asked, req.user.name)
     except AMQPError as exc:
         raise refused_get(exc) from None
-    except Exception as exc:  # the owner ended before it answered (ShardGone)
-        raise shards.unavailable(queue, exc) from None
+
+
+@shards.service("queue.get")
+async def _take_here(node, vhost: str, name: str, asked: dict, user_name: str) -> list:
+    found = shards.owned_queue(node, vhost, name)
+    return [] if found is None else await take(*found, asked, user_name)
 
 
 async def take(v, queue, asked: dict, user_name: str) -> list:

@@ -142,7 +142,7 @@ async def queues(req) -> list:
     figures (amqp_server.management.shards)."""
     vhosts = _in_vhosts(req, req.params.get("vhost"))
     reading = shapes.reading_of(req)
-    node_queues = shards.NodeQueues(req.node, reading, await shards.gathered(req.node, QUEUE_PARTS))
+    node_queues = shards.NodeQueues(req.node, reading, await shards.gathered(req.node, QUEUE_PARTS, req.query))
     return present([(v, v.queues[n]) for v in vhosts for n in sorted(v.queues)], req.query,
                    lambda pair: node_queues.row(*pair), lambda pair: pair[1].name)
 

@@ -29,6 +29,7 @@ composition root and used by its duck type: `here`, `shard.count`,
 from __future__ import annotations
 
 import asyncio
+import functools
 
 from vhosts.errors import CONNECTION_FORCED, AMQPError
 
@@ -193,8 +194,10 @@ def _queues(node, reading) -> dict:
                 continue
             ready += q.message_count
             waiting += unacked[q]
-            if busy(q, unacked[q]):
-                queues[(v.name, q.name)] = packed(reading, q, unacked[q], unacked_bytes[q], by_queue.get(q, []))
+            if busy(q, unacked[q]):  # a range's samples do not pack: its figures whole
+                queues[(v.name, q.name)] = (
+                    shapes.queue_figures(reading, q, unacked[q], unacked_bytes[q], by_queue.get(q, []))
+                    if reading.ranges else packed(reading, q, unacked[q], unacked_bytes[q], by_queue.get(q, [])))
         vhosts[v.name] = {"lengths": shapes.counts(reading, [v], ready, waiting),
                           "message_stats": reading.with_rates([v], v.stats.totals(), VHOST_STATS, "msg_rates")}
     return {"queues": queues, "counted": counted, "vhosts": vhosts}
@@ -284,7 +287,8 @@ class NodeQueues:
         self.unacked = shapes.unacked_by_queue(held)
         self.unacked_bytes = shapes.unacked_bytes_by_queue(held)
         self.consumers = shapes.consumers_by_queue(node.connections)
-        self.figures: dict = {}  # (vhost, name) -> `packed` figures of another shard's queue
+        # (vhost, name) -> figures of another shard's queue: `packed`, or whole (with a range's samples)
+        self.figures: dict = {}
         self.fresh: dict = {}  # (vhost, name) -> figures its owner just gave
         self.counted: dict = {}  # (vhost, name) -> [message_stats of other shards]
         for _index, report in found:
@@ -303,7 +307,8 @@ class NodeQueues:
             if key in self.fresh:
                 out = dict(self.fresh[key])
             else:
-                out = unpacked(found) if found is not None else shapes.idle_queue_figures(self.reading)
+                out = (shapes.idle_queue_figures(self.reading) if found is None
+                       else unpacked(found) if isinstance(found, tuple) else dict(found))
             if _counted(q.stats):  # messages counted here, on their way to the owner
                 self._count(out, shapes.message_stats(self.reading, q, q.stats, QUEUE_STATS))
         for stats in self.counted.get((q.vhost, q.name), ()):
@@ -324,7 +329,9 @@ class NodeQueues:
     def consumer_count(self, q) -> int:
         if getattr(q, "remote", False):
             found = self.figures.get((q.vhost, q.name))
-            return found[0][0] if found is not None else 0
+            if found is None:
+                return 0
+            return found[0][0] if isinstance(found, tuple) else found["consumers"]
         return q.consumer_count
 
 
@@ -364,42 +371,64 @@ def exchange_stats(found, vhost_name: str, name: str) -> list[dict]:
 # -- services: what shard 0 asks of the others ------------------------------------------------
 
 
-def attach(node, shards, get_messages) -> None:
+# name -> handler(node, *args) -> answer (or an awaitable of it): what this shard
+# answers for shard 0's management (ShardNode.services); each module of the
+# face registers its own (`service`).
+SERVICES: dict = {}
+
+
+def service(name: str):
+    """Register the decorated function as the service `name`."""
+    def register(handler):
+        SERVICES[name] = handler
+        return handler
+    return register
+
+
+def attach(node, shards) -> None:
     """Make the management face of this shard (`node`) part of its node of
-    several shards (`shards`: its ShardNode; see `services` for `get_messages`)."""
+    several shards (`shards`: its ShardNode)."""
     node.shards = shards
     shards.report_source = lambda: report(node)
-    shards.services.update(services(node, get_messages))
+    shards.services.update({name: functools.partial(handler, node) for name, handler in SERVICES.items()})
 
 
-def services(node, get_messages) -> dict:
-    """The requests this shard answers for shard 0's management
-    (ShardNode.services). `get_messages(v, queue, asked, user name)`: the
-    API's get, run where the queue is (amqp_server.management.operations.take)."""
+def owned_queue(node, vhost: str, name: str):
+    """(vhost, queue) of a queue this shard owns, or None (deleted meanwhile)."""
+    v = node.broker.vhosts.get(vhost)
+    q = v.queues.get(name) if v is not None else None
+    return None if q is None or getattr(q, "remote", False) else (v, q)
 
-    def close_connection(name: str, reason: str) -> bool:
-        for connection in list(node.connections):
-            if connection.vhost is not None and shapes.connection_name(connection) == name:
-                connection.close_with(AMQPError(CONNECTION_FORCED, reason))
-                return True
-        return False
 
-    async def get(vhost: str, name: str, asked: dict, user: str) -> list:
-        v = node.broker.vhosts.get(vhost)
-        q = v.queues.get(name) if v is not None else None
-        if q is None or getattr(q, "remote", False):  # deleted meanwhile: nothing to get
-            return []
-        return await get_messages(v, q, asked, user)
+@service("report")
+def _report_service(node, parts: list, query: dict) -> dict:
+    return report(node, tuple(parts), query)
 
-    def figures(vhost: str, name: str, query: dict) -> dict | None:
-        v = node.broker.vhosts.get(vhost)
-        q = v.queues.get(name) if v is not None else None
-        if q is None or getattr(q, "remote", False):
-            return None
-        return NodeQueues(node, Reading(node.sampler, query)).figures_of(q)
 
-    return {"report": lambda parts, query: report(node, tuple(parts), query), "connection.close": close_connection,
-            "queue.get": get, "queue.figures": figures}
+@service("connection.close")
+def _close_connection(node, name: str, reason: str) -> bool:
+    for connection in list(node.connections):
+        if connection.vhost is not None and shapes.connection_name(connection) == name:
+            connection.close_with(AMQPError(CONNECTION_FORCED, reason))
+            return True
+    return False
+
+
+@service("queue.figures")
+def _queue_figures(node, vhost: str, name: str, query: dict) -> dict | None:
+    found = owned_queue(node, vhost, name)
+    return None if found is None else NodeQueues(node, Reading(node.sampler, query)).figures_of(found[1])
+
+
+async def at_owner(node, queue, service_name: str, *args):
+    """The answer of `service_name` at the shard that owns `queue`; an
+    AMQPError it raised is raised here; 503 when it ended first."""
+    try:
+        return await ask(node, queue.shard, service_name, *args)
+    except AMQPError:
+        raise
+    except Exception as exc:  # the owner ended before it answered (ShardGone)
+        raise unavailable(queue, exc) from None
 
 
 def unavailable(queue, error: Exception) -> ApiError:

@@ -14,7 +14,7 @@ from amqp_server.amqp import framing
 from amqp_server.amqp.protocol import AMQPProtocol
 from amqp_server.links.client import LocalNode
 from amqp_server.links.supervisor import Links
-from amqp_server.management import ManagementListeners, operations
+from amqp_server.management import ManagementListeners
 from amqp_server.management import shards as management_shards
 from amqp_server.management.listeners import ListenerError
 from amqp_server.mqtt.protocol import MQTTProtocol
@@ -159,7 +159,7 @@ class BrokerServer:
         self.management = ManagementListeners(self.broker, self.connections, config, self.writer, self.monitor,
                                               self.listeners, self.alarms, self.mqtt_sessions, self.logins)
         if self.shards is not None:  # shard 0's management shows the whole node (docs/management.md)
-            management_shards.attach(self.management.node, self.shards, operations.take)
+            management_shards.attach(self.management.node, self.shards)
         self.links: Links | None = None  # once the AMQP listener is open (a link may point at this node)
 
     def abandon(self) -> None:
