@@ -24,7 +24,7 @@ one AMQP's queue.purge of another shard's queue uses).
 
 `node.shards` (management.node.Node) is the ShardNode, given by the
 composition root and used by its duck type: `here`, `shard.count`,
-`reports`, `held`, `ask`, `purge`.
+`reports`, `outgoing`, `held`, `ask`, `purge`.
 """
 from __future__ import annotations
 
@@ -101,8 +101,10 @@ async def gathered(node, parts: tuple, query=None) -> list[tuple[int, dict]]:
         return []
     others = [index for index in range(node.shards.shard.count) if index != node.shards.here]
     asked = range_query(query or {})
+    linked = node.shards.outgoing  # a request to a shard without a link would wait for its restart
     answers = await asyncio.gather(*(asyncio.wait_for(ask(node, index, "report", parts, asked), FRESH_WAIT)
-                                     for index in others), return_exceptions=True)
+                                     if index in linked else _not_linked(index) for index in others),
+                                   return_exceptions=True)
     found = []
     for index, answer in zip(others, answers):
         if isinstance(answer, BaseException):  # busy, or ended (TimeoutError, ShardGone)
@@ -112,6 +114,10 @@ async def gathered(node, parts: tuple, query=None) -> list[tuple[int, dict]]:
             answer = last[1]
         found.append((index, answer))
     return found
+
+
+async def _not_linked(index: int):
+    raise ConnectionError("no link to shard %d" % index)
 
 
 def remote_rows(found, kind: str) -> list[dict]:
