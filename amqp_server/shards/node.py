@@ -9,7 +9,7 @@ on, so a request and its answer share one ordered byte stream.
 
 Records (tuples, amqp_server.shards.link), by the requester:
   ("hello", index)                        first on every link
-  ("pub", vhost, queue, data, ticket)      ticket 0: no confirm wanted
+  ("pub", vhost, queue, exchange, routing key, header, body, ticket)   ticket 0: no confirm wanted
   ("consume", cid, vhost, queue, tag, no_ack, exclusive, prefetch, arguments)
   ("cancel", cid)
   ("settle", cid, outcome, [entry ids])    ack, reject or requeue; cid 0: a get
@@ -24,7 +24,8 @@ Records (tuples, amqp_server.shards.link), by the requester:
   ("report", index, report)               to shard 0, every REPORT_INTERVAL (no answer)
   ("ask", ticket, service, args)          a management service of another shard
 and by the owner, on the same link:
-  ("durable", ticket) ("rejected", ticket) ("deliver", cid, entry id, redelivered, deliveries, data)
+  ("durable", ticket) ("rejected", ticket)
+  ("deliver", cid, entry id, redelivered, deliveries, exchange, routing key, header, body)
   ("cancelled", cid) ("got", ticket, entry id, redelivered, deliveries, data, count)
   ("counted", ticket, messages, consumers) ("purged", ticket, count) ("defined", ticket, result)
   ("refused", ticket, code, text) ("applied", ticket) ("synced", ticket, changes, batch)
@@ -97,13 +98,15 @@ class StandIn:
             queue.stats.deliver += 1
         if not consumer.prefetch_count or consumer.no_ack:
             self.in_flight += 1
-        self.link.send(("deliver", self.cid, ident, entry.redelivered, entry.deliveries,
-                        entry.message.to_bytes()))
+        message = entry.message
+        self.link.send(("deliver", self.cid, ident, entry.redelivered, entry.deliveries, message.exchange,
+                        message.routing_key, message.header, message.body))
 
     def deliver_fresh(self, consumer: Consumer, queue, message) -> None:
         queue.stats.deliver_no_ack += 1
         self.in_flight += 1
-        self.link.send(("deliver", self.cid, 0, False, 0, message.to_bytes()))
+        self.link.send(("deliver", self.cid, 0, False, 0, message.exchange, message.routing_key, message.header,
+                        message.body))
 
     def consumer_cancelled(self, consumer: Consumer) -> None:
         self.node.standins.pop((self.link, self.cid), None)
@@ -362,13 +365,13 @@ class ShardNode:
         self.held.setdefault(link, {})[ident] = (queue, entry, consumer)
         return ident
 
-    def _on_pub(self, link, vhost, name, data, ticket):
+    def _on_pub(self, link, vhost, name, exchange, routing_key, header, body, ticket):
         queue = self._owned(vhost, name)
         if queue is None:  # deleted meanwhile: as a publish into a queue deleted under it
             if ticket:
                 link.send(("durable", ticket))
             return
-        message = Message.from_bytes(data)
+        message = Message(exchange, routing_key, header, body)
         if not ticket:
             queue.publish(message)
             return
@@ -503,7 +506,8 @@ class ShardNode:
 
     def publish(self, queue: RemoteQueue, message: Message, on_durable) -> None:
         if on_durable is None:
-            self.send_to(queue.shard, ("pub", queue.vhost, queue.name, message.to_bytes(), 0))
+            self.send_to(queue.shard, ("pub", queue.vhost, queue.name, message.exchange, message.routing_key,
+                                       message.header, message.body, 0))
             return
 
         def answered(record):
@@ -514,8 +518,9 @@ class ShardNode:
                 if refused is not None:
                     refused()
 
-        data = message.to_bytes()
-        self.request(queue.shard, lambda ticket: ("pub", queue.vhost, queue.name, data, ticket), answered)
+        self.request(queue.shard, lambda ticket: ("pub", queue.vhost, queue.name, message.exchange,
+                                                  message.routing_key, message.header, message.body, ticket),
+                     answered)
 
     def consume(self, queue: RemoteQueue, consumer: Consumer) -> None:
         cid = next(self._cids)
@@ -543,13 +548,17 @@ class ShardNode:
         idents = [entry.seq for entry in entries if entry.seq]
         if idents:
             link.send(("settle", 0, outcome, idents))
-        credits = self._credits
         for entry in entries:
             consumer = entry.consumer
             if consumer is not None and (not entry.seq or not consumer.prefetch_count):
-                key = (queue.shard, consumer.remote_id)
-                credits[key] = credits.get(key, 0) + 1
-        if credits and not self._credits_armed:
+                self._credit(queue.shard, consumer.remote_id)
+
+    def _credit(self, shard: int, cid: int) -> None:
+        """One delivery of consumer `cid` handed on: its owner may send another."""
+        key = (shard, cid)
+        credits = self._credits
+        credits[key] = credits.get(key, 0) + 1
+        if not self._credits_armed:
             self._credits_armed = True
             asyncio.get_running_loop().call_soon(self._send_credits)
 
@@ -590,14 +599,18 @@ class ShardNode:
         no_ack = False  # the channel acks a no-ack get itself, at once
         self.request(queue.shard, lambda ticket: ("get", ticket, queue.vhost, queue.name, no_ack), answered)
 
-    def _on_deliver(self, link, cid, ident, redelivered, deliveries, data):
+    def _on_deliver(self, link, cid, ident, redelivered, deliveries, exchange, routing_key, header, body):
         found = self.consumers.get(cid)
         if found is None:
             if ident:
                 link.send(("settle", 0, "requeue", [ident]))
             return
         queue, consumer = found
-        queue.received(consumer.tag, RemoteEntry(ident, Message.from_bytes(data), redelivered, deliveries, consumer))
+        message = Message(exchange, routing_key, header, body)
+        if not ident and not redelivered and queue.received_fresh(consumer, message):
+            self._credit(queue.shard, cid)  # the commonest: a no-ack delivery handed on at once
+            return
+        queue.received(consumer.tag, RemoteEntry(ident, message, redelivered, deliveries, consumer))
 
     def _on_cancelled(self, link, cid):
         found = self.consumers.pop(cid, None)
