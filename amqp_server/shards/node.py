@@ -16,6 +16,7 @@ Records (tuples, amqp_server.shards.link), by the requester:
   ("credit", cid, n)                       no-ack deliveries handed to the client
   ("get", ticket, vhost, queue, no_ack)
   ("reply", vhost, token, data)            a direct reply to a channel of that shard (no answer)
+  ("hold", vhost, queue, holding)         credit flow: that shard's publishers into the queue wait, or go on
   ("counts", ticket, vhost, queue)
   ("purge", ticket, vhost, queue)
   ("define", ticket, op)                   to shard 0 (amqp_server.shards.definitions)
@@ -68,17 +69,38 @@ class ShardGone(Exception):
     """The shard asked ended before it answered."""
 
 
+class LinkPublisher:
+    """Credit flow (vhosts.queue) for the publishers of another shard into one
+    queue: the queue's `throttle` and `release_waiters` tell that shard."""
+
+    __slots__ = ("link", "vhost", "name")
+
+    def __init__(self, link: Link, vhost: str, name: str) -> None:
+        self.link = link
+        self.vhost = vhost
+        self.name = name
+
+    def throttled_by(self, _source) -> None:
+        self.link.send(("hold", self.vhost, self.name, True))
+
+    def unblocked(self, _source) -> None:
+        self.link.send(("hold", self.vhost, self.name, False))
+
+
 class StandIn:
     """The owner's side of a consumer on another shard: the ConsumerChannel
     its Consumer belongs to."""
-
-    output_blocked = False
 
     def __init__(self, node: "ShardNode", link: Link, cid: int) -> None:
         self.node = node
         self.link = link
         self.cid = cid
         self.in_flight = 0  # no-ack or unlimited deliveries not credited back
+
+    @property
+    def output_blocked(self) -> bool:
+        """Held back only by the link's window (the queue's credit flow counts it)."""
+        return self.in_flight >= WINDOW
 
     def can_deliver(self, consumer: Consumer) -> bool:
         if self.link.closed:
@@ -140,6 +162,7 @@ class ShardNode:
         self.services: dict[str, object] = {}
         self._credits: dict[tuple[int, int], int] = {}  # (owner shard, cid) -> deliveries to give back
         self._unsent: dict[int, list] = {}  # peer -> records waiting for its link
+        self.flows: dict[Link, dict[str, LinkPublisher]] = {}  # credit flow towards each link's publishers
         self._credits_armed = False
 
     # -- links ------------------------------------------------------------------
@@ -244,6 +267,7 @@ class ShardNode:
 
     def _lost(self, link: Link) -> None:
         self.links.discard(link)
+        self.flows.pop(link, None)
         for ident, (queue, entry, consumer) in self.held.pop(link, {}).items():
             if consumer is not None:
                 consumer.unacked -= 1
@@ -266,6 +290,10 @@ class ShardNode:
             if queue.shard == peer:
                 del self.consumers[cid]
                 queue.owner_cancelled(consumer.tag)
+        for host in self.broker.vhosts.values():
+            for queue in host.queues.values():
+                if isinstance(queue, RemoteQueue) and queue.shard == peer and queue.backed_up:
+                    queue.held(False)
         self.reports.pop(peer, None)
         for ticket, callback in list(self.waiting.items()):
             if getattr(callback, "peer", None) == peer:
@@ -374,6 +402,8 @@ class ShardNode:
         message = Message(exchange, routing_key, header, body)
         if not ticket:
             queue.publish(message)
+            if queue.backed_up:
+                self._throttle(link, queue)
             return
         answered = []
 
@@ -383,10 +413,27 @@ class ShardNode:
                 link.send(("durable", ticket))
 
         outcome = queue.publish(message, durable)
+        if queue.backed_up:
+            self._throttle(link, queue)
         if outcome == REJECTED:  # reject-publish: the publisher gets a nack
             link.send(("rejected", ticket))
         elif outcome != DURABLE_PENDING:  # nothing will call back
             durable()
+
+    def _throttle(self, link: Link, queue) -> None:
+        """The publishers of the shard at the other end of `link` wait for `queue`."""
+        flows = self.flows.setdefault(link, {})
+        flow = flows.get(queue.name)
+        if flow is None:
+            flow = flows[queue.name] = LinkPublisher(link, queue.vhost, queue.name)
+        if flow not in queue.flow_waiters:
+            queue.throttle(flow)
+
+    def _on_hold(self, link, vhost, name, holding):
+        host = self.broker.vhosts.get(vhost)
+        queue = host.queues.get(name) if host is not None else None
+        if isinstance(queue, RemoteQueue):
+            queue.held(holding)
 
     def _on_consume(self, link, cid, vhost, name, tag, no_ack, exclusive, prefetch, arguments):
         queue = self._owned(vhost, name)
