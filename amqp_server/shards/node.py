@@ -162,6 +162,8 @@ class ShardNode:
         self.services: dict[str, object] = {}
         self._credits: dict[tuple[int, int], int] = {}  # (owner shard, cid) -> deliveries to give back
         self._unsent: dict[int, list] = {}  # peer -> records waiting for its link
+        # record kind -> its handler, the methods named _on_<kind>
+        self._handlers = {name[4:]: getattr(self, name) for name in dir(type(self)) if name.startswith("_on_")}
         self.flows: dict[Link, dict[str, LinkPublisher]] = {}  # credit flow towards each link's publishers
         self._credits_armed = False
 
@@ -331,10 +333,9 @@ class ShardNode:
     # -- records ------------------------------------------------------------------
 
     def received(self, link: Link, record: tuple) -> None:
-        kind = record[0]
-        handler = getattr(self, "_on_" + kind, None)
+        handler = self._handlers.get(record[0])
         if handler is None:
-            log.error("shard %d: unknown record %r from shard %s", self.here, kind, link.peer)
+            log.error("shard %d: unknown record %r from shard %s", self.here, record[0], link.peer)
             return
         handler(link, *record[1:])
 
