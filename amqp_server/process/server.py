@@ -158,6 +158,7 @@ class BrokerServer:
         self.management = ManagementListeners(self.broker, self.connections, config, self.writer, self.monitor,
                                               self.listeners, self.alarms, self.mqtt_sessions, self.logins)
         self.links: Links | None = None  # once the AMQP listener is open (a link may point at this node)
+        self._adoptions: set[asyncio.Task] = set()
 
     def abandon(self) -> None:
         """After a failed start: close what is open, and remove the data
@@ -175,6 +176,9 @@ class BrokerServer:
 
         def factory() -> AMQPProtocol:
             return AMQPProtocol(self.broker, config, self.connections, self.alarms, logins, self.writer)
+
+        if self.shards is not None:
+            self.shards.adopt = functools.partial(self._adopt, factory)
 
         def mqtt_factory() -> MQTTProtocol:
             return MQTTProtocol(self.broker, config, self.mqtt_sessions, self.connections, self.alarms, logins,
@@ -203,6 +207,17 @@ class BrokerServer:
             await self.management.start()
         except ListenerError as exc:
             raise ListenError(str(exc)) from None
+
+    def _adopt(self, factory, sock, state: dict, pending: bytes) -> None:
+        """A client connection another shard moved here (amqp_server.amqp.hand_over)."""
+        async def serve() -> None:
+            _transport, protocol = await asyncio.get_running_loop().connect_accepted_socket(factory, sock)
+            protocol.connection.adopt(state, pending)
+            log.info("the connection from %s:%d moved here", *protocol.connection.peer[:2])
+
+        task = asyncio.get_running_loop().create_task(serve())
+        self._adoptions.add(task)
+        task.add_done_callback(self._adoptions.discard)
 
     def acceptor(self, protocol: str) -> tuple | None:
         """(protocol factory, TLS context, address) of the `protocol`

@@ -44,6 +44,9 @@ import asyncio
 import itertools
 import logging
 import os
+import pickle
+import socket
+import struct
 
 from amqp_server.shards.definitions import Definitions
 from amqp_server.shards.link import Link
@@ -61,6 +64,10 @@ WINDOW = 512
 RECONNECT = 0.1
 # Seconds between a shard's reports to shard 0 (what the management API shows of it).
 REPORT_INTERVAL = 1.0
+# A moving connection's socket: the suffix of a shard's socket for them, and seconds to pass it.
+MOVES = ".moves"
+MOVE_TIMEOUT = 2.0
+_LENGTH = struct.Struct(">I")
 # Records that wait for a link to a shard that is starting (a publish, a get).
 UNSENT_MAX = 100_000
 
@@ -151,6 +158,9 @@ class ShardNode:
         self.consumers: dict[int, tuple[RemoteQueue, Consumer]] = {}  # cid -> ours at another shard
         self.definitions = Definitions(self)
         self._server = None
+        self._moves: socket.socket | None = None
+        # adopt(socket, state, pending): serve a client connection moved here (the composition root's)
+        self.adopt = None
         self._tasks: set[asyncio.Task] = set()
         # What this shard tells shard 0 of itself (its connections, its queues'
         # figures: the management face's rows, given by the composition root),
@@ -177,6 +187,18 @@ class ShardNode:
             pass
         loop = asyncio.get_running_loop()
         self._server = await loop.create_unix_server(lambda: Link(self.received, self._lost), path)
+        # Client sockets moving here (amqp_server.amqp.hand_over) come on a socket of their own:
+        # a descriptor travels in a message's ancillary data, which asyncio's transports cannot carry.
+        self._moves = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        moves = path + MOVES
+        try:
+            os.unlink(moves)
+        except FileNotFoundError:
+            pass
+        self._moves.bind(moves)
+        self._moves.listen(64)
+        self._moves.setblocking(False)
+        loop.add_reader(self._moves.fileno(), self._moved_here)
         for peer in range(self.shard.count):
             if peer != self.here:
                 self._connect_soon(peer, 0)
@@ -679,7 +701,54 @@ class ShardNode:
 
         self.request(queue.shard, lambda ticket: ("counts", ticket, queue.vhost, queue.name), answered)
 
+    # -- connections moving between shards (amqp_server.amqp.hand_over) --------------------
+
+    def hand_over(self, shard: int, fd: int, state: dict, pending: bytes) -> bool:
+        """Send a client's socket and its connection's state to `shard`
+        (the socket is duplicated into the message); False if it cannot go."""
+        if shard not in self.outgoing:
+            return False
+        data = pickle.dumps((state, pending), protocol=pickle.HIGHEST_PROTOCOL)
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as move:
+                move.settimeout(MOVE_TIMEOUT)
+                move.connect(self.shard.socket(shard) + MOVES)
+                socket.send_fds(move, [_LENGTH.pack(len(data))], [fd])
+                move.sendall(data)
+        except OSError as exc:
+            log.warning("shard %d: a connection could not move to shard %d: %s", self.here, shard, exc)
+            return False
+        return True
+
+    def _moved_here(self) -> None:
+        try:
+            move, _address = self._moves.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        fds = []
+        try:
+            with move:
+                move.settimeout(MOVE_TIMEOUT)
+                head, fds, _flags, _address = socket.recv_fds(move, _LENGTH.size, 1)
+                (length,) = _LENGTH.unpack(head)
+                data = bytearray()
+                while len(data) < length:
+                    chunk = move.recv(length - len(data))
+                    if not chunk:
+                        raise ConnectionError("the moving shard closed early")
+                    data += chunk
+                state, pending = pickle.loads(data)
+        except (OSError, ValueError, struct.error, pickle.UnpicklingError) as exc:
+            log.error("shard %d: a connection moving here was lost: %s", self.here, exc)
+            for fd in fds:
+                os.close(fd)
+            return
+        self.adopt(socket.socket(fileno=fds[0]), state, pending)
+
     async def stop(self) -> None:
+        if self._moves is not None:
+            asyncio.get_running_loop().remove_reader(self._moves.fileno())
+            self._moves.close()
         for task in list(self._tasks):
             task.cancel()
         if self._server is not None:
