@@ -320,7 +320,7 @@ class Connection(ClientConnection):
                 reader.consume(done)
                 done = 0
         except HandOver as move:
-            done = 0  # the deciding frame and what follows travel with the connection
+            done = start  # what came before is handled; the deciding frame and the rest move, or are read again
             self._hand_over(move.shard, start)
             return
         except AMQPError as exc:
@@ -674,13 +674,18 @@ class Connection(ClientConnection):
         """Move to `shard` from the frame at `start` of the read buffer on;
         if the socket cannot go now, stay and serve that frame here."""
         io = self.io
+        # Not one byte more is read here: the event loop may read again in this very turn,
+        # and what it read would be lost to the shard that takes over.
+        io.pause_reading()
         io.flush_now()
         pending = self.reader.pending(start)
         if io.transport.get_write_buffer_size() or not self.broker.shards.hand_over(
                 shard, io.transport.get_extra_info("socket").fileno(), state_of(self), pending):
             self._staying = True
-            io.call_soon(self.parse)
+            log.debug("the connection from %s stays: it cannot move to shard %d now", self.peer, shard)
+            io.call_soon(self._continue)
             return
+        log.debug("the connection from %s moves to shard %d with %d bytes read", self.peer, shard, len(pending))
         self.reader.consume(self.reader.buffered)
         self.broker.connection_closed(self)
         self.channels.clear()  # nothing in them: see hand_over.movable

@@ -210,9 +210,13 @@ class BrokerServer:
 
     def _adopt(self, factory, sock, state: dict, pending: bytes) -> None:
         """A client connection another shard moved here (amqp_server.amqp.hand_over)."""
+        def moved_in() -> AMQPProtocol:
+            protocol = factory()
+            protocol.moved_in = (state, pending)
+            return protocol
+
         async def serve() -> None:
-            _transport, protocol = await asyncio.get_running_loop().connect_accepted_socket(factory, sock)
-            protocol.connection.adopt(state, pending)
+            _transport, protocol = await asyncio.get_running_loop().connect_accepted_socket(moved_in, sock)
             log.info("the connection from %s:%d moved here", *protocol.connection.peer[:2])
 
         task = asyncio.get_running_loop().create_task(serve())
