@@ -112,16 +112,15 @@ class CpuQuota:
         except OSError:
             return []
 
-    def throttled(self) -> tuple[int, float]:
-        """(periods in which the group was throttled, seconds it spent throttled) so far."""
+    def throttled(self) -> tuple[int, int]:
+        """(enforcement periods in which the group ran, periods in which its quota ran out and it
+        was throttled) so far."""
         stat = {}
         with open(os.path.join(self.path, "cpu.stat")) as f:
             for line in f:
                 key, value = line.split()
                 stat[key] = int(value)
-        if self.version == 1:
-            return stat.get("nr_throttled", 0), stat.get("throttled_time", 0) / 1e9
-        return stat.get("nr_throttled", 0), stat.get("throttled_usec", 0) / 1e6
+        return stat.get("nr_periods", 0), stat.get("nr_throttled", 0)
 
     def remove(self) -> None:
         """Moves what is left in the group back to the creator's cgroup, then deletes the group."""

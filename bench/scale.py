@@ -31,10 +31,11 @@ producer j publishes to queue j mod 16, consumer i reads queue i mod 16):
 Each run: a fresh hutch per workload (empty data directory), one RabbitMQ node per shard count
 and repeat; amqpbench for --warmup + --duration s; consumed msg/s (amqpbench's measured window)
 and the broker's CPU over the window (user + system time of every process of the broker, from
-/proc/PID/stat, sampled by this script from 0.5 s into amqpbench's window to 0.5 s before its end), as
-cores and as CPU µs per message, the time the quota throttled it (cpu.stat), and each process's
-share (are the shards evenly loaded?). The table shows medians of --repeat runs, N shards / 1
-shard, hutch / RabbitMQ and the issue's targets.
+/proc/PID/stat, sampled by this script from 0.5 s into amqpbench's window to 0.5 s before its
+end), as cores and as CPU µs per message, the share of the quota's periods in which the broker
+was throttled (cpu.stat: its quota ran out), and each process's share (are the shards evenly
+loaded?). The table shows medians of --repeat runs, N shards / 1 shard, hutch / RabbitMQ and the
+issue's targets.
 
 --hop: the broker CPU of a publish into a queue on another shard against a local one. hutch with
 --hop-shards N; each of --hop-runs runs declares a queue on a new connection and publishes 16 B
@@ -86,7 +87,7 @@ class Workload:
 
 WORKLOADS = (
     Workload("autoack", "16 B, autoack", "--size 16 --autoack"),
-    Workload("confirms", "1 KiB persistent, confirms, manual acks",
+    Workload("confirms", "1 KiB persistent, confirms",
              "--size 1024 --persistent --confirm 100 --prefetch 100 --multi-ack-every 10"),
 )
 # The issue's targets: N shards / 1 shard, hutch / RabbitMQ at every equal quota, a hop's CPU.
@@ -240,20 +241,19 @@ def rabbitmq_running(schedulers: int, cores: float) -> Iterator[Running]:
 class CpuWindow:
     """The broker's CPU over amqpbench's measured window: `begin()` (called when amqpbench says
     its warm-up is over) starts a thread that samples the CPU seconds of the broker's processes
-    0.5 s later and again 0.5 s before the window's end, and the periods and seconds its cgroups
-    were throttled; it lifts the quotas (`running.limit(False)`) 0.2 s after the window's end, or
-    when the run ends first."""
+    0.5 s later and again 0.5 s before the window's end, and the share of the quota's periods in
+    which its cgroups were throttled (their quota ran out); it lifts the quotas
+    (`running.limit(False)`) 0.2 s after the window's end, or when the run ends first."""
 
     def __init__(self, running: Running, duration: float) -> None:
         self.running, self.duration = running, duration
         self.groups = [g for g, _cores in running.quotas]
         self.per_process: dict[int, float] | None = None
-        self.throttled_periods: int | None = None
-        self.throttled_s: float | None = None
+        self.throttled: float | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def _sample(self) -> tuple[float, dict[int, float], tuple[int, float]]:
+    def _sample(self) -> tuple[float, dict[int, float], tuple[int, int]]:
         now = time.monotonic()
         cpu = {p: c for p in self.running.processes() if (c := cpu_seconds(p)) is not None}
         throttled = [g.throttled() for g in self.groups]
@@ -268,8 +268,8 @@ class CpuWindow:
                 return
             t1, after, throttled1 = self._sample()
             self.per_process = {p: (after[p] - before[p]) / (t1 - t0) for p in after if p in before}
-            self.throttled_periods = throttled1[0] - throttled0[0]
-            self.throttled_s = throttled1[1] - throttled0[1]
+            periods = throttled1[0] - throttled0[0]
+            self.throttled = (throttled1[1] - throttled0[1]) / periods if periods else None
             self._stop.wait(0.7)
         finally:
             self.running.limit(False)
@@ -314,7 +314,7 @@ def workload_run(settings: argparse.Namespace, running: Running, workload: Workl
     return {"consumed": rate, "published": out.get("publish_rate"), "confirmed": out.get("confirm_rate"),
             "broker_cores": cores, "cpu_us": cores * 1e6 / rate if cores is not None and rate else None,
             "per_process_cores": {str(p): c for p, c in (window.per_process or {}).items()},
-            "shard_pids": shard_pids, "throttled_s": window.throttled_s, "throttled_periods": window.throttled_periods,
+            "shard_pids": shard_pids, "throttled": window.throttled,
             "amqpbench": out}
 
 
@@ -523,9 +523,9 @@ def run(args: argparse.Namespace) -> dict:
 
 def _log_point(w: Workload, broker: str, n: int, point: dict) -> None:
     if point.get("consumed") is not None:
-        log("%s on %s, N = %d: %.0f msg/s, broker %.2f cores, %s µs/msg, throttled %s s of the window" % (
+        log("%s on %s, N = %d: %.0f msg/s, broker %.2f cores, %s µs/msg, throttled in %s %% of the periods" % (
             w.key, broker, n, point["consumed"], point["broker_cores"] or 0, _fmt(point["cpu_us"], "%.2f"),
-            _fmt(point["throttled_s"], "%.1f")))
+            _fmt(None if point["throttled"] is None else 100 * point["throttled"])))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -52,8 +52,8 @@ def test_a_busy_process_started_in_a_group_stays_under_its_quota(quotas):
         t0, cpu0 = time.monotonic(), cpu_seconds(busy.pid)
         _wait(lambda: cpu_seconds(busy.pid) - cpu0 >= 0.3)  # ~1.5 s at 0.2 of a core
         used = (cpu_seconds(busy.pid) - cpu0) / (time.monotonic() - t0)
-        periods, seconds = group.throttled()
-        assert periods > 0 and seconds > 0, "the kernel never throttled the group"
+        periods, throttled = group.throttled()
+        assert periods > 0 and throttled > 0, "the kernel never throttled the group"
         assert used < 0.2 * 1.25, "a busy loop used %.2f of a core under a quota of 0.2" % used
     finally:
         busy.kill()
