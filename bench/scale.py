@@ -39,13 +39,15 @@ issue's targets.
 
 --hop: the broker CPU of a publish into a queue on another shard against a local one. hutch with
 --hop-shards N; each of --hop-runs runs declares a queue on a new connection and publishes 16 B
-into it from one producer on another new connection: where each lands is the broker's choice. The
-queue holds at most 1000 messages and refuses more (x-max-length, x-overflow --hop-overflow,
-default reject-publish), so it neither grows nor needs a consumer, whose connection would be a
-third placement. (drop-head is the other way to keep it short, but in hutch today dropping the
-head costs some 30 µs per message, ten times a publish, and would hide the hop.) A run is local
-when one shard did at least LOCAL_SHARE of the shards' CPU, else a hop; the figure is broker CPU
-µs per publish, median per kind, and cross / local (target <= 1.6). With N = 1 every run is local.
+into it from one producer on another new connection: where each lands is the broker's choice. No
+consumer (its connection would be a third placement): the queue grows for the run's --warmup +
+--duration s and is deleted after it (--hop-queue grow, the default). --hop-queue
+reject-publish / drop-head caps it at 1000 messages instead, but neither measures a hop: with
+reject-publish the shard where the publish arrives refuses it itself once the queue is full
+(every run is local), and dropping the head costs hutch some 30 µs per message today, ten times
+a publish. A run is local when one shard did at least LOCAL_SHARE of the shards' CPU, else a hop;
+the figure is broker CPU µs per publish, median per kind, and cross / local (target <= 1.6).
+With N = 1 every run is local.
 
 A cluster mode (issue 32: 1 and 3 nodes, each node's shards under one quota) is not built yet;
 it will be a third kind of run beside the shard and hop runs, with its own broker context.
@@ -63,6 +65,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterator
@@ -107,6 +110,35 @@ def children(pid: int) -> list[int]:
             return [int(c) for c in f.read().split()]
     except OSError:
         return []
+
+
+def connection_holder(port: int, pids: list[int]) -> int | None:
+    """Which of `pids` holds the established TCP connections to `port` now (the one client
+    connection of a hop run: its shard), or None when none or several do."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                for line in list(f)[1:]:
+                    fields = line.split()
+                    if fields[3] == "01" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                        inodes.add("socket:[%s]" % fields[9])
+        except OSError:
+            pass
+    holders = set()
+    for pid in pids:
+        try:
+            fds = os.listdir("/proc/%d/fd" % pid)
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink("/proc/%d/fd/%s" % (pid, fd)) in inodes:
+                    holders.add(pid)
+                    break
+            except OSError:
+                pass
+    return holders.pop() if len(holders) == 1 else None
 
 
 def hutch_has_shards() -> bool:
@@ -243,10 +275,13 @@ class CpuWindow:
     its warm-up is over) starts a thread that samples the CPU seconds of the broker's processes
     0.5 s later and again 0.5 s before the window's end, and the share of the quota's periods in
     which its cgroups were throttled (their quota ran out); it lifts the quotas
-    (`running.limit(False)`) 0.2 s after the window's end, or when the run ends first."""
+    (`running.limit(False)`) 0.2 s after the window's end, or when the run ends first. `probe`,
+    when given, is read at both samples too: `probe_rate` is its change per second (timed by its
+    answers, which a busy broker may give late)."""
 
-    def __init__(self, running: Running, duration: float) -> None:
-        self.running, self.duration = running, duration
+    def __init__(self, running: Running, duration: float, probe: Callable[[], float] | None = None) -> None:
+        self.running, self.duration, self.probe = running, duration, probe
+        self.probe_rate: float | None = None
         self.groups = [g for g, _cores in running.quotas]
         self.per_process: dict[int, float] | None = None
         self.throttled: float | None = None
@@ -264,9 +299,13 @@ class CpuWindow:
             if self._stop.wait(0.5):
                 return
             t0, before, throttled0 = self._sample()
-            if self._stop.wait(self.duration - 1.0):
+            probed0 = (self.probe(), time.monotonic()) if self.probe else None
+            if self._stop.wait(self.duration - 1.0 - (time.monotonic() - t0)):
                 return
+            probed1 = (self.probe(), time.monotonic()) if self.probe else None
             t1, after, throttled1 = self._sample()
+            if probed0 and probed1:
+                self.probe_rate = (probed1[0] - probed0[0]) / (probed1[1] - probed0[1])
             self.per_process = {p: (after[p] - before[p]) / (t1 - t0) for p in after if p in before}
             periods = throttled1[0] - throttled0[0]
             self.throttled = (throttled1[1] - throttled0[1]) / periods if periods else None
@@ -292,11 +331,13 @@ class CpuWindow:
             self.running.limit(False)
 
 
-def measure(settings: argparse.Namespace, running: Running, args: list[str]) -> tuple[dict, CpuWindow]:
-    """One amqpbench run of --warmup + --duration s with `args`; its results and the broker's CPU."""
+def measure(settings: argparse.Namespace, running: Running, args: list[str],
+            probe: Callable[[], float] | None = None) -> tuple[dict, CpuWindow]:
+    """One amqpbench run of --warmup + --duration s with `args`; its results and the broker's CPU
+    (and `probe`'s rate) over the measured window."""
     running.place()
     running.limit(True)
-    window = CpuWindow(running, settings.duration)
+    window = CpuWindow(running, settings.duration, probe)
     with window:
         out = amqpbench(settings.generator, running.uri,
                         ["--time", "%g" % settings.duration, "--warmup", "%g" % settings.warmup, *args],
@@ -325,29 +366,59 @@ def hop_runs(settings: argparse.Namespace, sharding: bool) -> dict:
     runs = []
     shards = settings.hop_shards if sharding else 1
     with hutch_running(settings.hutch_arg, shards, settings.quota, sharding) as running:
+        port = urllib.parse.urlparse(running.uri).port
         for i in range(settings.hop_runs):
             name = "scale-hop-%d-%d" % (os.getpid(), i)
             declaring = pika.BlockingConnection(pika.URLParameters(running.uri))
-            declaring.channel().queue_declare(name, arguments={"x-max-length": 1000,
-                                                               "x-overflow": settings.hop_overflow})
+            capped = {} if settings.hop_queue == "grow" else {"x-max-length": 1000, "x-overflow": settings.hop_queue}
+            declaring.channel().queue_declare(name, arguments=capped)
             declaring.close()
+
+            senders = []
+
+            def depth() -> int:
+                """The queue's message count, as the broker answers a passive declare; first, the
+                shard holding the producer's connection (the only one open at that moment)."""
+                senders.append(connection_holder(port, running.shards()))
+                conn = pika.BlockingConnection(pika.URLParameters(running.uri))
+                try:
+                    return conn.channel().queue_declare(name, passive=True).method.message_count
+                finally:
+                    conn.close()
+
+            grows = settings.hop_queue == "grow"
             try:
                 out, window = measure(settings, running, ["--queue", name, "--predeclared", "--producers", "1",
-                                                          "--consumers", "0", "--size", "16"])
+                                                          "--consumers", "0", "--size", "16"], depth if grows else None)
             finally:
                 deleting = pika.BlockingConnection(pika.URLParameters(running.uri))
                 deleting.channel().queue_delete(name)
                 deleting.close()
-            rate, per = out["publish_rate"], window.per_process or {}
+            # A growing queue's depth counts what reached the queue, wherever it lives (a publish
+            # accepted but still on its way to another shard is not there yet); a capped one's
+            # cannot, so amqpbench's send rate it is.
+            rate, sent, per = (window.probe_rate if grows else out["publish_rate"]), out["publish_rate"], \
+                window.per_process or {}
             shard_cores = [per.get(p, 0.0) for p in running.shards()]
             share = max(shard_cores) / sum(shard_cores) if sum(shard_cores) else None
-            kind = "local" if shards == 1 or (share is not None and share >= LOCAL_SHARE) else "cross"
-            cpu = window.cores * 1e6 / rate if window.cores is not None and rate else None
-            log("hop run %d: %s (busiest shard %s of the shards' CPU), %.0f publishes/s, %s µs each"
-                % (i + 1, kind, "-" if share is None else "%.0f %%" % (100 * share), rate or 0,
-                   "-" if cpu is None else "%.2f" % cpu))
-            runs.append({"kind": kind, "busiest_share": share, "published": rate, "cpu_us": cpu,
-                         "shard_cores": shard_cores, "amqpbench": out})
+            kind = ("unmeasured" if window.per_process is None or not rate or share is None else
+                    "local" if shards == 1 or share >= LOCAL_SHARE else "cross")
+            sender = senders[0] if senders and len(set(senders)) == 1 else None
+            if kind == "cross" and sender is not None:
+                # The shard that took the connection may accept publishes faster than the queue's
+                # owner takes them (they wait between the two): its CPU per message it read, plus
+                # the others' per message that reached the queue.
+                cpu = per.get(sender, 0.0) * 1e6 / sent + (window.cores - per.get(sender, 0.0)) * 1e6 / rate
+            elif kind == "cross":
+                kind, cpu = "unmeasured", None  # whose connection it was is not known
+            else:
+                cpu = window.cores * 1e6 / rate if window.cores is not None and rate else None
+            log("hop run %d: %s (busiest shard %s of the shards' CPU), %.0f publishes/s into the queue (%.0f sent), "
+                "%s µs each" % (i + 1, kind, "-" if share is None else "%.0f %%" % (100 * share), rate or 0,
+                                sent or 0, "-" if cpu is None else "%.2f" % cpu))
+            runs.append({"kind": kind, "busiest_share": share, "enqueued": rate, "sent": sent, "cpu_us": cpu,
+                         "shard_cores": shard_cores, "sender": sender, "shard_pids": running.shards(),
+                         "amqpbench": out})
     local = median([r["cpu_us"] for r in runs if r["kind"] == "local"])
     cross = median([r["cpu_us"] for r in runs if r["kind"] == "cross"])
     return {"shards": shards, "runs": runs, "local_cpu_us": local, "cross_cpu_us": cross,
@@ -404,13 +475,13 @@ def table(results: dict) -> str:
     hop = results.get("hop")
     if hop:
         kinds = [r["kind"] for r in hop["runs"]]
-        lines.append("hop (%d shards, %d runs: %d local, %d cross): broker CPU µs per publish local %s, cross %s, "
-                     "cross / local %s%s" % (hop["shards"], len(kinds), kinds.count("local"), kinds.count("cross"),
-                                             _fmt(hop["local_cpu_us"], "%.2f"), _fmt(hop["cross_cpu_us"], "%.2f"),
-                                             _fmt(hop["cross_over_local"], "%.2f"),
-                                             "" if hop["cross_over_local"] is None else " (<= %g: %s)" % (
-                                                 HOP_TARGET, "met" if hop["cross_over_local"] <= HOP_TARGET
-                                                 else "missed")))
+        ratio = hop["cross_over_local"]
+        verdict = "" if ratio is None else " (<= %g: %s)" % (HOP_TARGET, "met" if ratio <= HOP_TARGET else "missed")
+        lines.append("hop (%d shards, %d runs: %d local, %d cross, %d unmeasured): broker CPU µs per publish "
+                     "local %s, cross %s, cross / local %s%s" % (
+                         hop["shards"], len(kinds), kinds.count("local"), kinds.count("cross"),
+                         kinds.count("unmeasured"), _fmt(hop["local_cpu_us"], "%.2f"),
+                         _fmt(hop["cross_cpu_us"], "%.2f"), _fmt(ratio, "%.2f"), verdict))
     return "\n".join(lines)
 
 
@@ -446,8 +517,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--hop", action="store_true", help="measure the CPU of a cross-shard publish instead")
     p.add_argument("--hop-shards", type=int, default=2)
     p.add_argument("--hop-runs", type=int, default=8)
-    p.add_argument("--hop-overflow", default="reject-publish", choices=("reject-publish", "drop-head"),
-                   help="what the hop runs' queue does past 1000 messages (default reject-publish)")
+    p.add_argument("--hop-queue", default="grow", choices=("grow", "reject-publish", "drop-head"),
+                   help="the hop runs' queue: grows through the run (default), or capped at 1000 messages")
     p.add_argument("--json-out", metavar="FILE", help="write every run's figures as JSON (after every run)")
     p.add_argument("--svg", metavar="FILE", help="draw throughput against shards into FILE")
     p.add_argument("--render", metavar="JSON", help="only draw --svg from a saved --json-out")

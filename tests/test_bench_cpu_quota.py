@@ -1,9 +1,11 @@
-"""bench/cpu_quota.py and scale.py's shard placement: the CPU quotas that bench/scale.py simulates
-cores with (docs/scaling.md, "Measuring"). Real cgroups, real processes; needs root (a skip on a
-developer's machine without it, a failure in CI)."""
+"""bench/cpu_quota.py and scale.py's view of shard processes: the CPU quotas that bench/scale.py
+simulates cores with (docs/scaling.md, "Measuring"), which process holds a connection. Real
+cgroups, real processes; the cgroup tests need root (a skip on a developer's machine without it,
+a failure in CI)."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -15,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 
 from cpu_quota import CgroupError, CpuQuota, QuotaSet  # noqa: E402
 from harness import cpu_seconds  # noqa: E402
-from scale import children, place_shards  # noqa: E402
+from scale import children, connection_holder, place_shards  # noqa: E402
 
 from helpers import unavailable  # noqa: E402
 
@@ -104,3 +106,21 @@ def test_each_shard_of_a_supervisor_gets_a_group_of_its_own(quotas):
             os.kill(pid, 9)
         supervisor.kill()
         supervisor.wait()
+
+
+def test_the_process_holding_a_client_connection_is_found():
+    """scale.py --hop tells which shard took the producer's connection by the established socket on
+    the AMQP port; here the listener is this process, and a child that holds no socket is not it."""
+    other = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.readline()"], stdin=subprocess.PIPE)
+    try:
+        with socket.create_server(("127.0.0.1", 0)) as server:
+            port = server.getsockname()[1]
+            assert connection_holder(port, [os.getpid(), other.pid]) is None  # listening only
+            with socket.create_connection(("127.0.0.1", port)):
+                accepted, _ = server.accept()
+                with accepted:
+                    assert connection_holder(port, [other.pid, os.getpid()]) == os.getpid()
+                    assert connection_holder(port, [other.pid]) is None
+    finally:
+        other.kill()
+        other.wait()
