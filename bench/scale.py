@@ -47,7 +47,9 @@ reject-publish the shard where the publish arrives refuses it itself once the qu
 (every run is local), and dropping the head costs hutch some 30 µs per message today, ten times
 a publish. A run is local when one shard did at least LOCAL_SHARE of the shards' CPU, else a hop;
 the figure is broker CPU µs per publish, median per kind, and cross / local (target <= 1.6).
-With N = 1 every run is local.
+Messages are counted where they arrive (the queue's depth at both ends of the window); in a hop
+run the shard holding the producer's connection may read faster than the owner stores, so its
+CPU is divided by what it read and the others' by what was stored. With N = 1 every run is local.
 
 A cluster mode (issue 32: 1 and 3 nodes, each node's shards under one quota) is not built yet;
 it will be a third kind of run beside the shard and hop runs, with its own broker context.
