@@ -531,6 +531,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--shards takes comma-separated counts, e.g. 1,2,4")
     if not args.shards or min(args.shards) < 1 or args.quota <= 0:
         p.error("--shards counts and --quota must be positive")
+    unknown = set(args.workloads.split(",")) - {w.key for w in WORKLOADS}
+    if unknown:
+        p.error("unknown workload(s) %s; known: %s" % (", ".join(sorted(unknown)), ", ".join(w.key for w in WORKLOADS)))
     if args.duration < 2 or args.warmup <= 0:
         p.error("--duration must be at least 2 s (the CPU window leaves 0.5 s at each end) and --warmup more "
                 "than 0 (the window starts when amqpbench says its warm-up is over)")
