@@ -615,6 +615,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for name in remove_stale():
             log("removed the cgroup %s left by an earlier run" % name)
+        with QuotaSet() as probe:
+            probe.new("probe").set(args.quota)
     except CgroupError as exc:
         sys.exit("scale.py needs cgroups it can write (root): %s" % exc)
     args.generator = args.generator or build_amqpbench(AMQPBENCH_SRC)
