@@ -367,7 +367,9 @@ def hop_runs(settings: argparse.Namespace, sharding: bool) -> dict:
 
     runs = []
     shards = settings.hop_shards if sharding else 1
-    with hutch_running(settings.hutch_arg, shards, settings.quota, sharding) as running:
+    # Moves off: a publisher bound for another shard's queue would move there and hop no more.
+    flags = list(settings.hutch_arg) + (["--shard-moves", "false"] if sharding else [])
+    with hutch_running(flags, shards, settings.quota, sharding) as running:
         port = urllib.parse.urlparse(running.uri).port
         for i in range(settings.hop_runs):
             name = "scale-hop-%d-%d" % (os.getpid(), i)

@@ -42,7 +42,8 @@ class HandOver(Exception):
 
 def movable(connection: "Connection") -> bool:
     io = connection.io
-    if connection.broker.shards is None or connection.state != "running" or len(connection.channels) != 1:
+    if connection.broker.shards is None or not connection.config.shard_moves or connection.state != "running" \
+            or len(connection.channels) != 1:
         return False
     if connection.exclusive_queues or connection.blocked_by or connection.acks_handled or io.records_held:
         return False
