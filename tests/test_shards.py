@@ -22,9 +22,13 @@ from helpers import channel_error, unique, wait_for
 SHARDS = 2
 
 
-@pytest.fixture(scope="module")
-def node(tmp_path_factory):
-    proc = launch(tmp_path_factory.mktemp("shards"), "--shards", str(SHARDS), expect=("AMQP", "MQTT"))
+@pytest.fixture(scope="module", params=[True, False], ids=["moves", "no-moves"])
+def node(request, tmp_path_factory):
+    """A node of two shards; with moves off every cross-shard path is taken for good (a connection
+    bound for another shard's queues does not move there)."""
+    proc = launch(tmp_path_factory.mktemp("shards"), "--shards", str(SHARDS), "--shard-moves",
+                  "true" if request.param else "false", expect=("AMQP", "MQTT"))
+    proc.moves = request.param
     wait_for(lambda: proc.log.count("listening for AMQP") >= SHARDS, 20, what="every shard listening")
     yield proc
     proc.stop()
@@ -147,8 +151,8 @@ def test_get_reject_and_requeue_across_shards_keep_rabbitmqs_flags(node):
     channel.basic_publish("", queue, b"once")
     method, _props, body = channel.basic_get(queue)
     assert (body, method.redelivered, method.message_count) == (b"once", False, 0)
-    channel.basic_nack(method.delivery_tag, requeue=True)
-    method, _props, body = owner.channel().basic_get(queue, auto_ack=True)
+    channel.basic_nack(method.delivery_tag, requeue=True)  # as on one process, the nack is not answered:
+    method, _props, body = _get(owner.channel(), queue)  # the message is back once the owner had it
     assert (body, method.redelivered) == (b"once", True)
     assert channel.basic_get(queue)[0] is None
     owner.close()
@@ -169,20 +173,22 @@ def test_an_exclusive_queue_lives_with_its_connection_and_goes_with_it(node):
 
 
 def test_a_shard_killed_under_load_loses_nothing_confirmed_and_the_other_keeps_serving(node):
-    steady = on_shard(node.port, 0)
-    steady_channel = steady.channel()
-    steady_channel.confirm_delivery()
-    kept = queue_on(node, steady_channel, 1)  # its messages are on the shard that is killed
+    publisher = on_shard(node.port, 0).channel()
+    publisher.confirm_delivery()
+    kept = queue_on(node, publisher, 1)  # its messages are on the shard that is killed
+    steady = on_shard(node.port, 0).channel()
+    local = queue_on(node, steady, 0)
+    steady.confirm_delivery()
     confirmed = 0
     for i in range(300):
-        steady_channel.basic_publish("", kept, b"%d" % i, pika.BasicProperties(delivery_mode=2))
+        publisher.basic_publish("", kept, b"%d" % i, pika.BasicProperties(delivery_mode=2))
         confirmed += 1
     victim = _pid_of_shard(node, 1)
     os.kill(victim, signal.SIGKILL)
-    # shard 0's clients see nothing: a queue of its own still works meanwhile
-    local = queue_on(node, steady_channel, 0)
-    steady_channel.basic_publish("", local, b"still", pika.BasicProperties(delivery_mode=2))
-    assert steady_channel.basic_get(local, auto_ack=True)[2] == b"still"
+    # shard 0's clients of its own queues see nothing
+    for i in range(50):
+        steady.basic_publish("", local, b"still %d" % i, pika.BasicProperties(delivery_mode=2))
+    assert steady.queue_declare(local, passive=True).method.message_count == 50
     wait_for(lambda: _pid_of_shard(node, 1) not in (None, victim), 20, what="shard 1 started again")
     fresh = on_shard(node.port, 1).channel()
     count = wait_for(lambda: fresh.queue_declare(kept, passive=True).method.message_count or None, 20,
@@ -190,7 +196,7 @@ def test_a_shard_killed_under_load_loses_nothing_confirmed_and_the_other_keeps_s
     assert count == confirmed
     bodies = [int(fresh.basic_get(kept, auto_ack=True)[2]) for _ in range(confirmed)]
     assert bodies == list(range(confirmed))
-    steady.close()
+    steady.connection.close()
 
 
 def _pid_of_shard(node, shard: int) -> int | None:
@@ -365,3 +371,32 @@ def test_purging_another_shards_queue_answers_the_owners_count(node):
     other = on_shard(node.port, 0).channel()
     assert other.queue_purge(queue).method.message_count == 3
     assert owner.queue_declare(queue, passive=True).method.message_count == 0
+
+
+def test_a_connection_moves_to_the_shard_of_its_queue_and_the_client_notices_nothing(node):
+    """(With moves off it stays, and is served across shards.)"""
+    owner = on_shard(node.port, 1).channel()
+    queue = queue_on(node, owner, 1)
+    consumer = on_shard(node.port, 0)
+    channel = consumer.channel()
+    channel.basic_qos(prefetch_count=3)
+    moved = node.log.count("moved here")
+    for i in range(10):
+        owner.basic_publish("", queue, b"%d" % i)
+    bodies = []
+    for method, _props, body in channel.consume(queue, inactivity_timeout=5):
+        assert method is not None
+        bodies.append(int(body))
+        channel.basic_ack(method.delivery_tag)
+        if len(bodies) == 10:
+            break
+    assert bodies == list(range(10))
+    channel.cancel()
+    wait_for(lambda: node.log.count("moved here") == moved + node.moves, 5, what="the consumer's move logged")
+    # a publisher whose every publish is for that shard's queue moves there too, confirms going on
+    publisher = on_shard(node.port, 0).channel()
+    publisher.confirm_delivery()
+    for i in range(200):
+        publisher.basic_publish("", queue, b"p%d" % i)
+    wait_for(lambda: node.log.count("moved here") == moved + 2 * node.moves, 5, what="the publisher's move logged")
+    assert publisher.queue_declare(queue, passive=True).method.message_count == 200

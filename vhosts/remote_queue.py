@@ -86,7 +86,6 @@ class RemoteEntry(QueueEntry):
 
 class RemoteQueue:
     remote = True
-    backed_up = False
 
     def __init__(self, name: str, vhost: str, shard: int, durable: bool, exclusive_owner: object | None,
                  auto_delete: bool, arguments: dict, port: ShardPort) -> None:
@@ -110,6 +109,9 @@ class RemoteQueue:
         # the owner's counts as it last reported them (declare-ok, listings)
         self.message_count = 0
         self.consumer_count = 0
+        # Credit flow: the owner's queue asked its publishers here to wait (`held`).
+        self.backed_up = False
+        self.flow_waiters: set = set()
 
     # -- publish --------------------------------------------------------------
 
@@ -118,7 +120,17 @@ class RemoteQueue:
         return DURABLE_PENDING if on_durable is not None else ACCEPTED
 
     def throttle(self, publisher) -> None:
-        """Credit flow across shards is the link's (amqp_server.shards.link)."""
+        """`publisher` waits until the owner's queue lets go (`held`)."""
+        self.flow_waiters.add(publisher)
+        publisher.throttled_by(self)
+
+    def held(self, holding: bool) -> None:
+        """The owner's queue is backed up (credit flow, vhosts.queue), or no longer."""
+        self.backed_up = holding
+        if not holding:
+            waiters, self.flow_waiters = self.flow_waiters, set()
+            for waiter in waiters:
+                waiter.unblocked(self)
 
     # -- consumers ---------------------------------------------------------------
 
@@ -154,6 +166,17 @@ class RemoteQueue:
             channel.deliver(consumer, self, entry)
         else:
             waiting.append(entry)
+
+    def received_fresh(self, consumer: "Consumer", message: Message) -> bool:
+        """A no-ack delivery never delivered before: handed to the client's
+        channel at once if it can take it (True), as a queue hands a fresh
+        message over (deliver_fresh); else False, and it waits as an entry."""
+        channel = consumer.channel
+        if self.pending.get(consumer.tag) or consumer.tag not in self.consumers or \
+                not channel.can_deliver(consumer):
+            return False
+        channel.deliver_fresh(consumer, self, message)
+        return True
 
     def dispatch(self, now: int = 0) -> None:
         for tag, waiting in self.pending.items():

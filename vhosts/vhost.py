@@ -181,6 +181,7 @@ class VirtualHost:
         # The node's other shards (vhosts.remote_queue.ShardPort), when it has
         # several: a queue another shard owns is a RemoteQueue here.
         self.shards: ShardPort | None = None
+        self.last_targets: list = []  # the queues the latest publish reached
 
     def _exchange_stats(self):
         yield self.default_exchange_stats
@@ -870,6 +871,7 @@ class VirtualHost:
             if (self.reply_consumers or self.shards is not None) and message.exchange == "" \
                     and len(targets) < len(routing_keys):
                 self._deliver_replies(message, routing_keys)
+        self.last_targets = targets  # which queues (which shards: amqp_server.amqp.hand_over)
         for q in targets:
             outcome = q.publish(message, on_durable)
             if outcome == HANDED_OFF:

@@ -35,6 +35,7 @@ from pamqp import commands
 from amqp_server.amqp import declarations, direct_reply_to, fastpath
 from vhosts import firehose
 from amqp_server.amqp.deliveries import Deliveries
+from amqp_server.amqp.hand_over import MOVE_AFTER, HandOver
 from amqp_server.amqp.framing import FRAME_BODY, FRAME_HEADER, content_header_prefix, decode_method, erlang_binary, named_method
 from storage import Message
 from storage.message import HEADERS, REPLY_TO
@@ -97,6 +98,9 @@ class Channel(Deliveries):
         self._awaiting: dict[int, int] = {}
         self._tx: list | None = None
         self.most_recent_queue = ""
+        # On a node of several shards: the shard the latest publishes all went to, and how many.
+        self._bound_for = 0
+        self._bound_count = 0
         self.handlers = {
             commands.Channel.Close: self._close,
             commands.Channel.CloseOk: self._close_ok,
@@ -228,6 +232,8 @@ class Channel(Deliveries):
         if self.state is CLOSING or self._publish is not None or self.connection.alarms.raised \
                 or len(body) > self.connection.config.max_message_size:
             return False
+        if self._bound_count >= MOVE_AFTER and self.connection.movable():
+            raise HandOver(self._bound_for)  # every recent publish was for that shard's queues
         try:
             self._finish_publish(publish[0], publish[1], publish[2], header, body)
         except AMQPError as exc:
@@ -324,6 +330,9 @@ class Channel(Deliveries):
             firehose.published(self.vhost, firehose.channel_origin(self), message, keys, headers)
         self.stats.publish += 1
         reached, waits, rejected = self.vhost.publish(message, keys, headers, self.connection, on_durable)
+        shards = self.connection.broker.shards
+        if shards is not None:
+            self._count_bound(shards.here)
         if rejected and on_durable is not None:
             return NACK
         if not reached and not mandatory:
@@ -341,6 +350,18 @@ class Channel(Deliveries):
                 message,
             )
         return waits
+
+    def _count_bound(self, here: int) -> None:
+        """How many publishes in a row went only to queues of one other shard
+        (a connection moves there after MOVE_AFTER: amqp_server.amqp.hand_over)."""
+        owners = {getattr(queue, "shard", here) for queue in self.vhost.last_targets}
+        owner = owners.pop() if len(owners) == 1 else here
+        if owner == here:
+            self._bound_count = 0
+        elif owner == self._bound_for:
+            self._bound_count += 1
+        else:
+            self._bound_for, self._bound_count = owner, 1
 
     def flush_confirms(self) -> None:
         awaiting = self._awaiting

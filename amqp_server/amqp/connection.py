@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING
 from pamqp import commands, decode
 
 from amqp_server.amqp.channel import Channel
+from amqp_server.amqp.hand_over import HandOver, movable, restore_channel, state_of
 from amqp_server.shared.client import CLOSED, INPUT_BUDGET, ClientConnection
 from amqp_server.shared.config import BrokerConfig
 from amqp_server.amqp.framing import (
@@ -188,6 +189,8 @@ class Connection(ClientConnection):
         self._sent_since_tick = False
         self._timer = io.call_later(HANDSHAKE_TIMEOUT, self._handshake_timeout)
         broker.churn.connection_created += 1
+        # It stays on this shard (it moved here, or could not move: amqp_server.amqp.hand_over).
+        self._staying = False
 
     # -- output --------------------------------------------------------------
 
@@ -296,7 +299,7 @@ class Connection(ClientConnection):
                 for frame_type, channel, payload, header, body, end in items:
                     if self.state is CLOSED:
                         return
-                    done = end
+                    start, done = done, end
                     if frame_type != CONTENT:
                         self._frame(frame_type, channel, payload)
                     elif self.state is not RUNNING or (open_channel := channels.get(channel)) is None or \
@@ -316,6 +319,10 @@ class Connection(ClientConnection):
                 budget -= done
                 reader.consume(done)
                 done = 0
+        except HandOver as move:
+            done = start  # what came before is handled; the deciding frame and the rest move, or are read again
+            self._hand_over(move.shard, start)
+            return
         except AMQPError as exc:
             self.close_with(exc)
             return
@@ -660,6 +667,56 @@ class Connection(ClientConnection):
         self.state = CLOSED
         self._timer.cancel()
         self.io.close()
+
+    # -- moving to another shard (amqp_server.amqp.hand_over) ------------------
+
+    def _hand_over(self, shard: int, start: int) -> None:
+        """Move to `shard` from the frame at `start` of the read buffer on;
+        if the socket cannot go now, stay and serve that frame here."""
+        io = self.io
+        # Not one byte more is read here: the event loop may read again in this very turn,
+        # and what it read would be lost to the shard that takes over.
+        io.pause_reading()
+        io.flush_now()
+        pending = self.reader.pending(start)
+        if io.transport.get_write_buffer_size() or not self.broker.shards.hand_over(
+                shard, io.transport.get_extra_info("socket").fileno(), state_of(self), pending):
+            self._staying = True
+            log.debug("the connection from %s stays: it cannot move to shard %d now", self.peer, shard)
+            io.call_soon(self._continue)
+            return
+        log.debug("the connection from %s moves to shard %d with %d bytes read", self.peer, shard, len(pending))
+        self.reader.consume(self.reader.buffered)
+        self.broker.connection_closed(self)
+        self.channels.clear()  # nothing in them: see hand_over.movable
+        self.state = CLOSED
+        self._timer.cancel()
+        io.forget()
+
+    def adopt(self, state: dict, pending: bytes) -> None:
+        """Go on serving a connection another shard moved here."""
+        self._timer.cancel()
+        self.user = self.broker.users[state["user"]]
+        self.client_properties = state["client_properties"]
+        self.auth_mechanism = state["auth_mechanism"]
+        self.frame_max = self.reader.frame_max = state["frame_max"]
+        self.channel_max = state["channel_max"]
+        self.heartbeat = state["heartbeat"]
+        self.connected_at = state["connected_at"]
+        self.recv_oct, self.recv_cnt, self.send_oct, self.send_cnt = state["counters"]
+        self.vhost = self.broker.open_vhost(self.user, state["vhost"], self)
+        self.state = RUNNING
+        self._staying = True  # it moves once
+        number, channel_state = state["channel"]
+        channel = self.channels[number] = Channel(self, number)
+        restore_channel(channel, channel_state)
+        if self.heartbeat:
+            self._timer = self.io.call_later(self.heartbeat / 2, self._tick)
+        self.reader.feed(pending)
+        self.parse()
+
+    def movable(self) -> bool:
+        return not self._staying and movable(self)
 
     def lost(self) -> None:
         """The socket is gone (either side)."""

@@ -26,6 +26,7 @@ from pamqp import commands
 from amqp_server.amqp import direct_reply_to, fastpath
 from vhosts import firehose
 from amqp_server.amqp.framing import named_method
+from amqp_server.amqp.hand_over import HandOver
 from storage.message import encode_value
 from vhosts import Consumer
 from vhosts.stats import MessageStats
@@ -194,6 +195,8 @@ class Deliveries:
         if self.global_prefetch and queue.kind == QUORUM:
             raise AMQPError(NOT_IMPLEMENTED, "queue '%s' in vhost '%s' does not support global qos" % (
                 queue.name, queue.vhost))
+        if getattr(queue, "remote", False) and self.connection.movable():
+            raise HandOver(queue.shard)  # served where its queue is (amqp_server.amqp.hand_over)
         priority = queue.accept_consumer(method.no_ack, self.prefetch_count, method.exclusive, arguments)
         consumer = Consumer(
             tag, queue, self, method.no_ack, method.exclusive, self.prefetch_count, arguments, priority

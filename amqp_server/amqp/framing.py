@@ -89,6 +89,10 @@ class FrameReader:
         if end:
             del self._buf[:end]
 
+    def pending(self, start: int) -> bytes:
+        """The buffered bytes from `start` on (a connection moving to another shard)."""
+        return bytes(self._buf[start:])
+
     def _check_front(self) -> None:
         """Raise the AMQPError for the frame at the front if it is bad; an
         unknown frame type, being well delimited, is consumed (what follows,

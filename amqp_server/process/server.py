@@ -161,6 +161,7 @@ class BrokerServer:
         if self.shards is not None:  # shard 0's management shows the whole node (docs/management.md)
             management_shards.attach(self.management.node, self.shards)
         self.links: Links | None = None  # once the AMQP listener is open (a link may point at this node)
+        self._adoptions: set[asyncio.Task] = set()
 
     def abandon(self) -> None:
         """After a failed start: close what is open, and remove the data
@@ -178,6 +179,9 @@ class BrokerServer:
 
         def factory() -> AMQPProtocol:
             return AMQPProtocol(self.broker, config, self.connections, self.alarms, logins, self.writer)
+
+        if self.shards is not None:
+            self.shards.adopt = functools.partial(self._adopt, factory)
 
         def mqtt_factory() -> MQTTProtocol:
             return MQTTProtocol(self.broker, config, self.mqtt_sessions, self.connections, self.alarms, logins,
@@ -207,6 +211,21 @@ class BrokerServer:
             await self.management.start()
         except ListenerError as exc:
             raise ListenError(str(exc)) from None
+
+    def _adopt(self, factory, sock, state: dict, pending: bytes) -> None:
+        """A client connection another shard moved here (amqp_server.amqp.hand_over)."""
+        def moved_in() -> AMQPProtocol:
+            protocol = factory()
+            protocol.moved_in = (state, pending)
+            return protocol
+
+        async def serve() -> None:
+            _transport, protocol = await asyncio.get_running_loop().connect_accepted_socket(moved_in, sock)
+            log.info("the connection from %s:%d moved here", *protocol.connection.peer[:2])
+
+        task = asyncio.get_running_loop().create_task(serve())
+        self._adoptions.add(task)
+        task.add_done_callback(self._adoptions.discard)
 
     def acceptor(self, protocol: str) -> tuple | None:
         """(protocol factory, TLS context, address) of the `protocol`

@@ -19,6 +19,8 @@ child process per shard and serves nothing itself.
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import dataclasses
 import logging
 import os
@@ -37,6 +39,7 @@ log = logging.getLogger("hutch.shards")
 # at once again: a shard that cannot start (a full disk, a broken file)
 # would otherwise be forked in a tight loop.
 RESTART_BACKOFF = (0.1, 5.0)
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,7 +63,7 @@ def check_shard_dirs(data_dir: str, count: int) -> None:
     root = os.path.join(data_dir, "shards")
     try:
         names = os.listdir(root)
-    except FileNotFoundError:
+    except OSError:  # none there (opening the data directory says what is wrong with it)
         return
     for name in sorted(names):
         if not name.isdigit() or int(name) < count:
@@ -117,6 +120,17 @@ def hold_ports(config: BrokerConfig) -> tuple[BrokerConfig, list[socket.socket]]
     return resolved, held
 
 
+def _die_with_parent() -> None:
+    """A shard ends with its supervisor, even a SIGKILLed one (Linux's
+    PR_SET_PDEATHSIG): shards left behind would keep the node's ports and
+    data directories."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
+    if os.getppid() == 1:  # the supervisor died before the call
+        os._exit(1)
+
+
 class Supervisor:
     def __init__(self, config: BrokerConfig, serve_shard) -> None:
         """`serve_shard(config, shard)` runs one shard to its end in a child."""
@@ -158,6 +172,7 @@ class Supervisor:
         if pid == 0:
             status = 1
             try:
+                _die_with_parent()
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     signal.signal(sig, signal.SIG_DFL)
                 for sock in self.held:

@@ -9,13 +9,14 @@ on, so a request and its answer share one ordered byte stream.
 
 Records (tuples, amqp_server.shards.link), by the requester:
   ("hello", index)                        first on every link
-  ("pub", vhost, queue, data, ticket)      ticket 0: no confirm wanted
+  ("pub", vhost, queue, exchange, routing key, header, body, ticket)   ticket 0: no confirm wanted
   ("consume", cid, vhost, queue, tag, no_ack, exclusive, prefetch, arguments)
   ("cancel", cid)
   ("settle", cid, outcome, [entry ids])    ack, reject or requeue; cid 0: a get
   ("credit", cid, n)                       no-ack deliveries handed to the client
   ("get", ticket, vhost, queue, no_ack)
   ("reply", vhost, token, data)            a direct reply to a channel of that shard (no answer)
+  ("hold", vhost, queue, holding)         credit flow: that shard's publishers into the queue wait, or go on
   ("counts", ticket, vhost, queue)
   ("purge", ticket, vhost, queue)
   ("define", ticket, op)                   to shard 0 (amqp_server.shards.definitions)
@@ -24,7 +25,8 @@ Records (tuples, amqp_server.shards.link), by the requester:
   ("report", index, report)               to shard 0, every REPORT_INTERVAL (no answer)
   ("ask", ticket, service, args)          a management service of another shard
 and by the owner, on the same link:
-  ("durable", ticket) ("rejected", ticket) ("deliver", cid, entry id, redelivered, deliveries, data)
+  ("durable", ticket) ("rejected", ticket)
+  ("deliver", cid, entry id, redelivered, deliveries, exchange, routing key, header, body)
   ("cancelled", cid) ("got", ticket, entry id, redelivered, deliveries, data, count)
   ("counted", ticket, messages, consumers) ("purged", ticket, count) ("defined", ticket, result)
   ("refused", ticket, code, text) ("applied", ticket) ("synced", ticket, changes, batch)
@@ -42,6 +44,9 @@ import asyncio
 import itertools
 import logging
 import os
+import pickle
+import socket
+import struct
 
 from amqp_server.shards.definitions import Definitions
 from amqp_server.shards.link import Link
@@ -59,6 +64,10 @@ WINDOW = 512
 RECONNECT = 0.1
 # Seconds between a shard's reports to shard 0 (what the management API shows of it).
 REPORT_INTERVAL = 1.0
+# A moving connection's socket: the suffix of a shard's socket for them, and seconds to pass it.
+MOVES = ".moves"
+MOVE_TIMEOUT = 2.0
+_LENGTH = struct.Struct(">I")
 # Records that wait for a link to a shard that is starting (a publish, a get).
 UNSENT_MAX = 100_000
 
@@ -67,17 +76,38 @@ class ShardGone(Exception):
     """The shard asked ended before it answered."""
 
 
+class LinkPublisher:
+    """Credit flow (vhosts.queue) for the publishers of another shard into one
+    queue: the queue's `throttle` and `release_waiters` tell that shard."""
+
+    __slots__ = ("link", "vhost", "name")
+
+    def __init__(self, link: Link, vhost: str, name: str) -> None:
+        self.link = link
+        self.vhost = vhost
+        self.name = name
+
+    def throttled_by(self, _source) -> None:
+        self.link.send(("hold", self.vhost, self.name, True))
+
+    def unblocked(self, _source) -> None:
+        self.link.send(("hold", self.vhost, self.name, False))
+
+
 class StandIn:
     """The owner's side of a consumer on another shard: the ConsumerChannel
     its Consumer belongs to."""
-
-    output_blocked = False
 
     def __init__(self, node: "ShardNode", link: Link, cid: int) -> None:
         self.node = node
         self.link = link
         self.cid = cid
         self.in_flight = 0  # no-ack or unlimited deliveries not credited back
+
+    @property
+    def output_blocked(self) -> bool:
+        """Held back only by the link's window (the queue's credit flow counts it)."""
+        return self.in_flight >= WINDOW
 
     def can_deliver(self, consumer: Consumer) -> bool:
         if self.link.closed:
@@ -97,13 +127,15 @@ class StandIn:
             queue.stats.deliver += 1
         if not consumer.prefetch_count or consumer.no_ack:
             self.in_flight += 1
-        self.link.send(("deliver", self.cid, ident, entry.redelivered, entry.deliveries,
-                        entry.message.to_bytes()))
+        message = entry.message
+        self.link.send(("deliver", self.cid, ident, entry.redelivered, entry.deliveries, message.exchange,
+                        message.routing_key, message.header, message.body))
 
     def deliver_fresh(self, consumer: Consumer, queue, message) -> None:
         queue.stats.deliver_no_ack += 1
         self.in_flight += 1
-        self.link.send(("deliver", self.cid, 0, False, 0, message.to_bytes()))
+        self.link.send(("deliver", self.cid, 0, False, 0, message.exchange, message.routing_key, message.header,
+                        message.body))
 
     def consumer_cancelled(self, consumer: Consumer) -> None:
         self.node.standins.pop((self.link, self.cid), None)
@@ -126,6 +158,9 @@ class ShardNode:
         self.consumers: dict[int, tuple[RemoteQueue, Consumer]] = {}  # cid -> ours at another shard
         self.definitions = Definitions(self)
         self._server = None
+        self._moves: socket.socket | None = None
+        # adopt(socket, state, pending): serve a client connection moved here (the composition root's)
+        self.adopt = None
         self._tasks: set[asyncio.Task] = set()
         # What this shard tells shard 0 of itself (its connections, its queues'
         # figures: the management face's rows, given by the composition root),
@@ -137,6 +172,9 @@ class ShardNode:
         self.services: dict[str, object] = {}
         self._credits: dict[tuple[int, int], int] = {}  # (owner shard, cid) -> deliveries to give back
         self._unsent: dict[int, list] = {}  # peer -> records waiting for its link
+        # record kind -> its handler, the methods named _on_<kind>
+        self._handlers = {name[4:]: getattr(self, name) for name in dir(type(self)) if name.startswith("_on_")}
+        self.flows: dict[Link, dict[str, LinkPublisher]] = {}  # credit flow towards each link's publishers
         self._credits_armed = False
 
     # -- links ------------------------------------------------------------------
@@ -149,6 +187,18 @@ class ShardNode:
             pass
         loop = asyncio.get_running_loop()
         self._server = await loop.create_unix_server(lambda: Link(self.received, self._lost), path)
+        # Client sockets moving here (amqp_server.amqp.hand_over) come on a socket of their own:
+        # a descriptor travels in a message's ancillary data, which asyncio's transports cannot carry.
+        self._moves = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        moves = path + MOVES
+        try:
+            os.unlink(moves)
+        except FileNotFoundError:
+            pass
+        self._moves.bind(moves)
+        self._moves.listen(64)
+        self._moves.setblocking(False)
+        loop.add_reader(self._moves.fileno(), self._moved_here)
         for peer in range(self.shard.count):
             if peer != self.here:
                 self._connect_soon(peer, 0)
@@ -241,6 +291,7 @@ class ShardNode:
 
     def _lost(self, link: Link) -> None:
         self.links.discard(link)
+        self.flows.pop(link, None)
         for ident, (queue, entry, consumer) in self.held.pop(link, {}).items():
             if consumer is not None:
                 consumer.unacked -= 1
@@ -263,6 +314,10 @@ class ShardNode:
             if queue.shard == peer:
                 del self.consumers[cid]
                 queue.owner_cancelled(consumer.tag)
+        for host in self.broker.vhosts.values():
+            for queue in host.queues.values():
+                if isinstance(queue, RemoteQueue) and queue.shard == peer and queue.backed_up:
+                    queue.held(False)
         self.reports.pop(peer, None)
         for ticket, callback in list(self.waiting.items()):
             if getattr(callback, "peer", None) == peer:
@@ -300,10 +355,9 @@ class ShardNode:
     # -- records ------------------------------------------------------------------
 
     def received(self, link: Link, record: tuple) -> None:
-        kind = record[0]
-        handler = getattr(self, "_on_" + kind, None)
+        handler = self._handlers.get(record[0])
         if handler is None:
-            log.error("shard %d: unknown record %r from shard %s", self.here, kind, link.peer)
+            log.error("shard %d: unknown record %r from shard %s", self.here, record[0], link.peer)
             return
         handler(link, *record[1:])
 
@@ -362,15 +416,17 @@ class ShardNode:
         self.held.setdefault(link, {})[ident] = (queue, entry, consumer)
         return ident
 
-    def _on_pub(self, link, vhost, name, data, ticket):
+    def _on_pub(self, link, vhost, name, exchange, routing_key, header, body, ticket):
         queue = self._owned(vhost, name)
         if queue is None:  # deleted meanwhile: as a publish into a queue deleted under it
             if ticket:
                 link.send(("durable", ticket))
             return
-        message = Message.from_bytes(data)
+        message = Message(exchange, routing_key, header, body)
         if not ticket:
             queue.publish(message)
+            if queue.backed_up:
+                self._throttle(link, queue)
             return
         answered = []
 
@@ -380,10 +436,27 @@ class ShardNode:
                 link.send(("durable", ticket))
 
         outcome = queue.publish(message, durable)
+        if queue.backed_up:
+            self._throttle(link, queue)
         if outcome == REJECTED:  # reject-publish: the publisher gets a nack
             link.send(("rejected", ticket))
         elif outcome != DURABLE_PENDING:  # nothing will call back
             durable()
+
+    def _throttle(self, link: Link, queue) -> None:
+        """The publishers of the shard at the other end of `link` wait for `queue`."""
+        flows = self.flows.setdefault(link, {})
+        flow = flows.get(queue.name)
+        if flow is None:
+            flow = flows[queue.name] = LinkPublisher(link, queue.vhost, queue.name)
+        if flow not in queue.flow_waiters:
+            queue.throttle(flow)
+
+    def _on_hold(self, link, vhost, name, holding):
+        host = self.broker.vhosts.get(vhost)
+        queue = host.queues.get(name) if host is not None else None
+        if isinstance(queue, RemoteQueue):
+            queue.held(holding)
 
     def _on_consume(self, link, cid, vhost, name, tag, no_ack, exclusive, prefetch, arguments):
         queue = self._owned(vhost, name)
@@ -503,7 +576,8 @@ class ShardNode:
 
     def publish(self, queue: RemoteQueue, message: Message, on_durable) -> None:
         if on_durable is None:
-            self.send_to(queue.shard, ("pub", queue.vhost, queue.name, message.to_bytes(), 0))
+            self.send_to(queue.shard, ("pub", queue.vhost, queue.name, message.exchange, message.routing_key,
+                                       message.header, message.body, 0))
             return
 
         def answered(record):
@@ -514,8 +588,9 @@ class ShardNode:
                 if refused is not None:
                     refused()
 
-        data = message.to_bytes()
-        self.request(queue.shard, lambda ticket: ("pub", queue.vhost, queue.name, data, ticket), answered)
+        self.request(queue.shard, lambda ticket: ("pub", queue.vhost, queue.name, message.exchange,
+                                                  message.routing_key, message.header, message.body, ticket),
+                     answered)
 
     def consume(self, queue: RemoteQueue, consumer: Consumer) -> None:
         cid = next(self._cids)
@@ -543,13 +618,17 @@ class ShardNode:
         idents = [entry.seq for entry in entries if entry.seq]
         if idents:
             link.send(("settle", 0, outcome, idents))
-        credits = self._credits
         for entry in entries:
             consumer = entry.consumer
             if consumer is not None and (not entry.seq or not consumer.prefetch_count):
-                key = (queue.shard, consumer.remote_id)
-                credits[key] = credits.get(key, 0) + 1
-        if credits and not self._credits_armed:
+                self._credit(queue.shard, consumer.remote_id)
+
+    def _credit(self, shard: int, cid: int) -> None:
+        """One delivery of consumer `cid` handed on: its owner may send another."""
+        key = (shard, cid)
+        credits = self._credits
+        credits[key] = credits.get(key, 0) + 1
+        if not self._credits_armed:
             self._credits_armed = True
             asyncio.get_running_loop().call_soon(self._send_credits)
 
@@ -590,14 +669,18 @@ class ShardNode:
         no_ack = False  # the channel acks a no-ack get itself, at once
         self.request(queue.shard, lambda ticket: ("get", ticket, queue.vhost, queue.name, no_ack), answered)
 
-    def _on_deliver(self, link, cid, ident, redelivered, deliveries, data):
+    def _on_deliver(self, link, cid, ident, redelivered, deliveries, exchange, routing_key, header, body):
         found = self.consumers.get(cid)
         if found is None:
             if ident:
                 link.send(("settle", 0, "requeue", [ident]))
             return
         queue, consumer = found
-        queue.received(consumer.tag, RemoteEntry(ident, Message.from_bytes(data), redelivered, deliveries, consumer))
+        message = Message(exchange, routing_key, header, body)
+        if not ident and not redelivered and queue.received_fresh(consumer, message):
+            self._credit(queue.shard, cid)  # the commonest: a no-ack delivery handed on at once
+            return
+        queue.received(consumer.tag, RemoteEntry(ident, message, redelivered, deliveries, consumer))
 
     def _on_cancelled(self, link, cid):
         found = self.consumers.pop(cid, None)
@@ -618,7 +701,54 @@ class ShardNode:
 
         self.request(queue.shard, lambda ticket: ("counts", ticket, queue.vhost, queue.name), answered)
 
+    # -- connections moving between shards (amqp_server.amqp.hand_over) --------------------
+
+    def hand_over(self, shard: int, fd: int, state: dict, pending: bytes) -> bool:
+        """Send a client's socket and its connection's state to `shard`
+        (the socket is duplicated into the message); False if it cannot go."""
+        if shard not in self.outgoing:
+            return False
+        data = pickle.dumps((state, pending), protocol=pickle.HIGHEST_PROTOCOL)
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as move:
+                move.settimeout(MOVE_TIMEOUT)
+                move.connect(self.shard.socket(shard) + MOVES)
+                socket.send_fds(move, [_LENGTH.pack(len(data))], [fd])
+                move.sendall(data)
+        except OSError as exc:
+            log.warning("shard %d: a connection could not move to shard %d: %s", self.here, shard, exc)
+            return False
+        return True
+
+    def _moved_here(self) -> None:
+        try:
+            move, _address = self._moves.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        fds = []
+        try:
+            with move:
+                move.settimeout(MOVE_TIMEOUT)
+                head, fds, _flags, _address = socket.recv_fds(move, _LENGTH.size, 1)
+                (length,) = _LENGTH.unpack(head)
+                data = bytearray()
+                while len(data) < length:
+                    chunk = move.recv(length - len(data))
+                    if not chunk:
+                        raise ConnectionError("the moving shard closed early")
+                    data += chunk
+                state, pending = pickle.loads(data)
+        except (OSError, ValueError, struct.error, pickle.UnpicklingError) as exc:
+            log.error("shard %d: a connection moving here was lost: %s", self.here, exc)
+            for fd in fds:
+                os.close(fd)
+            return
+        self.adopt(socket.socket(fileno=fds[0]), state, pending)
+
     async def stop(self) -> None:
+        if self._moves is not None:
+            asyncio.get_running_loop().remove_reader(self._moves.fileno())
+            self._moves.close()
         for task in list(self._tasks):
             task.cancel()
         if self._server is not None:

@@ -130,6 +130,7 @@ class ClientProtocol(asyncio.BufferedProtocol):
         # After acks: how many of the writer's appends must be written before
         # anything more is (their records among them), else None.
         self._records: int | None = None
+        self._forgotten = False  # its connection moved to another shard (`forget`)
 
     # -- asyncio.BufferedProtocol --------------------------------------------
 
@@ -144,7 +145,8 @@ class ClientProtocol(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.connections.discard(self.connection)
-        self.connection.lost()
+        if not self._forgotten:
+            self.connection.lost()
 
     def pause_writing(self) -> None:
         self.connection.socket_paused = True
@@ -182,6 +184,22 @@ class ClientProtocol(asyncio.BufferedProtocol):
             transport.writelines(out)
         if self._closing:
             transport.close()
+
+    @property
+    def records_held(self) -> bool:
+        """Output waits for acks' records to reach the OS."""
+        return self._records is not None
+
+    def flush_now(self) -> None:
+        """Write what is pending at once, not at the end of the loop turn."""
+        self._flush()
+
+    def forget(self) -> None:
+        """The connection moved to another shard with its socket (a copy of
+        the descriptor): close ours without a word to the client."""
+        self._forgotten = True
+        self.connections.discard(self.connection)
+        self.transport.abort()
 
     def close(self) -> None:
         """Write whatever is pending (after the acks' records), then close."""

@@ -234,6 +234,9 @@ class BrokerConfig:
     # its own event loop; 1 is one process (beyond RabbitMQ, whose schedulers
     # are its threads).
     shards: int = 1
+    # On a node of several shards, a connection whose traffic is all for another
+    # shard's queues moves there (docs/scaling.md); false: it is served where it landed.
+    shard_moves: bool = True
     tls: TLSConfig = field(default_factory=TLSConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
     management: ManagementConfig = field(default_factory=ManagementConfig)

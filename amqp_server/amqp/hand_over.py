@@ -1,0 +1,97 @@
+"""Moving a connection to the shard its traffic is for (docs/scaling.md).
+
+On a node of several shards a connection lands on whichever shard the
+kernel chose. When its first consumer is for a queue another shard owns, and
+the connection holds nothing else yet, the connection moves there instead of
+having every delivery hop: its socket (the descriptor, passed by the node:
+amqp_server.shards.node) and its state travel to the owner, which serves it
+from the consume on, and this shard forgets it.
+
+Invariants:
+- Only a plain connection with nothing in flight moves: running, not TLS
+  (the TLS session is this process's), one channel, no consumer, no
+  unacknowledged delivery, no exclusive queue, no reply consumer, no
+  transaction, no confirm or publish waiting, nothing held (credit flow, an
+  alarm), and its output written out to the socket. Otherwise it stays and
+  is served across shards.
+- The client notices nothing: this shard reads no more once it decided, the
+  bytes it had read from the frame that decided on are handed over with the
+  state, and the owner parses them first, then reads the socket.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from amqp_server.amqp.channel import Channel
+    from amqp_server.amqp.connection import Connection
+
+
+# Publishes in a row for one other shard's queues after which a publishing connection moves there.
+MOVE_AFTER = 64
+
+
+class HandOver(Exception):
+    """Raised by a handler: move the connection to `shard`, the method that
+    raised included (it is parsed again there)."""
+
+    def __init__(self, shard: int) -> None:
+        super().__init__(shard)
+        self.shard = shard
+
+
+def movable(connection: "Connection") -> bool:
+    io = connection.io
+    if connection.broker.shards is None or not connection.config.shard_moves or connection.state != "running" \
+            or len(connection.channels) != 1:
+        return False
+    if connection.exclusive_queues or connection.blocked_by or connection.acks_handled or io.records_held:
+        return False
+    transport = io.transport
+    if transport is None or transport.get_extra_info("sslcontext") is not None:
+        return False
+    channel = next(iter(connection.channels.values()))
+    return not (channel.consumers or channel.unacked or channel.reply_consumer is not None
+                or channel._tx is not None or channel._awaiting or channel._publish is not None
+                or channel.unconfirmed)
+
+
+def state_of(connection: "Connection") -> dict:
+    """What the owner needs to go on serving the connection."""
+    (number, channel), = connection.channels.items()
+    return {
+        "user": connection.user.name,
+        "vhost": connection.vhost.name,
+        "client_properties": connection.client_properties,
+        "auth_mechanism": connection.auth_mechanism,
+        "frame_max": connection.frame_max,
+        "channel_max": connection.channel_max,
+        "heartbeat": connection.heartbeat,
+        "connected_at": connection.connected_at,
+        "counters": (connection.recv_oct, connection.recv_cnt, connection.send_oct, connection.send_cnt),
+        "channel": (number, channel_state(channel)),
+    }
+
+
+def channel_state(channel: "Channel") -> dict:
+    return {
+        "confirm": channel.confirm,
+        "publish_seq": channel._publish_seq,
+        "confirm_from": channel._confirm_from,
+        "prefetch_count": channel.prefetch_count,
+        "global_prefetch": channel.global_prefetch,
+        "next_tag": channel._next_tag,
+        "most_recent_queue": channel.most_recent_queue,
+        "flow_active": channel.flow_active,
+    }
+
+
+def restore_channel(channel: "Channel", state: dict) -> None:
+    channel.confirm = state["confirm"]
+    channel._publish_seq = state["publish_seq"]
+    channel._confirm_from = state["confirm_from"]
+    channel.prefetch_count = state["prefetch_count"]
+    channel.global_prefetch = state["global_prefetch"]
+    channel._next_tag = state["next_tag"]
+    channel.most_recent_queue = state["most_recent_queue"]
+    channel.flow_active = state["flow_active"]
