@@ -4,7 +4,8 @@ clients opened until both shards hold some (the "shard" field of each
 connection says where it landed), and the HTTP API, hutchctl and /metrics
 on shard 0 showing every shard's connections, channels, consumers and
 queues, and acting on another shard's objects (closing a connection,
-getting and purging messages of its queue, AMQP queue.purge across shards).
+getting and purging messages of its queue, AMQP queue.purge across shards),
+and a connection that moves to another shard listed with its new shard.
 """
 from __future__ import annotations
 
@@ -33,8 +34,9 @@ def wait_for(predicate, timeout: float, what: str):
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory):
-    proc = launch(tmp_path_factory.mktemp("shards"), "--shards", "2", "--management-sample-interval", "0.2",
-                  expect=("AMQP", "HTTP", "PROMETHEUS"))
+    # connections stay where they land (shard_moves off): each test picks the shard of its objects
+    proc = launch(tmp_path_factory.mktemp("shards"), "--shards", "2", "--shard-moves", "false",
+                  "--management-sample-interval", "0.2", expect=("AMQP", "HTTP", "PROMETHEUS"))
     yield proc
     proc.stop()
 
@@ -309,3 +311,26 @@ def test_a_shard_that_does_not_answer_is_shown_as_it_last_reported(node, api, cl
         assert _named(api, clients[1].listed_as)["shard"] == 1
     finally:
         os.kill(pid, signal.SIGCONT)
+
+
+def test_a_connection_that_moves_is_listed_on_its_new_shard(start_broker):
+    moving = start_broker("--shards", "2", expect=("AMQP", "HTTP"))  # shard_moves on: the default
+    api = Api(moving.ports["HTTP"])
+    clients = _spread(moving, api)
+    try:
+        remote = _queue_on(api, clients[1].channel(), 1)
+        channel = clients[0].channel()
+        tag = channel.basic_consume(remote, lambda *args: None)  # its first consumer is for shard 1's queue
+
+        def moved() -> bool:
+            clients[0].process_data_events(0)
+            rows = _rows(api, "/api/consumers")
+            return (_named(api, clients[0].listed_as)["shard"] == 1
+                    and [row["shard"] for row in rows if row["consumer_tag"] == tag] == [1])
+
+        wait_for(moved, timeout=10, what="the connection and its consumer listed on shard 1")
+        assert [row["shard"] for row in _rows(api, "/api/channels")
+                if row["connection_details"]["name"] == _named(api, clients[0].listed_as)["name"]] == [1]
+    finally:
+        for connection in clients.values():
+            connection.close()
