@@ -167,17 +167,6 @@ class RemoteQueue:
         else:
             waiting.append(entry)
 
-    def received_fresh(self, consumer: "Consumer", message: Message) -> bool:
-        """A no-ack delivery never delivered before: handed to the client's
-        channel at once if it can take it (True), as a queue hands a fresh
-        message over (deliver_fresh); else False, and it waits as an entry."""
-        channel = consumer.channel
-        if self.pending.get(consumer.tag) or consumer.tag not in self.consumers or \
-                not channel.can_deliver(consumer):
-            return False
-        channel.deliver_fresh(consumer, self, message)
-        return True
-
     def dispatch(self, now: int = 0) -> None:
         for tag, waiting in self.pending.items():
             consumer = self.consumers[tag]

@@ -435,6 +435,14 @@ class Definitions:
 
         self.node.request(0, lambda ticket: ("sync", ticket), answered)
 
+    def follower_link(self, peer: int):
+        """Shard 0: the link `peer` synced on, with every change made so far
+        queued on it (so what is sent after them arrives after them)."""
+        link = self._followers.get(peer)
+        if link is not None and self._pending:
+            self._flush()
+        return link
+
     def synced_peer(self, link) -> tuple[list, int]:
         """Shard 0: the shard at the other end of `link` asks for everything:
         from now on it gets every batch on that link, after this answer, and

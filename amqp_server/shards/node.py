@@ -338,11 +338,23 @@ class ShardNode:
             link.send(record_of(ticket))
         self.waiting[ticket] = callback
 
+    def link_to(self, peer: int) -> Link | None:
+        """The link this shard sends requests to `peer` on: the one it opened,
+        but on shard 0 the one `peer` synced on, behind the batches of
+        definition changes (sent first), so that a request made right after
+        a change (MQTT declares a queue and consumes from it) never overtakes
+        the change at the peer."""
+        if self.here == 0:
+            link = self.definitions.follower_link(peer)
+            if link is not None:
+                return link
+        return self.outgoing.get(peer)
+
     def send_to(self, peer: int, record: tuple) -> bool:
         """Send `record` on this shard's link to `peer`; while there is none
         (the peer starts, or starts again) it waits for the link, at most
         UNSENT_MAX records per peer. False: dropped."""
-        link = self.outgoing.get(peer)
+        link = self.link_to(peer)
         if link is not None:
             link.send(record)
             return True
@@ -596,23 +608,23 @@ class ShardNode:
         cid = next(self._cids)
         self.consumers[cid] = (queue, consumer)
         consumer.remote_id = cid
-        link = self.outgoing.get(queue.shard)
+        link = self.link_to(queue.shard)
         if link is None:
             self.consumers.pop(cid)
             asyncio.get_running_loop().call_soon(queue.owner_cancelled, consumer.tag)
             return
         link.send(("consume", cid, queue.vhost, queue.name, consumer.tag, consumer.no_ack, consumer.exclusive,
-                   consumer.prefetch_count or consumer.channel.global_prefetch, consumer.arguments))
+                   consumer.prefetch_count or getattr(consumer.channel, "global_prefetch", 0), consumer.arguments))
 
     def cancel(self, queue: RemoteQueue, consumer: Consumer) -> None:
         cid = getattr(consumer, "remote_id", None)
         if self.consumers.pop(cid, None) is not None:
-            link = self.outgoing.get(queue.shard)
+            link = self.link_to(queue.shard)
             if link is not None:
                 link.send(("cancel", cid))
 
     def settle(self, queue: RemoteQueue, entries: list, outcome: str) -> None:
-        link = self.outgoing.get(queue.shard)
+        link = self.link_to(queue.shard)
         if link is None:
             return
         idents = [entry.seq for entry in entries if entry.seq]
@@ -637,12 +649,12 @@ class ShardNode:
         self._credits_armed = False
         credits, self._credits = self._credits, {}
         for (shard, cid), count in credits.items():
-            link = self.outgoing.get(shard)
+            link = self.link_to(shard)
             if link is not None:
                 link.send(("credit", cid, count))
 
     def reply(self, vhost: str, token: str, message: Message) -> None:
-        link = self.outgoing.get(reply_to.shard_of(token))
+        link = self.link_to(reply_to.shard_of(token))
         if link is not None:  # else the token's shard ended, and its channel with it: dropped
             link.send(("reply", vhost, token, message.to_bytes()))
 
@@ -676,10 +688,9 @@ class ShardNode:
                 link.send(("settle", 0, "requeue", [ident]))
             return
         queue, consumer = found
+        # A no-ack delivery too goes out as an entry: the channel's settling of it gives the
+        # credit back, whatever face the consumer is (MQTT hands fresh messages over differently).
         message = Message(exchange, routing_key, header, body)
-        if not ident and not redelivered and queue.received_fresh(consumer, message):
-            self._credit(queue.shard, cid)  # the commonest: a no-ack delivery handed on at once
-            return
         queue.received(consumer.tag, RemoteEntry(ident, message, redelivered, deliveries, consumer))
 
     def _on_cancelled(self, link, cid):
