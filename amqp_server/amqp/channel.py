@@ -351,6 +351,30 @@ class Channel(Deliveries):
             )
         return waits
 
+    # -- moving to another shard (amqp_server.amqp.hand_over) ------------------------
+
+    def holds_nothing(self) -> bool:
+        """No consumer, delivery, transaction, confirm or publish in flight."""
+        return not (self.consumers or self.unacked or self.reply_consumer is not None or self._tx is not None
+                    or self._awaiting or self._publish is not None or self.unconfirmed)
+
+    def state_to_move(self) -> dict:
+        return {"confirm": self.confirm, "publish_seq": self._publish_seq, "confirm_from": self._confirm_from,
+                "prefetch_count": self.prefetch_count, "global_prefetch": self.global_prefetch,
+                "next_tag": self._next_tag, "most_recent_queue": self.most_recent_queue,
+                "flow_active": self.flow_active}
+
+    def moved_in(self, state: dict) -> None:
+        """Go on where the channel was on the shard it moved from."""
+        self.confirm = state["confirm"]
+        self._publish_seq = state["publish_seq"]
+        self._confirm_from = state["confirm_from"]
+        self.prefetch_count = state["prefetch_count"]
+        self.global_prefetch = state["global_prefetch"]
+        self._next_tag = state["next_tag"]
+        self.most_recent_queue = state["most_recent_queue"]
+        self.flow_active = state["flow_active"]
+
     def _count_bound(self, here: int) -> None:
         """How many publishes in a row went only to queues of one other shard
         (a connection moves there after MOVE_AFTER: amqp_server.amqp.hand_over)."""

@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING
 from pamqp import commands, decode
 
 from amqp_server.amqp.channel import Channel
-from amqp_server.amqp.hand_over import HandOver, movable, restore_channel, state_of
+from amqp_server.amqp.hand_over import HandOver, movable, state_of
 from amqp_server.shared.client import CLOSED, INPUT_BUDGET, ClientConnection
 from amqp_server.shared.config import BrokerConfig
 from amqp_server.amqp.framing import (
@@ -709,7 +709,7 @@ class Connection(ClientConnection):
         self._staying = True  # it moves once
         number, channel_state = state["channel"]
         channel = self.channels[number] = Channel(self, number)
-        restore_channel(channel, channel_state)
+        channel.moved_in(channel_state)
         if self.heartbeat:
             self._timer = self.io.call_later(self.heartbeat / 2, self._tick)
         self.reader.feed(pending)

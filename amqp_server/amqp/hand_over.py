@@ -23,7 +23,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from amqp_server.amqp.channel import Channel
     from amqp_server.amqp.connection import Connection
 
 
@@ -51,9 +50,7 @@ def movable(connection: "Connection") -> bool:
     if transport is None or transport.get_extra_info("sslcontext") is not None:
         return False
     channel = next(iter(connection.channels.values()))
-    return not (channel.consumers or channel.unacked or channel.reply_consumer is not None
-                or channel._tx is not None or channel._awaiting or channel._publish is not None
-                or channel.unconfirmed)
+    return channel.holds_nothing()
 
 
 def state_of(connection: "Connection") -> dict:
@@ -69,29 +66,5 @@ def state_of(connection: "Connection") -> dict:
         "heartbeat": connection.heartbeat,
         "connected_at": connection.connected_at,
         "counters": (connection.recv_oct, connection.recv_cnt, connection.send_oct, connection.send_cnt),
-        "channel": (number, channel_state(channel)),
+        "channel": (number, channel.state_to_move()),
     }
-
-
-def channel_state(channel: "Channel") -> dict:
-    return {
-        "confirm": channel.confirm,
-        "publish_seq": channel._publish_seq,
-        "confirm_from": channel._confirm_from,
-        "prefetch_count": channel.prefetch_count,
-        "global_prefetch": channel.global_prefetch,
-        "next_tag": channel._next_tag,
-        "most_recent_queue": channel.most_recent_queue,
-        "flow_active": channel.flow_active,
-    }
-
-
-def restore_channel(channel: "Channel", state: dict) -> None:
-    channel.confirm = state["confirm"]
-    channel._publish_seq = state["publish_seq"]
-    channel._confirm_from = state["confirm_from"]
-    channel.prefetch_count = state["prefetch_count"]
-    channel.global_prefetch = state["global_prefetch"]
-    channel._next_tag = state["next_tag"]
-    channel.most_recent_queue = state["most_recent_queue"]
-    channel.flow_active = state["flow_active"]
