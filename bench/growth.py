@@ -240,6 +240,20 @@ def panel(series: dict[str, list[tuple[float, float]]], x_title: str, y_title: s
     return out
 
 
+def figure(body: list[str], panels: int) -> str:
+    """An SVG of `panels` charts side by side (their elements in `body`) with the brokers' legend
+    centred under them."""
+    legend = []
+    for i, b in enumerate(COLOURS):
+        x, y = panels * W // 2 - 80 + 90 * i, H + LEGEND - 4
+        legend.append('<line x1="%d" x2="%d" y1="%d" y2="%d" stroke="%s" stroke-width="2"/>'
+                      % (x, x + 14, y - 4, y - 4, COLOURS[b]))
+        legend.append('<text x="%d" y="%d" font-size="11" fill="%s">%s</text>' % (x + 18, y, COLOURS[b], b))
+    return ('<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif">'
+            '<rect width="100%%" height="100%%" fill="white"/>%s</svg>\n' % (panels * W, H + LEGEND,
+                                                                            "".join(body + legend)))
+
+
 def render(results: dict, svg_dir: str) -> list[str]:
     """One SVG per dimension: throughput (left) and broker CPU µs per message (right)."""
     os.makedirs(svg_dir, exist_ok=True)
@@ -254,17 +268,9 @@ def render(results: dict, svg_dir: str) -> list[str]:
         body = (panel(rate, dim.title, "msg/s" + (" (log)" if binary else ""), 0, binary, binary)
                 + panel(cpu, dim.title, "broker CPU µs per message" + (" (log)" if binary else ""), W, binary,
                         binary))
-        legend = []
-        for i, b in enumerate(COLOURS):
-            x, y = W - 80 + 90 * i, H + LEGEND - 4
-            legend.append('<line x1="%d" x2="%d" y1="%d" y2="%d" stroke="%s" stroke-width="2"/>'
-                          % (x, x + 14, y - 4, y - 4, COLOURS[b]))
-            legend.append('<text x="%d" y="%d" font-size="11" fill="%s">%s</text>' % (x + 18, y, COLOURS[b], b))
-        svg = ('<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif">'
-               '<rect width="100%%" height="100%%" fill="white"/>%s</svg>\n' % (2 * W, H + LEGEND, "".join(body + legend)))
         path = os.path.join(svg_dir, "%s.svg" % dim.key)
         with open(path, "w") as f:
-            f.write(svg)
+            f.write(figure(body, 2))
         written.append(path)
     return written
 

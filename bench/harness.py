@@ -220,8 +220,9 @@ def free_port() -> int:
 
 
 class Hutch:
-    def __init__(self, data_dir: str, port: int, extra: list[str], root: str = ROOT) -> None:
-        self.data_dir, self.port, self.extra, self.root = data_dir, port, extra, root
+    def __init__(self, data_dir: str, port: int, extra: list[str], root: str = ROOT,
+                 preexec: Callable[[], None] | None = None) -> None:
+        self.data_dir, self.port, self.extra, self.root, self.preexec = data_dir, port, extra, root, preexec
         self.proc: subprocess.Popen | None = None
         self.uri = "amqp://guest:guest@127.0.0.1:%d/%%2f" % port
 
@@ -233,7 +234,8 @@ class Hutch:
                "--data-dir", self.data_dir, "--log-level", "warning",
                "--management-enabled", "false", "--prometheus-enabled", "false", "--mqtt-enabled", "false", "--stream-enabled", "false",
                *self.extra]
-        self.proc = subprocess.Popen(cmd, cwd=self.root, stdout=logf, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(cmd, cwd=self.root, stdout=logf, stderr=subprocess.STDOUT,
+                                     preexec_fn=self.preexec)
         logf.close()
 
     @property
@@ -277,11 +279,12 @@ def wait_serving(port: int, proc: subprocess.Popen, timeout: float) -> float:
 
 
 @contextmanager
-def fresh_hutch(extra: list[str] = (), root: str = ROOT):
+def fresh_hutch(extra: list[str] = (), root: str = ROOT, preexec: Callable[[], None] | None = None):
     """A hutch (the source tree at `root`, default this checkout) on a free port with an empty
-    temporary data directory; stopped and removed after."""
+    temporary data directory; stopped and removed after. `preexec` runs in the child before the
+    exec (scale.py: enter a CPU-quota cgroup)."""
     data_dir = tempfile.mkdtemp(prefix="hutch-bench-")
-    hutch = Hutch(data_dir, free_port(), list(extra), root)
+    hutch = Hutch(data_dir, free_port(), list(extra), root, preexec)
     try:
         hutch.start()
         wait_serving(hutch.port, hutch.proc, 60)
