@@ -209,6 +209,12 @@ def _hung(config, nodeid: str) -> None:
 # PySpark's driver stops answering callbacks (foreachBatch hangs) once this
 # process has file descriptors numbered past select()'s limit of 1024.
 SPARK_FD_BUDGET = 900
+# Spark's driver JVMs (the `spark` fixture's, and those of the spark_sink and
+# hutchctl processes tests start, which inherit the environment) compile with
+# C1 only: the tests' jobs are tiny, and C2's compiling was a third of each
+# JVM's start and jobs (21 s -> 13 s for a session and two small jobs). Only
+# the JIT differs, not what Spark computes.
+os.environ.setdefault("PYSPARK_SUBMIT_ARGS", "--driver-java-options=-XX:TieredStopAtLevel=1 pyspark-shell")
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,6 +103,20 @@ class Target:
                 return response.status
         except urllib.error.HTTPError as error:
             return error.code
+
+    def add_vhost(self, name: str) -> None:
+        """Set-up: vhost `name` where guest has every permission, made over
+        the API (hutchctl's add_vhost and set_permissions are tested on their
+        own; a hutchctl process each would cost a second, rabbitmqctl's two)."""
+        path = urllib.parse.quote(name, safe="")
+        assert self.http("PUT", "/api/vhosts/" + path, {}) == 201, name
+        # the creator may have them already: 201 or 204
+        assert self.http("PUT", "/api/permissions/%s/guest" % path,
+                         {"configure": ".*", "write": ".*", "read": ".*"}) in (201, 204), name
+
+    def delete_vhost(self, name: str) -> None:
+        """Clean-up over the API."""
+        self.http("DELETE", "/api/vhosts/" + urllib.parse.quote(name, safe=""))
 
     def connect(self, vhost: str = "/", username: str = "guest", password: str = "guest"):
         params = pika.URLParameters(self.amqp_url)

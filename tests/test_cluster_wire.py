@@ -18,7 +18,7 @@ import pytest
 
 from amqp_raw import PROTOCOL_HEADER, RawClient
 from cluster_kit import (SECRET, EtcdProcess, etcd_get, etcd_put, free_ports, in_sync, make_nodes, port_open,
-                         print_logs, running, started, until)
+                         print_logs, running, seed, started, until)
 from http_api import call
 from replication_raw import (HEAD, HEARTBEAT, HELLO, LISTING, REFUSED, SNAPSHOT_END, WELCOME, WRITE, Peer, file_frame,
                              frame, serve_handshake)
@@ -235,6 +235,7 @@ def test_a_follower_cut_off_is_dropped_and_back_in_sync_once_the_partition_heals
     n1, n2 = nodes = make_nodes(tmp_path, etcd.url, 2, "--cluster-replication-timeout", "2")
     relay = Relay(n1.ports["replication"])
     try:
+        seed(n1)
         n1.start()
         leading_behind(etcd, n1, relay.port)
         n2.start()
@@ -262,6 +263,7 @@ def test_a_follower_refuses_a_leader_of_a_lower_term(tmp_path):
     fake = socket.create_server(("127.0.0.1", 0))
     dialled = []
     try:
+        seed(n1)
         n1.start()
         leading_behind(etcd, n1, relay.port)
         n2.start()
@@ -507,6 +509,7 @@ def test_amqps_through_a_follower_is_served_by_the_leader_under_the_clients_addr
         node.extra = ("--tls-certfile", pki["member"][0], "--tls-keyfile", pki["member"][1],
                       "--tls-port", str(free_ports(1)[0]))
     try:
+        seed(nodes[0])
         with started(etcd, nodes):
             leader = next(n for n in nodes if etcd_get(etcd.url, "hutch/leader") == n.name.encode())
             (follower,) = [n for n in nodes if n is not leader]

@@ -57,10 +57,9 @@ def hutch_only(target):
 def vhost(target):
     """A fresh vhost on the target where guest has full permissions."""
     name = unique("hutchctl")
-    target.ok("add_vhost", name)
-    target.ok("set_permissions", "-p", name, "guest", ".*", ".*", ".*")
+    target.add_vhost(name)
     yield name
-    target.run("delete_vhost", name)
+    target.delete_vhost(name)
 
 
 @pytest.fixture
@@ -70,18 +69,15 @@ def reference_vhost():
     made = []
 
     def make(name: str):
-        rabbitmq_target()
-        result = rabbitmqctl("add_vhost", name)
-        assert result.returncode == 0, result.stderr
+        rabbitmq_target().add_vhost(name)
         made.append(name)
-        assert rabbitmqctl("set_permissions", "-p", name, "guest", ".*", ".*", ".*").returncode == 0
         params = pika.URLParameters(RABBITMQ_AMQP)
         params.virtual_host = name
         return pika.BlockingConnection(params)
 
     yield make
     for name in made:
-        rabbitmqctl("delete_vhost", name)
+        rabbitmq_target().delete_vhost(name)
 
 
 def rows_of_json(text: str) -> list[dict]:
@@ -131,8 +127,7 @@ def test_list_queues_prints_what_rabbitmqctl_prints(target, reference_vhost, cas
     build(reference, QUEUE_STATES[state])
     reference.close()
     if target.is_hutch:
-        target.ok("add_vhost", name)
-        target.ok("set_permissions", "-p", name, "guest", ".*", ".*", ".*")
+        target.add_vhost(name)
         connection = target.connect(name)
         build(connection, QUEUE_STATES[state])
         connection.close()
@@ -147,7 +142,7 @@ def test_list_queues_prints_what_rabbitmqctl_prints(target, reference_vhost, cas
     result = target.run(*args)
     assert (result.returncode, result.stdout, result.stderr) == (0, expected.stdout, "")
     if target.is_hutch:
-        target.run("delete_vhost", name)
+        target.delete_vhost(name)
 
 
 def test_list_queues_shows_hutchs_message_states(hutch_only, target, vhost):
@@ -172,8 +167,7 @@ def test_list_queues_with_many_queues_has_rabbitmqctls_lines(target, reference_v
     build(reference, state)
     reference.close()
     if target.is_hutch:
-        target.ok("add_vhost", name)
-        target.ok("set_permissions", "-p", name, "guest", ".*", ".*", ".*")
+        target.add_vhost(name)
         connection = target.connect(name)
         build(connection, state)
         connection.close()
@@ -190,7 +184,7 @@ def test_list_queues_with_many_queues_has_rabbitmqctls_lines(target, reference_v
         pass
     assert lines() == want
     if target.is_hutch:
-        target.run("delete_vhost", name)
+        target.delete_vhost(name)
 
 
 # -- the other listings, against rabbitmqctl on the same state ------------------------------
@@ -211,8 +205,7 @@ def test_vhost_listings_match_rabbitmqctl(target, reference_vhost):
 
     populate(reference_vhost(name), rabbitmqctl)
     if target.is_hutch:
-        target.ok("add_vhost", name)
-        target.ok("set_permissions", "-p", name, "guest", ".*", ".*", ".*")
+        target.add_vhost(name)
         populate(target.connect(name), target.ok)
     for command in (["list_exchanges"], ["list_exchanges", "name", "type", "durable", "auto_delete", "internal",
                                          "arguments"],
@@ -231,7 +224,7 @@ def test_vhost_listings_match_rabbitmqctl(target, reference_vhost):
             assert got[:head] == want[:head], command
             assert sorted(got[head:]) == sorted(want[head:]), command
     if target.is_hutch:
-        target.run("delete_vhost", name)
+        target.delete_vhost(name)
 
 
 def test_list_policies_and_permissions_when_empty_print_an_empty_line_or_brackets(target, vhost):
@@ -255,7 +248,7 @@ def test_list_vhosts_shows_description_tags_and_tracing(target):
                                                                      "tags", "tracing").splitlines()
         target.ok("trace_off", "-p", name)
     finally:
-        target.run("delete_vhost", name)
+        target.delete_vhost(name)
 
 
 def test_list_users_shows_tags(target):

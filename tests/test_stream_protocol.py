@@ -151,7 +151,9 @@ def java_compressed(plain: dict[str, bytes], directory) -> dict[tuple[str, str],
     jars = os.path.join(os.path.dirname(pyspark.__file__), "jars", "*")
     for name, data in plain.items():
         (directory / name).write_bytes(data)
-    done = subprocess.run([java, "-cp", jars, str(ROOT / "tests" / "client_scripts" / "SubEntryCodecs.java"),
+    # C1 only (-XX:TieredStopAtLevel=1): compiling the source and a few batches is all this JVM does
+    done = subprocess.run([java, "-XX:TieredStopAtLevel=1", "-cp", jars,
+                           str(ROOT / "tests" / "client_scripts" / "SubEntryCodecs.java"),
                            *(str(directory / name) for name in plain)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     return {(name, codec): (directory / ("%s.%s" % (name, codec))).read_bytes() for name in plain

@@ -5,44 +5,39 @@ the same scenario, and every reply and error text must be the same.
 Patterns search names (RabbitMQ's semantics): scenario names are
 "diff-<hex run id>-<word>", so "[-]w" finds words starting with w, and so on (no leading dash: rabbitmqctl
 would read it as a flag).
-Users are made with rabbitmqctl on RabbitMQ and through the management API
-on hutch's session broker, and deleted from both afterwards.
+Users are made through the management API on RabbitMQ and on hutch's
+session broker, and deleted from both afterwards.
 """
 from __future__ import annotations
-
-import subprocess
 
 import pytest
 
 from helpers import unique
+from http_api import Api
 
 from .diffkit import op, run_scenario
 
 pytestmark = pytest.mark.differential
 
 
-def rabbitmqctl(*args: str) -> None:
-    subprocess.run(["rabbitmqctl", *args], check=True, capture_output=True, timeout=60)
-
-
 @pytest.fixture
-def as_user(rabbitmq_url, api, broker):
+def as_user(rabbitmq_url, rabbitmq_api, api, broker):
     """as_user(configure, write, read, topic=None)(scenario) -> (hutch, RabbitMQ)
     observations of the scenario run by a new user with those permissions."""
     made = []
+    rabbit = Api(*rabbitmq_api)
 
     def make(configure: str, write: str, read: str, topic: tuple | None = None):
         name = unique("diffuser")
         made.append(name)
-        rabbitmqctl("add_user", name, "pw")
-        rabbitmqctl("set_permissions", "-p", "/", name, configure, write, read)
-        api.put("/api/users/" + name, {"password": "pw", "tags": ""})
-        api.put("/api/permissions/%2F/" + name, {"configure": configure, "write": write, "read": read})
-        if topic is not None:
-            rabbitmqctl("set_topic_permissions", "-p", "/", name, *topic)
-            exchange, write_keys, read_keys = topic
-            api.put("/api/topic-permissions/%2F/" + name, {"exchange": exchange, "write": write_keys,
-                                                          "read": read_keys})
+        for side in (rabbit, api):
+            assert side.put("/api/users/" + name, {"password": "pw", "tags": ""}).status == 201
+            assert side.put("/api/permissions/%2F/" + name,
+                            {"configure": configure, "write": write, "read": read}).status in (201, 204)
+            if topic is not None:
+                exchange, write_keys, read_keys = topic
+                assert side.put("/api/topic-permissions/%2F/" + name,
+                                {"exchange": exchange, "write": write_keys, "read": read_keys}).status in (201, 204)
         host = rabbitmq_url.split("@", 1)[1]
 
         def run(scenario: list) -> tuple[list, list]:
@@ -53,8 +48,8 @@ def as_user(rabbitmq_url, api, broker):
 
     yield make
     for name in made:
-        rabbitmqctl("delete_user", name)
-        api.delete("/api/users/" + name)
+        for side in (rabbit, api):
+            side.delete("/api/users/" + name)
 
 
 def test_write_and_read_permissions(as_user):
