@@ -101,6 +101,8 @@ class Channel(Deliveries):
         # On a node of several shards: the shard the latest publishes all went to, and how many.
         self._bound_for = 0
         self._bound_count = 0
+        # Called (soon) once no publish awaits its confirm (a connection about to move waits for it).
+        self.on_drained = None
         self.handlers = {
             commands.Channel.Close: self._close,
             commands.Channel.CloseOk: self._close_ok,
@@ -232,8 +234,12 @@ class Channel(Deliveries):
         if self.state is CLOSING or self._publish is not None or self.connection.alarms.raised \
                 or len(body) > self.connection.config.max_message_size:
             return False
-        if self._bound_count >= MOVE_AFTER and self.connection.movable():
-            raise HandOver(self._bound_for)  # every recent publish was for that shard's queues
+        if self._bound_count >= MOVE_AFTER:  # every recent publish was for that shard's queues
+            connection = self.connection
+            if connection.movable():
+                raise HandOver(self._bound_for)
+            if self.unconfirmed and connection.movable(confirms_out=True):
+                raise HandOver(self._bound_for, drain=True)
         try:
             self._finish_publish(publish[0], publish[1], publish[2], header, body)
         except AMQPError as exc:
@@ -353,10 +359,11 @@ class Channel(Deliveries):
 
     # -- moving to another shard (amqp_server.amqp.hand_over) ------------------------
 
-    def holds_nothing(self) -> bool:
-        """No consumer, delivery, transaction, confirm or publish in flight."""
+    def holds_nothing(self, confirms_out: bool = False) -> bool:
+        """No consumer, delivery, transaction, confirm or publish in flight
+        (`confirms_out`: but unconfirmed publishes)."""
         return not (self.consumers or self.unacked or self.reply_consumer is not None or self._tx is not None
-                    or self._awaiting or self._publish is not None or self.unconfirmed)
+                    or self._publish is not None or (not confirms_out and (self._awaiting or self.unconfirmed)))
 
     def state_to_move(self) -> dict:
         return {"confirm": self.confirm, "publish_seq": self._publish_seq, "confirm_from": self._confirm_from,
@@ -397,6 +404,9 @@ class Channel(Deliveries):
                 self.connection.send_raw(fastpath.ack_frame(self.number, upto, upto > self._confirm_from))
                 self._confirm_from = upto + 1
             if not awaiting or awaiting[first] != NACK:
+                if self.on_drained is not None and not self.unconfirmed:
+                    drained, self.on_drained = self.on_drained, None
+                    self.connection.io.call_soon(drained)
                 return
             del awaiting[first]
             self.send_method(commands.Basic.Nack(delivery_tag=first, multiple=False, requeue=False))

@@ -191,6 +191,7 @@ class Connection(ClientConnection):
         broker.churn.connection_created += 1
         # It stays on this shard (it moved here, or could not move: amqp_server.amqp.hand_over).
         self._staying = False
+        self._draining = False  # it held its reading once to move (hand_over.HandOver.drain)
 
     # -- output --------------------------------------------------------------
 
@@ -321,7 +322,10 @@ class Connection(ClientConnection):
                 done = 0
         except HandOver as move:
             done = start  # what came before is handled; the deciding frame and the rest move, or are read again
-            self._hand_over(move.shard, start)
+            if move.drain:
+                self._drain_then_move()
+            else:
+                self._hand_over(move.shard, start)
             return
         except AMQPError as exc:
             self.close_with(exc)
@@ -693,6 +697,15 @@ class Connection(ClientConnection):
         self._timer.cancel()
         io.forget()
 
+    def _drain_then_move(self) -> None:
+        """Read nothing until the channel's confirms are all out, then parse
+        the deciding publish again: it moves the connection then (once)."""
+        self._draining = True
+        self.io.pause_reading()
+        (channel,) = self.channels.values()
+        channel.on_drained = self._continue
+        channel.flush_confirms()
+
     def adopt(self, state: dict, pending: bytes) -> None:
         """Go on serving a connection another shard moved here."""
         self._timer.cancel()
@@ -715,8 +728,11 @@ class Connection(ClientConnection):
         self.reader.feed(pending)
         self.parse()
 
-    def movable(self) -> bool:
-        return not self._staying and movable(self)
+    def movable(self, confirms_out: bool = False) -> bool:
+        """May move now (`confirms_out`: once its confirms are out, and it waited for them once only)."""
+        if confirms_out and self._draining:
+            return False
+        return not self._staying and movable(self, confirms_out)
 
     def lost(self) -> None:
         """The socket is gone (either side)."""

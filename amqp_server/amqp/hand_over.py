@@ -32,14 +32,18 @@ MOVE_AFTER = 64
 
 class HandOver(Exception):
     """Raised by a handler: move the connection to `shard`, the method that
-    raised included (it is parsed again there)."""
+    raised included (it is parsed again there). `drain`: not yet, its
+    channel's confirms are still out; read nothing more until they are,
+    then parse that method again (and move then)."""
 
-    def __init__(self, shard: int) -> None:
+    def __init__(self, shard: int, drain: bool = False) -> None:
         super().__init__(shard)
         self.shard = shard
+        self.drain = drain
 
 
-def movable(connection: "Connection") -> bool:
+def movable(connection: "Connection", confirms_out: bool = False) -> bool:
+    """Nothing in flight (`confirms_out`: but its channel's unconfirmed publishes)."""
     io = connection.io
     if connection.broker.shards is None or not connection.config.shard_moves or connection.state != "running" \
             or len(connection.channels) != 1:
@@ -50,7 +54,7 @@ def movable(connection: "Connection") -> bool:
     if transport is None or transport.get_extra_info("sslcontext") is not None:
         return False
     channel = next(iter(connection.channels.values()))
-    return channel.holds_nothing()
+    return channel.holds_nothing(confirms_out)
 
 
 def state_of(connection: "Connection") -> dict:
