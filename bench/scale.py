@@ -209,11 +209,28 @@ def hutch_running(extra: list[str], shards: int, cores: float, sharding: bool) -
                                            % (shards, len(children(h.pid))))
                     time.sleep(0.1)
                 place_shards(h.pid, groups)
+                if shards > 1:
+                    serving_on_every_shard(h.uri, shards)
                 yield Running("hutch", h.uri, h.pid, lambda: [h.pid] + children(h.pid),
                               lambda: children(h.pid) if shards > 1 else [h.pid], [(g, cores) for g in groups],
                               lambda: place_shards(h.pid, groups))
         finally:
             _kill_left(quotas)
+
+
+def serving_on_every_shard(uri: str, shards: int, timeout: float = 60) -> None:
+    """Until every shard serves (a shard that is still starting gets neither connections nor
+    queues): connections until each shard's index was seen in their `shard` server property."""
+    import pika
+
+    seen: set = set()
+    deadline = time.monotonic() + timeout
+    while len(seen) < shards:
+        if time.monotonic() > deadline:
+            raise RuntimeError("hutch --shards %d: only shards %s serve after %d s" % (shards, sorted(seen), timeout))
+        connection = pika.BlockingConnection(pika.URLParameters(uri))
+        seen.add(connection._impl.server_properties.get("shard"))
+        connection.close()
 
 
 RABBITMQ_CONF = """listeners.tcp.default = 127.0.0.1:{port}

@@ -435,6 +435,10 @@ class Definitions:
 
         self.node.request(0, lambda ticket: ("sync", ticket), answered)
 
+    def up(self) -> list[int]:
+        """Shard 0: the other shards that are up (synced and linked)."""
+        return sorted(self._followers)
+
     def follower_link(self, peer: int):
         """Shard 0: the link `peer` synced on, with every change made so far
         queued on it (so what is sent after them arrives after them)."""

@@ -284,8 +284,7 @@ class ShardNode:
         self.outgoing[peer] = link
         self.links.add(link)
         link.send(("hello", self.here))
-        for record in self._unsent.pop(peer, ()):
-            link.send(record)
+        self.flush_unsent(peer)
         log.info("shard %d: linked to shard %d", self.here, peer)
         self.definitions.linked(peer)
 
@@ -350,6 +349,13 @@ class ShardNode:
                 return link
         return self.outgoing.get(peer)
 
+    def flush_unsent(self, peer: int) -> None:
+        """What waited for a link to `peer` goes on the link requests to it take (`link_to`)."""
+        link = self.link_to(peer)
+        if link is not None:
+            for record in self._unsent.pop(peer, ()):
+                link.send(record)
+
     def send_to(self, peer: int, record: tuple) -> bool:
         """Send `record` on this shard's link to `peer`; while there is none
         (the peer starts, or starts again) it waits for the link, at most
@@ -406,6 +412,7 @@ class ShardNode:
     def _on_sync(self, link, ticket):
         changes, upto = self.definitions.synced_peer(link)
         link.send(("synced", ticket, changes, upto))
+        self.flush_unsent(link.peer)  # behind the definitions they may depend on
 
     def _on_synced(self, link, ticket, changes, upto):
         self._answered(ticket, ("synced", ticket, changes, upto))
@@ -574,7 +581,8 @@ class ShardNode:
         """Where a new queue lives: a stream on shard 0 (its stream-protocol
         readers are there); an exclusive or auto-delete one with its
         declaring connection (`definitions.origin`); any other on the shard
-        that holds the fewest queues of the vhost."""
+        that holds the fewest queues of the vhost, among the shards that are
+        up (a starting one gets queues once it is)."""
         if stream:
             return 0
         if local:
@@ -584,7 +592,8 @@ class ShardNode:
         if host is not None:
             for queue in host.queues.values():
                 counts[getattr(queue, "shard", self.here)] += 1
-        return min(range(self.shard.count), key=lambda index: (counts[index], (index - self.here) % self.shard.count))
+        up = [self.here] + self.definitions.up()
+        return min(up, key=lambda index: (counts[index], (index - self.here) % self.shard.count))
 
     def publish(self, queue: RemoteQueue, message: Message, on_durable) -> None:
         if on_durable is None:
@@ -608,13 +617,12 @@ class ShardNode:
         cid = next(self._cids)
         self.consumers[cid] = (queue, consumer)
         consumer.remote_id = cid
-        link = self.link_to(queue.shard)
-        if link is None:
+        # A starting owner gets it once linked (send_to); one that ends cancels it (_peer_gone).
+        if not self.send_to(queue.shard, ("consume", cid, queue.vhost, queue.name, consumer.tag, consumer.no_ack,
+                                          consumer.exclusive, consumer.prefetch_count
+                                          or getattr(consumer.channel, "global_prefetch", 0), consumer.arguments)):
             self.consumers.pop(cid)
             asyncio.get_running_loop().call_soon(queue.owner_cancelled, consumer.tag)
-            return
-        link.send(("consume", cid, queue.vhost, queue.name, consumer.tag, consumer.no_ack, consumer.exclusive,
-                   consumer.prefetch_count or getattr(consumer.channel, "global_prefetch", 0), consumer.arguments))
 
     def cancel(self, queue: RemoteQueue, consumer: Consumer) -> None:
         cid = getattr(consumer, "remote_id", None)
