@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING
 from pamqp import commands, decode
 
 from amqp_server.amqp.channel import Channel
-from amqp_server.amqp.hand_over import HandOver, movable, state_of
+from amqp_server.amqp.hand_over import DRAINS, HandOver, movable, state_of
 from amqp_server.shared.client import CLOSED, INPUT_BUDGET, ClientConnection
 from amqp_server.shared.config import BrokerConfig
 from amqp_server.amqp.framing import (
@@ -191,7 +191,7 @@ class Connection(ClientConnection):
         broker.churn.connection_created += 1
         # It stays on this shard (it moved here, or could not move: amqp_server.amqp.hand_over).
         self._staying = False
-        self._draining = False  # it held its reading once to move (hand_over.HandOver.drain)
+        self._drains = 0  # how often it held its reading to move (hand_over.HandOver.drain)
 
     # -- output --------------------------------------------------------------
 
@@ -700,7 +700,7 @@ class Connection(ClientConnection):
     def _drain_then_move(self) -> None:
         """Read nothing until the channel's confirms are all out, then parse
         the deciding publish again: it moves the connection then (once)."""
-        self._draining = True
+        self._drains += 1
         self.io.pause_reading()
         (channel,) = self.channels.values()
         channel.on_drained = self._continue
@@ -729,8 +729,9 @@ class Connection(ClientConnection):
         self.parse()
 
     def movable(self, confirms_out: bool = False) -> bool:
-        """May move now (`confirms_out`: once its confirms are out, and it waited for them once only)."""
-        if confirms_out and self._draining:
+        """May move now (`confirms_out`: once its confirms are out; it waits for them at most
+        DRAINS times, as credit flow may hold it when they are)."""
+        if confirms_out and self._drains >= DRAINS:
             return False
         return not self._staying and movable(self, confirms_out)
 

@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 
 # Publishes in a row for one other shard's queues after which a publishing connection moves there.
 MOVE_AFTER = 64
+# Times a publisher in confirm mode stops reading until its confirms are out, to move.
+DRAINS = 3
 
 
 class HandOver(Exception):
