@@ -434,3 +434,10 @@ async def test_mqtt_qos0_subscribers_of_a_queue_on_the_other_shard_get_their_mes
     finally:
         for client in clients:
             await client.__aexit__(None, None, None)
+
+
+def test_the_shards_end_with_their_supervisor_even_a_sigkilled_one(tmp_path):
+    proc = launch(tmp_path, "--shards", str(SHARDS))
+    wait_for(lambda: all(_pid_of_shard(proc, index) for index in range(SHARDS)), 10, what="every shard started")
+    proc.kill()
+    wait_for(lambda: not any(_pid_of_shard(proc, index) for index in range(SHARDS)), 10, what="the shards gone")
