@@ -441,3 +441,24 @@ def test_the_shards_end_with_their_supervisor_even_a_sigkilled_one(tmp_path):
     wait_for(lambda: all(_pid_of_shard(proc, index) for index in range(SHARDS)), 10, what="every shard started")
     proc.kill()
     wait_for(lambda: not any(_pid_of_shard(proc, index) for index in range(SHARDS)), 10, what="the shards gone")
+
+
+def test_a_shard_keeps_its_messages_when_shard_0_lost_its_definitions(tmp_path):
+    proc = launch(tmp_path, "--shards", str(SHARDS))
+    connection = on_shard(proc.port, 1)
+    queue = queue_on(proc, connection.channel(), 1)
+    channel = connection.channel()
+    channel.confirm_delivery()
+    channel.basic_publish("", queue, b"kept", pika.BasicProperties(delivery_mode=2))
+    connection.close()
+    proc.stop()
+    for name in os.listdir(proc.data_dir):  # shard 0's store of definitions is lost
+        if name.startswith("definitions.db"):
+            os.remove(os.path.join(proc.data_dir, name))
+    again = launch(tmp_path, "--data-dir", str(proc.data_dir), "--shards", str(SHARDS))
+    try:
+        wait_for(lambda: "shard 0 does not know it: kept" in again.log, 20, what="the queue kept")
+        channel = on_shard(again.port, 1).channel()
+        assert channel.basic_get(queue, auto_ack=True)[2] == b"kept"
+    finally:
+        again.stop()

@@ -27,7 +27,8 @@ Each shard keeps every durable definition in its own definitions store (a
 queue's row names its shard), so a restarted shard restores its own queues
 before serving; it then asks shard 0 for everything (`sync`) and makes the
 difference (what it lacks, and undoing what it has that shard 0 has not),
-before it opens its listeners. Shard 0's end restarts the whole node
+before it opens its listeners (a queue whose messages it holds is never
+undone: if shard 0 lacks it, it is kept and said). Shard 0's end restarts the whole node
 (amqp_server.process.shards): the others' transient definitions were known
 to it only.
 """
@@ -394,8 +395,14 @@ class Definitions:
             if change[0] == "bind":
                 undo.append(("unbind",) + change[1:])
             elif change[0] == "queue":
-                if not any(c[0] == "queue" and c[1:3] == change[1:3] for c in missing):
+                if any(c[0] == "queue" and c[1:3] == change[1:3] for c in missing):
+                    continue  # both have it, differently: below
+                host = self.node.broker.vhosts.get(change[1])
+                if isinstance(host.queues.get(change[2]), RemoteQueue):
                     undo.append(("queue-", change[1], change[2]))
+                else:  # its messages are here: never dropped because shard 0 lacks it (a lost store?)
+                    log.error("shard %d: queue '%s' in vhost '%s' is this shard's, but shard 0 does not know it: "
+                              "kept, not served to the other shards", self.node.here, change[2], change[1])
             elif change[0] == "exchange":
                 undo.append(("exchange-", change[1], change[2]))
             elif change[0] == "broker" and change[1] in _UNDO:
