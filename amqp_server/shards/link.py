@@ -1,7 +1,7 @@
 """A link between two shards of a node: a Unix socket in the node's private
-link directory (amqp_server.process.shards), one per ordered pair (the
-lower-numbered side... either side may open it; each shard keeps the first
-link it has to a peer).
+link directory (amqp_server.process.shards). Every shard opens one to every
+other (so two per pair, one each way); which one carries what is
+amqp_server.shards.node's rule.
 
 Framing: a 4-byte big-endian length, then a pickled list of records. What a
 shard sends in one loop turn leaves as one frame (`send` queues, the end of
