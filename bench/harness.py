@@ -395,18 +395,25 @@ def rabbitmq_memory(prefix: str) -> float | None:
     return sum(float(kb) for _name, kb in found) if found else None
 
 
-def listening_pid(port: int) -> int | None:
-    """The pid of the process holding the listening TCP socket on `port` (via /proc)."""
+def tcp_socket_inodes(port: int, state: str) -> set[str]:
+    """The inodes (as /proc/PID/fd links name them, "socket:[N]") of the local TCP sockets on
+    `port` in `state` (/proc/net/tcp's hex state: "0A" listening, "01" established)."""
     inodes = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
             with open(table) as f:
                 for line in list(f)[1:]:
                     fields = line.split()
-                    if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
-                        inodes.add(fields[9])
+                    if fields[3] == state and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                        inodes.add("socket:[%s]" % fields[9])
         except OSError:
             pass
+    return inodes
+
+
+def listening_pid(port: int) -> int | None:
+    """The pid of the process holding the listening TCP socket on `port` (via /proc)."""
+    inodes = tcp_socket_inodes(port, "0A")
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             fds = os.listdir("/proc/%s/fd" % pid)
@@ -417,7 +424,7 @@ def listening_pid(port: int) -> int | None:
                 link = os.readlink("/proc/%s/fd/%s" % (pid, fd))
             except OSError:
                 continue
-            if link.startswith("socket:[") and link[8:-1] in inodes:
+            if link in inodes:
                 return int(pid)
     return None
 

@@ -77,7 +77,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cpu_quota import CgroupError, CpuQuota, QuotaSet, remove_stale  # noqa: E402
 from growth import W, figure, panel  # noqa: E402
 from harness import (AMQPBENCH_SRC, ROOT, amqpbench, build_amqpbench, cpu_seconds, fresh_hutch, free_port,  # noqa: E402
-                     listening_pid, log, machine, revision, wait_serving)
+                     listening_pid, log, machine, revision, tcp_socket_inodes, wait_serving)
 from results_table import median  # noqa: E402
 
 SPREAD = "--queues 16 --producers 16 --consumers 16"
@@ -117,16 +117,7 @@ def children(pid: int) -> list[int]:
 def connection_holder(port: int, pids: list[int]) -> int | None:
     """Which of `pids` holds the established TCP connections to `port` now (the one client
     connection of a hop run: its shard), or None when none or several do."""
-    inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as f:
-                for line in list(f)[1:]:
-                    fields = line.split()
-                    if fields[3] == "01" and int(fields[1].rsplit(":", 1)[1], 16) == port:
-                        inodes.add("socket:[%s]" % fields[9])
-        except OSError:
-            pass
+    inodes = tcp_socket_inodes(port, "01")
     holders = set()
     for pid in pids:
         try:
