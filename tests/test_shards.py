@@ -67,6 +67,12 @@ def queue_on(node, channel, shard: int) -> str:
     raise AssertionError("no queue placed on shard %d" % shard)
 
 
+def across(node) -> tuple:
+    """A connection on shard 1, a durable queue that lives there, and a connection on shard 0."""
+    owner = on_shard(node.port, 1)
+    return owner, queue_on(node, owner.channel(), 1), on_shard(node.port, 0)
+
+
 def placement(node, name: str) -> int:
     db = sqlite3.connect(os.path.join(node.data_dir, "definitions.db"))
     try:
@@ -144,9 +150,7 @@ def test_a_message_routed_to_queues_on_both_shards_is_confirmed_once_both_have_i
 
 
 def test_get_reject_and_requeue_across_shards_keep_rabbitmqs_flags(node):
-    owner = on_shard(node.port, 1)
-    queue = queue_on(node, owner.channel(), 1)
-    other = on_shard(node.port, 0)
+    owner, queue, other = across(node)
     channel = other.channel()
     channel.basic_publish("", queue, b"once")
     method, _props, body = channel.basic_get(queue)
@@ -236,9 +240,7 @@ def test_fewer_shards_than_hold_queues_is_refused_with_the_reason(tmp_path):
 
 
 def test_a_transaction_into_another_shards_queue_is_there_once_committed(node):
-    owner = on_shard(node.port, 1)
-    queue = queue_on(node, owner.channel(), 1)
-    publisher = on_shard(node.port, 0)
+    owner, queue, publisher = across(node)
     channel = publisher.channel()
     channel.tx_select()
     for i in range(20):
