@@ -404,35 +404,19 @@ def test_a_connection_moves_to_the_shard_of_its_queue_and_the_client_notices_not
     assert publisher.queue_declare(queue, passive=True).method.message_count == 200
 
 
-async def test_mqtt_persistent_sessions_whose_queues_live_on_either_shard_get_their_messages(node):
+@pytest.mark.parametrize("qos", [0, 1])
+async def test_mqtt_persistent_sessions_whose_queues_live_on_either_shard_get_their_messages(node, qos):
     topic = unique("dev") + "/state"
     clients = [aiomqtt.Client("127.0.0.1", node.ports["MQTT"], identifier=unique("p"), clean_session=False)
                for _ in range(2 * SHARDS)]
     for client in clients:  # a persistent session's queue is placed as any durable queue
         await client.__aenter__()
-        await client.subscribe(topic, qos=1)
+        await client.subscribe(topic, qos=qos)
     try:
         on_shard(node.port, 1).channel().basic_publish("amq.topic", topic.replace("/", "."), b"on")
         for client in clients:
             message = await asyncio.wait_for(anext(aiter(client.messages)), 5)
-            assert message.payload == b"on"
-    finally:
-        for client in clients:
-            await client.__aexit__(None, None, None)
-
-
-async def test_mqtt_qos0_subscribers_of_a_queue_on_the_other_shard_get_their_messages(node):
-    topic = unique("dev") + "/t"
-    clients = [aiomqtt.Client("127.0.0.1", node.ports["MQTT"], identifier=unique("z"), clean_session=False)
-               for _ in range(2 * SHARDS)]
-    for client in clients:
-        await client.__aenter__()
-        await client.subscribe(topic, qos=0)
-    try:
-        on_shard(node.port, 1).channel().basic_publish("amq.topic", topic.replace("/", "."), b"zero")
-        for client in clients:
-            message = await asyncio.wait_for(anext(aiter(client.messages)), 5)
-            assert (message.payload, message.qos) == (b"zero", 0)
+            assert (message.payload, message.qos) == (b"on", qos)
     finally:
         for client in clients:
             await client.__aexit__(None, None, None)
