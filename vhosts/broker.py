@@ -16,7 +16,11 @@ raise LookupError and invalid values ValueError, with rabbitmqctl's words.
 Open connections register here (`open_vhost` / `connection_closed`) so that
 limits can count them and deleting a vhost or a user closes theirs (320, as
 RabbitMQ). A connection is any object with `user`, `vhost`, `channels` and
-`force_close(reason)` (amqp_server.amqp.connection.Connection).
+`force_close(reason)` (amqp_server.amqp.connection.Connection). The limits
+count the whole node: what this broker counts (`counted`: connections of the
+node, of each vhost and user, channels of each user) plus, on a node of
+several shards, the other shards' counts (`ShardPort.elsewhere`); every
+change of a count is told to them (`ShardPort.tallied`).
 
 Runtime parameters (vhosts.parameters) describe shovels and federation
 upstreams; what runs them (amqp_server.links) follows them through
@@ -92,7 +96,10 @@ class Broker:
         self.loopback_users = frozenset(loopback_users)
         self.churn = Churn()
         self.definitions = definitions
-        self.connections: set = set()  # open ones (see the module docstring)
+        # the open ones (see the module docstring) -> the (vhost, user) names they are counted under
+        self.connections: dict[object, tuple[str, str]] = {}
+        # (kind, name) -> how many are open here: ("node", ""), ("vhost", v), ("user", u), ("channels", u)
+        self.counted: dict[tuple[str, str], int] = {}
         # vhost name -> `storage.vhost_storage.VhostStorage` (None: all in memory)
         self.message_storage = message_storage
         # A cluster's leader: barrier(done) calls done once the in-sync
@@ -487,18 +494,18 @@ class Broker:
             return None
         return user
 
-    def open_vhost(self, user: User, name: str, connection=None) -> VirtualHost:
+    def open_vhost(self, user: User, name: str, connection=None, admitted: bool = False) -> VirtualHost:
         """connection.open: RabbitMQ's checks in its order (the vhost's
         connection limit, the user's, access to the vhost); the connection
-        is registered when it passes."""
+        is registered when it passes. `admitted`: a connection that moved
+        here from another shard of the node, counted in the limits already."""
         vhost = self.vhosts.get(name)
-        if vhost is not None:
-            limit = limit_reached(vhost.limits, "max-connections",
-                                  sum(1 for c in self.connections if c.vhost is vhost))
+        if vhost is not None and not admitted:
+            limit = limit_reached(vhost.limits, "max-connections", self.node_count("vhost", name))
             if limit is not None:
                 raise AMQPError(NOT_ALLOWED, "access to vhost '%s' refused for user '%s': connection limit (%d) is reached"
                                 % (name, user.name, limit))
-        limit = limit_reached(user.limits, "max-connections", sum(1 for c in self.connections if c.user is user))
+        limit = None if admitted else limit_reached(user.limits, "max-connections", self.node_count("user", user.name))
         if limit is not None:
             raise AMQPError(NOT_ALLOWED, "connection refused for user '%s': user connection limit (%d) is reached"
                             % (user.name, limit))
@@ -507,19 +514,50 @@ class Broker:
         if name not in user.permissions:
             raise AMQPError(NOT_ALLOWED, "access to vhost '%s' refused for user '%s'" % (name, user.name))
         if connection is not None:
-            self.connections.add(connection)
+            self.connections[connection] = (name, user.name)
+            self._count("node", "", 1)
+            self._count("vhost", name, 1)
+            self._count("user", user.name, 1)
         return vhost
+
+    def node_count(self, kind: str, name: str) -> int:
+        """How many of (kind, name) are open on the whole node (see the module docstring)."""
+        here = self.counted.get((kind, name), 0)
+        return here if self.shards is None else here + self.shards.elsewhere(kind, name)
+
+    def _count(self, kind: str, name: str, delta: int) -> None:
+        key = (kind, name)
+        count = self.counted.get(key, 0) + delta
+        if count:
+            self.counted[key] = count
+        else:
+            del self.counted[key]
+        if self.shards is not None:
+            self.shards.tallied(kind, name, count)
 
     def check_channel_limit(self, user: User) -> None:
         """channel.open: the user's max-channels over all its connections (530)."""
-        limit = limit_reached(user.limits, "max-channels",
-                              sum(len(c.channels) for c in self.connections if c.user is user))
+        limit = limit_reached(user.limits, "max-channels", self.node_count("channels", user.name))
         if limit is not None:
             raise AMQPError(NOT_ALLOWED, "number of channels opened for user '%s' has reached "
                             "the maximum allowed user limit of (%d)" % (user.name, limit))
 
+    def channels_changed(self, connection, delta: int) -> None:
+        """A registered connection opened (1) or closed (-1) channels."""
+        names = self.connections.get(connection)
+        if names is not None:
+            self._count("channels", names[1], delta)
+
     def connection_closed(self, connection) -> None:
-        self.connections.discard(connection)
+        """Unregister it (its channels uncounted with it; once: a second call does nothing)."""
+        names = self.connections.pop(connection, None)
+        if names is not None:
+            vhost, user = names
+            self._count("node", "", -1)
+            self._count("vhost", vhost, -1)
+            self._count("user", user, -1)
+            if connection.channels:
+                self._count("channels", user, -len(connection.channels))
 
     def _force_close(self, which, reason: str) -> None:
         for connection in [c for c in self.connections if which(c)]:

@@ -71,6 +71,12 @@ class ShardPort(Protocol):
     # A direct reply to a token of a channel on another shard (vhosts.reply_to).
     def reply(self, vhost: str, token: str, message: Message) -> None: ...
 
+    # The broker's count of (kind, name) here is now `count` (vhosts.broker: node-wide limits).
+    def tallied(self, kind: str, name: str, count: int) -> None: ...
+
+    # The other shards' count of (kind, name).
+    def elsewhere(self, kind: str, name: str) -> int: ...
+
 
 class RemoteEntry(QueueEntry):
     """A delivery from the owner: `seq` is the owner's id for it."""

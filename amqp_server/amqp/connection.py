@@ -407,11 +407,13 @@ class Connection(ClientConnection):
             ).at(0, 0)
         self.broker.check_channel_limit(self.user)
         self.channels[number] = Channel(self, number)
+        self.broker.channels_changed(self, 1)
         self.broker.churn.channel_created += 1
         self.send_method(number, commands.Channel.OpenOk())
 
     def channel_closed(self, channel: Channel) -> None:
         if self.channels.get(channel.number) is channel:
+            self.broker.channels_changed(self, -1)
             del self.channels[channel.number]
             self.vhost.stats.retire(channel.stats)
             self.broker.churn.channel_closed += 1
@@ -575,7 +577,7 @@ class Connection(ClientConnection):
 
     def _open(self, method) -> None:
         limit = self.config.connection_max
-        if limit is not None and len(self.broker.connections) >= limit:
+        if limit is not None and self.broker.node_count("node", "") >= limit:
             raise AMQPError(NOT_ALLOWED, "connection refused: node connection limit (%d) is reached" % limit)
         self.vhost = self.broker.open_vhost(self.user, method.virtual_host, self)
         self.state = RUNNING
@@ -717,11 +719,12 @@ class Connection(ClientConnection):
         self.heartbeat = state["heartbeat"]
         self.connected_at = state["connected_at"]
         self.recv_oct, self.recv_cnt, self.send_oct, self.send_cnt = state["counters"]
-        self.vhost = self.broker.open_vhost(self.user, state["vhost"], self)
+        self.vhost = self.broker.open_vhost(self.user, state["vhost"], self, admitted=True)
         self.state = RUNNING
         self._staying = True  # it moves once
         number, channel_state = state["channel"]
         channel = self.channels[number] = Channel(self, number)
+        self.broker.channels_changed(self, 1)
         channel.moved_in(channel_state)
         if self.heartbeat:
             self._timer = self.io.call_later(self.heartbeat / 2, self._tick)

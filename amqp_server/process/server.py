@@ -154,6 +154,8 @@ class BrokerServer:
         # One table for every front end: AMQP, MQTT and HTTP failures of one
         # user from one address count together.
         self.logins = LoginThrottle(config.auth_failure_delay, config.auth_failure_delay_max)
+        if self.shards is not None:  # ... and on every shard of the node
+            self.shards.tallies.share_logins(self.logins)
         self.stream_node = StreamNode(self.broker, config, self.writer, self.alarms, self.logins, self.connections,
                                       self.listeners)
         self.management = ManagementListeners(self.broker, self.connections, config, self.writer, self.monitor,

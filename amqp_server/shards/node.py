@@ -24,6 +24,8 @@ Records (tuples, amqp_server.shards.link), by the requester:
   ("apply", ticket, batch, changes)        from shard 0 to every other shard
   ("report", index, report)               to shard 0, every REPORT_INTERVAL (no answer)
   ("ask", ticket, service, args)          a management service of another shard
+  ("tallies", counts) ("tally", kind, name, count) ("login", failed, host, username)
+                                           to every other shard (amqp_server.shards.tallies)
 and by the owner, on the same link:
   ("durable", ticket) ("rejected", ticket)
   ("deliver", cid, entry id, redelivered, deliveries, exchange, routing key, header, body)
@@ -50,6 +52,7 @@ import struct
 
 from amqp_server.shards.definitions import Definitions
 from amqp_server.shards.link import Link
+from amqp_server.shards.tallies import Tallies
 from storage import Message
 from vhosts import reply_to
 from vhosts.consumer import Consumer
@@ -157,6 +160,7 @@ class ShardNode:
         self._cids = itertools.count(1)
         self.consumers: dict[int, tuple[RemoteQueue, Consumer]] = {}  # cid -> ours at another shard
         self.definitions = Definitions(self)
+        self.tallies = Tallies(self)
         self._server = None
         self._moves: socket.socket | None = None
         # adopt(socket, state, pending): serve a client connection moved here (the composition root's)
@@ -172,6 +176,7 @@ class ShardNode:
         self.services: dict[str, object] = {}
         self._credits: dict[tuple[int, int], int] = {}  # (owner shard, cid) -> deliveries to give back
         self._unsent: dict[int, list] = {}  # peer -> records waiting for its link
+        self._wake: dict[int, asyncio.Event] = {}  # peer -> set when it linked here (see _connect)
         # record kind -> its handler, the methods named _on_<kind>
         self._handlers = {name[4:]: getattr(self, name) for name in dir(type(self)) if name.startswith("_on_")}
         self.flows: dict[Link, dict[str, LinkPublisher]] = {}  # credit flow towards each link's publishers
@@ -204,8 +209,9 @@ class ShardNode:
                 self._connect_soon(peer, 0)
         if self.here == 0:
             self.definitions.synced.set()
-        else:  # serve only with shard 0's definitions
+        else:  # serve only with shard 0's definitions, and its counts (amqp_server.shards.tallies)
             await self.definitions.synced.wait()
+            await self.tallies.heard_from_0.wait()
             self._spawn(self._report())
 
     def _spawn(self, coroutine) -> None:
@@ -279,17 +285,25 @@ class ShardNode:
                     lambda: Link(self.received, self._lost), self.shard.socket(peer))
                 break
             except OSError:
-                await asyncio.sleep(RECONNECT)
+                # Tried again after RECONNECT, or at once when the peer links here (it is up).
+                wake = self._wake.setdefault(peer, asyncio.Event())
+                try:
+                    await asyncio.wait_for(wake.wait(), RECONNECT)
+                except TimeoutError:
+                    pass
+                wake.clear()
         link.peer = peer
         self.outgoing[peer] = link
         self.links.add(link)
         link.send(("hello", self.here))
+        self.tallies.linked(link)
         self.flush_unsent(peer)
         log.info("shard %d: linked to shard %d", self.here, peer)
         self.definitions.linked(peer)
 
     def _lost(self, link: Link) -> None:
         self.links.discard(link)
+        self.tallies.lost(link)
         self.flows.pop(link, None)
         for ident, (queue, entry, consumer) in self.held.pop(link, {}).items():
             if consumer is not None:
@@ -387,6 +401,18 @@ class ShardNode:
     def _on_hello(self, link: Link, index: int) -> None:
         link.peer = index
         self.links.add(link)
+        wake = self._wake.get(index)
+        if wake is not None:
+            wake.set()
+
+    def _on_tallies(self, link, counts):
+        self.tallies.all_of(link, counts)
+
+    def _on_tally(self, link, kind, name, count):
+        self.tallies.one_of(link, kind, name, count)
+
+    def _on_login(self, link, failed, host, username):
+        self.tallies.login(failed, host, username)
 
     def _on_durable(self, link, ticket):
         self._answered(ticket, ("durable", ticket))
@@ -706,6 +732,14 @@ class ShardNode:
         if found is not None:
             queue, consumer = found
             queue.owner_cancelled(consumer.tag)
+
+    # -- node-wide limits (amqp_server.shards.tallies) ----------------------------------
+
+    def tallied(self, kind: str, name: str, count: int) -> None:
+        self.tallies.tallied(kind, name, count)
+
+    def elsewhere(self, kind: str, name: str) -> int:
+        return self.tallies.elsewhere(kind, name)
 
     def counts(self, queue, done) -> None:
         """Refresh a RemoteQueue's counts from its owner, then done()."""
