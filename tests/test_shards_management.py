@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import resource
 import signal
 import time
 import urllib.request
@@ -92,14 +93,14 @@ def clients(node, api):
             connection.close()
 
 
-def _queue_on(api, channel, shard: int) -> str:
+def _queue_on(api, channel, shard: int, durable: bool = False) -> str:
     """A queue placed on `shard` (a new queue goes to the shard with the
     fewest: declare until one lands there, then delete the others)."""
     missed = []
     try:
         for _attempt in range(20):
             name = unique("q")
-            channel.queue_declare(name)
+            channel.queue_declare(name, durable=durable)
             row = wait_for(lambda: _queue_row(api, name), timeout=10, what="queue %s listed" % name)
             if row["shard"] == shard:
                 return name
@@ -115,10 +116,21 @@ def _queue_row(api, name: str) -> dict | None:
     return reply.body if reply.status == 200 else None
 
 
-def _publish(channel, queue: str, n: int) -> None:
+def _publish(channel, queue: str, n: int, persistent: bool = False) -> None:
     channel.confirm_delivery()
     for i in range(n):
-        channel.basic_publish("", queue, b"m%d" % i)
+        channel.basic_publish("", queue, b"m%d" % i, pika.BasicProperties(delivery_mode=2 if persistent else 1))
+
+
+def _metrics(node) -> dict:
+    """/metrics as {name: value} (the aggregated endpoint: one unlabelled sample per node figure)."""
+    with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % node.ports["PROMETHEUS"]) as answer:
+        text = answer.read().decode()
+    return {name: float(value) for name, value in re.findall(r"^(\w+) (\S+)$", text, re.M)}
+
+
+def _shard_pid(node, shard: int) -> int:
+    return int(re.findall(r"shard %d of 2: pid (\d+)" % shard, node.log)[-1])
 
 
 def test_listings_show_every_shards_connections_channels_consumers_and_queues(node, api, clients):
@@ -298,10 +310,10 @@ def test_a_shard_that_does_not_answer_is_shown_as_it_last_reported(node, api, cl
     published = time.monotonic()
 
     def reported_since() -> bool:  # shard 1's periodic report (the fallback) was made after the publishes
-        return api.get("/api/nodes").body[0]["shard_reports"]["1"] < time.monotonic() - published
+        return api.get("/api/nodes").body[0]["shard_reports"]["1"]["report_age"] < time.monotonic() - published
 
     wait_for(reported_since, timeout=10, what="a report of shard 1 made after the publishes")
-    pid = int(re.findall(r"shard 1 of 2: pid (\d+)", node.log)[-1])
+    pid = _shard_pid(node, 1)
     os.kill(pid, signal.SIGSTOP)
     try:
         started = time.monotonic()
@@ -311,6 +323,97 @@ def test_a_shard_that_does_not_answer_is_shown_as_it_last_reported(node, api, cl
         assert _named(api, clients[1].listed_as)["shard"] == 1
     finally:
         os.kill(pid, signal.SIGCONT)
+
+
+def test_churn_of_connections_and_channels_on_every_shard_is_the_nodes(node, api):
+    def churn() -> dict:
+        return api.get("/api/overview").body["churn_rates"]
+
+    before = churn()
+    opened = []
+    try:
+        for _attempt in range(40):  # each with a channel, until one was served by shard 1
+            name = unique("churn")
+            params = pika.URLParameters(node.url)
+            params.client_properties = {"connection_name": name}
+            connection = pika.BlockingConnection(params)
+            opened.append(connection)
+            connection.channel()
+            if wait_for(lambda: _named(api, name), timeout=10, what="connection %s listed" % name)["shard"] == 1:
+                break
+        assert len(opened) < 40, "no connection landed on shard 1"
+        wait_for(lambda: api.get("/api/overview").body["object_totals"]["channels"] >= len(opened), timeout=10,
+                 what="the channels of both shards counted")
+        assert api.get("/api/overview").body["object_totals"]["connections"] >= len(opened)
+    finally:
+        for connection in opened:
+            connection.close()
+    wait_for(lambda: churn()["connection_closed"] - before["connection_closed"] == len(opened), timeout=10,
+             what="every close counted, shard 1's too")
+    after = churn()
+    for key in ("connection_created", "channel_created", "channel_closed"):
+        assert after[key] - before[key] == len(opened), key
+    assert after["connection_created_details"]["rate"] >= 0
+    metrics = _metrics(node)
+    assert metrics["rabbitmq_connections_opened_total"] == after["connection_created"]
+    assert metrics["rabbitmq_channels_closed_total"] == after["channel_closed"]
+
+
+def test_the_nodes_memory_descriptors_and_sockets_add_up_its_shards(node, api, clients):
+    info = api.get("/api/nodes").body[0]
+    shards = info["shard_reports"]
+    assert set(shards) == {"0", "1"} and all(shard["running"] for shard in shards.values())
+    assert shards["1"]["os_pid"] == str(_shard_pid(node, 1)) != shards["0"]["os_pid"]
+    for key in ("mem_used", "fd_used", "sockets_used"):  # one request: the sum of what it shows by shard
+        assert info[key] == shards["0"][key] + shards["1"][key], key
+        assert shards["1"][key] > 0, key  # shard 1 holds one of `clients`
+    assert info["mem_used"] > shards["0"]["mem_used"] and info["fd_used"] > shards["0"]["fd_used"]
+    assert info["fd_total"] == 2 * resource.getrlimit(resource.RLIMIT_NOFILE)[0]  # two processes' (ours, inherited)
+    metrics = _metrics(node)
+    # shard 1's tens of MB are in the node's memory, whatever shard 0's moved meanwhile
+    assert metrics["rabbitmq_process_resident_memory_bytes"] > shards["0"]["mem_used"] + shards["1"]["mem_used"] / 2
+    assert metrics["rabbitmq_process_open_tcp_sockets"] >= 2
+
+
+def test_a_shard_that_ended_shows_its_queues_down_until_it_reports_again(node, api):
+    require_chromium()
+    held = _spread(node, api)
+    far = held[1].channel()
+    remote = _queue_on(api, far, 1, durable=True)
+    _publish(far, remote, 2, persistent=True)
+    path = "/api/queues/%2F/" + segment(remote)
+    wait_for(lambda: _queue_row(api, remote)["messages"] == 2, timeout=10, what="the queue's messages reported")
+    victim = _shard_pid(node, 1)
+    node.process.send_signal(signal.SIGSTOP)  # the supervisor restarts shard 1 only once it runs again
+    try:
+        os.kill(victim, signal.SIGKILL)
+
+        def listed() -> dict:
+            return next(q for q in _rows(api, "/api/queues") if q["name"] == remote)
+
+        row = wait_for(lambda: listed()["state"] == "down" and listed(), timeout=10, what="the queue down")
+        assert row["shard"] == 1 and row["durable"] is True
+        assert not {"messages", "messages_ready", "consumers", "message_stats"} & set(row)  # no figures
+        page = api.get(path)
+        assert page.status == 200 and page.body["state"] == "down" and "messages" not in page.body
+        assert api.get("/api/nodes").body[0]["shard_reports"]["1"]["running"] is False
+        assert api.get("/api/overview").status == 200
+        ui = Ui(node.ports["HTTP"])
+        try:
+            ui.login("guest", "guest")
+            ui.open("queues")
+            ui.filter(remote)
+            ui.wait(lambda: [(row[1], row[5], row[6]) for row in _table(ui, "#queues")] == [(remote, "down", "")],
+                    "the queue down, with no counts")
+        finally:
+            ui.close()
+    finally:
+        node.process.send_signal(signal.SIGCONT)
+        held[0].close()
+    wait_for(lambda: _queue_row(api, remote)["state"] == "running", timeout=20, what="the queue running again")
+    assert wait_for(lambda: _queue_row(api, remote)["messages"] == 2, timeout=10, what="its messages back")
+    shard = api.get("/api/nodes").body[0]["shard_reports"]["1"]
+    assert shard["running"] is True and shard["os_pid"] != str(victim)
 
 
 def test_a_connection_that_moves_is_listed_on_its_new_shard(start_broker):
@@ -331,6 +434,13 @@ def test_a_connection_that_moves_is_listed_on_its_new_shard(start_broker):
         wait_for(moved, timeout=10, what="the connection and its consumer listed on shard 1")
         assert [row["shard"] for row in _rows(api, "/api/channels")
                 if row["connection_details"]["name"] == _named(api, clients[0].listed_as)["name"]] == [1]
+
+        def open_by_churn() -> bool:  # a moved connection was created once (where it was accepted)
+            overview = api.get("/api/overview").body
+            churn = overview["churn_rates"]
+            return churn["connection_created"] - churn["connection_closed"] == overview["object_totals"]["connections"]
+
+        wait_for(open_by_churn, timeout=10, what="connections created less closed to be those open")
     finally:
         for connection in clients.values():
             connection.close()
