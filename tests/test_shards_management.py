@@ -375,6 +375,28 @@ def test_the_nodes_memory_descriptors_and_sockets_add_up_its_shards(node, api, c
     assert metrics["rabbitmq_process_open_tcp_sockets"] >= 2
 
 
+def test_the_memory_alarm_weighs_the_whole_nodes_memory_on_every_shard(node, api, clients):
+    shards = api.get("/api/nodes").body[0]["shard_reports"]
+    low, high = sorted(shards[index]["mem_used"] for index in ("0", "1"))
+    limit = high + low // 2  # above what either shard holds, below what the node holds
+    publisher = clients[1]
+    try:
+        assert api.put("/api/hutch/vm-memory-high-watermark", {"value": str(limit)}).status == 204
+        info = api.get("/api/nodes").body[0]
+        assert info["mem_alarm"] and info["mem_limit"] == limit and info["mem_used"] > limit
+        for shard in info["shard_reports"].values():  # each under the watermark, each alarmed: the node is over
+            assert shard["mem_alarm"] and shard["mem_used"] < limit, shard
+        publisher.channel().basic_publish("", unique("nowhere"), b"held")  # shard 1 holds its publisher
+        wait_for(lambda: _named(api, publisher.listed_as)["state"] == "blocked", timeout=10,
+                 what="shard 1's publisher blocked")
+    finally:
+        assert api.put("/api/hutch/vm-memory-high-watermark", {"value": 0.4}).status == 204
+    info = api.get("/api/nodes").body[0]
+    assert not info["mem_alarm"] and not any(shard["mem_alarm"] for shard in info["shard_reports"].values())
+    wait_for(lambda: _named(api, publisher.listed_as)["state"] == "running", timeout=10,
+             what="shard 1's publisher running again")
+
+
 def test_a_shard_that_ended_shows_its_queues_down_until_it_reports_again(node, api):
     require_chromium()
     held = _spread(node, api)

@@ -156,6 +156,9 @@ class BrokerServer:
         self.logins = LoginThrottle(config.auth_failure_delay, config.auth_failure_delay_max)
         if self.shards is not None:  # ... and on every shard of the node
             self.shards.tallies.share_logins(self.logins)
+            # the memory alarm weighs the node's memory, every shard's (amqp_server.shards.tallies)
+            self.alarms.tell_memory = functools.partial(self.shards.tallied, "memory", "")
+            self.alarms.memory_elsewhere = functools.partial(self.shards.elsewhere, "memory", "")
         self.stream_node = StreamNode(self.broker, config, self.writer, self.alarms, self.logins, self.connections,
                                       self.listeners)
         self.management = ManagementListeners(self.broker, self.connections, config, self.writer, self.monitor,
