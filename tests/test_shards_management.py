@@ -129,6 +129,13 @@ def _metrics(node) -> dict:
     return {name: float(value) for name, value in re.findall(r"^(\w+) (\S+)$", text, re.M)}
 
 
+def _open_by_churn(api) -> bool:
+    """Whether the node's churn says as many connections are open as are."""
+    overview = api.get("/api/overview").body
+    churn = overview["churn_rates"]
+    return churn["connection_created"] - churn["connection_closed"] == overview["object_totals"]["connections"]
+
+
 def _shard_pid(node, shard: int) -> int:
     return int(re.findall(r"shard %d of 2: pid (\d+)" % shard, node.log)[-1])
 
@@ -329,6 +336,7 @@ def test_churn_of_connections_and_channels_on_every_shard_is_the_nodes(node, api
     def churn() -> dict:
         return api.get("/api/overview").body["churn_rates"]
 
+    wait_for(lambda: _open_by_churn(api), timeout=10, what="the closes of earlier tests counted")
     before = churn()
     opened = []
     try:
@@ -456,13 +464,8 @@ def test_a_connection_that_moves_is_listed_on_its_new_shard(start_broker):
         wait_for(moved, timeout=10, what="the connection and its consumer listed on shard 1")
         assert [row["shard"] for row in _rows(api, "/api/channels")
                 if row["connection_details"]["name"] == _named(api, clients[0].listed_as)["name"]] == [1]
-
-        def open_by_churn() -> bool:  # a moved connection was created once (where it was accepted)
-            overview = api.get("/api/overview").body
-            churn = overview["churn_rates"]
-            return churn["connection_created"] - churn["connection_closed"] == overview["object_totals"]["connections"]
-
-        wait_for(open_by_churn, timeout=10, what="connections created less closed to be those open")
+        # a moved connection was created once (where it was accepted)
+        wait_for(lambda: _open_by_churn(api), timeout=10, what="connections created less closed to be those open")
     finally:
         for connection in clients.values():
             connection.close()
