@@ -428,6 +428,10 @@ def test_a_shard_that_ended_shows_its_queues_down_until_it_reports_again(node, a
         assert page.status == 200 and page.body["state"] == "down" and "messages" not in page.body
         assert api.get("/api/nodes").body[0]["shard_reports"]["1"]["running"] is False
         assert api.get("/api/overview").status == 200
+        target = hutch_target(node)
+        offline = target.ok("list_queues", "name", "state", "messages", "--offline", "--formatter", "json")
+        assert json.loads(offline) == [{"name": remote, "state": "down", "messages": ""}]  # no figures
+        assert remote not in target.ok("list_queues", "name", "--online")
         ui = Ui(node.ports["HTTP"])
         try:
             ui.login("guest", "guest")
