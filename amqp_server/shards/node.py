@@ -24,6 +24,7 @@ Records (tuples, amqp_server.shards.link), by the requester:
   ("apply", ticket, batch, changes)        from shard 0 to every other shard
   ("report", index, report)               to shard 0, every REPORT_INTERVAL (no answer)
   ("ask", ticket, service, args)          a management service of another shard
+  ("dead", ticket, vhost, record)          to shard 0: a dead letter for the vhost's log (answer: durable)
   ("tallies", counts) ("tally", kind, name, count) ("login", failed, host, username)
                                            to every other shard (amqp_server.shards.tallies)
 and by the owner, on the same link:
@@ -732,6 +733,26 @@ class ShardNode:
         if found is not None:
             queue, consumer = found
             queue.owner_cancelled(consumer.tag)
+
+    # -- the node's dead-letter log, kept by shard 0 (vhosts.dead_letter_recorder) -----------
+
+    def dead_letter(self, vhost: str, record, on_durable) -> None:
+        def answered(answer):
+            # Not "durable": shard 0 ended, and the node restarts with it; the message
+            # stays in its queue, as a message never leaves one before its record is on disk.
+            if answer[0] == "durable":
+                on_durable()
+
+        self.request(0, lambda ticket: ("dead", ticket, vhost, record), answered)
+
+    def _on_dead(self, link, ticket, vhost, record):
+        host = self.broker.vhosts.get(vhost)
+        storage = host.message_storage if host is not None else None
+        log = storage.dead_letters if storage is not None else None
+        if log is None:  # the vhost was deleted meanwhile, and its log with it
+            link.send(("durable", ticket))
+            return
+        log.append(record, lambda: link.send(("durable", ticket)))
 
     # -- node-wide limits (amqp_server.shards.tallies) ----------------------------------
 
