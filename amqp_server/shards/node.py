@@ -51,6 +51,7 @@ import pickle
 import socket
 import struct
 
+from amqp_server.shards import dead_letters
 from amqp_server.shards.definitions import Definitions
 from amqp_server.shards.link import Link
 from amqp_server.shards.tallies import Tallies
@@ -214,6 +215,7 @@ class ShardNode:
             await self.definitions.synced.wait()
             await self.tallies.heard_from_0.wait()
             self._spawn(self._report())
+            self._spawn(dead_letters.hand_over(self))
 
     def _spawn(self, coroutine) -> None:
         task = asyncio.get_running_loop().create_task(coroutine)
@@ -734,7 +736,7 @@ class ShardNode:
             queue, consumer = found
             queue.owner_cancelled(consumer.tag)
 
-    # -- the node's dead-letter log, kept by shard 0 (vhosts.dead_letter_recorder) -----------
+    # -- the node's dead-letter log, kept by shard 0 (amqp_server.shards.dead_letters) -------
 
     def dead_letter(self, vhost: str, record, on_durable) -> None:
         def answered(answer):
