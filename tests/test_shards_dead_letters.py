@@ -15,8 +15,8 @@ import signal
 
 import pika
 
-from helpers import unique, wait_for
-from http_api import Api, segment
+from helpers import wait_for
+from http_api import Api
 from storage.dead_letter_log import DeadLetter, DeadLetterLog, DeadLetterLogSettings
 from storage.writer import GroupCommitWriter
 from test_shards import _pid_of_shard, on_shard, queue_on
