@@ -5,10 +5,12 @@ connection says where it landed), and the HTTP API, hutchctl and /metrics
 on shard 0 showing every shard's connections, channels, consumers and
 queues, and acting on another shard's objects (closing a connection,
 getting and purging messages of its queue, AMQP queue.purge across shards),
-and a connection that moves to another shard listed with its new shard.
+a connection that moves to another shard listed with its new shard, and
+the node's one dead-letter log holding what died on either shard.
 """
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -93,14 +95,14 @@ def clients(node, api):
             connection.close()
 
 
-def _queue_on(api, channel, shard: int, durable: bool = False) -> str:
+def _queue_on(api, channel, shard: int, arguments: dict | None = None, durable: bool = False) -> str:
     """A queue placed on `shard` (a new queue goes to the shard with the
     fewest: declare until one lands there, then delete the others)."""
     missed = []
     try:
         for _attempt in range(20):
             name = unique("q")
-            channel.queue_declare(name, durable=durable)
+            channel.queue_declare(name, durable=durable, arguments=arguments)
             row = wait_for(lambda: _queue_row(api, name), timeout=10, what="queue %s listed" % name)
             if row["shard"] == shard:
                 return name
@@ -448,6 +450,67 @@ def test_a_shard_that_ended_shows_its_queues_down_until_it_reports_again(node, a
     assert wait_for(lambda: _queue_row(api, remote)["messages"] == 2, timeout=10, what="its messages back")
     shard = api.get("/api/nodes").body[0]["shard_reports"]["1"]
     assert shard["running"] is True and shard["os_pid"] != str(victim)
+
+
+def _dead_letters(api, start: int) -> list:
+    reply = api.get("/api/hutch/dead-letters/%%2F?start=%d" % start)
+    assert reply.status == 200, reply
+    return reply.body["records"]
+
+
+def _reject(channel, queue: str, message_id: str) -> None:
+    """One message into `queue` (confirmed), got and rejected without requeue: it dies."""
+    channel.confirm_delivery()
+    channel.basic_publish("", queue, message_id.encode(), pika.BasicProperties(message_id=message_id))
+    method, _props, _body = channel.basic_get(queue)
+    channel.basic_reject(method.delivery_tag, requeue=False)
+
+
+def test_messages_dead_lettered_on_either_shard_are_in_the_nodes_one_log(node, api, clients):
+    far, near = clients[1].channel(), clients[0].channel()
+    dlx = unique("dlx")
+    near.exchange_declare(dlx, "fanout")
+    parked = _queue_on(api, far, 1)  # the dead-letter queue, on shard 1
+    near.queue_bind(parked, dlx)
+    on_one = _queue_on(api, far, 1, {"x-dead-letter-exchange": dlx})
+    on_zero = _queue_on(api, near, 0, {"x-dead-letter-exchange": dlx})
+    bounds = api.get("/api/hutch/dead-letters/%2F?limit=0").body
+    start = bounds["next_offset"]
+    _reject(far, on_one, "died-on-1")  # the owner, shard 1, dead-letters it
+    _reject(near, on_zero, "died-on-0")
+    wait_for(lambda: len(_dead_letters(api, start)) == 2, timeout=10, what="both dead letters in the log")
+    records = _dead_letters(api, start)
+    # one offset sequence, in the order they died, the API's shape whatever shard recorded them
+    assert [(r["offset"], r["queue"], r["reason"], r["properties"]["message_id"], r["dead_letter_exchange"])
+            for r in records] == [(start, on_one, "rejected", "died-on-1", dlx),
+                                  (start + 1, on_zero, "rejected", "died-on-0", dlx)]
+    assert base64.b64decode(records[0]["body"]) == b"died-on-1"
+    paged = api.get("/api/hutch/dead-letters/%%2F?start=%d&limit=1" % (start + 1)).body
+    assert [r["queue"] for r in paged["records"]] == [on_zero] and paged["next_offset"] == start + 2
+    listed = hutch_target(node).ok("list_dead_letters", "--from", str(start), "offset", "queue", "message_id",
+                                   "--formatter", "json")
+    assert [(row["offset"], row["queue"], row["message_id"]) for row in json.loads(listed)] == [
+        (start, on_one, "died-on-1"), (start + 1, on_zero, "died-on-0")]
+    # replaying shard 1's dead-letter queue (the UI's "Replay a dead-letter queue": a move)
+    wait_for(lambda: _queue_row(api, parked)["messages"] == 2, timeout=10, what="both in the dead-letter queue")
+    target = _queue_on(api, near, 0)
+    moved = api.post("/api/queues/%2F/" + segment(parked) + "/move", {"destination": {"queue": target}})
+    assert (moved.status, moved.body) == (200, {"moved": 2}), moved
+    wait_for(lambda: _queue_row(api, target)["messages"] == 2, timeout=10, what="both replayed")
+
+
+def test_the_dead_letter_log_answers_while_a_shard_is_stopped(node, api, clients):
+    far = clients[1].channel()
+    on_one = _queue_on(api, far, 1)
+    start = api.get("/api/hutch/dead-letters/%2F?limit=0").body["next_offset"]
+    _reject(far, on_one, "before-the-stop")
+    wait_for(lambda: len(_dead_letters(api, start)) == 1, timeout=10, what="the dead letter in the log")
+    pid = _shard_pid(node, 1)
+    os.kill(pid, signal.SIGSTOP)
+    try:  # shard 0 holds the node's log: nothing to wait for from shard 1
+        assert [r["queue"] for r in _dead_letters(api, start)] == [on_one]
+    finally:
+        os.kill(pid, signal.SIGCONT)
 
 
 def test_a_connection_that_moves_is_listed_on_its_new_shard(start_broker):
