@@ -23,14 +23,23 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.basicConfig(stream=sys.stderr, level=config.log_level.upper(), format=LOG_FORMAT)
 
-    from amqp_server.process.server import run, serve_shard
-    from amqp_server.process.shards import Supervisor, check_shard_dirs
+    from amqp_server.process.server import event_loop_runner, open_data_directory, run, serve_shard
+    from amqp_server.process.shards import Supervisor, check_shard_dirs, shard_count
     from amqp_server.shared.errors import ListenError
 
+    config.shards = shard_count(config)
     try:
         check_shard_dirs(config.data_dir, config.shards)
         if config.shards > 1:
-            return Supervisor(config, serve_shard).run()
+            event_loop_runner(config)  # refused before any port is taken, as one process does
+            # The node's directory is the supervisor's to make (its shards' are inside it),
+            # and to remove again when a shard cannot start (storage.data_directory).
+            directory = open_data_directory(config.data_dir)
+            try:
+                return Supervisor(config, serve_shard, directory).run()
+            except ListenError:
+                directory.remove_created()
+                raise
         if config.cluster.enabled:
             from amqp_server.process.cluster import serve_node
 

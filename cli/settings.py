@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import yaml
 
+from amqp_server.process.shards import MAX_SHARDS
 from amqp_server.shared.config import BrokerConfig
 
 
@@ -46,7 +47,7 @@ _INT_RANGES: dict[str, tuple[int, int | None]] = {
     "segment_bytes": (4096, None),
     "lease_ttl": (2, 3600),  # etcd lease seconds; fencing needs a margin below it
     "max_body_size": (1, None),  # management API request bodies
-    "shards": (1, 64),  # processes of one node
+    "shards": (0, MAX_SHARDS),  # processes of one node; 0: as many as its cores
 }
 _CHOICES: dict[str, tuple[str, ...]] = {
     "log_level": ("debug", "info", "warning", "error"),

@@ -3,8 +3,10 @@
 `broker` is one broker for the whole session (tests use unique names);
 `fresh_broker` starts a dedicated one, and `start_broker` starts one with
 extra flags or environment. Each fixture reads the port the broker logged.
-With TEST_SHARDS=N in the environment every broker (but a cluster's nodes)
-runs as N shards (docs/scaling.md).
+Every broker runs with the default shard count (as many as the cores,
+docs/scaling.md) unless a test says otherwise; with TEST_SHARDS=N in the
+environment every broker (but a cluster's nodes) runs as N shards instead
+(TEST_SHARDS=1: one process each).
 The session broker runs on the standard library's event loop and the others
 on the default one (uvloop, when it is installed), so the suite holds hutch to
 the same behaviour on both.
@@ -40,6 +42,7 @@ import pika
 import pytest
 
 from amqp_raw import RawClient
+from amqp_server.process.shards import usable_cores
 from helpers import assert_serves, unique, wait_for  # noqa: F401 - unique, wait_for re-exported
 from http_api import Api, segment
 from server_process import ROOT, ServerProcess, spawn  # noqa: F401 - ROOT re-exported
@@ -78,11 +81,16 @@ def launch(tmp: Path, *args: str, env: dict | None = None, expect: tuple = ("AMQ
         if not line or all(name in broker.ports for name in expect):
             ready.set()
 
-    shards = int(os.environ.get("TEST_SHARDS", "1"))
-    if shards > 1 and "--shards" not in args and not any(arg.startswith("--cluster") for arg in args):
-        args = (*args, "--shards", str(shards))  # the whole suite against a node of several shards
+    clustered = any(arg.startswith("--cluster") for arg in args)
+    if "--shards" in args:
+        shards = int(args[args.index("--shards") + 1])
+    elif clustered:
+        shards = 1  # a cluster node is one process by default (docs/scaling.md)
+    elif "TEST_SHARDS" in os.environ:
+        shards = int(os.environ["TEST_SHARDS"])  # the whole suite against nodes of that many shards
+        args = (*args, "--shards", str(shards))
     else:
-        shards = 1
+        shards = usable_cores()  # the default: as many as the cores
     broker = BrokerProcess(None, {}, data_dir)
     broker.process = spawn([*PORT_ARGS, "--data-dir", str(data_dir), *args], broker.log_lines, env, on_line)
     if not ready.wait(20) or not all(name in broker.ports for name in expect):

@@ -60,16 +60,21 @@ def open_definitions(data_dir: str) -> DefinitionStore:
 
 
 class BrokerServer:
-    def __init__(self, config: BrokerConfig, shard: Shard | None = None) -> None:
+    def __init__(self, config: BrokerConfig, shard: Shard | None = None,
+                 directory: DataDirectory | None = None) -> None:
         """Opens and recovers the data directory (blocking: before serving).
         Must run inside the event loop (the writer hands results back to it).
         If this fails, nothing stays open and a data directory this start
         created is removed (`abandon`). `shard`: this process is one shard
         of its node (amqp_server.process.shards); the management listeners
-        and the links run on shard 0 only."""
+        and the links run on shard 0 only. `directory`: the data directory
+        as the node's supervisor found and opened it (shard 0's)."""
         self.config = config
         self.shard = shard
-        self.data_directory = open_data_directory(config.data_dir)
+        self.data_directory = directory or open_data_directory(config.data_dir)
+        # A failed start removes what it created, unless the supervisor made the directory:
+        # it removes it once every shard ended (the other shards' directories are inside).
+        self._owns_directory = directory is None
         self.definitions: DefinitionStore | None = None
         self.writer: GroupCommitWriter | None = None
         self.mqtt_store: MQTTStore | None = None
@@ -176,7 +181,8 @@ class BrokerServer:
                 store.close()
         if self.writer is not None:
             self.writer.stop()
-        self.data_directory.remove_created()
+        if self._owns_directory:
+            self.data_directory.remove_created()
 
     async def start(self) -> None:
         config = self.config
@@ -271,27 +277,38 @@ class BrokerServer:
             marker.write("hutch stopped cleanly\n")
 
 
-def serve_shard(config: BrokerConfig, shard: Shard) -> int:
-    """One shard of a node, in its own process (amqp_server.process.shards)."""
-    run(config, functools.partial(serve, shard=shard))
+def serve_shard(config: BrokerConfig, shard: Shard, directory: DataDirectory | None) -> int:
+    """One shard of a node, in its own process (amqp_server.process.shards);
+    `directory`: its data directory, when the supervisor opened it."""
+    run(config, functools.partial(serve, shard=shard, directory=directory))
     return 0
 
 
-async def serve(config: BrokerConfig, shard: Shard | None = None) -> None:
-    server = BrokerServer(config, shard)
+async def serve(config: BrokerConfig, shard: Shard | None = None, directory: DataDirectory | None = None) -> None:
+    server = BrokerServer(config, shard, directory)
     # Handlers first: a signal that arrives once "listening" is logged (the
     # readiness line) must be a clean stop, not the default handler's exit.
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    starting = asyncio.ensure_future(server.start())
+    stopped = asyncio.ensure_future(stop.wait())
     try:
-        await server.start()
+        # A shard of a node waits for shard 0 at its start: a stop meanwhile ends the start.
+        await asyncio.wait((starting, stopped), return_when=asyncio.FIRST_COMPLETED)
+        if not starting.done():
+            starting.cancel()
+            await asyncio.gather(starting, return_exceptions=True)
+            server.abandon()
+            return
+        starting.result()
     except BaseException:
+        stopped.cancel()
         server.abandon()
         raise
     allocator.collect_rarely()
-    await stop.wait()
+    await stopped
     log.info("shutting down")
     await server.stop()
 
@@ -303,11 +320,17 @@ def run(config: BrokerConfig, main=serve) -> None:
     more messages per second on uvloop (docs/benchmarks.md), the same
     behaviour on both (the test suite runs brokers on each)."""
     allocator.reuse_large_blocks()
-    uvloop = None
+    event_loop_runner(config)(main(config))
+
+
+def event_loop_runner(config: BrokerConfig):
+    """asyncio.run or uvloop.run, as `event_loop` says (ListenError: uvloop asked for, missing)."""
     if config.event_loop != "asyncio":
         try:
             import uvloop
         except ImportError:
             if config.event_loop == "uvloop":
                 raise ListenError("event_loop is uvloop, but uvloop is not installed (pip install uvloop)") from None
-    (asyncio.run if uvloop is None else uvloop.run)(main(config))
+        else:
+            return uvloop.run
+    return asyncio.run

@@ -23,6 +23,7 @@ import ctypes
 import ctypes.util
 import dataclasses
 import logging
+import math
 import os
 import shutil
 import signal
@@ -40,6 +41,9 @@ log = logging.getLogger("hutch.shards")
 # would otherwise be forked in a tight loop.
 RESTART_BACKOFF = (0.1, 5.0)
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
+# A shard's exit status when it cannot start (a port taken, a data directory it cannot make,
+# uvloop asked for but missing): the node stops with the shard's reason, as one process would.
+CANNOT_START = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +56,56 @@ class Shard:
 
     def socket(self, index: int) -> str:
         return os.path.join(self.links, "%d.sock" % index)
+
+
+MAX_SHARDS = 64
+
+
+def shard_count(config: BrokerConfig) -> int:
+    """`shards` as set, or for 0 (the default) as many as the cores this
+    process may use, up to MAX_SHARDS; one in a cluster (docs/scaling.md)."""
+    if config.shards:
+        return config.shards
+    return 1 if config.cluster.enabled else min(usable_cores(), MAX_SHARDS)
+
+
+def usable_cores() -> int:
+    """The cores this process may use: its CPU affinity, capped by its
+    cgroup's CPU quota (a container limited to 1.5 cores of 8 gets 2)."""
+    cores = len(os.sched_getaffinity(0))
+    quota = _cgroup_cpu_quota()
+    if quota is not None:
+        cores = min(cores, max(1, math.ceil(quota)))
+    return cores
+
+
+def _cgroup_cpu_quota() -> float | None:
+    """Cores' worth of CPU time this process's cgroup may use; None: no quota
+    (cgroup v2's cpu.max, v1's cpu.cfs_quota_us over cpu.cfs_period_us)."""
+    try:
+        with open("/proc/self/cgroup") as entries:
+            lines = entries.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _hierarchy, controllers, path = line.split(":", 2)
+        try:
+            if controllers == "":  # v2: "max 100000" or "150000 100000"
+                with open(os.path.join("/sys/fs/cgroup", path.lstrip("/"), "cpu.max")) as limit:
+                    quota, period = limit.read().split()
+                if quota != "max":
+                    return int(quota) / int(period)
+            elif "cpu" in controllers.split(","):
+                directory = os.path.join("/sys/fs/cgroup", controllers, path.lstrip("/"))
+                with open(os.path.join(directory, "cpu.cfs_quota_us")) as limit:
+                    quota = int(limit.read())
+                with open(os.path.join(directory, "cpu.cfs_period_us")) as limit:
+                    period = int(limit.read())
+                if quota > 0:
+                    return quota / period
+        except (OSError, ValueError):
+            continue
+    return None
 
 
 def shard_data_dir(data_dir: str, index: int) -> str:
@@ -75,19 +129,19 @@ def check_shard_dirs(data_dir: str, count: int) -> None:
                 "or move the queues off that shard first" % (name, vhosts, count, int(name) + 1))
 
 
-def _client_ports(config: BrokerConfig) -> list[tuple[str, int]]:
-    """(setting, port) of every client listener the shards share."""
-    ports = [("port", config.port)]
+def _client_ports(config: BrokerConfig) -> list[tuple[str, str, int]]:
+    """(setting, listener name as a refusal names it, port) of every client listener the shards share."""
+    ports = [("port", "AMQP", config.port)]
     if config.tls.enabled:
-        ports.append(("tls.port", config.tls.port))
+        ports.append(("tls.port", "AMQPS", config.tls.port))
     if config.mqtt.enabled:
-        ports.append(("mqtt.port", config.mqtt.port))
+        ports.append(("mqtt.port", "MQTT", config.mqtt.port))
         if config.tls.enabled:
-            ports.append(("mqtt.tls_port", config.mqtt.tls_port))
+            ports.append(("mqtt.tls_port", "MQTTS", config.mqtt.tls_port))
     if config.stream.enabled:
-        ports.append(("stream.port", config.stream.port))
+        ports.append(("stream.port", "STREAM", config.stream.port))
         if config.tls.enabled:
-            ports.append(("stream.tls_port", config.stream.tls_port))
+            ports.append(("stream.tls_port", "STREAMS", config.stream.tls_port))
     return ports
 
 
@@ -96,7 +150,7 @@ def hold_ports(config: BrokerConfig) -> tuple[BrokerConfig, list[socket.socket]]
     held = []
     values = {}
     try:
-        for setting, port in _client_ports(config):
+        for setting, name, port in _client_ports(config):
             family = socket.AF_INET6 if ":" in config.bind else socket.AF_INET
             sock = socket.socket(family, socket.SOCK_STREAM)
             held.append(sock)
@@ -105,8 +159,9 @@ def hold_ports(config: BrokerConfig) -> tuple[BrokerConfig, list[socket.socket]]
             try:
                 sock.bind((config.bind, port))
             except OSError as exc:
-                raise ListenError("cannot listen on %s:%d (%s): %s" % (config.bind, port, setting,
-                                                                       exc.strerror or exc)) from None
+                # worded as one process says it (amqp_server.process.listeners)
+                raise ListenError("cannot listen for %s on %s:%d: %s" % (name, config.bind, port,
+                                                                        exc.strerror or exc)) from None
             values[setting] = sock.getsockname()[1]
     except BaseException:
         for sock in held:
@@ -132,10 +187,13 @@ def _die_with_parent() -> None:
 
 
 class Supervisor:
-    def __init__(self, config: BrokerConfig, serve_shard) -> None:
-        """`serve_shard(config, shard)` runs one shard to its end in a child."""
+    def __init__(self, config: BrokerConfig, serve_shard, directory) -> None:
+        """`serve_shard(config, shard, directory)` runs one shard to its end in a child;
+        `directory`: the node's data directory as this start found it
+        (storage.data_directory.DataDirectory), shard 0's (the others' are inside it)."""
         self.config = config
         self.serve_shard = serve_shard
+        self.directory = directory
         self.children: dict[int, tuple[int, float]] = {}  # pid -> (shard index, start time)
         self.stopping = False
         self.restarting: set[int] = set()  # shards stopped because shard 0 ended
@@ -177,10 +235,12 @@ class Supervisor:
                     signal.signal(sig, signal.SIG_DFL)
                 for sock in self.held:
                     sock.close()
-                status = self.serve_shard(config, shard)
+                status = self.serve_shard(config, shard, self.directory if index == 0 else None)
             except ListenError as exc:
                 log.error("shard %d cannot start: %s", index, exc)
-                status = 1
+                with open(self._reason_file(index), "w") as reason:
+                    reason.write(str(exc))
+                status = CANNOT_START
             except BaseException:
                 log.exception("shard %d failed", index)
             finally:
@@ -188,6 +248,28 @@ class Supervisor:
                 os._exit(status or 0)
         log.info("shard %d of %d: pid %d, data in %s", index, self.config.shards, pid, config.data_dir)
         self.children[pid] = (index, time.monotonic())
+
+    def _reason_file(self, index: int) -> str:
+        return os.path.join(self.links, "%d.cannot-start" % index)
+
+    def _cannot_start(self) -> ListenError:
+        """A shard could not start: stop the others; the reason of the lowest shard that gave one."""
+        self._stop(signal.SIGTERM, None)
+        while self.children:
+            try:
+                pid, _code = os.wait()
+            except ChildProcessError:
+                break
+            except InterruptedError:
+                continue
+            self.children.pop(pid, None)
+        for index in range(self.config.shards):
+            try:
+                with open(self._reason_file(index)) as reason:
+                    return ListenError(reason.read())
+            except OSError:
+                continue
+        return ListenError("a shard could not start")
 
     def _watch(self) -> int:
         failures: dict[int, int] = {}
@@ -202,6 +284,8 @@ class Supervisor:
             if pid not in self.children:
                 continue
             index, started = self.children.pop(pid)
+            if os.waitstatus_to_exitcode(code) == CANNOT_START:
+                raise self._cannot_start()
             if self.stopping:
                 status = status or os.waitstatus_to_exitcode(code)
                 continue

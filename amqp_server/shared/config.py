@@ -232,8 +232,9 @@ class BrokerConfig:
     event_loop: str = "auto"
     # Shard processes of this node (docs/scaling.md): each owns its queues on
     # its own event loop; 1 is one process (beyond RabbitMQ, whose schedulers
-    # are its threads).
-    shards: int = 1
+    # are its threads). 0: as many as the cores the process may use, one in a
+    # cluster (cli.settings resolves it at start).
+    shards: int = 0
     # On a node of several shards, a connection whose traffic is all for another
     # shard's queues moves there (docs/scaling.md); false: it is served where it landed.
     shard_moves: bool = True
