@@ -81,7 +81,7 @@ def _applied(node) -> None:
     storage = node.config.storage
     monitor = node.monitor
     monitor.budget = budget_bytes(storage.vm_memory_high_watermark, storage.vm_memory_high_watermark_absolute,
-                                  storage.paging_ratio)
+                                  storage.paging_ratio, shards.shard_count(node))
     if monitor.over_budget:
         monitor.page()
     node.alarms.check()

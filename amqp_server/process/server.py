@@ -100,7 +100,8 @@ class BrokerServer:
         settings = config.storage
         self.writer = GroupCommitWriter(asyncio.get_running_loop(), settings.durability)
         self.monitor = MemoryMonitor(budget_bytes(
-            settings.vm_memory_high_watermark, settings.vm_memory_high_watermark_absolute, settings.paging_ratio))
+            settings.vm_memory_high_watermark, settings.vm_memory_high_watermark_absolute, settings.paging_ratio,
+            self.shard.count if self.shard is not None else 1))
         # Writes waiting for the disk are in RAM too: a small budget bounds them as well.
         backlog = max(self.monitor.budget, 1024 * 1024)
         if backlog < self.writer.backlog_high:
