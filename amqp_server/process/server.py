@@ -122,6 +122,7 @@ class BrokerServer:
         )
         if self.shards is not None:
             self.shards.broker = self.broker
+            self.shards.writer = self.writer
             self.broker.order_definition = self.shards.definitions.order_amqp
             if self.shard.index == 0:  # its replies promise changes every shard has made
                 self.broker.durability_barrier = self.shards.definitions.barrier
@@ -239,6 +240,8 @@ class BrokerServer:
         # Definitions are final from here on: what closing the connections
         # auto-deletes stays stored, exactly as after a crash.
         self.broker.detach_definitions()
+        if self.shards is not None:
+            self.shards.say_bye()
         if self.links is not None:
             await self.links.stop()
         await self.management.stop()
