@@ -227,7 +227,7 @@ def test_fewer_shards_than_hold_queues_is_refused_with_the_reason(tmp_path):
                              "--shards", "1"], capture_output=True, text=True, timeout=30,
                             cwd=ROOT)
     assert result.returncode != 0
-    assert "shard 1 of this node holds queues" in result.stderr
+    assert "shard 1 of this node holds queues ('%s' in vhost '/')" % queue in result.stderr
     assert "start with shards >= 2" in result.stderr
     # and with two shards again, the message is there
     again = launch(tmp_path, "--data-dir", str(proc.data_dir), "--shards", "2")
@@ -235,6 +235,23 @@ def test_fewer_shards_than_hold_queues_is_refused_with_the_reason(tmp_path):
         wait_for(lambda: again.log.count("listening for AMQP") >= 2, 20, what="every shard listening")
         channel = on_shard(again.port, 0).channel()
         assert channel.basic_get(queue, auto_ack=True)[2] == b"kept"
+    finally:
+        again.stop()
+
+
+def test_fewer_shards_start_when_the_shards_left_out_hold_no_queues(tmp_path):
+    """Shard 1 ran, and keeps its directory, but holds no queue: one shard serves everything."""
+    proc = launch(tmp_path, "--shards", "2")
+    connection = on_shard(proc.port, 0)
+    queue = queue_on(proc, connection.channel(), 0)
+    connection.channel().basic_publish("", queue, b"kept", pika.BasicProperties(delivery_mode=2))
+    connection.close()
+    proc.stop()
+    assert os.path.isdir(os.path.join(proc.data_dir, "shards", "1", "vhosts"))
+    again = launch(tmp_path, "--data-dir", str(proc.data_dir), "--shards", "1")
+    try:
+        with pika.BlockingConnection(pika.URLParameters(again.url)) as client:
+            assert client.channel().basic_get(queue, auto_ack=True)[2] == b"kept"
     finally:
         again.stop()
 

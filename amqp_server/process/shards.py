@@ -32,6 +32,7 @@ import time
 
 from amqp_server.shared.config import BrokerConfig
 from amqp_server.shared.errors import ListenError
+from storage.definitions import queues_placed_from
 
 log = logging.getLogger("hutch.shards")
 
@@ -59,35 +60,32 @@ def shard_data_dir(data_dir: str, index: int) -> str:
 
 
 def check_shard_dirs(data_dir: str, count: int) -> None:
-    """Refuse a shard count that leaves a shard's queues behind."""
-    root = os.path.join(data_dir, "shards")
-    try:
-        names = os.listdir(root)
-    except OSError:  # none there (opening the data directory says what is wrong with it)
-        return
-    for name in sorted(names):
-        if not name.isdigit() or int(name) < count:
-            continue
-        vhosts = os.path.join(root, name, "vhosts")
-        if os.path.isdir(vhosts) and any(os.scandir(vhosts)):
-            raise ListenError(
-                "shard %s of this node holds queues (%s), but shards is %d: start with shards >= %d, "
-                "or move the queues off that shard first" % (name, vhosts, count, int(name) + 1))
+    """Refuse a shard count that leaves queues out of reach: those the
+    definitions store (shard 0's) places on shard `count` or above."""
+    placed = queues_placed_from(os.path.join(data_dir, "definitions.db"), count)
+    if placed:
+        shard, queues = max(placed.items())
+        names = ", ".join("'%s' in vhost '%s'" % (name, vhost) for vhost, name in queues[:3])
+        more = " and %d more" % (len(queues) - 3) if len(queues) > 3 else ""
+        raise ListenError(
+            "shard %d of this node holds queues (%s%s), but shards is %d: start with shards >= %d, "
+            "or move the queues off that shard first" % (shard, names, more, count, shard + 1))
 
 
-def _client_ports(config: BrokerConfig) -> list[tuple[str, int]]:
-    """(setting, port) of every client listener the shards share."""
-    ports = [("port", config.port)]
+def _client_ports(config: BrokerConfig) -> list[tuple[str, str, int]]:
+    """(setting, listener, port) of every client listener the shards share
+    (the listener named as amqp_server.process.listeners names it)."""
+    ports = [("port", "AMQP", config.port)]
     if config.tls.enabled:
-        ports.append(("tls.port", config.tls.port))
+        ports.append(("tls.port", "AMQPS", config.tls.port))
     if config.mqtt.enabled:
-        ports.append(("mqtt.port", config.mqtt.port))
+        ports.append(("mqtt.port", "MQTT", config.mqtt.port))
         if config.tls.enabled:
-            ports.append(("mqtt.tls_port", config.mqtt.tls_port))
+            ports.append(("mqtt.tls_port", "MQTTS", config.mqtt.tls_port))
     if config.stream.enabled:
-        ports.append(("stream.port", config.stream.port))
+        ports.append(("stream.port", "STREAM", config.stream.port))
         if config.tls.enabled:
-            ports.append(("stream.tls_port", config.stream.tls_port))
+            ports.append(("stream.tls_port", "STREAMS", config.stream.tls_port))
     return ports
 
 
@@ -96,7 +94,7 @@ def hold_ports(config: BrokerConfig) -> tuple[BrokerConfig, list[socket.socket]]
     held = []
     values = {}
     try:
-        for setting, port in _client_ports(config):
+        for setting, listener, port in _client_ports(config):
             family = socket.AF_INET6 if ":" in config.bind else socket.AF_INET
             sock = socket.socket(family, socket.SOCK_STREAM)
             held.append(sock)
@@ -105,8 +103,9 @@ def hold_ports(config: BrokerConfig) -> tuple[BrokerConfig, list[socket.socket]]
             try:
                 sock.bind((config.bind, port))
             except OSError as exc:
-                raise ListenError("cannot listen on %s:%d (%s): %s" % (config.bind, port, setting,
-                                                                       exc.strerror or exc)) from None
+                # As one process says it (a node's error does not depend on its shard count).
+                raise ListenError("cannot listen for %s on %s:%d (%s): %s" % (
+                    listener, config.bind, port, setting, exc.strerror or exc)) from None
             values[setting] = sock.getsockname()[1]
     except BaseException:
         for sock in held:
