@@ -71,7 +71,6 @@ import base64
 import contextlib
 import datetime
 import json
-import os
 import sqlite3
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -362,32 +361,6 @@ def decode_table(text: str) -> dict:
 
 
 # -- the store -------------------------------------------------------------
-
-
-_PLACEMENTS = 6  # the schema version that added queues.shard
-
-
-def queues_placed_from(path: str, shard: int) -> dict[int, list[tuple[str, str]]]:
-    """Shard -> the (vhost, name) of the queues the store at `path` places on
-    `shard` or a higher one: checked before a node starts with `shard`
-    shards (amqp_server.process.shards). Reads only; nothing when there is
-    no such file, its schema predates placements (all on shard 0) or it
-    cannot be read (opening the store at the start says why)."""
-    if not os.path.exists(path):
-        return {}
-    placed: dict[int, list[tuple[str, str]]] = {}
-    try:
-        db = sqlite3.connect(path)
-        try:
-            if db.execute("PRAGMA user_version").fetchone()[0] >= _PLACEMENTS:
-                for vhost, name, where in db.execute(
-                        "SELECT vhost, name, shard FROM queues WHERE shard >= ? ORDER BY shard, rowid", (shard,)):
-                    placed.setdefault(where, []).append((vhost, name))
-        finally:
-            db.close()
-    except sqlite3.Error:
-        return {}
-    return placed
 
 
 class DefinitionStore:

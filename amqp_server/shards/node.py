@@ -26,6 +26,7 @@ Records (tuples, amqp_server.shards.link), by the requester:
   ("apply", ticket, batch, changes)        from shard 0 to every other shard
   ("report", index, report)               to shard 0, every REPORT_INTERVAL (no answer)
   ("ask", ticket, service, args)          a management service of another shard
+  ("dead", ticket, vhost, record)          to shard 0: a dead letter for the vhost's log (answer: durable)
   ("tallies", counts) ("tally", kind, name, count) ("login", failed, host, username)
                                            to every other shard (amqp_server.shards.tallies)
 and by the owner, on the same link:
@@ -59,6 +60,7 @@ import pickle
 import socket
 import struct
 
+from amqp_server.shards import dead_letters
 from amqp_server.shards.definitions import Definitions
 from amqp_server.shards.link import Link
 from amqp_server.shards.tallies import Tallies
@@ -232,6 +234,7 @@ class ShardNode:
             await self.definitions.synced.wait()
             await self.tallies.heard_from_0.wait()
             self._spawn(self._report())
+            self._spawn(dead_letters.hand_over(self))
 
     def _spawn(self, coroutine) -> None:
         task = asyncio.get_running_loop().create_task(coroutine)
@@ -814,6 +817,26 @@ class ShardNode:
         if found is not None:
             queue, consumer = found
             queue.owner_cancelled(consumer.tag)
+
+    # -- the node's dead-letter log, kept by shard 0 (amqp_server.shards.dead_letters) -------
+
+    def dead_letter(self, vhost: str, record, on_durable) -> None:
+        def answered(answer):
+            # Not "durable": shard 0 ended, and the node restarts with it; the message
+            # stays in its queue, as a message never leaves one before its record is on disk.
+            if answer[0] == "durable":
+                on_durable()
+
+        self.request(0, lambda ticket: ("dead", ticket, vhost, record), answered)
+
+    def _on_dead(self, link, ticket, vhost, record):
+        host = self.broker.vhosts.get(vhost)
+        storage = host.message_storage if host is not None else None
+        log = storage.dead_letters if storage is not None else None
+        if log is None:  # the vhost was deleted meanwhile, and its log with it
+            link.send(("durable", ticket))
+            return
+        log.append(record, lambda: link.send(("durable", ticket)))
 
     # -- node-wide limits (amqp_server.shards.tallies) ----------------------------------
 

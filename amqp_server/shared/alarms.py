@@ -2,7 +2,8 @@
 
 Theory of operation (RabbitMQ's, docs/resilience.md):
 - One timer checks every CHECK_INTERVAL seconds the process's resident
-  memory against the memory high watermark (`memory` alarm) and the free
+  memory (on a node of several shards, the node's: this shard's plus what
+  the others last told) against the memory high watermark (`memory` alarm) and the free
   space of the data directory's filesystem against disk_free_limit (`disk`
   alarm). `raised` is the set of alarms in effect; an alarm clears by itself
   on the first check that finds usage back under its limit.
@@ -68,8 +69,14 @@ class ResourceAlarms:
         self.config = config
         self.raised: set[str] = set()
         self.flow_waiters: set = set()
-        self.mem_used = 0
+        self.mem_used = 0  # the node's resident bytes (every shard's, on a node of several)
         self.disk_free = 0
+        # On a node of several shards the memory alarm is the node's, as RabbitMQ's is
+        # (N shards each allowed the watermark would let the node use N times it): the
+        # composition root sets how this shard tells the others its resident bytes and
+        # what they last told (amqp_server.shards.tallies).
+        self.tell_memory = lambda used: None
+        self.memory_elsewhere = lambda: 0
         self._timer: asyncio.TimerHandle | None = None
 
     @property
@@ -93,9 +100,11 @@ class ResourceAlarms:
             self._timer = None
 
     def check(self) -> None:
-        self.mem_used = resident_memory()
-        if self.mem_used > self.memory_limit and allocator.give_back():
-            self.mem_used = resident_memory()  # what malloc kept free is not in use (amqp_server.shared.allocator)
+        own, elsewhere = resident_memory(), self.memory_elsewhere()
+        if own + elsewhere > self.memory_limit and allocator.give_back():
+            own = resident_memory()  # what malloc kept free is not in use (amqp_server.shared.allocator)
+        self.tell_memory(own)
+        self.mem_used = own + elsewhere
         try:
             self.disk_free = shutil.disk_usage(self.config.data_dir).free
         except OSError:
