@@ -69,7 +69,8 @@ class BrokerServer:
         and the links run on shard 0 only."""
         self.config = config
         self.shard = shard
-        self.data_directory = open_data_directory(config.data_dir)
+        found = shard.data_directory if shard is not None else None  # opened by the supervisor
+        self.data_directory = found if found is not None else open_data_directory(config.data_dir)
         self.definitions: DefinitionStore | None = None
         self.writer: GroupCommitWriter | None = None
         self.mqtt_store: MQTTStore | None = None
