@@ -32,14 +32,7 @@ def main(argv: list[str] | None = None) -> int:
         check_shard_dirs(config.data_dir, config.shards)
         if config.shards > 1:
             event_loop_runner(config)  # refused before any port is taken, as one process does
-            # The node's directory is the supervisor's to make (its shards' are inside it),
-            # and to remove again when a shard cannot start (storage.data_directory).
-            directory = open_data_directory(config.data_dir)
-            try:
-                return Supervisor(config, serve_shard, directory).run()
-            except ListenError:
-                directory.remove_created()
-                raise
+            return Supervisor(config, serve_shard, open_data_directory).run()
         if config.cluster.enabled:
             from amqp_server.process.cluster import serve_node
 

@@ -60,21 +60,20 @@ def open_definitions(data_dir: str) -> DefinitionStore:
 
 
 class BrokerServer:
-    def __init__(self, config: BrokerConfig, shard: Shard | None = None,
-                 directory: DataDirectory | None = None) -> None:
+    def __init__(self, config: BrokerConfig, shard: Shard | None = None) -> None:
         """Opens and recovers the data directory (blocking: before serving).
         Must run inside the event loop (the writer hands results back to it).
         If this fails, nothing stays open and a data directory this start
         created is removed (`abandon`). `shard`: this process is one shard
         of its node (amqp_server.process.shards); the management listeners
-        and the links run on shard 0 only. `directory`: the data directory
-        as the node's supervisor found and opened it (shard 0's)."""
+        and the links run on shard 0 only."""
         self.config = config
         self.shard = shard
-        self.data_directory = directory or open_data_directory(config.data_dir)
-        # A failed start removes what it created, unless the supervisor made the directory:
-        # it removes it once every shard ended (the other shards' directories are inside).
-        self._owns_directory = directory is None
+        found = shard.data_directory if shard is not None else None  # opened by the supervisor
+        self.data_directory = found if found is not None else open_data_directory(config.data_dir)
+        # A failed start removes what it created, but the directory the supervisor made is the
+        # supervisor's to remove, once every shard ended (the other shards' are inside it).
+        self._owns_directory = found is None
         self.definitions: DefinitionStore | None = None
         self.writer: GroupCommitWriter | None = None
         self.mqtt_store: MQTTStore | None = None
@@ -128,6 +127,7 @@ class BrokerServer:
         )
         if self.shards is not None:
             self.shards.broker = self.broker
+            self.shards.writer = self.writer
             self.broker.order_definition = self.shards.definitions.order_amqp
             if self.shard.index == 0:  # its replies promise changes every shard has made
                 self.broker.durability_barrier = self.shards.definitions.barrier
@@ -249,6 +249,8 @@ class BrokerServer:
         # Definitions are final from here on: what closing the connections
         # auto-deletes stays stored, exactly as after a crash.
         self.broker.detach_definitions()
+        if self.shards is not None:
+            self.shards.say_bye()
         if self.links is not None:
             await self.links.stop()
         await self.management.stop()
@@ -278,15 +280,14 @@ class BrokerServer:
             marker.write("hutch stopped cleanly\n")
 
 
-def serve_shard(config: BrokerConfig, shard: Shard, directory: DataDirectory | None) -> int:
-    """One shard of a node, in its own process (amqp_server.process.shards);
-    `directory`: its data directory, when the supervisor opened it."""
-    run(config, functools.partial(serve, shard=shard, directory=directory))
+def serve_shard(config: BrokerConfig, shard: Shard) -> int:
+    """One shard of a node, in its own process (amqp_server.process.shards)."""
+    run(config, functools.partial(serve, shard=shard))
     return 0
 
 
-async def serve(config: BrokerConfig, shard: Shard | None = None, directory: DataDirectory | None = None) -> None:
-    server = BrokerServer(config, shard, directory)
+async def serve(config: BrokerConfig, shard: Shard | None = None) -> None:
+    server = BrokerServer(config, shard)
     # Handlers first: a signal that arrives once "listening" is logged (the
     # readiness line) must be a clean stop, not the default handler's exit.
     stop = asyncio.Event()

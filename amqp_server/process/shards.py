@@ -55,6 +55,8 @@ class Shard:
     index: int
     count: int
     links: str  # the directory of the shards' link sockets
+    # Shard 0's first start: the node's data directory as the supervisor found it (Supervisor.run).
+    data_directory: object = None
 
     def socket(self, index: int) -> str:
         return os.path.join(self.links, "%d.sock" % index)
@@ -160,7 +162,8 @@ def _held_by(directory: str, index: int) -> str | None:
 
 
 def _client_ports(config: BrokerConfig) -> list[tuple[str, str, int]]:
-    """(setting, listener name as a refusal names it, port) of every client listener the shards share."""
+    """(setting, listener, port) of every client listener the shards share
+    (the listener named as amqp_server.process.listeners names it)."""
     ports = [("port", "AMQP", config.port)]
     if config.tls.enabled:
         ports.append(("tls.port", "AMQPS", config.tls.port))
@@ -180,7 +183,7 @@ def hold_ports(config: BrokerConfig) -> tuple[BrokerConfig, list[socket.socket]]
     held = []
     values = {}
     try:
-        for setting, name, port in _client_ports(config):
+        for setting, listener, port in _client_ports(config):
             family = socket.AF_INET6 if ":" in config.bind else socket.AF_INET
             sock = socket.socket(family, socket.SOCK_STREAM)
             held.append(sock)
@@ -189,9 +192,9 @@ def hold_ports(config: BrokerConfig) -> tuple[BrokerConfig, list[socket.socket]]
             try:
                 sock.bind((config.bind, port))
             except OSError as exc:
-                # worded as one process says it (amqp_server.process.listeners)
-                raise ListenError("cannot listen for %s on %s:%d: %s" % (name, config.bind, port,
-                                                                        exc.strerror or exc)) from None
+                # As one process says it (a node's error does not depend on its shard count).
+                raise ListenError("cannot listen for %s on %s:%d: %s" % (
+                    listener, config.bind, port, exc.strerror or exc)) from None
             values[setting] = sock.getsockname()[1]
     except BaseException:
         for sock in held:
@@ -217,13 +220,14 @@ def _die_with_parent() -> None:
 
 
 class Supervisor:
-    def __init__(self, config: BrokerConfig, serve_shard, directory) -> None:
-        """`serve_shard(config, shard, directory)` runs one shard to its end in a child;
-        `directory`: the node's data directory as this start found it
-        (storage.data_directory.DataDirectory), shard 0's (the others' are inside it)."""
+    def __init__(self, config: BrokerConfig, serve_shard, open_data_directory) -> None:
+        """`serve_shard(config, shard)` runs one shard to its end in a child;
+        `open_data_directory(path)` finds or makes the node's data directory."""
         self.config = config
         self.serve_shard = serve_shard
-        self.directory = directory
+        self.open_data_directory = open_data_directory
+        self.data_directory = None  # for shard 0's first start
+        self.forks: dict[int, int] = {}  # shard -> times it was forked
         self.children: dict[int, tuple[int, float]] = {}  # pid -> (shard index, start time)
         self.stopping = False
         self.restarting: set[int] = set()  # shards stopped because shard 0 ended
@@ -233,17 +237,28 @@ class Supervisor:
     def run(self) -> int:
         config = self.config
         self.config, self.held = hold_ports(config)
-        self.links = tempfile.mkdtemp(prefix="hutch-shards-")  # mode 0700
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self._stop)
         try:
+            # Opened before any shard: a shard K > 0 that came first would make the node's
+            # directory as the parent of DATA_DIR/shards/K, and shard 0 would then take a
+            # new node's first start for a crash to recover from.
+            self.data_directory = opened = self.open_data_directory(config.data_dir)
+            self.links = tempfile.mkdtemp(prefix="hutch-shards-")  # mode 0700
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, self._stop)
             for index in range(config.shards):
                 self._fork(index)
-            return self._watch()
+            try:
+                return self._watch()
+            except ListenError:
+                # A shard could not start at the node's start: every shard has ended, and
+                # what this start created goes, as after one process's failed start.
+                opened.remove_created()
+                raise
         finally:
             for sock in self.held:
                 sock.close()
-            shutil.rmtree(self.links, ignore_errors=True)
+            if self.links:
+                shutil.rmtree(self.links, ignore_errors=True)
 
     def _stop(self, signum, _frame) -> None:
         self.stopping = True
@@ -255,7 +270,7 @@ class Supervisor:
 
     def _fork(self, index: int) -> None:
         config = dataclasses.replace(self.config, data_dir=shard_data_dir(self.config.data_dir, index))
-        shard = Shard(index, self.config.shards, self.links)
+        shard = Shard(index, self.config.shards, self.links, self.data_directory if index == 0 else None)
         pid = os.fork()
         if pid == 0:
             status = 1
@@ -265,7 +280,7 @@ class Supervisor:
                     signal.signal(sig, signal.SIG_DFL)
                 for sock in self.held:
                     sock.close()
-                status = self.serve_shard(config, shard, self.directory if index == 0 else None)
+                status = self.serve_shard(config, shard)
             except ListenError as exc:
                 log.error("shard %d cannot start: %s", index, exc)
                 with open(self._reason_file(index), "w") as reason:
@@ -277,7 +292,10 @@ class Supervisor:
                 logging.shutdown()
                 os._exit(status or 0)
         log.info("shard %d of %d: pid %d, data in %s", index, self.config.shards, pid, config.data_dir)
+        if index == 0:  # a restarted shard 0 finds the directory its earlier run used
+            self.data_directory = None
         self.children[pid] = (index, time.monotonic())
+        self.forks[index] = self.forks.get(index, 0) + 1
 
     def _reason_file(self, index: int) -> str:
         return os.path.join(self.links, "%d.cannot-start" % index)
@@ -314,7 +332,9 @@ class Supervisor:
             if pid not in self.children:
                 continue
             index, started = self.children.pop(pid)
-            if os.waitstatus_to_exitcode(code) == CANNOT_START:
+            if os.waitstatus_to_exitcode(code) == CANNOT_START and self.forks[index] == 1:
+                # At the node's start: the node stops with the reason. A shard started again
+                # after a crash that cannot start is tried again below, as a crash is.
                 raise self._cannot_start()
             if self.stopping:
                 status = status or os.waitstatus_to_exitcode(code)
