@@ -236,24 +236,24 @@ class Supervisor:
 
     def run(self) -> int:
         config = self.config
-        self.config, self.held = hold_ports(config)
+        # Opened before any shard: a shard K > 0 that came first would make the node's
+        # directory as the parent of DATA_DIR/shards/K, and shard 0 would then take a
+        # new node's first start for a crash to recover from. Before the ports, as one
+        # process opens it before it listens: the same first refusal.
+        self.data_directory = opened = self.open_data_directory(config.data_dir)
         try:
-            # Opened before any shard: a shard K > 0 that came first would make the node's
-            # directory as the parent of DATA_DIR/shards/K, and shard 0 would then take a
-            # new node's first start for a crash to recover from.
-            self.data_directory = opened = self.open_data_directory(config.data_dir)
+            self.config, self.held = hold_ports(config)
             self.links = tempfile.mkdtemp(prefix="hutch-shards-")  # mode 0700
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, self._stop)
             for index in range(config.shards):
                 self._fork(index)
-            try:
-                return self._watch()
-            except ListenError:
-                # A shard could not start at the node's start: every shard has ended, and
-                # what this start created goes, as after one process's failed start.
-                opened.remove_created()
-                raise
+            return self._watch()
+        except ListenError:
+            # A port taken, or a shard that could not start at the node's start (every shard
+            # has ended): what this start created goes, as after one process's failed start.
+            opened.remove_created()
+            raise
         finally:
             for sock in self.held:
                 sock.close()
