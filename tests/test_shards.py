@@ -49,7 +49,7 @@ def on_shard(port: int, shard: int) -> pika.BlockingConnection:
     raise AssertionError("no connection landed on shard %d" % shard)
 
 
-def queue_on(node, channel, shard: int) -> str:
+def queue_on(node, channel, shard: int, arguments: dict | None = None) -> str:
     """A durable queue that lives on `shard`: a queue is placed on the shard
     with the fewest queues, so declare until one lands there (its row in
     shard 0's definitions store names its shard), then delete the others."""
@@ -57,7 +57,7 @@ def queue_on(node, channel, shard: int) -> str:
     try:
         for _ in range(4 * SHARDS):
             name = unique("sq")
-            channel.queue_declare(name, durable=True)
+            channel.queue_declare(name, durable=True, arguments=arguments)
             if placement(node, name) == shard:
                 return name
             extra.append(name)
@@ -355,6 +355,76 @@ def test_a_stream_is_read_from_either_shard_from_an_offset(node):
             if len(bodies) == 20:
                 break
         assert bodies == list(range(10, 30)), shard
+
+
+def _refusal(fn, *args, **kwargs) -> tuple[int, str]:
+    """The (code, text) of the channel or connection error `fn` ends in."""
+    with pytest.raises((pika.exceptions.ChannelClosedByBroker, pika.exceptions.ConnectionClosedByBroker)) as info:
+        fn(*args, **kwargs)
+    return info.value.reply_code, info.value.reply_text
+
+
+def test_a_stream_refuses_the_same_from_either_shard(node):
+    """A stream lives on shard 0; a channel of shard 1 hears its refusals
+    with the same codes and texts (not a consumer accepted, then cancelled,
+    or a get that never answers)."""
+    stream = unique("st")
+    on_shard(node.port, 0).channel().queue_declare(stream, durable=True, arguments={"x-queue-type": "stream"})
+    refusals = []
+    for shard in range(SHARDS):
+        def channel(prefetch: int = 0):
+            """A channel of a new connection on `shard` (540 closes the connection) that stays
+            there: it has two channels, and a move needs one."""
+            connection = on_shard(node.port, shard)
+            connection.channel()
+            opened = connection.channel()
+            if prefetch:
+                opened.basic_qos(prefetch_count=prefetch)
+            return opened
+
+        seen = [_refusal(channel().basic_consume, stream, print)]
+        for kwargs in ({"auto_ack": True}, {"arguments": {"x-stream-filter": [5]}},
+                       {"arguments": {"x-stream-offset": "1x"}}):
+            seen.append(_refusal(channel(10).basic_consume, stream, print, **kwargs))
+        seen.append(_refusal(channel().basic_get, stream))
+        seen.append(_refusal(channel().queue_purge, stream))
+        reader = channel(10)
+        publisher = reader.connection.channel()
+        publisher.confirm_delivery()
+        publisher.basic_publish("", stream, b"m")
+        method, _props, _body = next(reader.consume(stream, arguments={"x-stream-offset": "first"}))
+        reader.basic_nack(method.delivery_tag)
+        seen.append(_refusal(reader.basic_qos, prefetch_count=10))  # its answer is the nack's refusal
+        refusals.append(seen)
+    assert [code for code, _text in refusals[0]] == [406, 540, 406, 406, 540, 540, 540]
+    assert refusals[1] == refusals[0]
+
+
+def test_passive_declares_on_either_shard_renew_x_expires(node):
+    """Polled by passive declares from the queue's own shard and from the
+    other, queues on shard 1 outlive their x-expires; one left alone goes."""
+    owner = on_shard(node.port, 1)
+    channel = owner.channel()
+    lease = {"x-expires": 1500}
+    from_owner, from_other, left = (queue_on(node, channel, 1, lease) for _ in range(3))
+    other = on_shard(node.port, 0).channel()
+
+    def gone(name: str) -> bool:
+        """A bind on a channel of its own: a passive declare would renew the lease."""
+        try:
+            owner.channel().queue_bind(name, "amq.direct", unique("probe"))
+        except pika.exceptions.ChannelClosedByBroker as exc:
+            assert exc.reply_code == 404
+            return True
+        return False
+
+    def left_is_gone() -> bool:
+        channel.queue_declare(from_owner, passive=True)
+        other.queue_declare(from_other, passive=True)
+        return gone(left)
+
+    wait_for(left_is_gone, 20, what="the queue left alone expired")
+    assert not gone(from_owner) and not gone(from_other)
 
 
 def test_a_cluster_node_of_several_shards_is_refused_at_start(tmp_path):

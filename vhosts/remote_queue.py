@@ -34,7 +34,8 @@ from typing import TYPE_CHECKING, Callable, Iterable, Protocol
 from storage import Message, QueueEntry
 from vhosts.errors import PRECONDITION_FAILED, AMQPError
 from vhosts.queue_arguments import consumer_priority
-from vhosts.queue_types import queue_type
+from vhosts.queue_types import STREAM, queue_type
+from vhosts.stream_arguments import check_consume, not_supported
 from vhosts.stats import MessageStats
 
 if TYPE_CHECKING:
@@ -141,8 +142,12 @@ class RemoteQueue:
     # -- consumers ---------------------------------------------------------------
 
     def accept_consumer(self, no_ack: bool, prefetch_count: int, exclusive: bool, arguments: dict) -> int:
-        """The arguments are checked here; exclusivity at the owner, which
-        cancels the consumer if it is refused."""
+        """The arguments are checked here (a stream's as its owner checks
+        them, so the client hears the same refusal); exclusivity at the
+        owner, which cancels the consumer if it is refused."""
+        if self.kind == STREAM:
+            check_consume(self.name, self.vhost, no_ack, prefetch_count, arguments)
+            return 0
         return consumer_priority(self.vhost, self.name, arguments)
 
     def add_consumer(self, consumer: "Consumer") -> None:
@@ -190,6 +195,8 @@ class RemoteQueue:
     # -- basic.get -------------------------------------------------------------
 
     def get(self) -> QueueEntry | None:
+        if self.kind == STREAM:  # refused here as its owner refuses it
+            raise not_supported("basic.get", self.name, self.vhost)
         fetched = self._fetched
         if fetched is None:
             self._fetched = True
@@ -226,7 +233,14 @@ class RemoteQueue:
         self.port.settle(self, list(entries), "requeue")
 
     def check_return(self) -> None:
-        """Only a stream refuses returns, and streams live on shard 0 with their readers."""
+        """Only a stream refuses returns (as its owner does)."""
+        if self.kind == STREAM:
+            raise not_supported("basic.nack and basic.reject", self.name, self.vhost)
+
+    def check_purge(self) -> None:
+        """queue.purge, before it travels to the owner: a stream refuses it (as its owner does)."""
+        if self.kind == STREAM:
+            raise not_supported("queue.purge", self.name, self.vhost)
 
     def read_log(self, start: int, limit: int, done, max_bytes: int) -> None:
         raise AMQPError(PRECONDITION_FAILED, "queue '%s' in vhost '%s' is not a stream" % (self.name, self.vhost))

@@ -144,7 +144,8 @@ def _declared(channel, m, result) -> None:
     if m.exclusive and not m.passive:
         channel.connection.own_exclusive(queue)
     channel.most_recent_queue = name
-    if m.nowait:
+    if m.nowait:  # no answer, but the declare still renews x-expires where the queue lives
+        channel.vhost.shards.counts(queue, lambda: None)
         return
     channel.vhost.shards.counts(queue, lambda: _reply(channel, named_method(
         commands.Queue.DeclareOk, queue=name, message_count=queue.message_count,
@@ -192,6 +193,7 @@ def queue_purge(channel, m) -> None:
     if getattr(queue, "remote", False):  # another shard's: it purges (the checks are made here)
         channel.access.check("queue", queue.name, "read")
         vhost.queue(queue.name, channel.connection)
+        queue.check_purge()
         _held(channel, m, lambda done: vhost.shards.purge(queue, done),
               lambda count: m.nowait or _reply(channel, commands.Queue.PurgeOk(message_count=count)))
         return

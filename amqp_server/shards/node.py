@@ -742,8 +742,13 @@ class ShardNode:
         return self.tallies.elsewhere(kind, name)
 
     def counts(self, queue, done) -> None:
-        """Refresh a RemoteQueue's counts from its owner, then done()."""
+        """A queue.declare (passive too) was ordered at shard 0: refresh a
+        RemoteQueue's counts from its owner, then done(). The declare renews
+        an x-expires lease where the queue lives: the owner's `counts`
+        renews it there, and a queue of this shard is renewed here (shard
+        0's declare touched only its RemoteQueue of it)."""
         if not isinstance(queue, RemoteQueue):
+            queue.touch()
             done()
             return
 
