@@ -263,9 +263,20 @@ def test_direct_reply_to_answers_a_caller_on_another_shard(node):
     caller.basic_consume("amq.rabbitmq.reply-to", lambda ch, m, p, body: replies.append(body), auto_ack=True)
     caller.basic_publish("", requests, b"ping", pika.BasicProperties(reply_to="amq.rabbitmq.reply-to"))
     _method, props, body = _get(server, requests)
+    # the token is a queue to declare on the caller's shard and on the other (RabbitMQ: 0 messages, 1 consumer)
+    for channel in (server, caller):
+        declared = channel.queue_declare(props.reply_to, passive=True).method
+        assert (declared.queue, declared.message_count, declared.consumer_count) == (props.reply_to, 0, 1)
     server.basic_publish("", props.reply_to, b"pong:" + body)
     wait_for(lambda: caller.connection.process_data_events(0.05) or replies, 5, what="the reply")
     assert replies == [b"pong:ping"]
+    # with its consumer gone, the token is no queue on either shard; neither is a name marked for no shard
+    caller.basic_cancel(caller.consumer_tags[0])
+    for channel in (server, caller):
+        code, text = channel_error(channel.connection.channel().queue_declare, props.reply_to, passive=True)
+        assert (code, text) == (404, "NOT_FOUND - no queue '%s' in vhost '/'" % props.reply_to)
+    code, _text = channel_error(server.connection.channel().queue_declare, "amq.rabbitmq.reply-to.zz", passive=True)
+    assert code == 404
 
 
 def _get(channel, queue, auto_ack: bool = True):

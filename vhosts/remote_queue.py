@@ -72,6 +72,9 @@ class ShardPort(Protocol):
     # A direct reply to a token of a channel on another shard (vhosts.reply_to).
     def reply(self, vhost: str, token: str, message: Message) -> None: ...
 
+    # done(whether the channel of a token of another shard still lives).
+    def reply_token(self, vhost: str, token: str, done: Callable[[bool], None]) -> None: ...
+
     # The broker's count of (kind, name) here is now `count` (vhosts.broker: node-wide limits).
     def tallied(self, kind: str, name: str, count: int) -> None: ...
 

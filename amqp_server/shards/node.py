@@ -16,6 +16,7 @@ Records (tuples, amqp_server.shards.link), by the requester:
   ("credit", cid, n)                       no-ack deliveries handed to the client
   ("get", ticket, vhost, queue, no_ack)
   ("reply", vhost, token, data)            a direct reply to a channel of that shard (no answer)
+  ("token", ticket, vhost, token)          does that shard's channel of this reply token live?
   ("hold", vhost, queue, holding)         credit flow: that shard's publishers into the queue wait, or go on
   ("counts", ticket, vhost, queue)
   ("purge", ticket, vhost, queue)
@@ -30,7 +31,7 @@ and by the owner, on the same link:
   ("durable", ticket) ("rejected", ticket)
   ("deliver", cid, entry id, redelivered, deliveries, exchange, routing key, header, body)
   ("cancelled", cid) ("got", ticket, entry id, redelivered, deliveries, data, count)
-  ("counted", ticket, messages, consumers) ("purged", ticket, count) ("defined", ticket, result)
+  ("live", ticket, bool) ("counted", ticket, messages, consumers) ("purged", ticket, count) ("defined", ticket, result)
   ("refused", ticket, code, text) ("applied", ticket) ("synced", ticket, changes, batch)
   ("answer", ticket, answer) ("failed", ticket, code, text)
 
@@ -697,6 +698,25 @@ class ShardNode:
         deliver = host.reply_consumers.get(token) if host is not None else None
         if deliver is not None:  # else its channel went meanwhile: dropped, as RabbitMQ drops it
             deliver(Message.from_bytes(data))
+
+    def reply_token(self, vhost: str, token: str, done) -> None:
+        """done(whether the channel of `token`, a token of another shard, still lives there):
+        a queue.declare of a token (vhosts.reply_to.declared) asks its shard. False if that
+        shard ended (its channels with it); at once for a name whose mark is no shard of
+        this node (`amq.rabbitmq.reply-to.not-a-token`), which no link would ever answer."""
+        shard = reply_to.shard_of(token)
+        if not 0 <= shard < self.shard.count:
+            done(False)
+            return
+        self.request(shard, lambda ticket: ("token", ticket, vhost, token),
+                     lambda record: done(record[0] == "live" and record[2]))
+
+    def _on_token(self, link, ticket, vhost, token):
+        host = self.broker.vhosts.get(vhost)
+        link.send(("live", ticket, host is not None and token in host.reply_consumers))
+
+    def _on_live(self, link, ticket, live):
+        self._answered(ticket, ("live", ticket, live))
 
     def changed(self, change: tuple) -> None:
         self.definitions.changed(change)
