@@ -16,8 +16,10 @@ import aiomqtt
 import pika
 import pytest
 
+from amqp_server.mqtt.sessions import queue_name
 from conftest import PORT_ARGS, ROOT, launch
 from helpers import channel_error, unique, wait_for
+from mqtt_raw import DISCONNECT, RawMQTT, parse_publish, subscribe_packet
 
 SHARDS = 2
 
@@ -501,6 +503,50 @@ async def test_mqtt_persistent_sessions_whose_queues_live_on_either_shard_get_th
     finally:
         for client in clients:
             await client.__aexit__(None, None, None)
+
+
+def _persistent_session_on(node, shard: int, qos: int) -> tuple[str, str]:
+    """(client id, topic) of a persistent MQTT session subscribed at `qos`
+    whose queue lives on `shard` (placed as any durable queue: sessions are
+    made until one lands there; the others are ended then)."""
+    extra = []
+    try:
+        for _ in range(4 * SHARDS):
+            cid, topic = unique("ps"), unique("t")
+            with RawMQTT(node.ports["MQTT"]) as raw:
+                raw.connect(cid, clean=False)
+                raw.send(subscribe_packet(1, (topic, qos)))
+                assert raw.read() == (9, 0, b"\x00\x01" + bytes((qos,)))
+                raw.send(DISCONNECT)
+            if placement(node, queue_name(cid, qos)) == shard:
+                return cid, topic
+            extra.append(cid)
+    finally:
+        for cid in extra:
+            with RawMQTT(node.ports["MQTT"]) as raw:
+                raw.connect(cid, clean=True)
+    raise AssertionError("no session queue placed on shard %d" % shard)
+
+
+def test_mqtt_qos2_resumes_with_the_same_packet_id_from_a_queue_on_another_shard(node):
+    """MQTT is served by shard 0; a QoS 2 message of a session whose queue is on shard 1 comes
+    back after a reconnect with the packet id the client holds (the owner's message id
+    travels with each delivery)."""
+    cid, topic = _persistent_session_on(node, 1, 2)
+    with RawMQTT(node.ports["MQTT"]) as raw:
+        raw.connect(cid, clean=False)
+        on_shard(node.port, 1).channel().basic_publish("amq.topic", topic, b"exactly")
+        kind, flags, body = raw.read()
+        assert kind == 3
+        _topic, qos, pid, _retain, dup, payload = parse_publish(flags, body)
+        assert (qos, dup, payload) == (2, False, b"exactly")
+    with RawMQTT(node.ports["MQTT"]) as raw:  # no PUBREC was sent: the PUBLISH again, same id, DUP
+        assert raw.connect(cid, clean=False) == b"\x01\x00"
+        kind, flags, body = raw.read()
+        assert kind == 3
+        assert parse_publish(flags, body)[1:] == (2, pid, False, True, b"exactly")
+    with RawMQTT(node.ports["MQTT"]) as raw:
+        raw.connect(cid, clean=True)
 
 
 def test_the_shards_end_with_their_supervisor_even_a_sigkilled_one(tmp_path):

@@ -29,7 +29,10 @@ Records (tuples, amqp_server.shards.link), by the requester:
                                            to every other shard (amqp_server.shards.tallies)
 and by the owner, on the same link:
   ("durable", ticket) ("rejected", ticket)
-  ("deliver", cid, entry id, redelivered, deliveries, exchange, routing key, header, body)
+  ("deliver", cid, entry id, redelivered, deliveries, exchange, routing key, header, body, message id)
+                                           the owner's message id (None for a no-ack delivery): a redelivery
+                                           is the same message to the client's shard (MQTT QoS 2 reuses
+                                           its packet id by it, amqp_server.mqtt.exactly_once)
   ("cancelled", cid) ("got", ticket, entry id, redelivered, deliveries, data, count)
   ("live", ticket, bool) ("counted", ticket, messages, consumers) ("purged", ticket, count) ("defined", ticket, result)
   ("refused", ticket, code, text) ("applied", ticket) ("synced", ticket, changes, batch)
@@ -133,13 +136,13 @@ class StandIn:
             self.in_flight += 1
         message = entry.message
         self.link.send(("deliver", self.cid, ident, entry.redelivered, entry.deliveries, message.exchange,
-                        message.routing_key, message.header, message.body))
+                        message.routing_key, message.header, message.body, message.msg_id if ident else None))
 
     def deliver_fresh(self, consumer: Consumer, queue, message) -> None:
         queue.stats.deliver_no_ack += 1
         self.in_flight += 1
         self.link.send(("deliver", self.cid, 0, False, 0, message.exchange, message.routing_key, message.header,
-                        message.body))
+                        message.body, None))
 
     def consumer_cancelled(self, consumer: Consumer) -> None:
         self.node.standins.pop((self.link, self.cid), None)
@@ -735,7 +738,7 @@ class ShardNode:
         no_ack = False  # the channel acks a no-ack get itself, at once
         self.request(queue.shard, lambda ticket: ("get", ticket, queue.vhost, queue.name, no_ack), answered)
 
-    def _on_deliver(self, link, cid, ident, redelivered, deliveries, exchange, routing_key, header, body):
+    def _on_deliver(self, link, cid, ident, redelivered, deliveries, exchange, routing_key, header, body, msg_id):
         found = self.consumers.get(cid)
         if found is None:
             if ident:
@@ -744,7 +747,7 @@ class ShardNode:
         queue, consumer = found
         # A no-ack delivery too goes out as an entry: the channel's settling of it gives the
         # credit back, whatever face the consumer is (MQTT hands fresh messages over differently).
-        message = Message(exchange, routing_key, header, body)
+        message = Message(exchange, routing_key, header, body, msg_id)
         queue.received(consumer.tag, RemoteEntry(ident, message, redelivered, deliveries, consumer))
 
     def _on_cancelled(self, link, cid):
