@@ -19,7 +19,7 @@ import pytest
 from amqp_server.mqtt.sessions import queue_name
 from conftest import PORT_ARGS, ROOT, launch
 from helpers import channel_error, unique, wait_for
-from mqtt_raw import DISCONNECT, RawMQTT, parse_publish, subscribe_packet
+from mqtt_raw import DISCONNECT, RawMQTT, parse_publish, publish_packet, subscribe_packet, until_ping
 
 SHARDS = 2
 
@@ -545,6 +545,23 @@ def test_mqtt_qos2_resumes_with_the_same_packet_id_from_a_queue_on_another_shard
         kind, flags, body = raw.read()
         assert kind == 3
         assert parse_publish(flags, body)[1:] == (2, pid, False, True, b"exactly")
+    with RawMQTT(node.ports["MQTT"]) as raw:
+        raw.connect(cid, clean=True)
+
+
+def test_mqtt_a_persistent_session_resumed_gets_its_kept_messages_first(node):
+    """The QoS 1 messages kept for a persistent session whose queue is on shard 1 go out
+    when it reconnects, before the answer to its next PINGREQ, as from a queue on shard 0."""
+    cid, topic = _persistent_session_on(node, 1, 1)
+    with RawMQTT(node.ports["MQTT"]) as pub:
+        pub.connect(unique("pub"))
+        for n in range(3):
+            pub.send(publish_packet(topic, b"m%d" % n, qos=1, pid=n + 1))
+            assert pub.read()[0] == 4  # PUBACK: the queue has it
+    with RawMQTT(node.ports["MQTT"]) as raw:
+        assert raw.connect(cid, clean=False) == b"\x01\x00"
+        assert [payload for _t, _q, _r, _d, payload in until_ping(raw)] == [b"m0", b"m1", b"m2"]
+        raw.send(DISCONNECT)
     with RawMQTT(node.ports["MQTT"]) as raw:
         raw.connect(cid, clean=True)
 
