@@ -18,7 +18,9 @@ import pytest
 
 from amqp_server.mqtt.sessions import queue_name
 from conftest import PORT_ARGS, ROOT, launch
-from helpers import channel_error, unique, wait_for
+from helpers import channel_error, pump, unique, wait_for
+from http_api import call
+from test_alarms import Notices
 from mqtt_raw import DISCONNECT, RawMQTT, parse_publish, publish_packet, subscribe_packet, until_ping
 
 SHARDS = 2
@@ -36,12 +38,13 @@ def node(request, tmp_path_factory):
     proc.stop()
 
 
-def on_shard(port: int, shard: int) -> pika.BlockingConnection:
-    """A connection served by `shard` (connections land where the kernel puts them)."""
+def on_shard(port: int, shard: int, **params) -> pika.BlockingConnection:
+    """A connection served by `shard` (connections land where the kernel puts them),
+    with pika's ConnectionParameters `params`."""
     others = []
     try:
         for _ in range(200):
-            connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+            connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port, **params))
             if connection._impl.server_properties["shard"] == shard:
                 return connection
             others.append(connection)
@@ -438,6 +441,48 @@ def test_passive_declares_on_either_shard_renew_x_expires(node):
 
     wait_for(left_is_gone, 20, what="the queue left alone expired")
     assert not gone(from_owner) and not gone(from_other)
+
+
+def test_the_memory_alarm_is_the_nodes_and_blocks_publishers_on_every_shard(node):
+    """One node, one alarm (as RabbitMQ): a watermark set through the management API (shard 0)
+    blocks a publisher on each shard, and its clearing unblocks both; the node's memory is
+    every shard's."""
+    wait_for(lambda: "HTTP" in node.ports, 20, what="the management listener")
+    http = node.ports["HTTP"]
+    publishers = [on_shard(node.port, shard, client_properties={"connection_name": "alarm-%d" % shard})
+                  for shard in range(SHARDS)]
+    notices = [Notices(publisher) for publisher in publishers]
+    names = {"alarm-%d" % shard for shard in range(SHARDS)}
+
+    def states() -> set:
+        rows = call(http, "GET", "/api/connections").body
+        return {row["state"] for row in rows if row["client_properties"].get("connection_name") in names}
+
+    try:
+        assert call(http, "PUT", "/api/hutch/vm-memory-high-watermark", {"value": "1000"}).status == 204
+        assert call(http, "GET", "/api/nodes").body[0]["mem_alarm"]
+        assert states() == {"blocking"}
+        for publisher, seen in zip(publishers, notices):
+            publisher.channel().basic_publish("", unique("nowhere"), b"during")
+            pump(publisher, lambda seen=seen: seen.seen)
+            assert [(type(m).__name__, m.reason) for m in seen.seen] == [("Blocked", "low on memory")]
+        wait_for(lambda: states() == {"blocked"}, 10, what="both publishers blocked")
+    finally:
+        assert call(http, "PUT", "/api/hutch/vm-memory-high-watermark", {"value": 0.4}).status == 204
+    assert not call(http, "GET", "/api/nodes").body[0]["mem_alarm"]
+    for publisher, seen in zip(publishers, notices):
+        pump(publisher, lambda seen=seen: len(seen.seen) == 2)
+        assert type(seen.seen[1]).__name__ == "Unblocked"
+    assert states() == {"running"}
+    # the node's memory counts every shard's (each tells shard 0 at every alarm check, each second)
+    def resident(shard: int) -> int:
+        with open("/proc/%d/statm" % _pid_of_shard(node, shard)) as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    wait_for(lambda: call(http, "GET", "/api/nodes").body[0]["mem_used"] > resident(0) + resident(1) // 2, 10,
+             what="the node's memory counting every shard")
+    for publisher in publishers:
+        publisher.close()
 
 
 def test_a_cluster_node_of_several_shards_is_refused_at_start(tmp_path):

@@ -6,7 +6,7 @@ import resource
 import time
 from dataclasses import dataclass, field
 
-from amqp_server.shared.alarms import DISK, MEMORY, ResourceAlarms, resident_memory
+from amqp_server.shared.alarms import DISK, MEMORY, ResourceAlarms
 from amqp_server.shared.login_throttle import LoginThrottle
 from amqp_server.shared.figures import open_files
 from amqp_server.management.rates import RateSampler
@@ -44,10 +44,10 @@ class Node:
         self.sampler.held = lambda: LinkHolder(self.shards).unacked_deliveries() if self.shards is not None else ()
 
     def figures(self) -> dict:
-        """RabbitMQ's node_stats figures now: resident memory, file
-        descriptors and sockets in use, disk space free (as last measured
-        by the alarm check)."""
-        return {"mem_used": self.rss_bytes(), "fd_used": open_files(), "sockets_used": len(self.connections),
+        """RabbitMQ's node_stats figures now: resident memory (the node's,
+        of every shard), file descriptors and sockets in use, disk space
+        free (as last measured by the alarm check)."""
+        return {"mem_used": self.alarms.node_memory(), "fd_used": open_files(), "sockets_used": len(self.connections),
                 "disk_free": self.alarms.disk_free}
 
     @property
@@ -68,9 +68,3 @@ class Node:
         return {"fd_used": open_files(), "fd_total": limit, "sockets_total": limit, "disk_free": alarms.disk_free,
                 "disk_free_limit": alarms.disk_free_limit, "mem_alarm": MEMORY in alarms.raised,
                 "disk_free_alarm": DISK in alarms.raised}
-
-    @staticmethod
-    def rss_bytes() -> int:
-        """Resident memory of this process (RabbitMQ's mem_used, rss strategy)."""
-        return resident_memory()
-

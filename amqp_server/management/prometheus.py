@@ -181,7 +181,7 @@ async def render(node, per_object: bool = False) -> str:
     churn = node.broker.churn.totals()
     for name, help_text, key in CHURN_COUNTERS:
         out.one(name, COUNTER, help_text, churn[key])
-    out.one("rabbitmq_process_resident_memory_bytes", GAUGE, "Memory used in bytes", node.rss_bytes())
+    out.one("rabbitmq_process_resident_memory_bytes", GAUGE, "Memory used in bytes", node.alarms.node_memory())
     out.one("rabbitmq_resident_memory_limit_bytes", GAUGE, "Memory high watermark in bytes", node.memory_limit)
     out.one("rabbitmq_erlang_uptime_seconds", GAUGE, "Node uptime", round(node.uptime_ms / 1000, 3))
     _disk_metrics(out, node.alarms.disk_free, node.alarms.disk_free_limit)

@@ -140,6 +140,8 @@ class BrokerServer:
                         "Python headers at install); about a third slower")
         self.connections: set = set()
         self.alarms = ResourceAlarms(config)
+        if self.shards is not None:  # one node's alarms (docs/scaling.md)
+            self.shards.share_alarms(self.alarms)
         self.servers: list[asyncio.Server] = []
         # (protocol, address, port) of every open listener, as RabbitMQ lists them
         self.listeners: list[tuple[str, str, int]] = []

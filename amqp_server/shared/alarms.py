@@ -16,6 +16,15 @@ Theory of operation (RabbitMQ's, docs/resilience.md):
   connection.unblocked if it was told it was blocked).
 - The limits are recomputed from the configuration on every check, and a
   change made at runtime (management API, hutchctl) checks at once.
+- A node of several shards (docs/scaling.md) raises its alarms as one
+  RabbitMQ node does: shard 0 decides them (its configuration is the one the
+  management API changes) on the node's memory, its own resident memory plus
+  what every other shard last told it (`elsewhere`, each shard's every
+  check), and tells every shard the alarms in effect; a shard K > 0
+  (`decides` False) measures and tells (`measured`), and raises what shard
+  0 told it (`apply`), so its publishers are blocked as shard 0's are.
+  Shard 0 measures the free disk of the node's data directory, where every
+  shard keeps its files.
 """
 from __future__ import annotations
 
@@ -68,9 +77,14 @@ class ResourceAlarms:
         self.config = config
         self.raised: set[str] = set()
         self.flow_waiters: set = set()
-        self.mem_used = 0
+        self.mem_used = 0  # the node's (shard 0: every shard's)
         self.disk_free = 0
         self._timer: asyncio.TimerHandle | None = None
+        # A node of several shards: shard index -> resident memory it last told (shard 0).
+        self.elsewhere: dict[int, int] = {}
+        self.decides = True  # False on a shard K > 0: shard 0 decides (apply)
+        self.measured = None  # shard K > 0: measured(bytes), its resident memory, for shard 0
+        self.changed = None  # shard 0: changed(raised), the node's alarms in effect, for every shard
 
     @property
     def memory_limit(self) -> int:
@@ -92,16 +106,35 @@ class ResourceAlarms:
             self._timer.cancel()
             self._timer = None
 
+    def node_memory(self) -> int:
+        """Resident memory of the node now: this process's, plus what the
+        node's other shards last told (none on a node of one process)."""
+        return resident_memory() + sum(self.elsewhere.values())
+
     def check(self) -> None:
-        self.mem_used = resident_memory()
+        if not self.decides:
+            if MEMORY in self.raised:
+                allocator.give_back()
+            self.mem_used = resident_memory()
+            self.measured(self.mem_used)
+            return
+        self.mem_used = self.node_memory()
         if self.mem_used > self.memory_limit and allocator.give_back():
-            self.mem_used = resident_memory()  # what malloc kept free is not in use (amqp_server.shared.allocator)
+            self.mem_used = self.node_memory()  # what malloc kept free is not in use (amqp_server.shared.allocator)
         try:
             self.disk_free = shutil.disk_usage(self.config.data_dir).free
         except OSError:
             self.disk_free = 0
+        before = frozenset(self.raised)
         self._set(MEMORY, self.mem_used > self.memory_limit)
         self._set(DISK, self.disk_free < self.disk_free_limit)
+        if self.changed is not None and self.raised != before:
+            self.changed(frozenset(self.raised))
+
+    def apply(self, raised: frozenset) -> None:
+        """Shard K > 0: the node's alarms in effect, as shard 0 decided them."""
+        for alarm in (MEMORY, DISK):
+            self._set(alarm, alarm in raised)
 
     def _tick(self) -> None:
         self.check()
@@ -112,9 +145,12 @@ class ResourceAlarms:
             return
         if on:
             self.raised.add(alarm)
-            if alarm == MEMORY:
-                log.warning("memory resource limit alarm set: %d bytes used, the high watermark is %d bytes; "
-                            "publishers are blocked", self.mem_used, self.memory_limit)
+            if not self.decides:
+                log.warning("%s resource limit alarm set on the node (by shard 0); publishers are blocked", alarm)
+            elif alarm == MEMORY:
+                log.warning("memory resource limit alarm set: %d bytes used%s, the high watermark is %d bytes; "
+                            "publishers are blocked", self.mem_used, " by the node's shards" if self.elsewhere else "",
+                            self.memory_limit)
             else:
                 log.warning("disk resource limit alarm set: %d bytes free, the limit is %d bytes; "
                             "publishers are blocked", self.disk_free, self.disk_free_limit)
