@@ -112,6 +112,24 @@ def cpu_seconds(pid: int) -> float | None:
         return None
 
 
+def children(pid: int) -> list[int]:
+    """The direct children of `pid` (hutch's shard processes under its supervisor)."""
+    try:
+        with open("/proc/%d/task/%d/children" % (pid, pid)) as f:
+            return [int(c) for c in f.read().split()]
+    except OSError:
+        return []
+
+
+def tree_cpu_seconds(pid: int) -> float | None:
+    """cpu_seconds of `pid` and its direct children (a hutch of several shards: the supervisor and
+    its shard processes; children that ended are not counted)."""
+    own = cpu_seconds(pid)
+    if own is None:
+        return None
+    return own + sum(cpu_seconds(child) or 0 for child in children(pid))
+
+
 def runqueue_wait_s(pid: int) -> float | None:
     """Seconds the threads of `pid` have spent runnable but waiting for a CPU (the second field of
     /proc/PID/task/TID/schedstat): time lost to other work on the machine, not to the broker's code."""

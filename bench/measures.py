@@ -27,15 +27,17 @@ import os
 import re
 import subprocess
 import sys
+import threading
+import time
 import timeit
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-from harness import (MB, ROOT, RssSampler, amqpbench, files_left, fill_drain, fresh_garagemq, fresh_hutch, log,
-                     profiled,
+from harness import (MB, ROOT, RssSampler, amqpbench, children, files_left, fill_drain, fresh_garagemq, fresh_hutch,
+                     log, profiled,
                      rabbitmq_memory, rabbitmq_pid, rabbitmq_sockets_left, rss_bytes,
-                     runqueue_wait_s)
+                     runqueue_wait_s, tree_cpu_seconds)
 from results_table import Metric, Row
 
 # Connections left free on a broker with a low socket limit (the shared RabbitMQ takes 832):
@@ -143,13 +145,17 @@ def timed(args: str) -> Callable[[Settings, Target, str], dict]:
         argv = ["--time", "%g" % settings.duration, "--warmup", "%g" % settings.warmup, "--queue", name,
                 "--label", name, *args.format(name=name).split()]
         waited = runqueue_wait_s(target.pid)
+        window = _TreeWindow(target.pid, settings.duration) if children(target.pid) else None
         with RssSampler(target.pid) as rss, _profiling(settings, target, name):
             out = amqpbench(settings.generator, target.uri, argv, target.pid,
-                            timeout=settings.duration + settings.warmup + 900)
+                            timeout=settings.duration + settings.warmup + 900,
+                            when=window and ("[warm-up done", window.start))
         waited = runqueue_wait_s(target.pid) - waited if waited is not None else None
         if "cleanup_error" in out and target.shared:
             _delete_leftovers(target.uri, name)
         latency, consumed, cpu = out["latency_ms"], out["consume_rate"], out["broker_cpu_pct"]
+        if window is not None:  # amqpbench samples one pid: the supervisor of a hutch of several shards
+            cpu = window.cpu_pct()
         measured = bool(latency["samples"])
         return {"consumed": consumed, "p50": latency["p50"] if measured else None,
                 "p99": latency["p99"] if measured else None,
@@ -183,6 +189,35 @@ def backlog(settings: Settings, target: Target, name: str) -> dict:
     return {"fill": res["fill_rate"], "drain": res["drain_rate"], "rss_mib": peak / MB, "rss": peak,
             "fill_cpu_us": cpu_us(res["fill_broker_cpu"], res["fill_rate"]),
             "drain_cpu_us": cpu_us(res["drain_broker_cpu"], res["drain_rate"]), "fill_drain": res}
+
+
+class _TreeWindow:
+    """The CPU of a process and its children (hutch's shards) over amqpbench's measured window:
+    sampled when amqpbench says the warm-up is done and `duration` s later (amqpbench's own
+    sample reads one /proc/PID/stat)."""
+
+    def __init__(self, pid: int, duration: float) -> None:
+        self.pid, self.duration = pid, duration
+        self.samples: list[tuple[float, float]] = []
+        self._timer: threading.Timer | None = None
+
+    def _sample(self) -> None:
+        cpu = tree_cpu_seconds(self.pid)
+        if cpu is not None:
+            self.samples.append((time.monotonic(), cpu))
+
+    def start(self) -> None:
+        self._sample()
+        self._timer = threading.Timer(self.duration, self._sample)
+        self._timer.start()
+
+    def cpu_pct(self) -> float | None:
+        if self._timer is not None:
+            self._timer.join()
+        if len(self.samples) != 2:
+            return None
+        (t0, c0), (t1, c1) = self.samples
+        return 100.0 * (c1 - c0) / (t1 - t0)
 
 
 def cpu_us(broker_cpu_pct: float | None, rate: float | None) -> float | None:

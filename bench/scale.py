@@ -76,7 +76,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from cpu_quota import CgroupError, CpuQuota, QuotaSet, remove_stale  # noqa: E402
 from growth import W, figure, panel  # noqa: E402
-from harness import (AMQPBENCH_SRC, ROOT, amqpbench, build_amqpbench, cpu_seconds, fresh_hutch, free_port,  # noqa: E402
+from harness import (AMQPBENCH_SRC, ROOT, amqpbench, build_amqpbench, children, cpu_seconds, fresh_hutch, free_port,  # noqa: E402
                      listening_pid, log, machine, revision, tcp_socket_inodes, wait_serving)
 from results_table import median  # noqa: E402
 
@@ -104,15 +104,6 @@ RABBITMQ_SERVER = "/usr/lib/rabbitmq/bin/rabbitmq-server"
 
 
 # --- processes ------------------------------------------------------------------------------
-
-def children(pid: int) -> list[int]:
-    """The direct children of `pid` (hutch's shard processes under its supervisor)."""
-    try:
-        with open("/proc/%d/task/%d/children" % (pid, pid)) as f:
-            return [int(c) for c in f.read().split()]
-    except OSError:
-        return []
-
 
 def connection_holder(port: int, pids: list[int]) -> int | None:
     """Which of `pids` holds the established TCP connections to `port` now (the one client

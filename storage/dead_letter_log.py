@@ -198,6 +198,11 @@ class DeadLetterLog:
         """Close the files (after what is queued); its vhost is being deleted."""
         self._log.close()
 
+    def delete(self) -> None:
+        """Remove the log and its directory (after what is queued): its
+        records are kept elsewhere now (amqp_server.shards.dead_letters)."""
+        self._log.delete()
+
     @property
     def first_offset(self) -> int:
         """The oldest offset still kept (== next_offset when the log is empty)."""

@@ -17,11 +17,13 @@ def total_memory() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def budget_bytes(watermark: float, absolute: int | None, paging_ratio: float) -> int:
+def budget_bytes(watermark: float, absolute: int | None, paging_ratio: float, shares: int = 1) -> int:
     """RabbitMQ's rule: the watermark is a fraction of RAM unless an absolute
-    size is given; paging starts at paging_ratio of it."""
+    size is given; paging starts at paging_ratio of it. `shares`: the node's
+    processes that split it (its shards, docs/scaling.md), each getting an
+    equal part, so the node as a whole pages where one process would."""
     limit = absolute if absolute is not None else int(watermark * total_memory())
-    return int(limit * paging_ratio)
+    return int(limit * paging_ratio) // shares
 
 
 class MemoryMonitor:

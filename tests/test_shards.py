@@ -208,6 +208,25 @@ def test_a_shard_killed_under_load_loses_nothing_confirmed_and_the_other_keeps_s
     steady.connection.close()
 
 
+def test_a_shard_that_held_no_queue_does_not_stop_fewer_shards(tmp_path):
+    """Shard 1 served clients but holds no queue or message: the node starts with one shard,
+    its queues on shard 0 intact."""
+    proc = launch(tmp_path, "--shards", "2")
+    wait_for(lambda: proc.log.count("listening for AMQP") >= 2, 20, what="every shard listening")
+    client = on_shard(proc.port, 1)
+    queue = queue_on(proc, client.channel(), 0)
+    client.channel().basic_publish("", queue, b"kept", pika.BasicProperties(delivery_mode=2))
+    client.channel().queue_declare(unique("transient"))  # gone with the stop anyway
+    client.close()
+    proc.stop()
+    again = launch(tmp_path, "--data-dir", str(proc.data_dir), "--shards", "1")
+    try:
+        with pika.BlockingConnection(pika.URLParameters(again.url)) as connection:
+            assert connection.channel().basic_get(queue, auto_ack=True)[2] == b"kept"
+    finally:
+        again.stop()
+
+
 def _pid_of_shard(node, shard: int) -> int | None:
     found = None
     for line in node.log.splitlines():

@@ -25,7 +25,7 @@ def node(tmp_path):
     started = []
 
     def start(*args: str):
-        proc = launch(tmp_path, "--shards", str(SHARDS), *args, expect=("AMQP", "HTTP"))
+        proc = launch(tmp_path, "--shards", str(SHARDS), *args, expect=("AMQP", "HTTP", "PROMETHEUS"))
         started.append(proc)
         return proc
 
@@ -159,3 +159,14 @@ def test_refused_logins_count_over_every_shard_and_the_http_api(node):
     with opened_on_shard(proc.port, 0, user=user, password="pw") as accepted:
         accepted.expect(commands.Connection.OpenOk, 0)
     assert _refused_login_seconds(proc.port, 1, user) < 0.8  # the first delay again, not 6.4 s
+
+
+def test_the_paging_budget_is_the_nodes_split_over_its_shards(node):
+    """A node pages where one process would: each shard gets its part of the
+    budget (watermark x paging ratio), and the node's figure is the whole."""
+    proc = node("--storage-vm-memory-high-watermark-absolute", "400000000", "--storage-paging-ratio", "0.5")
+    api = Api(proc.ports["HTTP"])
+    wait_for(lambda: "os_pid" in api.get("/api/nodes").body[0]["shard_reports"]["1"], what="shard 1's report")
+    metrics = call(proc.ports["PROMETHEUS"], "GET", "/metrics", auth=None).body
+    budget = next(line for line in metrics.splitlines() if line.startswith("hutch_memory_budget_bytes"))
+    assert float(budget.split()[-1]) == 200_000_000

@@ -14,6 +14,7 @@ import pytest
 
 from conftest import ROOT, launch
 from dead_letter_clients import Workload, delete_vhost, new_vhost
+from http_api import Api, segment
 from spark_sink import jobs, output, report
 from spark_sink.source import NAME
 
@@ -149,3 +150,22 @@ def test_dead_letters_recorded_before_sigkill_are_all_read_after_restart(spark, 
         assert sorted(r.offset for r in df.select("offset").collect()) == list(range(10))
     finally:
         again.stop()
+
+
+def test_the_jobs_count_the_dead_letters_of_every_shard(spark, start_broker):
+    """A node of two shards keeps one dead-letter log (docs/analytics.md, "On a
+    node of several shards"): the jobs count what died in queues of both."""
+    node = start_broker("--shards", "2", expect=("AMQP", "HTTP"))
+    vhost = new_vhost(node)
+    workload = Workload(node, vhost)
+    workload.run(rejected=5, expired=4, maxlen=3, delivery_limit=2)
+    workload.close()
+    api = Api(node.ports["HTTP"])
+    shard_of = {row["name"]: row["shard"] for row in api.get("/api/queues/" + segment(vhost)).body}
+    assert {shard_of[queue] for queue, _reason in COUNTS} == {0, 1}
+    df = (spark.read.format(NAME).option("url", "http://127.0.0.1:%d" % node.ports["HTTP"]).option("vhost", vhost)
+          .option("recordsPerPartition", "4").load())
+    assert sorted((r.queue, r.reason) for r in df.collect()) == sorted(
+        key for key, n in COUNTS.items() for _ in range(n))
+    assert {r.reason: r["count"] for r in jobs.reasons(df).collect()} == {
+        "rejected": 5, "expired": 4, "maxlen": 3, "delivery_limit": 2}

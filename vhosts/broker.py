@@ -35,7 +35,7 @@ import logging
 import secrets
 from collections.abc import Callable
 
-from vhosts.dead_letter_recorder import DeadLetterRecorder
+from vhosts.dead_letter_recorder import DeadLetterRecorder, ShardLog
 from vhosts.errors import NOT_ALLOWED, AMQPError
 from vhosts.stats import Churn
 from vhosts.parameters import validate as validate_parameter
@@ -141,7 +141,11 @@ class Broker:
         vhost.churn = self.churn
         vhost.shards = self.shards
         if storage is not None and storage.dead_letters is not None:
-            vhost.on_dead_letter.append(DeadLetterRecorder(name, storage.dead_letters))
+            # shard 0 keeps the node's dead-letter log (vhosts.dead_letter_recorder)
+            log = storage.dead_letters
+            if self.shards is not None and self.shards.here != 0:
+                log = ShardLog(name, self.shards, log.settings.include_bodies)
+            vhost.on_dead_letter.append(DeadLetterRecorder(name, log))
         return vhost
 
     # -- durable definitions ---------------------------------------------------

@@ -2,7 +2,14 @@
 vhost's `on_dead_letter`) becomes a record in the vhost's
 `storage.dead_letter_log.DeadLetterLog`, whether or not its queue has a dead
 letter exchange. The recorder returns a hold, so the message leaves its
-queue only once its record is on disk (vhosts/vhost.py `dead_letter`)."""
+queue only once its record is on disk (vhosts/vhost.py `dead_letter`).
+
+On a node of several shards the node keeps one dead-letter log per vhost,
+shard 0's (docs/scaling.md): another shard's recorder writes through
+`ShardLog`, which hands each record to shard 0 and holds the message until
+shard 0 has it on disk. So offsets stay one sequence per vhost, every reader
+(the management API, hutchctl, spark_sink) reads one log, and no file is
+written by two processes."""
 from __future__ import annotations
 
 from typing import Callable
@@ -24,10 +31,28 @@ def death_count(message: Message, queue: str, reason: str) -> int:
     return 1
 
 
+class ShardLog:
+    """The vhost's dead-letter log as another shard than shard 0 writes it:
+    `append` as DeadLetterLog's, the record kept by shard 0
+    (vhosts.remote_queue.ShardPort.dead_letter)."""
+
+    __slots__ = ("vhost", "port", "include_bodies")
+
+    def __init__(self, vhost: str, port, include_bodies: bool) -> None:
+        self.vhost = vhost
+        self.port = port
+        self.include_bodies = include_bodies
+
+    def append(self, record, on_durable: Callable[[], None]) -> None:
+        if not self.include_bodies:  # shard 0 would not keep it: it need not travel
+            record.body = None
+        self.port.dead_letter(self.vhost, record, on_durable)
+
+
 class DeadLetterRecorder:
     __slots__ = ("vhost", "log")
 
-    def __init__(self, vhost: str, log: DeadLetterLog) -> None:
+    def __init__(self, vhost: str, log: DeadLetterLog | ShardLog) -> None:
         self.vhost = vhost
         self.log = log
 

@@ -711,6 +711,9 @@ class Connection(ClientConnection):
     def adopt(self, state: dict, pending: bytes) -> None:
         """Go on serving a connection another shard moved here."""
         self._timer.cancel()
+        # The shard that accepted it counted it created (and does not count it closed): the
+        # node's churn, summed over its shards, counts it once.
+        self.broker.churn.connection_created -= 1
         self.user = self.broker.users[state["user"]]
         self.client_properties = state["client_properties"]
         self.auth_mechanism = state["auth_mechanism"]

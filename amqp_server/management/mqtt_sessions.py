@@ -30,9 +30,9 @@ def _shape(vhost, session, filters: dict, node_queues) -> dict:
     queues, subscriptions = [], []
     for q in session.queues:
         qos = int(q.name[-1])
-        figures = node_queues.figures_of(q)
-        ready, held = figures["messages_ready"], figures["messages_unacknowledged"]
-        queues.append({"name": q.name, "qos": qos, "durable": q.durable, "consumers": figures["consumers"],
+        figures = node_queues.figures_of(q)  # a queue that is down has none: counted as 0
+        ready, held = figures.get("messages_ready", 0), figures.get("messages_unacknowledged", 0)
+        queues.append({"name": q.name, "qos": qos, "durable": q.durable, "consumers": figures.get("consumers", 0),
                        "messages": ready + held, "messages_ready": ready, "messages_unacknowledged": held})
         subscriptions += [{"topic_filter": f, "qos": qos} for f in sorted(filters.get(q.name, ()))]
     qos2 = session.qos2

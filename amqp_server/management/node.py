@@ -6,7 +6,7 @@ import resource
 import time
 from dataclasses import dataclass, field
 
-from amqp_server.shared.alarms import DISK, MEMORY, ResourceAlarms
+from amqp_server.shared.alarms import DISK, MEMORY, ResourceAlarms, resident_memory
 from amqp_server.shared.login_throttle import LoginThrottle
 from amqp_server.shared.figures import open_files
 from amqp_server.management.rates import RateSampler
@@ -14,6 +14,10 @@ from amqp_server.management.shards import LinkHolder
 
 # The RabbitMQ release whose API (and definitions format) hutch answers as.
 COMPATIBLE_VERSION = "3.10.8"
+# The message stores' figures (storage.msg_store stats) in `storage_figures`, by store kind.
+STORES = ("persistent", "transient")
+STORE_FIGURES = ("files", "bytes_on_disk", "live_bytes", "messages")
+STORE_KEY = "store_%s_%s"
 
 
 @dataclass
@@ -44,10 +48,10 @@ class Node:
         self.sampler.held = lambda: LinkHolder(self.shards).unacked_deliveries() if self.shards is not None else ()
 
     def figures(self) -> dict:
-        """RabbitMQ's node_stats figures now: resident memory (the node's,
-        of every shard), file descriptors and sockets in use, disk space
-        free (as last measured by the alarm check)."""
-        return {"mem_used": self.alarms.node_memory(), "fd_used": open_files(), "sockets_used": len(self.connections),
+        """RabbitMQ's node_stats figures now: resident memory, file
+        descriptors and sockets in use, disk space free (as last measured
+        by the alarm check)."""
+        return {"mem_used": self.rss_bytes(), "fd_used": open_files(), "sockets_used": len(self.connections),
                 "disk_free": self.alarms.disk_free}
 
     @property
@@ -68,3 +72,28 @@ class Node:
         return {"fd_used": open_files(), "fd_total": limit, "sockets_total": limit, "disk_free": alarms.disk_free,
                 "disk_free_limit": alarms.disk_free_limit, "mem_alarm": MEMORY in alarms.raised,
                 "disk_free_alarm": DISK in alarms.raised}
+
+    def storage_figures(self) -> dict:
+        """This process's paging budget, disk writer and message stores
+        (hutch's own metrics in /metrics), flat: on a node of several
+        shards each shard reports them and shard 0 sums them."""
+        monitor, writer = self.monitor, self.writer
+        out = {"memory_used": monitor.used, "memory_budget": monitor.budget, "paging_runs": monitor.paging_runs,
+               "writer_pending_bytes": writer.pending_bytes, "group_commits": writer.batches,
+               "fsync_count": writer.fsync_count, "fsync_seconds": writer.fsync_seconds}
+        out.update(dict.fromkeys((STORE_KEY % (kind, key) for kind in STORES for key in STORE_FIGURES), 0))
+        for v in list(self.broker.vhosts.values()):
+            storage = v.message_storage
+            if storage is None:
+                continue
+            for kind, store in (("persistent", storage.persistent), ("transient", storage.transient)):
+                found = store.stats()
+                for key in STORE_FIGURES:
+                    out[STORE_KEY % (kind, key)] += found.get(key, 0)
+        return out
+
+    @staticmethod
+    def rss_bytes() -> int:
+        """Resident memory of this process (RabbitMQ's mem_used, rss strategy)."""
+        return resident_memory()
+

@@ -11,7 +11,6 @@ from amqp_server.management import access, shapes, shards
 from amqp_server.management.errors import not_found
 from amqp_server.management.listing import present
 from amqp_server.management.node import COMPATIBLE_VERSION
-from amqp_server.management.rates import NODE_FIGURES
 
 EXCHANGE_TYPE_DESCRIPTIONS = {
     "direct": "AMQP direct exchange, as per the AMQP specification",
@@ -39,7 +38,7 @@ async def overview(req) -> dict:
     node, reading = req.node, shapes.reading_of(req)
     vhosts = access.visible_vhosts(req.user, req.broker)
     connections = _visible_connections(req)
-    found = await shards.gathered(node, ("connections", "channels", "queues", "vhosts"), req.query)
+    found = await shards.gathered(node, ("connections", "channels", "queues", "vhosts", "node"), req.query)
     node_queues = shards.NodeQueues(node, reading, found)
     queue_totals, message_stats = shards.vhost_totals(reading, vhosts, node_queues.unacked, found)
     queues = [q for v in vhosts for q in v.queues.values()]
@@ -55,7 +54,7 @@ async def overview(req) -> dict:
         "disable_stats": False,
         "enable_queue_totals": False,
         "message_stats": message_stats,
-        "churn_rates": reading.with_rates([req.broker], req.broker.churn.totals(), CHURN_FIELDS, "node_stats"),
+        "churn_rates": _churn(shards.node_figures(node, reading, found)[0]),
         "queue_totals": queue_totals,
         "object_totals": {
             "channels": sum(len(c.channels) for c in connections) + len(shards.visible_rows(req, found, "channels")),
@@ -77,15 +76,26 @@ async def overview(req) -> dict:
     return out
 
 
+def _churn(figures: dict) -> dict:
+    """RabbitMQ's churn_rates: the churn counters of the node's figures, with their rates."""
+    return {key: figures[key] for field in CHURN_FIELDS for key in (field, field + "_details")}
+
+
 def contexts(node) -> list[dict]:
     """The HTTP listeners, as RabbitMQ lists its web contexts."""
     return [{"node": shapes.NODE, "description": "RabbitMQ Management", "path": "/", "port": str(port)}
             for protocol, _address, port in node.listeners if protocol == "http"]
 
 
-def node_info(req, reading=None) -> dict:
-    node, reading = req.node, reading or shapes.reading_of(req)
-    figures = node.figures()
+async def node_info(req) -> dict:
+    """This node: on a node of several shards, its memory, descriptors,
+    sockets and churn summed over the shards (shards.node_figures), and
+    each shard's own under hutch's `shard_reports`."""
+    node, reading = req.node, shapes.reading_of(req)
+    found = await shards.gathered(node, ("node",), req.query)
+    figures, by_shard = shards.node_figures(node, reading, found)
+    resources = node.resources()
+    storage = figures["storage"]
     out = {
         "name": shapes.NODE,
         "type": "disc",
@@ -112,28 +122,33 @@ def node_info(req, reading=None) -> dict:
         "contexts": contexts(node),
         "config_files": [],
         "log_files": [],
-        # the disk writer's group-commit fsyncs, in RabbitMQ's io_sync fields (ms)
-        "io_sync_count": node.writer.fsync_count,
-        "io_sync_avg_time": round(node.writer.fsync_seconds * 1000 / node.writer.fsync_count, 3)
-        if node.writer.fsync_count else 0.0,
-        **node.resources(),
-        **reading.with_rates([req.broker], req.broker.churn.totals(), CHURN_FIELDS, "node_stats"),
+        # the disk writers' group-commit fsyncs, in RabbitMQ's io_sync fields (ms)
+        "io_sync_count": storage["fsync_count"],
+        "io_sync_avg_time": round(storage["fsync_seconds"] * 1000 / storage["fsync_count"], 3)
+        if storage["fsync_count"] else 0.0,
+        **resources,
+        "fd_used": figures["fd_used"],
+        "fd_total": figures["fd_total"],
+        "sockets_total": figures["sockets_total"],
+        "mem_alarm": figures["mem_alarm"],
+        "disk_free_alarm": figures["disk_free_alarm"],
+        **_churn(figures),
     }
     if node.shards is not None:  # the node's shards: processes, each with its own memory and descriptors
         out["shards"] = shards.shard_count(node)
-        out["shard_reports"] = shards.report_ages(node)
+        out["shard_reports"] = shards.breakdown(node, by_shard)
     # RabbitMQ's node_stats fields with their rates (and samples, with a node_stats range)
-    for key in NODE_FIGURES:
-        out[key] = figures[key]
-        out[key + "_details"] = reading.details([req.broker], (key,), "node_stats")
+    for key in shards.PROCESS_FIGURES:
+        out[key + "_details"] = figures[key + "_details"]
+    out["disk_free_details"] = reading.details([req.broker], ("disk_free",), "node_stats")
     return out
 
 
-def _members(req) -> list:
+async def _members(req) -> list:
     """This node; in a cluster (this node leads) also every other member,
     with its role and replication state (hutch's `cluster_*` fields) and the
     memory, disk and descriptor figures it last published."""
-    listed = [node_info(req)]
+    listed = [await node_info(req)]
     cluster = req.node.cluster
     if cluster is not None:
         for member in cluster.status()["nodes"]:
@@ -149,16 +164,16 @@ def _members(req) -> list:
     return listed
 
 
-def nodes(req) -> list:
-    return present(_members(req), req.query)
+async def nodes(req) -> list:
+    return present(await _members(req), req.query)
 
 
-def node(req) -> dict:
+async def node(req) -> dict:
     """One node: this one, or (on a cluster's leader) a member."""
     if req.params["node"] == shapes.NODE:
-        return node_info(req)
+        return await node_info(req)
     if req.node.cluster is not None:
-        for member in _members(req)[1:]:
+        for member in (await _members(req))[1:]:
             if member["name"] == req.params["node"]:
                 return member
     raise not_found()

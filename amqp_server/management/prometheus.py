@@ -13,9 +13,8 @@ from __future__ import annotations
 from aiohttp import web
 from vhosts.stats import MessageStats
 
-from amqp_server.shared.alarms import DISK, MEMORY
 from amqp_server.management import shapes, shards
-from amqp_server.management.node import COMPATIBLE_VERSION
+from amqp_server.management.node import COMPATIBLE_VERSION, STORE_KEY, STORES
 from amqp_server.management.rates import Reading
 
 CONTENT_TYPE = "text/plain; version=0.0.4"
@@ -76,7 +75,7 @@ CHURN_COUNTERS = (
     ("rabbitmq_queues_created_total", "Total number of queues created", "queue_created"),
     ("rabbitmq_queues_deleted_total", "Total number of queues deleted", "queue_deleted"),
 )
-STORE_GAUGES = (
+STORE_GAUGES = (  # Node.storage_figures' STORE_FIGURES
     ("files", "Message store files"),
     ("bytes_on_disk", "Bytes in message store files"),
     ("live_bytes", "Bytes of messages still referenced in message store files"),
@@ -119,10 +118,14 @@ def _number(value) -> str:
 
 def _queue_figures(node, queues, found) -> dict:
     """Queue -> its figures for the metrics: this shard's own, or (a queue
-    of another shard of the node) its owner's (`found`: the other shards' reports)."""
+    of another shard of the node) its owner's (`found`: the other shards'
+    reports); a queue that is down (its shard is not reporting) has none,
+    as RabbitMQ exposes no metrics of a queue whose node is down."""
     node_queues = shards.NodeQueues(node, Reading(node.sampler, {}), found)
     out = {}
     for q in queues:
+        if node_queues.is_down(q):
+            continue
         if getattr(q, "remote", False):
             row = node_queues.figures_of(q)
             ready, unacked, size = row["messages_ready"], row["messages_unacknowledged"], row["message_bytes_ready"]
@@ -143,12 +146,14 @@ def _queue_figures(node, queues, found) -> dict:
 async def render(node, per_object: bool = False) -> str:
     """On a node of several shards: every shard's queues, connections,
     channels and message counters (amqp_server.management.shards)."""
-    found = await shards.gathered(node, ("connections", "channels", "queues", "counted", "vhosts"))
+    found = await shards.gathered(node, ("connections", "channels", "queues", "counted", "vhosts", "node"))
+    node_figures = shards.node_figures(node, Reading(node.sampler, {}), found)[0]
     vhosts = list(node.broker.vhosts.values())
     queues = [q for v in vhosts for q in v.queues.values()]
     connections = [c for c in list(node.connections) if c.vhost is not None]
     figures = _queue_figures(node, queues, found)
-    states = {q: figures[q]["states"] for q in queues}
+    shown = [q for q in queues if q in figures]  # not down
+    states = {q: figures[q]["states"] for q in shown}
     out = Exposition()
     out.one("rabbitmq_build_info", UNTYPED, "RabbitMQ & Erlang/OTP version info", 1,
             {"rabbitmq_version": COMPATIBLE_VERSION, "prometheus_plugin_version": COMPATIBLE_VERSION,
@@ -160,13 +165,13 @@ async def render(node, per_object: bool = False) -> str:
     out.one("rabbitmq_channels", GAUGE, "Channels currently open",
             sum(len(c.channels) for c in connections) + len(shards.remote_rows(found, "channels")))
     out.one("rabbitmq_consumers", GAUGE, "Consumers currently connected",
-            sum(figures[q]["consumers"] for q in queues))
+            sum(figures[q]["consumers"] for q in shown))
     out.one("rabbitmq_queues", GAUGE, "Queues available", len(queues))
     for name, kind, help_text, key in QUEUE_FAMILIES:
         if per_object:
-            samples = [({"vhost": q.vhost, "queue": q.name}, figures[q][key]) for q in queues]
+            samples = [({"vhost": q.vhost, "queue": q.name}, figures[q][key]) for q in shown]
         else:
-            samples = [({}, sum(figures[q][key] for q in queues))]
+            samples = [({}, sum(figures[q][key] for q in shown))]
         out.family(name, kind, help_text, samples)
     totals = MessageStats().totals()
     for v in vhosts:
@@ -178,30 +183,33 @@ async def render(node, per_object: bool = False) -> str:
                 totals[key] += other["message_stats"].get(key, 0)
     for name, help_text, value in GLOBAL_COUNTERS:
         out.one(name, COUNTER, help_text, value(totals))
-    churn = node.broker.churn.totals()
     for name, help_text, key in CHURN_COUNTERS:
-        out.one(name, COUNTER, help_text, churn[key])
-    out.one("rabbitmq_process_resident_memory_bytes", GAUGE, "Memory used in bytes", node.alarms.node_memory())
+        out.one(name, COUNTER, help_text, node_figures[key])
+    out.one("rabbitmq_process_resident_memory_bytes", GAUGE, "Memory used in bytes", node_figures["mem_used"])
+    out.one("rabbitmq_process_open_fds", GAUGE, "Open file descriptors", node_figures["fd_used"])
+    out.one("rabbitmq_process_max_fds", GAUGE, "Open file descriptors limit", node_figures["fd_total"])
+    out.one("rabbitmq_process_open_tcp_sockets", GAUGE, "Open TCP sockets", node_figures["sockets_used"])
+    out.one("rabbitmq_process_max_tcp_sockets", GAUGE, "Open TCP sockets limit", node_figures["sockets_total"])
     out.one("rabbitmq_resident_memory_limit_bytes", GAUGE, "Memory high watermark in bytes", node.memory_limit)
     out.one("rabbitmq_erlang_uptime_seconds", GAUGE, "Node uptime", round(node.uptime_ms / 1000, 3))
     _disk_metrics(out, node.alarms.disk_free, node.alarms.disk_free_limit)
     out.one("rabbitmq_alarms_memory_used_watermark", UNTYPED, "is 1 if VM memory watermark alarm is in effect",
-            int(MEMORY in node.alarms.raised))
+            int(node_figures["mem_alarm"]))
     out.one("rabbitmq_alarms_free_disk_space_watermark", UNTYPED,
-            "is 1 if free disk space watermark alarm is in effect", int(DISK in node.alarms.raised))
+            "is 1 if free disk space watermark alarm is in effect", int(node_figures["disk_free_alarm"]))
     help_states = ("Ready messages by storage state: alpha (in RAM only), gamma (in RAM and on disk), "
                    "delta (on disk only)")
     if per_object:
         samples = [({"vhost": q.vhost, "queue": q.name, "state": s}, states[q].get(s, 0))
-                   for q in queues for s in STATES]
+                   for q in shown for s in STATES]
     else:
-        samples = [({"state": s}, sum(states[q].get(s, 0) for q in queues)) for s in STATES]
+        samples = [({"state": s}, sum(states[q].get(s, 0) for q in shown)) for s in STATES]
     out.family("hutch_queue_messages_state", GAUGE, help_states, samples)
     if per_object:
         out.family("hutch_queue_info", GAUGE, "Queue type (label type: classic or stream)",
                    [({"vhost": q.vhost, "queue": q.name, "type": q.kind}, 1) for q in queues])
-    _store_metrics(out, vhosts)
-    _writer_metrics(out, node)
+    _store_metrics(out, node_figures["storage"])
+    _writer_metrics(out, node_figures["storage"])
     _mqtt_metrics(out, node, vhosts)
     if node.cluster is not None:
         _cluster_metrics(out, node.cluster.status())
@@ -266,35 +274,28 @@ def _mqtt_metrics(out: Exposition, node, vhosts) -> None:
             sessions.persistent_count(vhosts))
 
 
-def _store_metrics(out: Exposition, vhosts) -> None:
-    """Files and bytes of the shared message stores (persistent and transient)."""
-    stats = {kind: dict.fromkeys((key for key, _ in STORE_GAUGES), 0) for kind in ("persistent", "transient")}
-    for v in vhosts:
-        storage = v.message_storage
-        if storage is None:
-            continue
-        for kind, store in (("persistent", storage.persistent), ("transient", storage.transient)):
-            found = store.stats()
-            for key in stats[kind]:
-                stats[kind][key] += found.get(key, 0)
+def _store_metrics(out: Exposition, storage: dict) -> None:
+    """Files and bytes of the message stores (persistent and transient) of
+    every vhost (`storage`: the node's Node.storage_figures, summed over its shards)."""
     for key, help_text in STORE_GAUGES:
         out.family("hutch_msg_store_" + key, GAUGE, help_text,
-                   [({"store": kind}, stats[kind][key]) for kind in ("persistent", "transient")])
+                   [({"store": kind}, storage[STORE_KEY % (kind, key)]) for kind in STORES])
 
 
-def _writer_metrics(out: Exposition, node) -> None:
-    monitor, writer = node.monitor, node.writer
+def _writer_metrics(out: Exposition, storage: dict) -> None:
     out.one("hutch_memory_used_bytes", GAUGE, "Message bytes held in RAM by queues (the paging budget's use)",
-            monitor.used)
+            storage["memory_used"])
     out.one("hutch_memory_budget_bytes", GAUGE, "Message bytes queues may hold in RAM before paging out",
-            monitor.budget)
-    out.one("hutch_paging_runs_total", COUNTER, "Times queues were asked to page messages out", monitor.paging_runs)
-    out.one("hutch_writer_pending_bytes", GAUGE, "Bytes queued for the disk writer", writer.pending_bytes)
-    out.one("hutch_writer_group_commits_total", COUNTER, "Group commits run by the disk writer", writer.batches)
+            storage["memory_budget"])
+    out.one("hutch_paging_runs_total", COUNTER, "Times queues were asked to page messages out",
+            storage["paging_runs"])
+    out.one("hutch_writer_pending_bytes", GAUGE, "Bytes queued for the disk writer", storage["writer_pending_bytes"])
+    out.one("hutch_writer_group_commits_total", COUNTER, "Group commits run by the disk writer",
+            storage["group_commits"])
     out.parts.append("# TYPE hutch_fsync_duration_seconds summary\n"
                      "# HELP hutch_fsync_duration_seconds Time the disk writer spent in fsync, per group commit\n"
                      "hutch_fsync_duration_seconds_count %d\nhutch_fsync_duration_seconds_sum %.6f\n"
-                     % (writer.fsync_count, writer.fsync_seconds))
+                     % (storage["fsync_count"], storage["fsync_seconds"]))
 
 
 def make_app(node) -> web.Application:

@@ -162,7 +162,7 @@ async def queue(req) -> dict:
     reading = shapes.reading_of(req)
     found = await shards.gathered(req.node, ("counted", "consumers"))
     node_queues = shards.NodeQueues(req.node, reading, found)
-    if getattr(q, "remote", False):
+    if getattr(q, "remote", False) and not node_queues.is_down(q):
         fresh = await shards.fresh_figures(req.node, q, req.query)
         if fresh is not None:
             node_queues.fresh[(q.vhost, q.name)] = fresh

@@ -8,7 +8,10 @@ figures of the queues it owns (only those with messages, consumers or
 counted messages: an idle queue's figures are known without a report, so
 thousands of idle queues cost nothing), the message counters it kept for
 other shards' queues and exchanges (a publish is counted where it
-arrives), and per vhost its message_stats and lengths.
+arrives), per vhost its message_stats and lengths, and its process's
+figures (memory, descriptors, sockets, churn, storage: `own_figures`),
+which shard 0 adds to its own to show one node (`node_figures`). A
+shard that stops reporting (`silent`) has its queues shown "down".
 
 A request asks every other shard for the parts of its report it needs,
 at once (`gathered`: the "report" service); a shard that does not answer
@@ -30,8 +33,13 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import os
+import resource
 
 from vhosts.errors import CONNECTION_FORCED, AMQPError
+from vhosts.stats import CHURN_FIELDS
+
+from amqp_server.shared.alarms import DISK, MEMORY
 
 from amqp_server.management import access, shapes
 from amqp_server.management.errors import ApiError
@@ -40,7 +48,21 @@ from amqp_server.management.rates import QUEUE_STATS, VHOST_STATS, Reading
 # Seconds shard 0 waits for another shard's answer before it shows what that shard last reported.
 FRESH_WAIT = 0.5
 # What a report holds (a request asks for the parts it needs).
-PARTS = ("connections", "channels", "consumers", "queues", "counted", "exchanges", "vhosts")
+PARTS = ("connections", "channels", "consumers", "queues", "counted", "exchanges", "vhosts", "node")
+# Seconds without a report after which a shard is silent (hung, or ended and
+# not back): its queues show as "down". Five of the reports every shard sends
+# each second (amqp_server.shards.node.REPORT_INTERVAL).
+SILENT_AFTER = 5.0
+# A shard's process figures that add up to the node's (`own_figures`), with
+# `_details` for those sampled (rates.NODE_FIGURES and the churn counters).
+# Of the churn, a shard's connections and channels are its own; the queue
+# counters are shard 0's alone: every declaration and deletion is ordered
+# there (amqp_server.shards.definitions), and the other shards' counts are
+# those of the copies they made.
+PROCESS_FIGURES = ("mem_used", "fd_used", "sockets_used")
+CLIENT_CHURN = tuple(key for key in CHURN_FIELDS if key.startswith(("connection_", "channel_")))
+SUMMED = tuple(key + suffix for key in PROCESS_FIGURES + CLIENT_CHURN for suffix in ("", "_details")) + (
+    "fd_total", "sockets_total")
 
 
 class LinkHolder:
@@ -86,11 +108,72 @@ def reports(node) -> list[tuple[int, dict]]:
     return [(index, report) for index, (_at, report) in sorted(node.shards.reports.items())]
 
 
-def report_ages(node) -> dict[str, float]:
-    """Seconds since each other shard's last periodic report, by shard
-    (what shard 0 shows of a shard that does not answer is that old)."""
+def silent(node) -> set[int]:
+    """The other shards that are not reporting: ended and not reported
+    since they started again (ShardNode drops a report with its link), or
+    whose last report is older than SILENT_AFTER (hung)."""
+    if node.shards is None:
+        return set()
     now = asyncio.get_running_loop().time()
-    return {str(index): round(now - at, 3) for index, (at, _report) in sorted(node.shards.reports.items())}
+    known = node.shards.reports
+    return {index for index in range(node.shards.shard.count) if index != node.shards.here
+            and (index not in known or now - known[index][0] > SILENT_AFTER)}
+
+
+def own_figures(node, reading) -> dict:
+    """This process in RabbitMQ's node fields: memory, descriptors, sockets
+    and churn (with their rates, and the samples of a node_stats range),
+    its alarms, and its storage's figures (`Node.storage_figures`): the
+    "node" part of its report."""
+    figures = node.figures()
+    limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    out = {"os_pid": str(os.getpid()), "fd_total": limit, "sockets_total": limit,
+           "mem_alarm": MEMORY in node.alarms.raised, "disk_free_alarm": DISK in node.alarms.raised}
+    for key in PROCESS_FIGURES:
+        out[key] = figures[key]
+        out[key + "_details"] = reading.details([node.broker], (key,), "node_stats")
+    out.update(reading.with_rates([node.broker], node.broker.churn.totals(), CHURN_FIELDS, "node_stats"))
+    out["storage"] = node.storage_figures()
+    return out
+
+
+def node_figures(node, reading, found) -> tuple[dict, dict]:
+    """(the node's figures, each shard's own by shard): shard 0's
+    `own_figures` plus every other's (`found`: their reports, with
+    "node"), SUMMED as RabbitMQ shows one node; an alarm is the node's
+    when any shard has it raised (its publishers are blocked)."""
+    own = own_figures(node, reading)
+    total, by_shard = own, {shard_here(node): own}
+    for index, found_report in found:
+        theirs = found_report["node"]
+        by_shard[index] = theirs
+        total = {**total, **add_figures({key: total[key] for key in SUMMED}, {key: theirs[key] for key in SUMMED}),
+                 "mem_alarm": total["mem_alarm"] or theirs["mem_alarm"],
+                 "disk_free_alarm": total["disk_free_alarm"] or theirs["disk_free_alarm"],
+                 "storage": add_figures(total["storage"], theirs["storage"])}
+    return total, by_shard
+
+
+def shard_here(node) -> int:
+    return node.shards.here if node.shards is not None else 0
+
+
+def breakdown(node, by_shard: dict) -> dict[str, dict]:
+    """hutch's `shard_reports` of a node: by shard, whether it reports
+    (`running`), seconds since its last periodic report (`report_age`;
+    shard 0 is the one that keeps them), and its own process figures."""
+    now = asyncio.get_running_loop().time()
+    down = silent(node)
+    out = {}
+    for index in range(shard_count(node)):
+        row = {"running": index not in down}
+        last = node.shards.reports.get(index)
+        row["report_age"] = 0.0 if index == node.shards.here else None if last is None else round(now - last[0], 3)
+        figures = by_shard.get(index)
+        if figures is not None:
+            row.update({key: figures[key] for key in ("os_pid", "mem_alarm", "disk_free_alarm") + PROCESS_FIGURES})
+        out[str(index)] = row
+    return out
 
 
 async def gathered(node, parts: tuple, query=None) -> list[tuple[int, dict]]:
@@ -160,6 +243,8 @@ def report(node, parts: tuple = PARTS, query=None) -> dict:
         out.update(_clients(node, reading))
     if {"queues", "counted", "vhosts"} & set(parts):
         out.update(_queues(node, reading))
+    if "node" in parts:
+        out["node"] = own_figures(node, reading)
     if "exchanges" in parts:
         out["exchanges"] = {(v.name, name): shapes.exchange_stats(reading, stats)
                             for v in list(node.broker.vhosts.values())
@@ -283,7 +368,9 @@ class NodeQueues:
     """Every queue of the node as one request sees it: a queue this shard
     owns by its own figures, another shard's by that shard's report (or,
     when it reported none, as idle), and its message_stats summed over the
-    shards that counted its messages."""
+    shards that counted its messages. A queue of a shard that is not
+    reporting (`silent`) is "down", with no figures, as RabbitMQ shows a
+    queue whose node is down."""
 
     def __init__(self, node, reading, found=()) -> None:
         """`found`: the other shards' reports (`gathered`), with queues and counted."""
@@ -297,13 +384,19 @@ class NodeQueues:
         self.figures: dict = {}
         self.fresh: dict = {}  # (vhost, name) -> figures its owner just gave
         self.counted: dict = {}  # (vhost, name) -> [message_stats of other shards]
+        self.down = silent(node)  # shards whose queues are down
         for _index, report in found:
             self.figures.update(report.get("queues", {}))
             for key, stats in report.get("counted", {}).items():
                 self.counted.setdefault(key, []).append(stats)
 
+    def is_down(self, q) -> bool:
+        return getattr(q, "remote", False) and q.shard in self.down
+
     def figures_of(self, q) -> dict:
-        """The queue's figures (a new dict)."""
+        """The queue's figures (a new dict); of a queue that is down, its state alone."""
+        if self.is_down(q):
+            return {"state": "down"}
         if not getattr(q, "remote", False):
             out = shapes.queue_figures(self.reading, q, self.unacked[q], self.unacked_bytes[q],
                                        self.consumers.get(q, []))
@@ -333,6 +426,8 @@ class NodeQueues:
         return out
 
     def consumer_count(self, q) -> int:
+        if self.is_down(q):
+            return 0
         if getattr(q, "remote", False):
             found = self.figures.get((q.vhost, q.name))
             if found is None:

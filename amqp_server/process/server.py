@@ -95,7 +95,8 @@ class BrokerServer:
         settings = config.storage
         self.writer = GroupCommitWriter(asyncio.get_running_loop(), settings.durability)
         self.monitor = MemoryMonitor(budget_bytes(
-            settings.vm_memory_high_watermark, settings.vm_memory_high_watermark_absolute, settings.paging_ratio))
+            settings.vm_memory_high_watermark, settings.vm_memory_high_watermark_absolute, settings.paging_ratio,
+            self.shard.count if self.shard is not None else 1))
         # Writes waiting for the disk are in RAM too: a small budget bounds them as well.
         backlog = max(self.monitor.budget, 1024 * 1024)
         if backlog < self.writer.backlog_high:
@@ -140,8 +141,6 @@ class BrokerServer:
                         "Python headers at install); about a third slower")
         self.connections: set = set()
         self.alarms = ResourceAlarms(config)
-        if self.shards is not None:  # one node's alarms (docs/scaling.md)
-            self.shards.share_alarms(self.alarms)
         self.servers: list[asyncio.Server] = []
         # (protocol, address, port) of every open listener, as RabbitMQ lists them
         self.listeners: list[tuple[str, str, int]] = []
@@ -158,6 +157,9 @@ class BrokerServer:
         self.logins = LoginThrottle(config.auth_failure_delay, config.auth_failure_delay_max)
         if self.shards is not None:  # ... and on every shard of the node
             self.shards.tallies.share_logins(self.logins)
+            # the memory alarm weighs the node's memory, every shard's (amqp_server.shards.tallies)
+            self.alarms.tell_memory = functools.partial(self.shards.tallied, "memory", "")
+            self.alarms.memory_elsewhere = functools.partial(self.shards.elsewhere, "memory", "")
         self.stream_node = StreamNode(self.broker, config, self.writer, self.alarms, self.logins, self.connections,
                                       self.listeners)
         self.management = ManagementListeners(self.broker, self.connections, config, self.writer, self.monitor,

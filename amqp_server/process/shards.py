@@ -19,6 +19,7 @@ child process per shard and serves nothing itself.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import dataclasses
@@ -27,6 +28,7 @@ import os
 import shutil
 import signal
 import socket
+import sqlite3
 import tempfile
 import time
 
@@ -59,20 +61,48 @@ def shard_data_dir(data_dir: str, index: int) -> str:
 
 
 def check_shard_dirs(data_dir: str, count: int) -> None:
-    """Refuse a shard count that leaves a shard's queues behind."""
+    """Refuse a shard count that leaves a shard's queues or messages behind;
+    a shard's directory that holds neither (it served only clients) is no
+    reason to refuse, and is left as it is."""
     root = os.path.join(data_dir, "shards")
     try:
         names = os.listdir(root)
     except OSError:  # none there (opening the data directory says what is wrong with it)
         return
-    for name in sorted(names):
+    for name in sorted(names, key=lambda name: int(name) if name.isdigit() else -1):
         if not name.isdigit() or int(name) < count:
             continue
-        vhosts = os.path.join(root, name, "vhosts")
-        if os.path.isdir(vhosts) and any(os.scandir(vhosts)):
+        held = _held_by(os.path.join(root, name), int(name))
+        if held is not None:
             raise ListenError(
                 "shard %s of this node holds queues (%s), but shards is %d: start with shards >= %d, "
-                "or move the queues off that shard first" % (name, vhosts, count, int(name) + 1))
+                "or move the queues off that shard first" % (name, held, count, int(name) + 1))
+
+
+def _held_by(directory: str, index: int) -> str | None:
+    """What a node without shard `index` would lose of its `directory`: the
+    durable queues its definitions store places on it, or message files
+    (a message store's or a queue index's; delayed messages too). None: nothing.
+    A store it cannot read counts as holding something: when in doubt, refuse."""
+    store = os.path.join(directory, "definitions.db")
+    if os.path.exists(store):
+        try:
+            with contextlib.closing(sqlite3.connect("file:%s?mode=ro" % store, uri=True)) as db:
+                queues = db.execute("SELECT vhost, name FROM queues WHERE shard = ? ORDER BY vhost, name",
+                                    (index,)).fetchall()
+        except sqlite3.Error as exc:
+            return "%s, which cannot be read: %s" % (store, exc)
+        if queues:
+            return ", ".join("'%s' in vhost '%s'" % (name, vhost) for vhost, name in queues[:5]) + \
+                (" and %d more" % (len(queues) - 5) if len(queues) > 5 else "")
+    for folder, _dirs, files in os.walk(os.path.join(directory, "vhosts")):
+        if os.path.basename(folder) == "msg_store_transient":
+            continue  # emptied at every start
+        for name in files:
+            path = os.path.join(folder, name)
+            if name.endswith((".rdq", ".idx")) and os.path.getsize(path) > 0:
+                return "messages in %s" % path
+    return None
 
 
 def _client_ports(config: BrokerConfig) -> list[tuple[str, int]]:

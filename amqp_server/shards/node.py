@@ -25,11 +25,9 @@ Records (tuples, amqp_server.shards.link), by the requester:
   ("apply", ticket, batch, changes)        from shard 0 to every other shard
   ("report", index, report)               to shard 0, every REPORT_INTERVAL (no answer)
   ("ask", ticket, service, args)          a management service of another shard
+  ("dead", ticket, vhost, record)          to shard 0: a dead letter for the vhost's log (answer: durable)
   ("tallies", counts) ("tally", kind, name, count) ("login", failed, host, username)
                                            to every other shard (amqp_server.shards.tallies)
-  ("memory", bytes)                        to shard 0, every alarm check: this shard's resident memory
-  ("alarms", seq, [alarms])                from shard 0: the node's resource alarms in effect
-                                           (amqp_server.shared.alarms; the highest seq counts)
 and by the owner, on the same link:
   ("durable", ticket) ("rejected", ticket)
   ("deliver", cid, entry id, redelivered, deliveries, exchange, routing key, header, body, message id)
@@ -57,6 +55,7 @@ import pickle
 import socket
 import struct
 
+from amqp_server.shards import dead_letters
 from amqp_server.shards.definitions import Definitions
 from amqp_server.shards.link import Link
 from amqp_server.shards.tallies import Tallies
@@ -188,8 +187,6 @@ class ShardNode:
         self._handlers = {name[4:]: getattr(self, name) for name in dir(type(self)) if name.startswith("_on_")}
         self.flows: dict[Link, dict[str, LinkPublisher]] = {}  # credit flow towards each link's publishers
         self._credits_armed = False
-        self.alarms = None  # the shard's amqp_server.shared.alarms.ResourceAlarms, once shared
-        self._alarms_seq = 0  # shard 0: of its last word on the alarms; elsewhere: of the last applied
 
     # -- links ------------------------------------------------------------------
 
@@ -222,6 +219,7 @@ class ShardNode:
             await self.definitions.synced.wait()
             await self.tallies.heard_from_0.wait()
             self._spawn(self._report())
+            self._spawn(dead_letters.hand_over(self))
 
     def _spawn(self, coroutine) -> None:
         task = asyncio.get_running_loop().create_task(coroutine)
@@ -306,8 +304,6 @@ class ShardNode:
         self.links.add(link)
         link.send(("hello", self.here))
         self.tallies.linked(link)
-        if self.here == 0 and self.alarms is not None:
-            self.send_to(peer, ("alarms", self._alarms_seq, sorted(self.alarms.raised)))
         self.flush_unsent(peer)
         log.info("shard %d: linked to shard %d", self.here, peer)
         self.definitions.linked(peer)
@@ -343,8 +339,6 @@ class ShardNode:
                 if isinstance(queue, RemoteQueue) and queue.shard == peer and queue.backed_up:
                     queue.held(False)
         self.reports.pop(peer, None)
-        if self.alarms is not None:
-            self.alarms.elsewhere.pop(peer, None)
         for ticket, callback in list(self.waiting.items()):
             if getattr(callback, "peer", None) == peer:
                 del self.waiting[ticket]
@@ -417,33 +411,6 @@ class ShardNode:
         wake = self._wake.get(index)
         if wake is not None:
             wake.set()
-
-    # -- the node's resource alarms (amqp_server.shared.alarms) ------------------------
-
-    def share_alarms(self, alarms) -> None:
-        """The node raises its memory and disk alarms as one: shard 0 decides them on the
-        memory of every shard and tells every shard; the others measure and tell shard 0."""
-        self.alarms = alarms
-        if self.here == 0:
-            alarms.changed = self._alarms_changed
-        else:
-            alarms.decides = False
-            alarms.measured = lambda used: self.send_to(0, ("memory", used))
-
-    def _alarms_changed(self, raised: frozenset) -> None:
-        self._alarms_seq += 1
-        for peer in range(self.shard.count):
-            if peer != self.here:  # behind what shard 0 sent before, as its management's requests
-                self.send_to(peer, ("alarms", self._alarms_seq, sorted(raised)))
-
-    def _on_memory(self, link, used):
-        if link.peer is not None:
-            self.alarms.elsewhere[link.peer] = used
-
-    def _on_alarms(self, link, seq, raised):
-        if seq >= self._alarms_seq:  # the set and the link's first word may cross on two links
-            self._alarms_seq = seq
-            self.alarms.apply(frozenset(raised))
 
     def _on_tallies(self, link, counts):
         self.tallies.all_of(link, counts)
@@ -791,6 +758,26 @@ class ShardNode:
         if found is not None:
             queue, consumer = found
             queue.owner_cancelled(consumer.tag)
+
+    # -- the node's dead-letter log, kept by shard 0 (amqp_server.shards.dead_letters) -------
+
+    def dead_letter(self, vhost: str, record, on_durable) -> None:
+        def answered(answer):
+            # Not "durable": shard 0 ended, and the node restarts with it; the message
+            # stays in its queue, as a message never leaves one before its record is on disk.
+            if answer[0] == "durable":
+                on_durable()
+
+        self.request(0, lambda ticket: ("dead", ticket, vhost, record), answered)
+
+    def _on_dead(self, link, ticket, vhost, record):
+        host = self.broker.vhosts.get(vhost)
+        storage = host.message_storage if host is not None else None
+        log = storage.dead_letters if storage is not None else None
+        if log is None:  # the vhost was deleted meanwhile, and its log with it
+            link.send(("durable", ticket))
+            return
+        log.append(record, lambda: link.send(("durable", ticket)))
 
     # -- node-wide limits (amqp_server.shards.tallies) ----------------------------------
 

@@ -2,7 +2,9 @@
 
 RabbitMQ's limits count a node's connections (`connection_max`), a vhost's
 and a user's connections, and a user's channels; hutch's login throttle
-counts refused logins of a user from an address over every front end. On a
+counts refused logins of a user from an address over every front end; the
+memory alarm weighs the node's resident memory (amqp_server.shared.alarms:
+each shard tells its own, kind "memory", at every check). On a
 node of several shards each of those is spread over the shards, so every
 shard tells every other shard its own counts as they change, and its
 refused and then accepted logins; a check then reads its own copy and
@@ -28,6 +30,9 @@ from __future__ import annotations
 
 import asyncio
 
+# The kind of tally by which a shard tells its resident memory (name "").
+MEMORY = "memory"
+
 
 class Tallies:
     def __init__(self, node) -> None:
@@ -35,6 +40,7 @@ class Tallies:
         self.theirs: dict[object, dict[tuple[str, str], int]] = {}  # another shard's link here -> its counts
         self.logins = None  # the shard's amqp_server.shared.login_throttle.LoginThrottle, once shared
         self.heard_from_0 = asyncio.Event()  # shard 0's counts came: a shard serves from then on
+        self.memory = 0  # this shard's resident bytes, as it last told them
 
     def share_logins(self, logins) -> None:
         """Refused logins count over the whole node: this shard's are told to the others."""
@@ -44,12 +50,17 @@ class Tallies:
     # -- this shard's counts --------------------------------------------------
 
     def tallied(self, kind: str, name: str, count: int) -> None:
+        if kind == MEMORY:  # not one of the broker's counts: kept here for the links to come
+            self.memory = count
         for link in self.node.outgoing.values():
             link.send(("tally", kind, name, count))
 
     def linked(self, link) -> None:
         """A link to another shard opened: it learns every count of this one."""
-        link.send(("tallies", dict(self.node.broker.counted)))
+        counts = dict(self.node.broker.counted)
+        if self.memory:
+            counts[(MEMORY, "")] = self.memory
+        link.send(("tallies", counts))
 
     def elsewhere(self, kind: str, name: str) -> int:
         key = (kind, name)

@@ -2,7 +2,8 @@
 
 Theory of operation (RabbitMQ's, docs/resilience.md):
 - One timer checks every CHECK_INTERVAL seconds the process's resident
-  memory against the memory high watermark (`memory` alarm) and the free
+  memory (on a node of several shards, the node's: this shard's plus what
+  the others last told) against the memory high watermark (`memory` alarm) and the free
   space of the data directory's filesystem against disk_free_limit (`disk`
   alarm). `raised` is the set of alarms in effect; an alarm clears by itself
   on the first check that finds usage back under its limit.
@@ -16,15 +17,6 @@ Theory of operation (RabbitMQ's, docs/resilience.md):
   connection.unblocked if it was told it was blocked).
 - The limits are recomputed from the configuration on every check, and a
   change made at runtime (management API, hutchctl) checks at once.
-- A node of several shards (docs/scaling.md) raises its alarms as one
-  RabbitMQ node does: shard 0 decides them (its configuration is the one the
-  management API changes) on the node's memory, its own resident memory plus
-  what every other shard last told it (`elsewhere`, each shard's every
-  check), and tells every shard the alarms in effect; a shard K > 0
-  (`decides` False) measures and tells (`measured`), and raises what shard
-  0 told it (`apply`), so its publishers are blocked as shard 0's are.
-  Shard 0 measures the free disk of the node's data directory, where every
-  shard keeps its files.
 """
 from __future__ import annotations
 
@@ -77,14 +69,15 @@ class ResourceAlarms:
         self.config = config
         self.raised: set[str] = set()
         self.flow_waiters: set = set()
-        self.mem_used = 0  # the node's (shard 0: every shard's)
+        self.mem_used = 0  # the node's resident bytes (every shard's, on a node of several)
         self.disk_free = 0
+        # On a node of several shards the memory alarm is the node's, as RabbitMQ's is
+        # (N shards each allowed the watermark would let the node use N times it): the
+        # composition root sets how this shard tells the others its resident bytes and
+        # what they last told (amqp_server.shards.tallies).
+        self.tell_memory = lambda used: None
+        self.memory_elsewhere = lambda: 0
         self._timer: asyncio.TimerHandle | None = None
-        # A node of several shards: shard index -> resident memory it last told (shard 0).
-        self.elsewhere: dict[int, int] = {}
-        self.decides = True  # False on a shard K > 0: shard 0 decides (apply)
-        self.measured = None  # shard K > 0: measured(bytes), its resident memory, for shard 0
-        self.changed = None  # shard 0: changed(raised), the node's alarms in effect, for every shard
 
     @property
     def memory_limit(self) -> int:
@@ -106,35 +99,18 @@ class ResourceAlarms:
             self._timer.cancel()
             self._timer = None
 
-    def node_memory(self) -> int:
-        """Resident memory of the node now: this process's, plus what the
-        node's other shards last told (none on a node of one process)."""
-        return resident_memory() + sum(self.elsewhere.values())
-
     def check(self) -> None:
-        if not self.decides:
-            if MEMORY in self.raised:
-                allocator.give_back()
-            self.mem_used = resident_memory()
-            self.measured(self.mem_used)
-            return
-        self.mem_used = self.node_memory()
-        if self.mem_used > self.memory_limit and allocator.give_back():
-            self.mem_used = self.node_memory()  # what malloc kept free is not in use (amqp_server.shared.allocator)
+        own, elsewhere = resident_memory(), self.memory_elsewhere()
+        if own + elsewhere > self.memory_limit and allocator.give_back():
+            own = resident_memory()  # what malloc kept free is not in use (amqp_server.shared.allocator)
+        self.tell_memory(own)
+        self.mem_used = own + elsewhere
         try:
             self.disk_free = shutil.disk_usage(self.config.data_dir).free
         except OSError:
             self.disk_free = 0
-        before = frozenset(self.raised)
         self._set(MEMORY, self.mem_used > self.memory_limit)
         self._set(DISK, self.disk_free < self.disk_free_limit)
-        if self.changed is not None and self.raised != before:
-            self.changed(frozenset(self.raised))
-
-    def apply(self, raised: frozenset) -> None:
-        """Shard K > 0: the node's alarms in effect, as shard 0 decided them."""
-        for alarm in (MEMORY, DISK):
-            self._set(alarm, alarm in raised)
 
     def _tick(self) -> None:
         self.check()
@@ -145,12 +121,9 @@ class ResourceAlarms:
             return
         if on:
             self.raised.add(alarm)
-            if not self.decides:
-                log.warning("%s resource limit alarm set on the node (by shard 0); publishers are blocked", alarm)
-            elif alarm == MEMORY:
-                log.warning("memory resource limit alarm set: %d bytes used%s, the high watermark is %d bytes; "
-                            "publishers are blocked", self.mem_used, " by the node's shards" if self.elsewhere else "",
-                            self.memory_limit)
+            if alarm == MEMORY:
+                log.warning("memory resource limit alarm set: %d bytes used, the high watermark is %d bytes; "
+                            "publishers are blocked", self.mem_used, self.memory_limit)
             else:
                 log.warning("disk resource limit alarm set: %d bytes free, the limit is %d bytes; "
                             "publishers are blocked", self.disk_free, self.disk_free_limit)

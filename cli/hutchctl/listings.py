@@ -88,6 +88,12 @@ class Listing:
             records = []  # a vhost that does not exist lists nothing, as in rabbitmqctl
         if self.keep is not None:
             records = [record for record in records if self.keep(ctx, record)]
+        # list_queues' --offline / --online, as rabbitmqctl's: only the queues that are down
+        # (on hutch, of a shard that is not reporting), or only the others
+        if opts.get("--offline"):
+            records = [record for record in records if record.get("state") == "down"]
+        elif opts.get("--online"):
+            records = [record for record in records if record.get("state") != "down"]
         getters = [self.sources.get(column) or _field(column) for column in columns]
         rows = [[get(record) for get in getters] for record in records]
         if self.maps:

@@ -18,8 +18,16 @@ function countBy(records, key) {
   return [...counts.entries()].sort((a, b) => b[1] - a[1]);
 }
 
+// The records' earliest and latest times: on a node of several shards a record that died on
+// another shard may reach the log a little after later deaths (docs/analytics.md).
+function timeSpan(records) {
+  const times = records.map((r) => r.time);
+  return [Math.min(...times), Math.max(...times)];
+}
+
 function bucketFor(records) {
-  const span = records.length ? records[records.length - 1].time - records[0].time : 0;
+  const [earliest, latest] = records.length ? timeSpan(records) : [0, 0];
+  const span = latest - earliest;
   return BUCKETS.find((b) => span / b <= 60) || BUCKETS[BUCKETS.length - 1];
 }
 
@@ -29,8 +37,9 @@ function bucketName(seconds) {
 
 // Counts per bucket of time (record times are seconds), one series per value of `key`.
 function overTime(records, key, bucket) {
-  const first = Math.floor(records[0].time / bucket) * bucket;
-  const last = Math.floor(records[records.length - 1].time / bucket) * bucket;
+  const [earliest, latest] = timeSpan(records);
+  const first = Math.floor(earliest / bucket) * bucket;
+  const last = Math.floor(latest / bucket) * bucket;
   const buckets = [];
   for (let t = first; t <= last; t += bucket) buckets.push(t);
   const index = new Map(buckets.map((t, i) => [t, i]));

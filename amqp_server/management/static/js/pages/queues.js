@@ -177,7 +177,7 @@ export async function one(view, params, ctx) {
       ['Arguments', json(q.arguments)], ['Policy', q.policy || ''],
       ['Effective policy definition', json(q.effective_policy_definition)],
       q.exclusive ? ['Exclusive owner', q.owner_pid_details ? q.owner_pid_details.name : 'yes'] : null,
-      ['Consumers', num(q.consumers)], ['Consumer utilisation', q.consumer_utilisation === null ? '' : String(q.consumer_utilisation)],
+      ['Consumers', num(q.consumers)], ['Consumer utilisation', q.consumer_utilisation == null ? '' : String(q.consumer_utilisation)],
       ['Messages ready', num(q.messages_ready)], ['Messages unacked', num(q.messages_unacknowledged)],
       ['Messages total', num(q.messages)], ['Bytes ready', bytes(q.message_bytes_ready)],
       ['Bytes unacked', bytes(q.message_bytes_unacknowledged)], ['Paged out', num(q.messages_paged_out)],
