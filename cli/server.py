@@ -23,14 +23,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.basicConfig(stream=sys.stderr, level=config.log_level.upper(), format=LOG_FORMAT)
 
-    from amqp_server.process.server import run, serve_shard
+    from amqp_server.process.server import open_data_directory, run, serve_shard
     from amqp_server.process.shards import Supervisor, check_shard_dirs
     from amqp_server.shared.errors import ListenError
 
     try:
         check_shard_dirs(config.data_dir, config.shards)
         if config.shards > 1:
-            return Supervisor(config, serve_shard).run()
+            return Supervisor(config, serve_shard, open_data_directory).run()
         if config.cluster.enabled:
             from amqp_server.process.cluster import serve_node
 

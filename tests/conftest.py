@@ -79,7 +79,9 @@ def launch(tmp: Path, *args: str, env: dict | None = None, expect: tuple = ("AMQ
             ready.set()
 
     shards = int(os.environ.get("TEST_SHARDS", "1"))
-    if shards > 1 and "--shards" not in args and not any(arg.startswith("--cluster") for arg in args):
+    if "--shards" in args:  # a test's own count: it is ready once every one of them listens too
+        shards = int(args[args.index("--shards") + 1])
+    elif shards > 1 and not any(arg.startswith("--cluster") for arg in args):
         args = (*args, "--shards", str(shards))  # the whole suite against a node of several shards
     else:
         shards = 1

@@ -25,9 +25,10 @@ hand), so the test knows exactly which frames were written and which arrived:
   deliveries. Its channel is in confirm mode too: after acks it publishes a
   persistent marker message to a second durable queue. The broker handles a
   channel's frames in order, so those acks were applied before the marker was
-  enqueued; hutch's single writer thread writes records in submission order
-  and confirms only after the batch holding the marker was written (and, with
-  fsync durability, synced), so the acks' records were written first. The ids acked before a confirmed
+  enqueued, and hutch writes nothing on a connection after acks until their
+  records are written (docs/storage.md "Acks"; on a node of several shards
+  by whichever shard owns the queue), so the marker's confirm follows the
+  acks' records. The ids acked before a confirmed
   marker are "durably acked". An ack that was sent but not followed by a
   confirmed marker may or may not have been processed before the crash.
   (AMQP has no confirm of an ack; the marker makes one out of hutch's
@@ -579,8 +580,13 @@ def log_problems(text: str) -> list[str]:
 def tear(data_dir: Path) -> list[str]:
     """Append a cut-short record (a length saying 256 bytes, then 8 bytes) to
     the newest segment of the queue's index and to the newest message store
-    file: what a write interrupted mid-record leaves. Returns the paths."""
-    vhost = data_dir / "vhosts" / dir_name("/")
+    file: what a write interrupted mid-record leaves. Returns the paths. On
+    a node of several shards, in the directory of the shard that holds the
+    queue (DATA_DIR or DATA_DIR/shards/K: docs/scaling.md)."""
+    shards = [data_dir, *sorted((data_dir / "shards").glob("*"))]
+    vhost = next((root / "vhosts" / dir_name("/") for root in shards
+                  if (root / "vhosts" / dir_name("/") / "queues" / dir_name(QUEUE)).is_dir()),
+                 data_dir / "vhosts" / dir_name("/"))
     torn = []
     for directory, suffix in ((vhost / "queues" / dir_name(QUEUE), ".idx"), (vhost / "msg_store_persistent", ".rdq")):
         files = [p for p in directory.glob("*" + suffix) if p.stem.isdigit()] if directory.is_dir() else []

@@ -43,7 +43,10 @@ def test_an_empty_existing_data_directory_is_new_too(tmp_path):
 
 
 def start_on_a_busy_port(cwd, *args: str) -> subprocess.CompletedProcess:
-    """hutch-server run from `cwd` with its AMQP port taken: it must exit 1."""
+    """hutch-server run from `cwd` with its AMQP port taken: it must exit 1.
+    With as many shards as the brokers conftest.launch starts (TEST_SHARDS),
+    so it is started as the node that used the data directory was."""
+    shards = os.environ.get("TEST_SHARDS", "1")
     environ = {k: v for k, v in os.environ.items() if not k.startswith("HUTCH_")}
     environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), environ.get("PYTHONPATH", "")])
     with socket.socket() as busy:
@@ -52,7 +55,7 @@ def start_on_a_busy_port(cwd, *args: str) -> subprocess.CompletedProcess:
         result = subprocess.run(
             [sys.executable, "-m", "cli.server", "--bind", "127.0.0.1", "--port", str(busy.getsockname()[1]),
              "--management-enabled", "false", "--prometheus-enabled", "false", "--mqtt-enabled", "false",
-             "--stream-enabled", "false", *args],
+             "--stream-enabled", "false", "--shards", shards, *args],
             cwd=cwd, env=environ, capture_output=True, text=True, timeout=60)
     assert result.returncode == 1, result.stderr
     assert "cannot listen for AMQP" in result.stderr and "Traceback" not in result.stderr

@@ -13,6 +13,12 @@ One message is fetched and left unacked before the stop.
 What a user observes: the log says which way each start went, and every
 persistent message comes back in order, intact, with its redelivered flag,
 whichever way; transient ones never do.
+
+On a node of several shards (TEST_SHARDS) each shard keeps the files of its
+own queues and its own message store (DATA_DIR for shard 0, DATA_DIR/shards/K
+for the others: docs/scaling.md), so the summaries are counted over every
+shard's directory: one per queue index, one per shard's store. (The two
+queues may then live on two shards, each storing its own copy of a body.)
 """
 from __future__ import annotations
 
@@ -101,20 +107,36 @@ def check_everything_served(port: int, unclean: bool = False) -> None:
                 assert redelivered == [queue == "q1"] + [False] * (PERSISTENT_COUNT - 1), queue
 
 
+def shard_dirs(data_dir) -> list[str]:
+    """The data directory of each shard of the node (only DATA_DIR for one process)."""
+    return [str(data_dir)] + sorted(glob.glob(os.path.join(str(data_dir), "shards", "*")))
+
+
 def summaries(data_dir) -> list[str]:
-    return sorted(glob.glob(os.path.join(str(data_dir), "vhosts", "*", "**", "recovery.summary*"),
-                            recursive=True))
+    return sorted(path for directory in shard_dirs(data_dir)
+                  for path in glob.glob(os.path.join(directory, "vhosts", "*", "**", "recovery.summary*"),
+                                        recursive=True))
+
+
+def queue_and_store_summaries(data_dir) -> tuple[int, int]:
+    paths = summaries(data_dir)
+    queues = sum(os.sep + "queues" + os.sep in path for path in paths)
+    stores = sum("msg_store_persistent" in path for path in paths)
+    assert queues + stores == len(paths), paths
+    return queues, stores
 
 
 def test_clean_restart_loads_the_summaries_and_serves_everything(tmp_path, brokers):
     first = start(tmp_path, brokers)
     client = fill(first.port)  # noqa: F841 (open until the stop)
     clean_stop(first)
-    assert len(summaries(first.data_dir)) == 3  # two queue indexes, the persistent store
+    # two queue indexes, the persistent store (of each shard)
+    assert queue_and_store_summaries(first.data_dir) == (2, len(shard_dirs(first.data_dir)))
+    written = len(summaries(first.data_dir))
 
     second = start(tmp_path, brokers, first.data_dir)
     assert "clean-shutdown marker found" in second.log
-    assert second.log.count(SUMMARY_USED) == 3, second.log
+    assert second.log.count(SUMMARY_USED) == written, second.log
     assert not SCANNED.search(second.log), second.log
     assert "recovered:" not in second.log  # the message store's scan line
     assert "recovery summary not used" not in second.log
@@ -122,8 +144,9 @@ def test_clean_restart_loads_the_summaries_and_serves_everything(tmp_path, broke
     check_everything_served(second.port)
 
     clean_stop(second)  # everything was consumed: the next start finds empty queues
+    assert queue_and_store_summaries(first.data_dir) == (2, len(shard_dirs(first.data_dir)))
     third = start(tmp_path, brokers, first.data_dir)
-    assert third.log.count(SUMMARY_USED) == 3, third.log
+    assert third.log.count(SUMMARY_USED) == written, third.log
     with connect(third.port) as connection:
         for queue in QUEUES:
             assert connection.channel().queue_declare(queue, passive=True).method.message_count == 0
@@ -136,8 +159,9 @@ def test_crash_after_a_clean_start_scans(tmp_path, brokers):
     first = start(tmp_path, brokers)
     client = fill(first.port)  # noqa: F841 (open until the stop)
     clean_stop(first)
+    written = len(summaries(first.data_dir))
     second = start(tmp_path, brokers, first.data_dir)
-    assert second.log.count(SUMMARY_USED) == 3, second.log
+    assert second.log.count(SUMMARY_USED) == written, second.log
     kill(second)
     assert summaries(first.data_dir) == []
     third = start(tmp_path, brokers, first.data_dir)
@@ -175,9 +199,14 @@ def _store_summary(data_dir) -> str:
     return next(path for path in summaries(data_dir) if "msg_store_persistent" in path)
 
 
+# Each tampering returns what the log says and how many summaries it costs: a
+# queue's own, and its store's (scanned too, for the reference counts), or
+# only the store's. The other queue's summary, and any other shard's, are used.
+
+
 def delete_a_queue_summary(data_dir):
     os.unlink(_queue_summary(data_dir))
-    return "no summary", 1
+    return "no summary", 2
 
 
 def flip_a_byte_in_a_queue_summary(data_dir):
@@ -185,29 +214,33 @@ def flip_a_byte_in_a_queue_summary(data_dir):
     data = bytearray(open(path, "rb").read())
     data[len(data) // 2] ^= 0x55
     open(path, "wb").write(bytes(data))
-    return "the summary is damaged", 1
+    return "the summary is damaged", 2
 
 
 def delete_the_store_summary(data_dir):
     os.unlink(_store_summary(data_dir))
-    return "no summary", 2
+    return "no summary", 1
+
+
+def _files(data_dir, *pattern) -> list[str]:
+    return sorted(path for directory in shard_dirs(data_dir)
+                  for path in glob.glob(os.path.join(directory, "vhosts", "*", *pattern)))
 
 
 def append_to_a_segment(data_dir):
-    path = sorted(glob.glob(os.path.join(str(data_dir), "vhosts", "*", "queues", "*", "*.idx")))[0]
-    with open(path, "ab") as f:
+    with open(_files(data_dir, "queues", "*", "*.idx")[0], "ab") as f:
         f.write(b"\x00" * 7)
-    return "changed since the stop", 1
+    return "changed since the stop", 2
 
 
 def rewrite_a_store_file(data_dir):
     """Same size, same bytes, but written again after the stop."""
-    path = sorted(glob.glob(os.path.join(str(data_dir), "vhosts", "*", "msg_store_persistent", "*.rdq")))[0]
+    path = _files(data_dir, "msg_store_persistent", "*.rdq")[0]
     data = open(path, "rb").read()
     os.unlink(path)
     with open(path, "wb") as f:
         f.write(data)
-    return "changed since the stop", 2
+    return "changed since the stop", 1
 
 
 @pytest.mark.parametrize("tamper", [delete_a_queue_summary, flip_a_byte_in_a_queue_summary,
@@ -220,12 +253,13 @@ def test_a_missing_or_mismatched_summary_falls_back_to_the_scan(tmp_path, broker
     first = start(tmp_path, brokers)
     client = fill(first.port)  # noqa: F841 (open until the stop)
     clean_stop(first)
-    why, summaries_used = tamper(first.data_dir)
+    written = len(summaries(first.data_dir))
+    why, unused = tamper(first.data_dir)
 
     second = start(tmp_path, brokers, first.data_dir)
     assert "no clean-shutdown marker" not in second.log
     assert re.search(r"recovery summary not used \([^)]*%s" % re.escape(why), second.log), second.log
-    assert second.log.count(SUMMARY_USED) == summaries_used, second.log
+    assert second.log.count(SUMMARY_USED) == written - unused, second.log
     assert "message store" in second.log and "recovered:" in second.log  # the store was scanned
     check_everything_served(second.port)
     assert "Traceback" not in second.log
@@ -245,8 +279,11 @@ def test_empty_and_deleted_queues_leave_the_summaries_usable(tmp_path, brokers):
             channel.basic_publish("", "kept", body(i), properties(i))
         channel.queue_delete("gone")
     clean_stop(first)
+    # "kept"'s index (an empty queue has no files, "gone" is gone) and the store (of each shard)
+    assert queue_and_store_summaries(first.data_dir) == (1, len(shard_dirs(first.data_dir)))
+    written = len(summaries(first.data_dir))
     second = start(tmp_path, brokers, first.data_dir)
-    assert second.log.count(SUMMARY_USED) == 2, second.log  # "kept" and the store
+    assert second.log.count(SUMMARY_USED) == written, second.log
     assert "recovery summary not used" not in second.log
     with connect(second.port) as connection:
         channel = connection.channel()

@@ -251,7 +251,7 @@ def test_fewer_shards_than_hold_queues_is_refused_with_the_reason(tmp_path):
                              "--shards", "1"], capture_output=True, text=True, timeout=30,
                             cwd=ROOT)
     assert result.returncode != 0
-    assert "shard 1 of this node holds queues" in result.stderr
+    assert "shard 1 of this node holds queues ('%s' in vhost '/')" % queue in result.stderr
     assert "start with shards >= 2" in result.stderr
     # and with two shards again, the message is there
     again = launch(tmp_path, "--data-dir", str(proc.data_dir), "--shards", "2")

@@ -69,7 +69,8 @@ class BrokerServer:
         and the links run on shard 0 only."""
         self.config = config
         self.shard = shard
-        self.data_directory = open_data_directory(config.data_dir)
+        found = shard.data_directory if shard is not None else None  # opened by the supervisor
+        self.data_directory = found if found is not None else open_data_directory(config.data_dir)
         self.definitions: DefinitionStore | None = None
         self.writer: GroupCommitWriter | None = None
         self.mqtt_store: MQTTStore | None = None
@@ -123,6 +124,7 @@ class BrokerServer:
         )
         if self.shards is not None:
             self.shards.broker = self.broker
+            self.shards.writer = self.writer
             self.broker.order_definition = self.shards.definitions.order_amqp
             if self.shard.index == 0:  # its replies promise changes every shard has made
                 self.broker.durability_barrier = self.shards.definitions.barrier
@@ -243,6 +245,8 @@ class BrokerServer:
         # Definitions are final from here on: what closing the connections
         # auto-deletes stays stored, exactly as after a crash.
         self.broker.detach_definitions()
+        if self.shards is not None:
+            self.shards.say_bye()
         if self.links is not None:
             await self.links.stop()
         await self.management.stop()

@@ -51,6 +51,8 @@ class Shard:
     index: int
     count: int
     links: str  # the directory of the shards' link sockets
+    # Shard 0's first start: the node's data directory as the supervisor found it (Supervisor.run).
+    data_directory: object = None
 
     def socket(self, index: int) -> str:
         return os.path.join(self.links, "%d.sock" % index)
@@ -105,19 +107,20 @@ def _held_by(directory: str, index: int) -> str | None:
     return None
 
 
-def _client_ports(config: BrokerConfig) -> list[tuple[str, int]]:
-    """(setting, port) of every client listener the shards share."""
-    ports = [("port", config.port)]
+def _client_ports(config: BrokerConfig) -> list[tuple[str, str, int]]:
+    """(setting, listener, port) of every client listener the shards share
+    (the listener named as amqp_server.process.listeners names it)."""
+    ports = [("port", "AMQP", config.port)]
     if config.tls.enabled:
-        ports.append(("tls.port", config.tls.port))
+        ports.append(("tls.port", "AMQPS", config.tls.port))
     if config.mqtt.enabled:
-        ports.append(("mqtt.port", config.mqtt.port))
+        ports.append(("mqtt.port", "MQTT", config.mqtt.port))
         if config.tls.enabled:
-            ports.append(("mqtt.tls_port", config.mqtt.tls_port))
+            ports.append(("mqtt.tls_port", "MQTTS", config.mqtt.tls_port))
     if config.stream.enabled:
-        ports.append(("stream.port", config.stream.port))
+        ports.append(("stream.port", "STREAM", config.stream.port))
         if config.tls.enabled:
-            ports.append(("stream.tls_port", config.stream.tls_port))
+            ports.append(("stream.tls_port", "STREAMS", config.stream.tls_port))
     return ports
 
 
@@ -126,7 +129,7 @@ def hold_ports(config: BrokerConfig) -> tuple[BrokerConfig, list[socket.socket]]
     held = []
     values = {}
     try:
-        for setting, port in _client_ports(config):
+        for setting, listener, port in _client_ports(config):
             family = socket.AF_INET6 if ":" in config.bind else socket.AF_INET
             sock = socket.socket(family, socket.SOCK_STREAM)
             held.append(sock)
@@ -135,8 +138,9 @@ def hold_ports(config: BrokerConfig) -> tuple[BrokerConfig, list[socket.socket]]
             try:
                 sock.bind((config.bind, port))
             except OSError as exc:
-                raise ListenError("cannot listen on %s:%d (%s): %s" % (config.bind, port, setting,
-                                                                       exc.strerror or exc)) from None
+                # As one process says it (a node's error does not depend on its shard count).
+                raise ListenError("cannot listen for %s on %s:%d (%s): %s" % (
+                    listener, config.bind, port, setting, exc.strerror or exc)) from None
             values[setting] = sock.getsockname()[1]
     except BaseException:
         for sock in held:
@@ -162,10 +166,13 @@ def _die_with_parent() -> None:
 
 
 class Supervisor:
-    def __init__(self, config: BrokerConfig, serve_shard) -> None:
-        """`serve_shard(config, shard)` runs one shard to its end in a child."""
+    def __init__(self, config: BrokerConfig, serve_shard, open_data_directory) -> None:
+        """`serve_shard(config, shard)` runs one shard to its end in a child;
+        `open_data_directory(path)` finds or makes the node's data directory."""
         self.config = config
         self.serve_shard = serve_shard
+        self.open_data_directory = open_data_directory
+        self.data_directory = None  # for shard 0's first start
         self.children: dict[int, tuple[int, float]] = {}  # pid -> (shard index, start time)
         self.stopping = False
         self.restarting: set[int] = set()  # shards stopped because shard 0 ended
@@ -175,17 +182,22 @@ class Supervisor:
     def run(self) -> int:
         config = self.config
         self.config, self.held = hold_ports(config)
-        self.links = tempfile.mkdtemp(prefix="hutch-shards-")  # mode 0700
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self._stop)
         try:
+            # Opened before any shard: a shard K > 0 that came first would make the node's
+            # directory as the parent of DATA_DIR/shards/K, and shard 0 would then take a
+            # new node's first start for a crash to recover from.
+            self.data_directory = self.open_data_directory(config.data_dir)
+            self.links = tempfile.mkdtemp(prefix="hutch-shards-")  # mode 0700
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, self._stop)
             for index in range(config.shards):
                 self._fork(index)
             return self._watch()
         finally:
             for sock in self.held:
                 sock.close()
-            shutil.rmtree(self.links, ignore_errors=True)
+            if self.links:
+                shutil.rmtree(self.links, ignore_errors=True)
 
     def _stop(self, signum, _frame) -> None:
         self.stopping = True
@@ -197,7 +209,7 @@ class Supervisor:
 
     def _fork(self, index: int) -> None:
         config = dataclasses.replace(self.config, data_dir=shard_data_dir(self.config.data_dir, index))
-        shard = Shard(index, self.config.shards, self.links)
+        shard = Shard(index, self.config.shards, self.links, self.data_directory if index == 0 else None)
         pid = os.fork()
         if pid == 0:
             status = 1
@@ -217,6 +229,8 @@ class Supervisor:
                 logging.shutdown()
                 os._exit(status or 0)
         log.info("shard %d of %d: pid %d, data in %s", index, self.config.shards, pid, config.data_dir)
+        if index == 0:  # a restarted shard 0 finds the directory its earlier run used
+            self.data_directory = None
         self.children[pid] = (index, time.monotonic())
 
     def _watch(self) -> int:

@@ -9,11 +9,13 @@ on, so a request and its answer share one ordered byte stream.
 
 Records (tuples, amqp_server.shards.link), by the requester:
   ("hello", index)                        first on every link
+  ("bye",)                                 last on every link of a shard that stops cleanly
   ("pub", vhost, queue, exchange, routing key, header, body, ticket)   ticket 0: no confirm wanted
   ("consume", cid, vhost, queue, tag, no_ack, exclusive, prefetch, arguments)
   ("cancel", cid)
   ("settle", cid, outcome, [entry ids])    ack, reject or requeue; cid 0: a get
   ("credit", cid, n)                       no-ack deliveries handed to the client
+  ("acks", n)                              after settles: answer once their records are written
   ("get", ticket, vhost, queue, no_ack)
   ("reply", vhost, token, data)            a direct reply to a channel of that shard (no answer)
   ("token", ticket, vhost, token)          does that shard's channel of this reply token live?
@@ -29,7 +31,7 @@ Records (tuples, amqp_server.shards.link), by the requester:
   ("tallies", counts) ("tally", kind, name, count) ("login", failed, host, username)
                                            to every other shard (amqp_server.shards.tallies)
 and by the owner, on the same link:
-  ("durable", ticket) ("rejected", ticket)
+  ("durable", ticket) ("rejected", ticket) ("acks_written", n)
   ("deliver", cid, entry id, redelivered, deliveries, exchange, routing key, header, body, message id)
                                            the owner's message id (None for a no-ack delivery): a redelivery
                                            is the same message to the client's shard (MQTT QoS 2 reuses
@@ -44,6 +46,13 @@ link (`held`) until it is settled; when the link is lost the owner gives
 every held entry back to its queue (redelivered), as when a channel closes.
 A no-ack delivery is settled when it is sent, and counts against its
 consumer's window until the client's shard gives credit back.
+A client's connection writes nothing after an ack (or reject) until its
+record is written (docs/storage.md, "Acks"), also when the queue is another
+shard's: the requester numbers the ack and reject settles it sends each
+owner, asks behind them on the same link ("acks", n), and the owner answers
+("acks_written", n) once its writer has written everything queued so far.
+If the owner ends first the wait ends too: its unwritten acks are lost with
+it, and the deliveries come back redelivered, as after a node's crash.
 """
 from __future__ import annotations
 
@@ -186,7 +195,17 @@ class ShardNode:
         # record kind -> its handler, the methods named _on_<kind>
         self._handlers = {name[4:]: getattr(self, name) for name in dir(type(self)) if name.startswith("_on_")}
         self.flows: dict[Link, dict[str, LinkPublisher]] = {}  # credit flow towards each link's publishers
+        self.writer = None  # the disk writer (set by the composition root): "acks" answer once it wrote
+        # Acks and rejects sent to each owner shard (settle records), and how many it said are written.
+        self._acks_sent: dict[int, int] = {}
+        self._acks_written: dict[int, int] = {}
+        self._acks_asks: dict[Link, int] = {}  # the "acks" record each link gets at the end of this loop turn
+        self._acks_waiters: list[tuple[dict, object]] = []  # (marks, callback) of `when_acks_written`
         self._credits_armed = False
+        # A clean stop is announced ("bye"), so the links it ends are not taken for a
+        # failure: on this shard once it stops, and at the peers that heard it.
+        self.stopping = False
+        self.leaving: set[int] = set()  # peers that said bye and have not linked here since
 
     # -- links ------------------------------------------------------------------
 
@@ -323,9 +342,14 @@ class ShardNode:
         peer = link.peer
         if peer is not None and self.outgoing.get(peer) is link:
             del self.outgoing[peer]
-            log.warning("shard %d: the link to shard %d is lost", self.here, peer)
+            if self.stopping or peer in self.leaving:
+                log.info("shard %d: the link to shard %d closed (%s stopping)", self.here, peer,
+                         "this shard is" if self.stopping else "it is")
+            else:
+                log.warning("shard %d: the link to shard %d is lost", self.here, peer)
             self._peer_gone(peer)
-            self._connect_soon(peer, RECONNECT)
+            if not self.stopping:
+                self._connect_soon(peer, RECONNECT)
         self.definitions.link_lost(link)
 
     def _peer_gone(self, peer: int) -> None:
@@ -339,6 +363,9 @@ class ShardNode:
                 if isinstance(queue, RemoteQueue) and queue.shard == peer and queue.backed_up:
                     queue.held(False)
         self.reports.pop(peer, None)
+        if self._acks_written.get(peer, 0) < self._acks_sent.get(peer, 0):
+            self._acks_written[peer] = self._acks_sent[peer]  # see the opening comment
+            self._wake_acks_waiters()
         for ticket, callback in list(self.waiting.items()):
             if getattr(callback, "peer", None) == peer:
                 del self.waiting[ticket]
@@ -407,10 +434,15 @@ class ShardNode:
 
     def _on_hello(self, link: Link, index: int) -> None:
         link.peer = index
+        self.leaving.discard(index)  # started again
         self.links.add(link)
         wake = self._wake.get(index)
         if wake is not None:
             wake.set()
+
+    def _on_bye(self, link: Link) -> None:
+        if link.peer is not None:
+            self.leaving.add(link.peer)
 
     def _on_tallies(self, link, counts):
         self.tallies.all_of(link, counts)
@@ -671,10 +703,60 @@ class ShardNode:
         idents = [entry.seq for entry in entries if entry.seq]
         if idents:
             link.send(("settle", 0, outcome, idents))
+            if outcome != "requeue":
+                peer = queue.shard
+                sent = self._acks_sent[peer] = self._acks_sent.get(peer, 0) + 1
+                if not self._acks_asks:
+                    asyncio.get_running_loop().call_soon(self._ask_acks_written)
+                self._acks_asks[link] = sent
         for entry in entries:
             consumer = entry.consumer
             if consumer is not None and (not entry.seq or not consumer.prefetch_count):
                 self._credit(queue.shard, consumer.remote_id)
+
+    def _ask_acks_written(self) -> None:
+        """One "acks" record per link per loop turn, behind its settles."""
+        asks, self._acks_asks = self._acks_asks, {}
+        for link, sent in asks.items():
+            link.send(("acks", sent))
+
+    def _on_acks(self, link, sent):
+        def written() -> None:
+            link.send(("acks_written", sent))
+
+        if self.writer.when_written(self.writer.submitted, written):
+            written()
+
+    def _on_acks_written(self, link, sent):
+        peer = link.peer
+        if sent > self._acks_written.get(peer, 0):
+            self._acks_written[peer] = sent
+            self._wake_acks_waiters()
+
+    def acks_mark(self) -> dict | None:
+        """The acks and rejects sent to each owner so far that it has not
+        said are written (None: none): what `when_acks_written` waits for."""
+        written = self._acks_written
+        marks = {peer: sent for peer, sent in self._acks_sent.items() if sent > written.get(peer, 0)}
+        return marks or None
+
+    def when_acks_written(self, marks: dict, callback) -> bool:
+        """True when every owner in `marks` has written that many of this
+        shard's acks; else False, and `callback()` runs once they have."""
+        written = self._acks_written
+        if all(written.get(peer, 0) >= sent for peer, sent in marks.items()):
+            return True
+        self._acks_waiters.append((marks, callback))
+        return False
+
+    def _wake_acks_waiters(self) -> None:
+        written = self._acks_written
+        waiting, self._acks_waiters = self._acks_waiters, []
+        for marks, callback in waiting:
+            if all(written.get(peer, 0) >= sent for peer, sent in marks.items()):
+                callback()
+            else:
+                self._acks_waiters.append((marks, callback))
 
     def _credit(self, shard: int, cid: int) -> None:
         """One delivery of consumer `cid` handed on: its owner may send another."""
@@ -849,7 +931,15 @@ class ShardNode:
             return
         self.adopt(socket.socket(fileno=fds[0]), state, pending)
 
+    def say_bye(self) -> None:
+        """At the start of a clean stop: every peer hears it on every link
+        before that link closes, so neither side reports the loss as a failure."""
+        self.stopping = True
+        for link in list(self.links) + list(self.outgoing.values()):
+            link.send(("bye",))
+
     async def stop(self) -> None:
+        self.stopping = True
         if self._moves is not None:
             asyncio.get_running_loop().remove_reader(self._moves.fileno())
             self._moves.close()

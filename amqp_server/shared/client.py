@@ -10,9 +10,12 @@ Writes are batched: the connection appends frames and calls `wake`, and one
 Acks before replies: when the client's acks were handled since the last
 write (`acks_handled`), the write waits until the disk writer has
 handed every record queued so far -- the acks' among them -- to the OS
-(`GroupCommitWriter.when_written`; no fsync). A client that sees any later
-frame on this connection thus knows its acks survive a crash of the broker
-process (docs/storage.md, "Acks").
+(`GroupCommitWriter.when_written`; no fsync). On a node of several shards
+an ack of another shard's queue is written by that shard: the write also
+waits until every owner acked to says it has written them
+(`ShardNode.when_acks_written`). A client that sees any later frame on this
+connection thus knows its acks survive a crash of the broker process
+(docs/storage.md, "Acks").
 
 Fencing: a cluster leader whose etcd lease may have run out (`broker.promising`
 false, amqp_server.cluster.lease) writes nothing to its clients, not only no
@@ -130,6 +133,8 @@ class ClientProtocol(asyncio.BufferedProtocol):
         # After acks: how many of the writer's appends must be written before
         # anything more is (their records among them), else None.
         self._records: int | None = None
+        # ... and how many acks sent to each other shard it has written (ShardNode.acks_mark), else None.
+        self._remote_acks: dict | None = None
         self._forgotten = False  # its connection moved to another shard (`forget`)
 
     # -- asyncio.BufferedProtocol --------------------------------------------
@@ -174,11 +179,17 @@ class ClientProtocol(asyncio.BufferedProtocol):
         if connection.acks_handled:
             connection.acks_handled = False
             self._records = self.writer.submitted
+            if self.broker.shards is not None:
+                self._remote_acks = self.broker.shards.acks_mark()
         if self._records is not None:
             # Also when woken again meanwhile (a confirm on another channel).
             if not self.writer.when_written(self._records, self.wake):
                 return
             self._records = None
+        if self._remote_acks is not None:
+            if not self.broker.shards.when_acks_written(self._remote_acks, self.wake):
+                return
+            self._remote_acks = None
         out = connection.take_output()
         if out:
             transport.writelines(out)
@@ -188,7 +199,7 @@ class ClientProtocol(asyncio.BufferedProtocol):
     @property
     def records_held(self) -> bool:
         """Output waits for acks' records to reach the OS."""
-        return self._records is not None
+        return self._records is not None or self._remote_acks is not None
 
     def flush_now(self) -> None:
         """Write what is pending at once, not at the end of the loop turn."""
