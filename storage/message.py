@@ -48,13 +48,14 @@ class MalformedProperties(ValueError):
 class Message:
     __slots__ = ("exchange", "routing_key", "header", "body", "_properties", "_msg_id", "_persistent")
 
-    def __init__(self, exchange: str, routing_key: str, header: bytes, body: bytes) -> None:
+    def __init__(self, exchange: str, routing_key: str, header: bytes, body: bytes,
+                 msg_id: bytes | None = None) -> None:
         self.exchange = exchange
         self.routing_key = routing_key
         self.header = header
         self.body = body
         self._properties: commands.Basic.Properties | None = None
-        self._msg_id: bytes | None = None
+        self._msg_id = msg_id  # None: given on first use (msg_id)
         self._persistent: bool | None = None
 
     @property
@@ -85,9 +86,7 @@ class Message:
         pos += 1 + length
         (length,) = _LONG.unpack_from(data, pos)
         header = data[pos + 4:pos + 4 + length]
-        message = cls(exchange, routing_key, header, data[pos + 4 + length:])
-        message._msg_id = msg_id
-        return message
+        return cls(exchange, routing_key, header, data[pos + 4 + length:], msg_id)
 
     @property
     def size(self) -> int:

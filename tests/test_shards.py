@@ -16,8 +16,12 @@ import aiomqtt
 import pika
 import pytest
 
+from amqp_server.mqtt.sessions import queue_name
 from conftest import PORT_ARGS, ROOT, launch
-from helpers import channel_error, unique, wait_for
+from helpers import channel_error, pump, unique, wait_for
+from http_api import call
+from test_alarms import Notices
+from mqtt_raw import DISCONNECT, RawMQTT, parse_publish, publish_packet, subscribe_packet, until_ping
 
 SHARDS = 2
 
@@ -34,12 +38,13 @@ def node(request, tmp_path_factory):
     proc.stop()
 
 
-def on_shard(port: int, shard: int) -> pika.BlockingConnection:
-    """A connection served by `shard` (connections land where the kernel puts them)."""
+def on_shard(port: int, shard: int, **params) -> pika.BlockingConnection:
+    """A connection served by `shard` (connections land where the kernel puts them),
+    with pika's ConnectionParameters `params`."""
     others = []
     try:
         for _ in range(200):
-            connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+            connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port, **params))
             if connection._impl.server_properties["shard"] == shard:
                 return connection
             others.append(connection)
@@ -49,7 +54,7 @@ def on_shard(port: int, shard: int) -> pika.BlockingConnection:
     raise AssertionError("no connection landed on shard %d" % shard)
 
 
-def queue_on(node, channel, shard: int) -> str:
+def queue_on(node, channel, shard: int, arguments: dict | None = None) -> str:
     """A durable queue that lives on `shard`: a queue is placed on the shard
     with the fewest queues, so declare until one lands there (its row in
     shard 0's definitions store names its shard), then delete the others."""
@@ -57,7 +62,7 @@ def queue_on(node, channel, shard: int) -> str:
     try:
         for _ in range(4 * SHARDS):
             name = unique("sq")
-            channel.queue_declare(name, durable=True)
+            channel.queue_declare(name, durable=True, arguments=arguments)
             if placement(node, name) == shard:
                 return name
             extra.append(name)
@@ -282,9 +287,20 @@ def test_direct_reply_to_answers_a_caller_on_another_shard(node):
     caller.basic_consume("amq.rabbitmq.reply-to", lambda ch, m, p, body: replies.append(body), auto_ack=True)
     caller.basic_publish("", requests, b"ping", pika.BasicProperties(reply_to="amq.rabbitmq.reply-to"))
     _method, props, body = _get(server, requests)
+    # the token is a queue to declare on the caller's shard and on the other (RabbitMQ: 0 messages, 1 consumer)
+    for channel in (server, caller):
+        declared = channel.queue_declare(props.reply_to, passive=True).method
+        assert (declared.queue, declared.message_count, declared.consumer_count) == (props.reply_to, 0, 1)
     server.basic_publish("", props.reply_to, b"pong:" + body)
     wait_for(lambda: caller.connection.process_data_events(0.05) or replies, 5, what="the reply")
     assert replies == [b"pong:ping"]
+    # with its consumer gone, the token is no queue on either shard; neither is a name marked for no shard
+    caller.basic_cancel(caller.consumer_tags[0])
+    for channel in (server, caller):
+        code, text = channel_error(channel.connection.channel().queue_declare, props.reply_to, passive=True)
+        assert (code, text) == (404, "NOT_FOUND - no queue '%s' in vhost '/'" % props.reply_to)
+    code, _text = channel_error(server.connection.channel().queue_declare, "amq.rabbitmq.reply-to.zz", passive=True)
+    assert code == 404
 
 
 def _get(channel, queue, auto_ack: bool = True):
@@ -376,6 +392,118 @@ def test_a_stream_is_read_from_either_shard_from_an_offset(node):
         assert bodies == list(range(10, 30)), shard
 
 
+def _refusal(fn, *args, **kwargs) -> tuple[int, str]:
+    """The (code, text) of the channel or connection error `fn` ends in."""
+    with pytest.raises((pika.exceptions.ChannelClosedByBroker, pika.exceptions.ConnectionClosedByBroker)) as info:
+        fn(*args, **kwargs)
+    return info.value.reply_code, info.value.reply_text
+
+
+def test_a_stream_refuses_the_same_from_either_shard(node):
+    """A stream lives on shard 0; a channel of shard 1 hears its refusals
+    with the same codes and texts (not a consumer accepted, then cancelled,
+    or a get that never answers)."""
+    stream = unique("st")
+    on_shard(node.port, 0).channel().queue_declare(stream, durable=True, arguments={"x-queue-type": "stream"})
+    refusals = []
+    for shard in range(SHARDS):
+        def channel(prefetch: int = 0):
+            """A channel of a new connection on `shard` (540 closes the connection) that stays
+            there: it has two channels, and a move needs one."""
+            connection = on_shard(node.port, shard)
+            connection.channel()
+            opened = connection.channel()
+            if prefetch:
+                opened.basic_qos(prefetch_count=prefetch)
+            return opened
+
+        seen = [_refusal(channel().basic_consume, stream, print)]
+        for kwargs in ({"auto_ack": True}, {"arguments": {"x-stream-filter": [5]}},
+                       {"arguments": {"x-stream-offset": "1x"}}):
+            seen.append(_refusal(channel(10).basic_consume, stream, print, **kwargs))
+        seen.append(_refusal(channel().basic_get, stream))
+        seen.append(_refusal(channel().queue_purge, stream))
+        reader = channel(10)
+        publisher = reader.connection.channel()
+        publisher.confirm_delivery()
+        publisher.basic_publish("", stream, b"m")
+        method, _props, _body = next(reader.consume(stream, arguments={"x-stream-offset": "first"}))
+        reader.basic_nack(method.delivery_tag)
+        seen.append(_refusal(reader.basic_qos, prefetch_count=10))  # its answer is the nack's refusal
+        refusals.append(seen)
+    assert [code for code, _text in refusals[0]] == [406, 540, 406, 406, 540, 540, 540]
+    assert refusals[1] == refusals[0]
+
+
+def test_passive_declares_on_either_shard_renew_x_expires(node):
+    """Polled by passive declares from the queue's own shard and from the
+    other, queues on shard 1 outlive their x-expires; one left alone goes."""
+    owner = on_shard(node.port, 1)
+    channel = owner.channel()
+    lease = {"x-expires": 1500}
+    from_owner, from_other, left = (queue_on(node, channel, 1, lease) for _ in range(3))
+    other = on_shard(node.port, 0).channel()
+
+    def gone(name: str) -> bool:
+        """A bind on a channel of its own: a passive declare would renew the lease."""
+        try:
+            owner.channel().queue_bind(name, "amq.direct", unique("probe"))
+        except pika.exceptions.ChannelClosedByBroker as exc:
+            assert exc.reply_code == 404
+            return True
+        return False
+
+    def left_is_gone() -> bool:
+        channel.queue_declare(from_owner, passive=True)
+        other.queue_declare(from_other, passive=True)
+        return gone(left)
+
+    wait_for(left_is_gone, 20, what="the queue left alone expired")
+    assert not gone(from_owner) and not gone(from_other)
+
+
+def test_the_memory_alarm_is_the_nodes_and_blocks_publishers_on_every_shard(node):
+    """One node, one alarm (as RabbitMQ): a watermark set through the management API (shard 0)
+    blocks a publisher on each shard, and its clearing unblocks both; the node's memory is
+    every shard's."""
+    wait_for(lambda: "HTTP" in node.ports, 20, what="the management listener")
+    http = node.ports["HTTP"]
+    publishers = [on_shard(node.port, shard, client_properties={"connection_name": "alarm-%d" % shard})
+                  for shard in range(SHARDS)]
+    notices = [Notices(publisher) for publisher in publishers]
+    names = {"alarm-%d" % shard for shard in range(SHARDS)}
+
+    def states() -> set:
+        rows = call(http, "GET", "/api/connections").body
+        return {row["state"] for row in rows if row["client_properties"].get("connection_name") in names}
+
+    try:
+        assert call(http, "PUT", "/api/hutch/vm-memory-high-watermark", {"value": "1000"}).status == 204
+        assert call(http, "GET", "/api/nodes").body[0]["mem_alarm"]
+        assert states() == {"blocking"}
+        for publisher, seen in zip(publishers, notices):
+            publisher.channel().basic_publish("", unique("nowhere"), b"during")
+            pump(publisher, lambda seen=seen: seen.seen)
+            assert [(type(m).__name__, m.reason) for m in seen.seen] == [("Blocked", "low on memory")]
+        wait_for(lambda: states() == {"blocked"}, 10, what="both publishers blocked")
+    finally:
+        assert call(http, "PUT", "/api/hutch/vm-memory-high-watermark", {"value": 0.4}).status == 204
+    assert not call(http, "GET", "/api/nodes").body[0]["mem_alarm"]
+    for publisher, seen in zip(publishers, notices):
+        pump(publisher, lambda seen=seen: len(seen.seen) == 2)
+        assert type(seen.seen[1]).__name__ == "Unblocked"
+    assert states() == {"running"}
+    # the node's memory counts every shard's (each tells shard 0 at every alarm check, each second)
+    def resident(shard: int) -> int:
+        with open("/proc/%d/statm" % _pid_of_shard(node, shard)) as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    wait_for(lambda: call(http, "GET", "/api/nodes").body[0]["mem_used"] > resident(0) + resident(1) // 2, 10,
+             what="the node's memory counting every shard")
+    for publisher in publishers:
+        publisher.close()
+
+
 def test_a_cluster_node_of_several_shards_is_refused_at_start(tmp_path):
     result = subprocess.run([sys.executable, "-m", "cli.server", "--shards", "2", "--data-dir", str(tmp_path),
                              "--cluster-etcd", "http://127.0.0.1:2379", "--cluster-secret", "s" * 32],
@@ -439,6 +567,67 @@ async def test_mqtt_persistent_sessions_whose_queues_live_on_either_shard_get_th
     finally:
         for client in clients:
             await client.__aexit__(None, None, None)
+
+
+def _persistent_session_on(node, shard: int, qos: int) -> tuple[str, str]:
+    """(client id, topic) of a persistent MQTT session subscribed at `qos`
+    whose queue lives on `shard` (placed as any durable queue: sessions are
+    made until one lands there; the others are ended then)."""
+    extra = []
+    try:
+        for _ in range(4 * SHARDS):
+            cid, topic = unique("ps"), unique("t")
+            with RawMQTT(node.ports["MQTT"]) as raw:
+                raw.connect(cid, clean=False)
+                raw.send(subscribe_packet(1, (topic, qos)))
+                assert raw.read() == (9, 0, b"\x00\x01" + bytes((qos,)))
+                raw.send(DISCONNECT)
+            if placement(node, queue_name(cid, qos)) == shard:
+                return cid, topic
+            extra.append(cid)
+    finally:
+        for cid in extra:
+            with RawMQTT(node.ports["MQTT"]) as raw:
+                raw.connect(cid, clean=True)
+    raise AssertionError("no session queue placed on shard %d" % shard)
+
+
+def test_mqtt_qos2_resumes_with_the_same_packet_id_from_a_queue_on_another_shard(node):
+    """MQTT is served by shard 0; a QoS 2 message of a session whose queue is on shard 1 comes
+    back after a reconnect with the packet id the client holds (the owner's message id
+    travels with each delivery)."""
+    cid, topic = _persistent_session_on(node, 1, 2)
+    with RawMQTT(node.ports["MQTT"]) as raw:
+        raw.connect(cid, clean=False)
+        on_shard(node.port, 1).channel().basic_publish("amq.topic", topic, b"exactly")
+        kind, flags, body = raw.read()
+        assert kind == 3
+        _topic, qos, pid, _retain, dup, payload = parse_publish(flags, body)
+        assert (qos, dup, payload) == (2, False, b"exactly")
+    with RawMQTT(node.ports["MQTT"]) as raw:  # no PUBREC was sent: the PUBLISH again, same id, DUP
+        assert raw.connect(cid, clean=False) == b"\x01\x00"
+        kind, flags, body = raw.read()
+        assert kind == 3
+        assert parse_publish(flags, body)[1:] == (2, pid, False, True, b"exactly")
+    with RawMQTT(node.ports["MQTT"]) as raw:
+        raw.connect(cid, clean=True)
+
+
+def test_mqtt_a_persistent_session_resumed_gets_its_kept_messages_first(node):
+    """The QoS 1 messages kept for a persistent session whose queue is on shard 1 go out
+    when it reconnects, before the answer to its next PINGREQ, as from a queue on shard 0."""
+    cid, topic = _persistent_session_on(node, 1, 1)
+    with RawMQTT(node.ports["MQTT"]) as pub:
+        pub.connect(unique("pub"))
+        for n in range(3):
+            pub.send(publish_packet(topic, b"m%d" % n, qos=1, pid=n + 1))
+            assert pub.read()[0] == 4  # PUBACK: the queue has it
+    with RawMQTT(node.ports["MQTT"]) as raw:
+        assert raw.connect(cid, clean=False) == b"\x01\x00"
+        assert [payload for _t, _q, _r, _d, payload in until_ping(raw)] == [b"m0", b"m1", b"m2"]
+        raw.send(DISCONNECT)
+    with RawMQTT(node.ports["MQTT"]) as raw:
+        raw.connect(cid, clean=True)
 
 
 def test_the_shards_end_with_their_supervisor_even_a_sigkilled_one(tmp_path):

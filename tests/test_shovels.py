@@ -146,10 +146,17 @@ def test_unreachable_end_is_terminated_with_a_reason_then_restarted_and_deleted(
                       30)
     assert "cannot connect to the destination" in status["reason"] and "guest@127.0.0.1:1" in status["reason"]
     assert "guest:guest" not in status["reason"]
-    listed = hutchctl("shovel_status", "--formatter", "json")
-    assert listed.returncode == 0, listed.stderr
-    (row,) = [row for row in json.loads(listed.stdout) if row["vhost"] == src]
-    assert (row["name"], row["type"], row["state"]) == ("far", "dynamic", "terminated")
+
+    def listed_terminated():
+        """hutchctl's row, once it shows the shovel terminated: it starts again every
+        reconnect-delay (doubled each time), so a listing may catch it starting."""
+        listed = hutchctl("shovel_status", "--formatter", "json")
+        assert listed.returncode == 0, listed.stderr
+        (row,) = [row for row in json.loads(listed.stdout) if row["vhost"] == src]
+        assert (row["name"], row["type"]) == ("far", "dynamic")
+        return row if row["state"] == "terminated" else None
+
+    row = wait_for(listed_terminated, 30, what="hutchctl listing the shovel terminated")
     assert row["termination_reason"].startswith("cannot connect to the destination")
     restarted = hutchctl("restart_shovel", "-p", src, "far")
     assert restarted.returncode == 0, restarted.stderr

@@ -34,7 +34,8 @@ from typing import TYPE_CHECKING, Callable, Iterable, Protocol
 from storage import Message, QueueEntry
 from vhosts.errors import PRECONDITION_FAILED, AMQPError
 from vhosts.queue_arguments import consumer_priority
-from vhosts.queue_types import queue_type
+from vhosts.queue_types import STREAM, queue_type
+from vhosts.stream_arguments import check_consume, not_supported
 from vhosts.stats import MessageStats
 
 if TYPE_CHECKING:
@@ -62,6 +63,10 @@ class ShardPort(Protocol):
     # queue.purge: done(count, or an AMQPError) once the owner purged it.
     def purge(self, queue: "RemoteQueue", done: Callable[[object], None]) -> None: ...
 
+    # Refresh a RemoteQueue's counts from its owner, then done(); asked on the link its
+    # consume and settlements take, so the owner's deliveries sent before come first.
+    def counts(self, queue: "RemoteQueue", done: Callable[[], None]) -> None: ...
+
     # A definition changed here (a tuple: amqp_server.shards.definitions); inside `nested()`
     # only the outermost change is reported.
     def changed(self, change: tuple) -> None: ...
@@ -70,6 +75,9 @@ class ShardPort(Protocol):
 
     # A direct reply to a token of a channel on another shard (vhosts.reply_to).
     def reply(self, vhost: str, token: str, message: Message) -> None: ...
+
+    # done(whether the channel of a token of another shard still lives).
+    def reply_token(self, vhost: str, token: str, done: Callable[[bool], None]) -> None: ...
 
     # The broker's count of (kind, name) here is now `count` (vhosts.broker: node-wide limits).
     def tallied(self, kind: str, name: str, count: int) -> None: ...
@@ -145,8 +153,12 @@ class RemoteQueue:
     # -- consumers ---------------------------------------------------------------
 
     def accept_consumer(self, no_ack: bool, prefetch_count: int, exclusive: bool, arguments: dict) -> int:
-        """The arguments are checked here; exclusivity at the owner, which
-        cancels the consumer if it is refused."""
+        """The arguments are checked here (a stream's as its owner checks
+        them, so the client hears the same refusal); exclusivity at the
+        owner, which cancels the consumer if it is refused."""
+        if self.kind == STREAM:
+            check_consume(self.name, self.vhost, no_ack, prefetch_count, arguments)
+            return 0
         return consumer_priority(self.vhost, self.name, arguments)
 
     def add_consumer(self, consumer: "Consumer") -> None:
@@ -194,6 +206,8 @@ class RemoteQueue:
     # -- basic.get -------------------------------------------------------------
 
     def get(self) -> QueueEntry | None:
+        if self.kind == STREAM:  # refused here as its owner refuses it
+            raise not_supported("basic.get", self.name, self.vhost)
         fetched = self._fetched
         if fetched is None:
             self._fetched = True
@@ -230,7 +244,14 @@ class RemoteQueue:
         self.port.settle(self, list(entries), "requeue")
 
     def check_return(self) -> None:
-        """Only a stream refuses returns, and streams live on shard 0 with their readers."""
+        """Only a stream refuses returns (as its owner does)."""
+        if self.kind == STREAM:
+            raise not_supported("basic.nack and basic.reject", self.name, self.vhost)
+
+    def check_purge(self) -> None:
+        """queue.purge, before it travels to the owner: a stream refuses it (as its owner does)."""
+        if self.kind == STREAM:
+            raise not_supported("queue.purge", self.name, self.vhost)
 
     def read_log(self, start: int, limit: int, done, max_bytes: int) -> None:
         raise AMQPError(PRECONDITION_FAILED, "queue '%s' in vhost '%s' is not a stream" % (self.name, self.vhost))

@@ -34,5 +34,14 @@ def no_consumer() -> AMQPError:
 
 def declared(vhost, name: str) -> bool:
     """queue.declare of a name starting `amq.rabbitmq.reply-to` (passive or
-    not, as RabbitMQ): the pseudo-queue and live tokens exist."""
+    not, as RabbitMQ): the pseudo-queue and live tokens of this shard exist
+    (`elsewhere` says whether a token is another shard's to answer)."""
     return name == PSEUDO_QUEUE or name in vhost.reply_consumers
+
+
+def elsewhere(vhost, name: str) -> bool:
+    """On a node of several shards: `name` is a token of a channel on another shard."""
+    if vhost.shards is None:
+        return False
+    shard = shard_of(name)
+    return shard is not None and shard >= 0 and shard != vhost.shards.here

@@ -23,7 +23,7 @@ import datetime
 import re
 
 from storage.stream_log import LogSettings
-from vhosts.errors import PRECONDITION_FAILED, AMQPError, field_type
+from vhosts.errors import NOT_IMPLEMENTED, PRECONDITION_FAILED, AMQPError, field_type
 from vhosts.queue_types import CLASSIC, check_type_argument
 DEFAULT_SEGMENT_BYTES = LogSettings.segment_bytes  # RabbitMQ's stream default, 500,000,000
 MAX_SEGMENT_BYTES = 3_000_000_000
@@ -140,6 +140,27 @@ def start_of(queue: str, vhost: str, arguments: dict, now: float) -> tuple[str, 
     raise AMQPError(PRECONDITION_FAILED,
                     "invalid arg 'x-stream-offset' for queue '%s' in vhost '%s': {invalid_stream_offset_arg,{%s,%s}}"
                     % (queue, vhost, field_type(value), shown))
+
+
+def check_consume(queue: str, vhost: str, no_ack: bool, prefetch_count: int, arguments: dict) -> None:
+    """Check a basic.consume of a stream as RabbitMQ 3.10 does (which lets
+    an exclusive consumer share a stream): on the shard of the client's
+    channel too, when the stream lives on another (vhosts.remote_queue)."""
+    start_of(queue, vhost, arguments, 0)
+    check_consumer_arguments(queue, vhost, arguments)
+    filters_of(queue, vhost, arguments)
+    if not prefetch_count:
+        raise AMQPError(PRECONDITION_FAILED, "consumer prefetch count is not set for 'queue '%s' in vhost '%s''"
+                        % (queue, vhost))
+    if no_ack:
+        raise not_supported("automatic acknowledgement", queue, vhost)
+
+
+def not_supported(what: str, queue: str, vhost: str) -> AMQPError:
+    """RabbitMQ 3.10's refusal (540) of `what` on a stream: basic.get,
+    queue.purge, basic.nack and basic.reject, automatic acknowledgement."""
+    return AMQPError(NOT_IMPLEMENTED, "%s not supported by stream queues queue '%s' in vhost '%s'"
+                     % (what, queue, vhost))
 
 
 def check_consumer_arguments(queue: str, vhost: str, arguments: dict) -> None:

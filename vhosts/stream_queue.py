@@ -52,11 +52,10 @@ from vhosts.stream_records import decode_filter, encode, message_of
 from storage.stream_log import StreamLog
 from vhosts.clock import Clock, LoopClock
 from vhosts.consumer import Consumer
-from vhosts.errors import NOT_IMPLEMENTED, PRECONDITION_FAILED, AMQPError
 from vhosts.queue import ACCEPTED, DURABLE_PENDING
 from vhosts.queue_arguments import NO_SETTINGS
 from vhosts.stats import MessageStats
-from vhosts.stream_arguments import (FIRST, LAST, NEXT, OFFSET, check_consumer_arguments, filters_of,
+from vhosts.stream_arguments import (FIRST, LAST, NEXT, OFFSET, check_consume, filters_of, not_supported,
                                      retention, start_of)
 
 READ_RECORDS = 256
@@ -207,21 +206,9 @@ class StreamQueue:
     # -- consumers ---------------------------------------------------------------
 
     def accept_consumer(self, no_ack: bool, prefetch_count: int, exclusive: bool, arguments: dict) -> int:
-        """Check a basic.consume as RabbitMQ 3.10 does (which lets an
-        exclusive consumer share a stream); its priority (none)."""
-        start_of(self.name, self.vhost, arguments, 0)
-        check_consumer_arguments(self.name, self.vhost, arguments)
-        filters_of(self.name, self.vhost, arguments)
-        if not prefetch_count:
-            raise AMQPError(PRECONDITION_FAILED, "consumer prefetch count is not set for 'queue '%s' in vhost '%s''"
-                            % (self.name, self.vhost))
-        if no_ack:
-            raise AMQPError(NOT_IMPLEMENTED, "automatic acknowledgement not supported by stream queues %s"
-                            % self._named())
+        """Check a basic.consume (stream_arguments.check_consume); its priority (none)."""
+        check_consume(self.name, self.vhost, no_ack, prefetch_count, arguments)
         return 0
-
-    def _named(self) -> str:
-        return "queue '%s' in vhost '%s'" % (self.name, self.vhost)
 
     def add_consumer(self, consumer: Consumer) -> None:
         self.consumers.append(consumer)
@@ -303,17 +290,16 @@ class StreamQueue:
 
     def check_return(self) -> None:
         """A client's basic.nack or basic.reject: refused as RabbitMQ 3.10 does."""
-        raise AMQPError(NOT_IMPLEMENTED, "basic.nack and basic.reject not supported by stream queues %s"
-                        % self._named())
+        raise not_supported("basic.nack and basic.reject", self.name, self.vhost)
 
     def get(self) -> QueueEntry | None:
-        raise AMQPError(NOT_IMPLEMENTED, "basic.get not supported by stream queues %s" % self._named())
+        raise not_supported("basic.get", self.name, self.vhost)
 
     def when_available(self, callback: Callable[[], None]) -> None:
         """Never asked: `get` refuses first."""
 
     def purge(self) -> int:
-        raise AMQPError(NOT_IMPLEMENTED, "queue.purge not supported by stream queues %s" % self._named())
+        raise not_supported("queue.purge", self.name, self.vhost)
 
     def touch(self) -> None:
         """No x-expires on a stream."""

@@ -821,10 +821,8 @@ class VirtualHost:
             deliver = self.reply_consumers.get(key)
             if deliver is not None:
                 deliver(message)
-            elif self.shards is not None:  # a token of a channel on another shard
-                shard = reply_to.shard_of(key)
-                if shard is not None and shard >= 0 and shard != self.shards.here:
-                    self.shards.reply(self.name, key, message)
+            elif reply_to.elsewhere(self, key):  # a token of a channel on another shard
+                self.shards.reply(self.name, key, message)
 
     def check_publish(self, exchange: str) -> Exchange | None:
         """The exchange a publish goes to (None: the default exchange)."""

@@ -144,7 +144,8 @@ def _declared(channel, m, result) -> None:
     if m.exclusive and not m.passive:
         channel.connection.own_exclusive(queue)
     channel.most_recent_queue = name
-    if m.nowait:
+    if m.nowait:  # no answer, but the declare still renews x-expires where the queue lives
+        channel.vhost.shards.counts(queue, lambda: None)
         return
     channel.vhost.shards.counts(queue, lambda: _reply(channel, named_method(
         commands.Queue.DeclareOk, queue=name, message_count=queue.message_count,
@@ -153,9 +154,20 @@ def _declared(channel, m, result) -> None:
 
 def _reply_to_declare(channel, m) -> None:
     """The pseudo-queue and a live token exist for any declare (RabbitMQ: 0
-    messages, 1 consumer, no permission checked); other such names are 404."""
-    if not reply_to.declared(channel.vhost, m.queue):
-        raise channel.vhost.no_queue(m.queue)
+    messages, 1 consumer, no permission checked); other such names are 404.
+    A token of a channel on another shard is that shard's to answer."""
+    vhost = channel.vhost
+    if reply_to.elsewhere(vhost, m.queue):
+        _held(channel, m, lambda done: vhost.shards.reply_token(vhost.name, m.queue, done),
+              lambda live: _reply_to_declared(channel, m, live))
+        return
+    _reply_to_declared(channel, m, reply_to.declared(vhost, m.queue))
+
+
+def _reply_to_declared(channel, m, live: bool) -> None:
+    if not live:
+        channel.close_with(channel.vhost.no_queue(m.queue).at(50, 10))
+        return
     channel.most_recent_queue = m.queue
     if not m.nowait:
         channel.send_method(named_method(commands.Queue.DeclareOk, queue=m.queue, message_count=0, consumer_count=1))
@@ -192,6 +204,7 @@ def queue_purge(channel, m) -> None:
     if getattr(queue, "remote", False):  # another shard's: it purges (the checks are made here)
         channel.access.check("queue", queue.name, "read")
         vhost.queue(queue.name, channel.connection)
+        queue.check_purge()
         _held(channel, m, lambda done: vhost.shards.purge(queue, done),
               lambda count: m.nowait or _reply(channel, commands.Queue.PurgeOk(message_count=count)))
         return

@@ -197,12 +197,12 @@ class MQTTConnection(ClientConnection):
             if self.state is CONNECTING:
                 if kind != packets.CONNECT:
                     raise MalformedPacket("packet type %d before CONNECT" % kind)
-                self._connect(body)
-                continue
-            handler = self.handlers.get(kind)
-            if handler is None:
-                raise MalformedPacket("unexpected packet type %d" % kind)
-            handler(flags, body)
+                self._connect(body)  # may hold reading (a resumed session catching up)
+            else:
+                handler = self.handlers.get(kind)
+                if handler is None:
+                    raise MalformedPacket("unexpected packet type %d" % kind)
+                handler(flags, body)
             if self.blocked_by:
                 self.io.pause_reading()
                 return
@@ -339,8 +339,21 @@ class MQTTConnection(ClientConnection):
             self.send(packets.acknowledgement(packets.PUBREL, pid))
         for qos, q in kept:
             self._consume(qos, q)
+        self._catch_up([q for _qos, q in kept if getattr(q, "remote", False)])
         log.info("MQTT connection from %s accepted: client id %s, user '%s', vhost '%s'",
                  self.peer, self.client_id, username, vhost_name)
+
+    def _catch_up(self, remote: list) -> None:
+        """A resumed session's queues on other shards send what they kept
+        after the CONNACK, as a local queue sends it at once: nothing more
+        is read until each owner answered a request sent behind the consume
+        (on the same link, so its first deliveries come before the answer).
+        The client sees what its session kept before the answer to anything
+        it sends next, as from one process (or RabbitMQ)."""
+        for q in remote:
+            hold = ("catching up", q.name)
+            self.throttled_by(hold)
+            self.vhost.shards.counts(q, lambda hold=hold: self.unblocked(hold))
 
     def _refuse_login(self) -> None:
         if self.state is REFUSING:

@@ -18,6 +18,7 @@ Records (tuples, amqp_server.shards.link), by the requester:
   ("acks", n)                              after settles: answer once their records are written
   ("get", ticket, vhost, queue, no_ack)
   ("reply", vhost, token, data)            a direct reply to a channel of that shard (no answer)
+  ("token", ticket, vhost, token)          does that shard's channel of this reply token live?
   ("hold", vhost, queue, holding)         credit flow: that shard's publishers into the queue wait, or go on
   ("counts", ticket, vhost, queue)
   ("purge", ticket, vhost, queue)
@@ -31,9 +32,12 @@ Records (tuples, amqp_server.shards.link), by the requester:
                                            to every other shard (amqp_server.shards.tallies)
 and by the owner, on the same link:
   ("durable", ticket) ("rejected", ticket) ("acks_written", n)
-  ("deliver", cid, entry id, redelivered, deliveries, exchange, routing key, header, body)
+  ("deliver", cid, entry id, redelivered, deliveries, exchange, routing key, header, body, message id)
+                                           the owner's message id (None for a no-ack delivery): a redelivery
+                                           is the same message to the client's shard (MQTT QoS 2 reuses
+                                           its packet id by it, amqp_server.mqtt.exactly_once)
   ("cancelled", cid) ("got", ticket, entry id, redelivered, deliveries, data, count)
-  ("counted", ticket, messages, consumers) ("purged", ticket, count) ("defined", ticket, result)
+  ("live", ticket, bool) ("counted", ticket, messages, consumers) ("purged", ticket, count) ("defined", ticket, result)
   ("refused", ticket, code, text) ("applied", ticket) ("synced", ticket, changes, batch)
   ("answer", ticket, answer) ("failed", ticket, code, text)
 
@@ -143,13 +147,13 @@ class StandIn:
             self.in_flight += 1
         message = entry.message
         self.link.send(("deliver", self.cid, ident, entry.redelivered, entry.deliveries, message.exchange,
-                        message.routing_key, message.header, message.body))
+                        message.routing_key, message.header, message.body, message.msg_id if ident else None))
 
     def deliver_fresh(self, consumer: Consumer, queue, message) -> None:
         queue.stats.deliver_no_ack += 1
         self.in_flight += 1
         self.link.send(("deliver", self.cid, 0, False, 0, message.exchange, message.routing_key, message.header,
-                        message.body))
+                        message.body, None))
 
     def consumer_cancelled(self, consumer: Consumer) -> None:
         self.node.standins.pop((self.link, self.cid), None)
@@ -783,6 +787,25 @@ class ShardNode:
         if deliver is not None:  # else its channel went meanwhile: dropped, as RabbitMQ drops it
             deliver(Message.from_bytes(data))
 
+    def reply_token(self, vhost: str, token: str, done) -> None:
+        """done(whether the channel of `token`, a token of another shard, still lives there):
+        a queue.declare of a token (vhosts.reply_to.declared) asks its shard. False if that
+        shard ended (its channels with it); at once for a name whose mark is no shard of
+        this node (`amq.rabbitmq.reply-to.not-a-token`), which no link would ever answer."""
+        shard = reply_to.shard_of(token)
+        if not 0 <= shard < self.shard.count:
+            done(False)
+            return
+        self.request(shard, lambda ticket: ("token", ticket, vhost, token),
+                     lambda record: done(record[0] == "live" and record[2]))
+
+    def _on_token(self, link, ticket, vhost, token):
+        host = self.broker.vhosts.get(vhost)
+        link.send(("live", ticket, host is not None and token in host.reply_consumers))
+
+    def _on_live(self, link, ticket, live):
+        self._answered(ticket, ("live", ticket, live))
+
     def changed(self, change: tuple) -> None:
         self.definitions.changed(change)
 
@@ -800,7 +823,7 @@ class ShardNode:
         no_ack = False  # the channel acks a no-ack get itself, at once
         self.request(queue.shard, lambda ticket: ("get", ticket, queue.vhost, queue.name, no_ack), answered)
 
-    def _on_deliver(self, link, cid, ident, redelivered, deliveries, exchange, routing_key, header, body):
+    def _on_deliver(self, link, cid, ident, redelivered, deliveries, exchange, routing_key, header, body, msg_id):
         found = self.consumers.get(cid)
         if found is None:
             if ident:
@@ -809,7 +832,7 @@ class ShardNode:
         queue, consumer = found
         # A no-ack delivery too goes out as an entry: the channel's settling of it gives the
         # credit back, whatever face the consumer is (MQTT hands fresh messages over differently).
-        message = Message(exchange, routing_key, header, body)
+        message = Message(exchange, routing_key, header, body, msg_id)
         queue.received(consumer.tag, RemoteEntry(ident, message, redelivered, deliveries, consumer))
 
     def _on_cancelled(self, link, cid):
@@ -847,8 +870,13 @@ class ShardNode:
         return self.tallies.elsewhere(kind, name)
 
     def counts(self, queue, done) -> None:
-        """Refresh a RemoteQueue's counts from its owner, then done()."""
+        """A queue.declare (passive too) was ordered at shard 0: refresh a
+        RemoteQueue's counts from its owner, then done(). The declare renews
+        an x-expires lease where the queue lives: the owner's `counts`
+        renews it there, and a queue of this shard is renewed here (shard
+        0's declare touched only its RemoteQueue of it)."""
         if not isinstance(queue, RemoteQueue):
+            queue.touch()
             done()
             return
 
