@@ -477,6 +477,8 @@ def test_messages_dead_lettered_on_either_shard_are_in_the_nodes_one_log(node, a
     bounds = api.get("/api/hutch/dead-letters/%2F?limit=0").body
     start = bounds["next_offset"]
     _reject(far, on_one, "died-on-1")  # the owner, shard 1, dead-letters it
+    # A reject has no answer: the second dies after the first only once the first is in the log.
+    wait_for(lambda: len(_dead_letters(api, start)) == 1, timeout=10, what="the first dead letter in the log")
     _reject(near, on_zero, "died-on-0")
     wait_for(lambda: len(_dead_letters(api, start)) == 2, timeout=10, what="both dead letters in the log")
     records = _dead_letters(api, start)
