@@ -76,6 +76,10 @@ def test_detail_objects_have_rabbitmqs_shapes(vhost_on_both, broker, rabbitmq_ur
         # until both have sampled the 3 messages (RabbitMQ every 5 s)
         wait_for(lambda: all(newest(side.get(path).body.get("messages_details")) == 3 for side in (hutch, rabbit)),
                  30, 0.5, "the queue's samples on both brokers")
+        # the vhost's and the node's publish samples too (summed from every shard's reports)
+        wait_for(lambda: all(newest(hutch.get(where).body.get("message_stats", {}).get("publish_details")) == 3
+                             for where in ("/api/vhosts/%s?%s" % (v, RANGES),)), 10, 0.5,
+                 "the vhost's publish samples on hutch")
         ours, theirs = both(hutch, rabbit, path)
         for key in ("messages_details", "messages_ready_details", "messages_unacknowledged_details",
                     "message_stats.publish_details"):
@@ -210,6 +214,12 @@ def test_exchange_and_channel_message_stats_are_rabbitmqs(vhost_on_both, broker,
                      "message_stats", {}).get("publish_in_details")) == 3 and
                      newest(channels(side).get(2, {}).get("message_stats", {}).get("ack_details")) == 4
                      for side in (hutch, rabbit)), 30, 0.5, "the exchange's and channels' samples on both brokers")
+        # On a node of several shards each exchange's counters are summed from the shards'
+        # reports (each a second apart at most): every exchange compared has them all.
+        wait_for(lambda: all(counted(hutch.get("/api/exchanges/%s/%s" % (v, name)).body.get("message_stats")) ==
+                             counted(rabbit.get("/api/exchanges/%s/%s" % (v, name)).body.get("message_stats"))
+                             for name in ("fan", "next", "amq.direct", "amq.default")), 10, 0.5,
+                 "every exchange's counters on hutch")
 
         for name in ("fan", "next", "amq.direct", "amq.default"):
             path = "/api/exchanges/%s/%s" % (v, name)
