@@ -98,6 +98,7 @@ REJECTED_REASON, EXPIRED, MAXLEN, DELIVERY_LIMIT = "rejected", "expired", "maxle
 
 
 class Queue:
+    remote = False  # this shard owns it (vhosts.remote_queue.RemoteQueue: another does)
     __slots__ = (
         "name",
         "vhost",

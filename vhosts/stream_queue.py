@@ -82,6 +82,7 @@ class _Reader:
 
 
 class StreamQueue:
+    remote = False  # this shard owns it (vhosts.remote_queue.RemoteQueue: another does)
     __slots__ = ("name", "vhost", "durable", "arguments", "log", "consumers", "exclusive_consumer", "single_active",
                  "active", "had_consumers", "deleted", "flow_waiters", "policy", "stats", "clock", "_readers",
                  "_wake_armed", "watchers")

@@ -336,9 +336,8 @@ class Channel(Deliveries):
             firehose.published(self.vhost, firehose.channel_origin(self), message, keys, headers)
         self.stats.publish += 1
         reached, waits, rejected = self.vhost.publish(message, keys, headers, self.connection, on_durable)
-        shards = self.connection.broker.shards
-        if shards is not None:
-            self._count_bound(shards.here)
+        if self.connection.counts_publishes:
+            self._count_bound(self.connection.broker.shards.here)
         if rejected and on_durable is not None:
             return NACK
         if not reached and not mandatory:
@@ -385,8 +384,12 @@ class Channel(Deliveries):
     def _count_bound(self, here: int) -> None:
         """How many publishes in a row went only to queues of one other shard
         (a connection moves there after MOVE_AFTER: amqp_server.amqp.hand_over)."""
-        owners = {getattr(queue, "shard", here) for queue in self.vhost.last_targets}
-        owner = owners.pop() if len(owners) == 1 else here
+        targets = self.vhost.last_targets
+        if len(targets) == 1:  # the common case, on every publish while the connection may move
+            owner = targets[0].shard if targets[0].remote else here
+        else:
+            owners = {queue.shard if queue.remote else here for queue in targets}
+            owner = owners.pop() if len(owners) == 1 else here
         if owner == here:
             self._bound_count = 0
         elif owner == self._bound_for:

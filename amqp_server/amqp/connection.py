@@ -191,6 +191,8 @@ class Connection(ClientConnection):
         broker.churn.connection_created += 1
         # It stays on this shard (it moved here, or could not move: amqp_server.amqp.hand_over).
         self._staying = False
+        # Its channels count where their publishes go (Channel._count_bound) while it may move.
+        self.counts_publishes = broker.shards is not None and config.shard_moves
         self._drains = 0  # how often it held its reading to move (hand_over.HandOver.drain)
 
     # -- output --------------------------------------------------------------
@@ -688,6 +690,7 @@ class Connection(ClientConnection):
         if io.transport.get_write_buffer_size() or not self.broker.shards.hand_over(
                 shard, io.transport.get_extra_info("socket").fileno(), state_of(self), pending):
             self._staying = True
+            self.counts_publishes = False
             log.debug("the connection from %s stays: it cannot move to shard %d now", self.peer, shard)
             io.call_soon(self._continue)
             return
@@ -725,6 +728,7 @@ class Connection(ClientConnection):
         self.vhost = self.broker.open_vhost(self.user, state["vhost"], self, admitted=True)
         self.state = RUNNING
         self._staying = True  # it moves once
+        self.counts_publishes = False
         number, channel_state = state["channel"]
         channel = self.channels[number] = Channel(self, number)
         self.broker.channels_changed(self, 1)
