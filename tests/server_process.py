@@ -68,6 +68,23 @@ class ServerProcess:
         self.process.kill()
         self.process.wait(10)
 
+    def crash(self) -> None:
+        """SIGKILL the node whole at one instant, as a power cut would: the process and
+        the shard processes it supervises (which a SIGKILL of the supervisor alone ends
+        only a moment later, PR_SET_PDEATHSIG, while they go on serving)."""
+        pid = self.process.pid
+        try:
+            with open("/proc/%d/task/%d/children" % (pid, pid)) as found:
+                shards = [int(child) for child in found.read().split()]
+        except OSError:
+            shards = []
+        for each in [pid, *shards]:
+            try:
+                os.kill(each, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.process.wait(10)
+
     def stop(self) -> None:
         """SIGTERM, and SIGKILL if it has not exited within `stop_grace`.
         SIGCONT first: a test may have stopped it (SIGSTOP), and a stopped

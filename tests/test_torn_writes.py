@@ -398,7 +398,7 @@ def test_kill_9_serves_every_confirmed_message(tmp_path, brokers):
                                  for i in range(sent, sent + 50)))
             sent += 50
             if confirmed >= 1000:
-                first.process.kill()
+                first.crash()
                 break
             try:
                 while True:

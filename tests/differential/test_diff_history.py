@@ -67,6 +67,7 @@ def both(hutch, rabbit, path: str) -> tuple:
     return hutch.get(path).body, rabbit.get(path).body
 
 
+@pytest.mark.timeout(120)  # it may wait for the suite's broker to be a minute old
 def test_detail_objects_have_rabbitmqs_shapes(vhost_on_both, broker, rabbitmq_url):
     hutch, rabbit, vhost = vhost_on_both
     v, queue = segment(vhost), unique("history")
@@ -110,8 +111,16 @@ def test_detail_objects_have_rabbitmqs_shapes(vhost_on_both, broker, rabbitmq_ur
             assert shapes(ours[0])[key] == shapes(theirs[0])[key], key
 
         nodes = "/api/nodes/%s?node_stats_age=60&node_stats_incr=5"
-        ours = hutch.get(nodes % hutch.get("/api/overview").body["node"]).body
-        theirs = rabbit.get(nodes % rabbit.get("/api/overview").body["node"]).body
+
+        def as_long():
+            found = [side.get(nodes % side.get("/api/overview").body["node"]).body for side in (hutch, rabbit)]
+            lengths = {len(body[key]["samples"]) for body in found
+                       for key in ("mem_used_details", "connection_created_details")}
+            return found if len(lengths) == 1 else None
+
+        # A node younger than the range has fewer samples, and the two nodes sample at their own
+        # moments (a sample can be due on one and not yet on the other): compared when as long.
+        ours, theirs = wait_for(as_long, 70, 0.2, "as many node samples on both")
         for key in ("mem_used_details", "fd_used_details", "sockets_used_details", "disk_free_details",
                     "connection_created_details", "queue_declared_details"):
             assert shapes(ours)[key] == shapes(theirs)[key], key
