@@ -85,21 +85,10 @@ def test_acked_before_a_later_reply_never_comes_back(tmp_path):
             writer = threading.Thread(target=_keep_writing, args=(broker.port, stop), daemon=True)
             writer.start()
             consumer = connection.channel()
-            consumer.basic_qos(prefetch_count=50)
-            handled = []
-            for method, _props, body in consumer.consume(QUEUE, inactivity_timeout=10):
-                assert method is not None, "cycle %d: deliveries stopped" % cycle
-                consumer.basic_ack(method.delivery_tag)
-                handled.append(body)
-                if len(handled) % 40 == 0:
-                    # A later reply on the same connection: every ack sent before it was handled.
-                    if cycle % 2:
-                        consumer.basic_qos(prefetch_count=50)
-                    else:
-                        consumer.queue_declare(QUEUE, durable=True, passive=True)
-                    acked.update(handled)
-                    if len(handled) == 120:
-                        break
+            # A later reply on the same connection: every ack sent before it was handled.
+            reply = (lambda: consumer.basic_qos(prefetch_count=50)) if cycle % 2 else \
+                (lambda: consumer.queue_declare(QUEUE, durable=True, passive=True))
+            _ack_120(consumer, QUEUE, cycle, acked, reply)
             broker.process.send_signal(signal.SIGKILL)
             broker.process.wait(10)
             stop.set()
@@ -107,6 +96,22 @@ def test_acked_before_a_later_reply_never_comes_back(tmp_path):
             broker = launch(tmp_path, "--data-dir", str(data_dir))
     finally:
         broker.stop()
+
+
+def _ack_120(consumer, queue: str, cycle: int, acked: set, reply) -> None:
+    """Consume and ack 120 messages; after every 40, reply() (a method with an answer) and
+    count the messages acked before it in `acked`."""
+    consumer.basic_qos(prefetch_count=50)
+    handled = []
+    for method, _props, body in consumer.consume(queue, inactivity_timeout=10):
+        assert method is not None, "cycle %d: deliveries stopped" % cycle
+        consumer.basic_ack(method.delivery_tag)
+        handled.append(body)
+        if len(handled) % 40 == 0:
+            reply()
+            acked.update(handled)
+            if len(handled) == 120:
+                return
 
 
 def _kill_node(broker) -> None:
@@ -173,17 +178,8 @@ def test_an_ack_of_another_shards_queue_never_comes_back(tmp_path):
             wait_for(lambda: channel.queue_declare(filler, passive=True).method.message_count > 0, 10,
                      what="the owner's writer busy")
             consumer = connection.channel()
-            consumer.basic_qos(prefetch_count=50)
-            handled = []
-            for method, _props, body in consumer.consume(queue, inactivity_timeout=10):
-                assert method is not None, "cycle %d: deliveries stopped" % cycle
-                consumer.basic_ack(method.delivery_tag)
-                handled.append(body)
-                if len(handled) % 40 == 0:
-                    consumer.basic_qos(prefetch_count=50)  # a later reply, from shard 0 itself
-                    acked.update(handled)
-                    if len(handled) == 120:
-                        break
+            # a later reply, from shard 0 itself
+            _ack_120(consumer, queue, cycle, acked, lambda: consumer.basic_qos(prefetch_count=50))
             _kill_node(broker)
             stop.set()
             for writer in writers:

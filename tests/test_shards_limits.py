@@ -158,7 +158,7 @@ def test_refused_logins_count_over_every_shard_and_the_http_api(node):
     api.put("/api/permissions/%%2F/%s" % user, {"configure": ".*", "write": ".*", "read": ".*"})
     with opened_on_shard(proc.port, 0, user=user, password="pw") as accepted:
         accepted.expect(commands.Connection.OpenOk, 0)
-    assert _refused_login_seconds(proc.port, 1, user) < 0.8  # the first delay again, not 6.4 s
+    assert _refused_login_seconds(proc.port, 1, user) < 3.2  # the first delay (0.2 s) again, not 6.4 s
 
 
 def test_the_paging_budget_is_the_nodes_split_over_its_shards(node):
