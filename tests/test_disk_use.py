@@ -11,8 +11,14 @@ from storage.vhost_storage import dir_name
 
 
 def queue_directories(broker) -> set[str]:
-    queues = broker.data_dir / "vhosts" / dir_name("/") / "queues"
-    return {path.name for path in queues.iterdir()} if queues.is_dir() else set()
+    """The queue directories of vhost "/" on every shard of the node (shard K > 0 keeps its
+    queues under DATA_DIR/shards/K: docs/scaling.md)."""
+    found = set()
+    for data_dir in (broker.data_dir, *sorted((broker.data_dir / "shards").glob("*"))):
+        queues = data_dir / "vhosts" / dir_name("/") / "queues"
+        if queues.is_dir():
+            found.update(path.name for path in queues.iterdir())
+    return found
 
 
 def test_only_queues_that_store_messages_have_a_directory(fresh_broker):
