@@ -20,7 +20,7 @@ from amqp_server.management.listing import present
 async def vhosts(req) -> list:
     reading = shapes.reading_of(req)
     unacked = shapes.unacked_by_queue(shards.holders(req.node))
-    found = await shards.gathered(req.node, VHOST_PARTS, req.query)
+    found = await shards.gathered(req.node, VHOST_PARTS, reading)
     return present(access.visible_vhosts(req.user, req.broker), req.query,
                    lambda v: _vhost(req, reading, v, unacked, found), lambda v: v.name)
 
@@ -28,7 +28,7 @@ async def vhosts(req) -> list:
 async def vhost(req) -> dict:
     v = req.vhost(req.params["vhost"])
     reading = shapes.reading_of(req)
-    found = await shards.gathered(req.node, VHOST_PARTS, req.query)
+    found = await shards.gathered(req.node, VHOST_PARTS, reading)
     return _vhost(req, reading, v, shapes.unacked_by_queue(shards.holders(req.node)), found)
 
 

@@ -45,7 +45,7 @@ CLIENTS = ("connections", "channels", "consumers")
 
 async def _others(req) -> list:
     """The other shards' reports of their clients (amqp_server.management.shards)."""
-    return await shards.gathered(req.node, CLIENTS, req.query)
+    return await shards.gathered(req.node, CLIENTS, shapes.reading_of(req))
 
 
 def _remote_connection(req, found) -> dict:

@@ -38,7 +38,7 @@ async def overview(req) -> dict:
     node, reading = req.node, shapes.reading_of(req)
     vhosts = access.visible_vhosts(req.user, req.broker)
     connections = _visible_connections(req)
-    found = await shards.gathered(node, ("connections", "channels", "queues", "vhosts", "node"), req.query)
+    found = await shards.gathered(node, ("connections", "channels", "queues", "vhosts", "node"), reading)
     node_queues = shards.NodeQueues(node, reading, found)
     queue_totals, message_stats = shards.vhost_totals(reading, vhosts, node_queues.unacked, found)
     queues = [q for v in vhosts for q in v.queues.values()]
@@ -92,7 +92,7 @@ async def node_info(req) -> dict:
     sockets and churn summed over the shards (shards.node_figures), and
     each shard's own under hutch's `shard_reports`."""
     node, reading = req.node, shapes.reading_of(req)
-    found = await shards.gathered(node, ("node",), req.query)
+    found = await shards.gathered(node, ("node",), reading)
     figures, by_shard = shards.node_figures(node, reading, found)
     resources = node.resources()
     storage = figures["storage"]

@@ -133,11 +133,26 @@ class Reading:
     alone, or with the samples of the range the query asks for (an invalid
     range is a 400 here, before anything is shaped)."""
 
-    def __init__(self, sampler: RateSampler, query: dict) -> None:
+    def __init__(self, sampler: RateSampler, query: dict, now_ms: int | None = None) -> None:
         self.sampler = sampler
         self.ranges = ranges(query)
-        self.now_ms = int(time.time() * 1000)
+        self.now_ms = int(time.time() * 1000) if now_ms is None else now_ms
         self._times: dict[str, list[int]] = {}
+
+    def asked(self) -> dict:
+        """What another shard needs to read its own samples as this request
+        does (`answering`): the ranges asked for, and this reading's time,
+        so that both read the same sample times and their samples add up
+        (two clocks a moment apart can straddle a step of the range)."""
+        query = {}
+        for prefix, wanted in self.ranges.items():
+            query[prefix + "_age"], query[prefix + "_incr"] = wanted.age, wanted.incr
+        return {"query": query, "now_ms": self.now_ms}
+
+    @classmethod
+    def answering(cls, sampler: RateSampler, asked: dict) -> "Reading":
+        """The reading of another shard's request (its `asked`)."""
+        return cls(sampler, asked["query"], asked["now_ms"])
 
     def details(self, subjects, names: tuple[str, ...], prefix: str) -> dict:
         """`X_details` of the sum of fields `names` over `subjects` (objects

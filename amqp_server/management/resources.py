@@ -58,7 +58,7 @@ def _exchange_json(req, reading, v, name: str, found) -> dict:
 async def exchanges(req) -> list:
     reading = shapes.reading_of(req)
     vhosts = _in_vhosts(req, req.params.get("vhost"))
-    found = await shards.gathered(req.node, ("exchanges",), req.query)
+    found = await shards.gathered(req.node, ("exchanges",), reading)
     return present(_exchange_list(vhosts), req.query,
                    lambda item: _exchange_json(req, reading, *item, found), lambda item: item[1])
 
@@ -69,7 +69,7 @@ async def exchange(req) -> dict:
     if name != "" and name not in v.exchanges:
         raise not_found()
     reading = shapes.reading_of(req)
-    out = _exchange_json(req, reading, v, name, await shards.gathered(req.node, ("exchanges",), req.query))
+    out = _exchange_json(req, reading, v, name, await shards.gathered(req.node, ("exchanges",), reading))
     # RabbitMQ lists the channels publishing to it and the queues it routes to
     # only with fine-grained statistics (rates_mode detailed, not its default)
     out["incoming"] = []
@@ -142,7 +142,7 @@ async def queues(req) -> list:
     figures (amqp_server.management.shards)."""
     vhosts = _in_vhosts(req, req.params.get("vhost"))
     reading = shapes.reading_of(req)
-    node_queues = shards.NodeQueues(req.node, reading, await shards.gathered(req.node, QUEUE_PARTS, req.query))
+    node_queues = shards.NodeQueues(req.node, reading, await shards.gathered(req.node, QUEUE_PARTS, reading))
     return present([(v, v.queues[n]) for v in vhosts for n in sorted(v.queues)], req.query,
                    lambda pair: node_queues.row(*pair), lambda pair: pair[1].name)
 
@@ -163,7 +163,7 @@ async def queue(req) -> dict:
     found = await shards.gathered(req.node, ("counted", "consumers"))
     node_queues = shards.NodeQueues(req.node, reading, found)
     if getattr(q, "remote", False) and not node_queues.is_down(q):
-        fresh = await shards.fresh_figures(req.node, q, req.query)
+        fresh = await shards.fresh_figures(req.node, q, reading)
         if fresh is not None:
             node_queues.fresh[(q.vhost, q.name)] = fresh
         else:  # the owner did not answer: as it last reported

@@ -176,14 +176,15 @@ def breakdown(node, by_shard: dict) -> dict[str, dict]:
     return out
 
 
-async def gathered(node, parts: tuple, query=None) -> list[tuple[int, dict]]:
-    """(shard, report with `parts`) of every other shard, asked now (with
-    the samples of the ranges `query` asks for); as last reported when it
-    does not answer within FRESH_WAIT; left out when it never reported."""
+async def gathered(node, parts: tuple, reading=None) -> list[tuple[int, dict]]:
+    """(shard, report with `parts`) of every other shard, asked now (read
+    as `reading` reads, with the samples of its ranges); as last reported
+    when it does not answer within FRESH_WAIT; left out when it never
+    reported."""
     if node.shards is None:
         return []
     others = [index for index in range(node.shards.shard.count) if index != node.shards.here]
-    asked = range_query(query or {})
+    asked = (reading or Reading(node.sampler, {})).asked()
     linked = node.shards.outgoing  # a request to a shard without a link would wait for its restart
     answers = await asyncio.gather(*(asyncio.wait_for(ask(node, index, "report", parts, asked), FRESH_WAIT)
                                      if index in linked else _not_linked(index) for index in others),
@@ -235,9 +236,10 @@ def busy(queue, unacked: int) -> bool:
     return bool(queue.message_count or queue.consumer_count or unacked or _counted(queue.stats))
 
 
-def report(node, parts: tuple = PARTS, query=None) -> dict:
-    """This shard's report, or the `parts` of it asked for (see the module's note)."""
-    reading = Reading(node.sampler, query or {})
+def report(node, parts: tuple = PARTS, asked=None) -> dict:
+    """This shard's report, or the `parts` of it asked for (see the module's
+    note), read as another shard's request reads (`asked`: Reading.asked)."""
+    reading = Reading(node.sampler, {}) if asked is None else Reading.answering(node.sampler, asked)
     out = {}
     if {"connections", "channels", "consumers"} & set(parts):
         out.update(_clients(node, reading))
@@ -357,11 +359,6 @@ def add_details(mine: dict, other: dict) -> dict:
         out["avg"] = sum(samples) / len(samples)
         out["avg_rate"] = (samples[0] - samples[-1]) / ((len(samples) - 1) * incr)
     return out
-
-
-def range_query(query) -> dict:
-    """The range parameters of a request's query (what another shard needs to answer with samples)."""
-    return {key: query[key] for key in query if key.endswith(("_age", "_incr"))}
 
 
 class NodeQueues:
@@ -502,8 +499,8 @@ def owned_queue(node, vhost: str, name: str):
 
 
 @service("report")
-def _report_service(node, parts: list, query: dict) -> dict:
-    return report(node, tuple(parts), query)
+def _report_service(node, parts: list, asked: dict) -> dict:
+    return report(node, tuple(parts), asked)
 
 
 @service("connection.close")
@@ -516,9 +513,9 @@ def _close_connection(node, name: str, reason: str) -> bool:
 
 
 @service("queue.figures")
-def _queue_figures(node, vhost: str, name: str, query: dict) -> dict | None:
+def _queue_figures(node, vhost: str, name: str, asked: dict) -> dict | None:
     found = owned_queue(node, vhost, name)
-    return None if found is None else NodeQueues(node, Reading(node.sampler, query)).figures_of(found[1])
+    return None if found is None else NodeQueues(node, Reading.answering(node.sampler, asked)).figures_of(found[1])
 
 
 async def at_owner(node, queue, service_name: str, *args):
@@ -555,11 +552,12 @@ async def purged(node, queue) -> int:
     return result
 
 
-async def fresh_figures(node, q, query) -> dict | None:
-    """A queue's figures from its owner now (with the samples of the ranges
-    `query` asks for), or None when it does not answer within FRESH_WAIT."""
+async def fresh_figures(node, q, reading) -> dict | None:
+    """A queue's figures from its owner now (read as `reading` reads, with
+    the samples of its ranges), or None when it does not answer within
+    FRESH_WAIT."""
     try:
-        return await asyncio.wait_for(ask(node, q.shard, "queue.figures", q.vhost, q.name, range_query(query)),
+        return await asyncio.wait_for(ask(node, q.shard, "queue.figures", q.vhost, q.name, reading.asked()),
                                       FRESH_WAIT)
     except Exception:  # the owner ended, or is busy: the listing's reported figures will do
         return None
