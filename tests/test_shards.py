@@ -154,6 +154,31 @@ def test_a_message_routed_to_queues_on_both_shards_is_confirmed_once_both_have_i
     connection.close()
 
 
+def test_a_fanout_without_confirms_reaches_each_queue_of_the_other_shard_once_in_order(node):
+    # a message crosses once per shard, carrying the names of all its queues there
+    connection = on_shard(node.port, 0)
+    channel = connection.channel()
+    exchange = unique("fan")
+    channel.exchange_declare(exchange, "fanout")
+    queues = [queue_on(node, channel, shard) for shard in (1, 1, 1, 0)]
+    gone = queue_on(node, channel, 1)  # deleted while messages for it are on their way
+    for queue in queues + [gone]:
+        channel.queue_bind(queue, exchange)
+    for i in range(300):
+        channel.basic_publish(exchange, "", b"%d" % i)
+        if i == 150:
+            channel.queue_delete(gone)
+    for queue in queues:
+        bodies = [int(body) for _method, _props, body in iter(lambda q=queue: _get_or_none(channel, q), None)]
+        assert bodies == list(range(300)), queue
+    connection.close()
+
+
+def _get_or_none(channel, queue):
+    got = channel.basic_get(queue, auto_ack=True)
+    return None if got[0] is None else got
+
+
 def test_get_reject_and_requeue_across_shards_keep_rabbitmqs_flags(node):
     owner, queue, other = across(node)
     channel = other.channel()

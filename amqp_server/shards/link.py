@@ -53,6 +53,11 @@ class Link(asyncio.Protocol):
             self._flush_armed = True
             asyncio.get_running_loop().call_soon(self._flush)
 
+    def queued_last(self) -> tuple | None:
+        """The record `send` queued last, while it has not left (it leaves
+        at the end of the loop turn); else None."""
+        return self._pending[-1] if self._pending else None
+
     def _flush(self) -> None:
         self._flush_armed = False
         records, self._pending = self._pending, []

@@ -10,7 +10,10 @@ on, so a request and its answer share one ordered byte stream.
 Records (tuples, amqp_server.shards.link), by the requester:
   ("hello", index)                        first on every link
   ("bye",)                                 last on every link of a shard that stops cleanly
-  ("pub", vhost, queue, exchange, routing key, header, body, ticket)   ticket 0: no confirm wanted
+  ("pub", vhost, [queues], exchange, routing key, header, body, ticket)
+                                           ticket 0: no confirm wanted, and then one record carries a
+                                           message to every queue of that shard it was routed to;
+                                           with a ticket, one queue (its answer is that queue's)
   ("consume", cid, vhost, queue, tag, no_ack, exclusive, prefetch, arguments)
   ("cancel", cid)
   ("settle", cid, outcome, [entry ids])    ack, reject or requeue; cid 0: a get
@@ -191,6 +194,7 @@ class ShardNode:
         self.services: dict[str, object] = {}
         self._credits: dict[tuple[int, int], int] = {}  # (owner shard, cid) -> deliveries to give back
         self._unsent: dict[int, list] = {}  # peer -> records waiting for its link
+        self._last_pub: tuple | None = None  # (message, its "pub" record) sent last without a confirm
         self._wake: dict[int, asyncio.Event] = {}  # peer -> set when it linked here (see _connect)
         # record kind -> its handler, the methods named _on_<kind>
         self._handlers = {name[4:]: getattr(self, name) for name in dir(type(self)) if name.startswith("_on_")}
@@ -500,17 +504,20 @@ class ShardNode:
         self.held.setdefault(link, {})[ident] = (queue, entry, consumer)
         return ident
 
-    def _on_pub(self, link, vhost, name, exchange, routing_key, header, body, ticket):
-        queue = self._owned(vhost, name)
-        if queue is None:  # deleted meanwhile: as a publish into a queue deleted under it
-            if ticket:
-                link.send(("durable", ticket))
-            return
-        message = Message(exchange, routing_key, header, body)
+    def _on_pub(self, link, vhost, names, exchange, routing_key, header, body, ticket):
+        message = Message(exchange, routing_key, header, body)  # one for all its queues here, as a local fanout
         if not ticket:
-            queue.publish(message)
-            if queue.backed_up:
-                self._throttle(link, queue)
+            for name in names:
+                queue = self._owned(vhost, name)
+                if queue is not None:  # else deleted meanwhile: as a publish into a queue deleted under it
+                    queue.publish(message)
+                    if queue.backed_up:
+                        self._throttle(link, queue)
+            return
+        (name,) = names
+        queue = self._owned(vhost, name)
+        if queue is None:
+            link.send(("durable", ticket))
             return
         answered = []
 
@@ -662,8 +669,18 @@ class ShardNode:
 
     def publish(self, queue: RemoteQueue, message: Message, on_durable) -> None:
         if on_durable is None:
-            self.send_to(queue.shard, ("pub", queue.vhost, queue.name, message.exchange, message.routing_key,
-                                       message.header, message.body, 0))
+            # A message routed to several queues of one shard (a fanout) crosses
+            # once: while its record is the last one queued on the link, the
+            # next of its queues there joins it.
+            last, link = self._last_pub, self.link_to(queue.shard)
+            if last is not None and last[0] is message and link is not None and link.queued_last() is last[1] \
+                    and last[1][1] == queue.vhost:
+                last[1][2].append(queue.name)
+                return
+            record = ("pub", queue.vhost, [queue.name], message.exchange, message.routing_key, message.header,
+                      message.body, 0)
+            self._last_pub = (message, record)
+            self.send_to(queue.shard, record)
             return
 
         def answered(record):
@@ -674,7 +691,7 @@ class ShardNode:
                 if refused is not None:
                     refused()
 
-        self.request(queue.shard, lambda ticket: ("pub", queue.vhost, queue.name, message.exchange,
+        self.request(queue.shard, lambda ticket: ("pub", queue.vhost, [queue.name], message.exchange,
                                                   message.routing_key, message.header, message.body, ticket),
                      answered)
 
