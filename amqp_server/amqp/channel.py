@@ -384,13 +384,14 @@ class Channel(Deliveries):
     def _count_bound(self, here: int) -> None:
         """How many publishes in a row went only to queues of one other shard
         (a connection moves there after MOVE_AFTER: amqp_server.amqp.hand_over)."""
-        targets = self.vhost.last_targets
-        if len(targets) == 1:  # the common case, on every publish while the connection may move
-            owner = targets[0].shard if targets[0].remote else here
-        else:
-            owners = {queue.shard if queue.remote else here for queue in targets}
-            owner = owners.pop() if len(owners) == 1 else here
-        if owner == here:
+        owner = None
+        for queue in self.vhost.last_targets:  # on every publish while the connection may move: stop early
+            shard = queue.shard if queue.remote else here
+            if shard == here or (owner is not None and shard != owner):
+                owner = here
+                break
+            owner = shard
+        if owner is None or owner == here:
             self._bound_count = 0
         elif owner == self._bound_for:
             self._bound_count += 1

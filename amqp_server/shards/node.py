@@ -507,9 +507,12 @@ class ShardNode:
     def _on_pub(self, link, vhost, names, exchange, routing_key, header, body, ticket):
         message = Message(exchange, routing_key, header, body)  # one for all its queues here, as a local fanout
         if not ticket:
+            host = self.broker.vhosts.get(vhost)
+            queues = host.queues if host is not None else {}
             for name in names:
-                queue = self._owned(vhost, name)
-                if queue is not None:  # else deleted meanwhile: as a publish into a queue deleted under it
+                queue = queues.get(name)
+                # else deleted meanwhile: as a publish into a queue deleted under it
+                if queue is not None and not queue.remote:
                     queue.publish(message)
                     if queue.backed_up:
                         self._throttle(link, queue)
@@ -672,11 +675,12 @@ class ShardNode:
             # A message routed to several queues of one shard (a fanout) crosses
             # once: while its record is the last one queued on the link, the
             # next of its queues there joins it.
-            last, link = self._last_pub, self.link_to(queue.shard)
-            if last is not None and last[0] is message and link is not None and link.queued_last() is last[1] \
-                    and last[1][1] == queue.vhost:
-                last[1][2].append(queue.name)
-                return
+            last = self._last_pub
+            if last is not None and last[0] is message:
+                link = self.link_to(queue.shard)
+                if link is not None and link.queued_last() is last[1] and last[1][1] == queue.vhost:
+                    last[1][2].append(queue.name)
+                    return
             record = ("pub", queue.vhost, [queue.name], message.exchange, message.routing_key, message.header,
                       message.body, 0)
             self._last_pub = (message, record)
