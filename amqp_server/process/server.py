@@ -74,6 +74,7 @@ class BrokerServer:
         # A failed start removes what it created, but the directory the supervisor made is the
         # supervisor's to remove, once every shard ended (the other shards' are inside it).
         self._owns_directory = found is None
+        self.accepted = False  # a client connection was accepted (`abandon` keeps the directory then)
         self.definitions: DefinitionStore | None = None
         self.writer: GroupCommitWriter | None = None
         self.mqtt_store: MQTTStore | None = None
@@ -174,15 +175,18 @@ class BrokerServer:
         self.links: Links | None = None  # once the AMQP listener is open (a link may point at this node)
         self._adoptions: set[asyncio.Task] = set()
 
-    def abandon(self) -> None:
-        """After a failed start: close what is open, and remove the data
-        directory if this start created it (storage.data_directory)."""
+    def abandon(self, failed: bool = True) -> None:
+        """After a start that failed, or was stopped (`failed` False): close
+        what is open. A failed start removes the data directory it created
+        (storage.data_directory), unless a client was accepted meanwhile
+        (what it did may be stored, and may have been confirmed); a stopped
+        one keeps it, as any stop does."""
         for store in (self.definitions, self.mqtt_store):
             if store is not None:
                 store.close()
         if self.writer is not None:
             self.writer.stop()
-        if self._owns_directory:
+        if failed and self._owns_directory and not self.accepted:
             self.data_directory.remove_created()
 
     async def start(self) -> None:
@@ -190,12 +194,14 @@ class BrokerServer:
         logins = self.logins
 
         def factory() -> AMQPProtocol:
+            self.accepted = True
             return AMQPProtocol(self.broker, config, self.connections, self.alarms, logins, self.writer)
 
         if self.shards is not None:
             self.shards.adopt = functools.partial(self._adopt, factory)
 
         def mqtt_factory() -> MQTTProtocol:
+            self.accepted = True
             return MQTTProtocol(self.broker, config, self.mqtt_sessions, self.connections, self.alarms, logins,
                                 self.writer)
 
@@ -206,7 +212,7 @@ class BrokerServer:
         first = self.shard is None or self.shard.index == 0
         self.servers, self.listeners[:], acceptors = await open_listeners(
             config, factory, mqtt_factory if first else None,
-            (lambda: StreamProtocol(self.stream_node)) if first else None)
+            self._stream_factory if first else None)
         self.acceptors.update(acceptors)
         amqp_port = next(port for protocol, _host, port in self.listeners if protocol == "amqp")
         tls_port = next((port for protocol, _host, port in self.listeners if protocol == "amqp/ssl"), None)
@@ -223,6 +229,10 @@ class BrokerServer:
             await self.management.start()
         except ListenerError as exc:
             raise ListenError(str(exc)) from None
+
+    def _stream_factory(self) -> StreamProtocol:
+        self.accepted = True
+        return StreamProtocol(self.stream_node)
 
     def _adopt(self, factory, sock, state: dict, pending: bytes) -> None:
         """A client connection another shard moved here (amqp_server.amqp.hand_over)."""
@@ -302,7 +312,7 @@ async def serve(config: BrokerConfig, shard: Shard | None = None) -> None:
         if not starting.done():
             starting.cancel()
             await asyncio.gather(starting, return_exceptions=True)
-            server.abandon()
+            server.abandon(failed=False)
             return
         starting.result()
     except BaseException:
