@@ -194,14 +194,14 @@ class BrokerServer:
         logins = self.logins
 
         def factory() -> AMQPProtocol:
-            self.accepted = True
+            self._accept()
             return AMQPProtocol(self.broker, config, self.connections, self.alarms, logins, self.writer)
 
         if self.shards is not None:
             self.shards.adopt = functools.partial(self._adopt, factory)
 
         def mqtt_factory() -> MQTTProtocol:
-            self.accepted = True
+            self._accept()
             return MQTTProtocol(self.broker, config, self.mqtt_sessions, self.connections, self.alarms, logins,
                                 self.writer)
 
@@ -231,8 +231,17 @@ class BrokerServer:
             raise ListenError(str(exc)) from None
 
     def _stream_factory(self) -> StreamProtocol:
-        self.accepted = True
+        self._accept()
         return StreamProtocol(self.stream_node)
+
+    def _accept(self) -> None:
+        """A client connection is being accepted: from now on a failed start
+        keeps the data directory (`abandon`; a shard tells its supervisor,
+        which removes the node's)."""
+        if not self.accepted:
+            self.accepted = True
+            if self.shard is not None:
+                self.shard.accepted()
 
     def _adopt(self, factory, sock, state: dict, pending: bytes) -> None:
         """A client connection another shard moved here (amqp_server.amqp.hand_over)."""

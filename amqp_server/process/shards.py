@@ -61,8 +61,18 @@ class Shard:
     def socket(self, index: int) -> str:
         return os.path.join(self.links, "%d.sock" % index)
 
+    def accepted(self) -> None:
+        """This shard accepted its first client: tell the supervisor, which
+        then keeps the node's data directory even if the start fails."""
+        try:
+            with open(os.path.join(self.links, ACCEPTED), "w"):
+                pass
+        except OSError:  # the supervisor has ended and removed the directory: nothing to tell
+            pass
+
 
 MAX_SHARDS = 64
+ACCEPTED = "accepted"  # in the links directory, once any shard accepted a client (Shard.accepted)
 
 
 def shard_count(config: BrokerConfig) -> int:
@@ -251,8 +261,10 @@ class Supervisor:
             return self._watch()
         except ListenError:
             # A port taken, or a shard that could not start at the node's start (every shard
-            # has ended): what this start created goes, as after one process's failed start.
-            opened.remove_created()
+            # has ended): what this start created goes, as after one process's failed start,
+            # unless a shard had accepted a client (what it did may be stored).
+            if not (self.links and os.path.exists(os.path.join(self.links, ACCEPTED))):
+                opened.remove_created()
             raise
         finally:
             for sock in self.held:
