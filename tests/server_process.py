@@ -78,7 +78,7 @@ class ServerProcess:
                 shards = [int(child) for child in found.read().split()]
         except OSError:
             shards = []
-        for each in [pid, *shards]:
+        for each in [*shards, pid]:  # the shards first: none lives on past its supervisor
             try:
                 os.kill(each, signal.SIGKILL)
             except ProcessLookupError:

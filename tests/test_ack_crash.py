@@ -18,8 +18,6 @@ by the owner; the same holds there (`test_an_ack_of_another_shards_queue_...`).
 """
 from __future__ import annotations
 
-import os
-import signal
 import threading
 
 import pika
@@ -89,8 +87,7 @@ def test_acked_before_a_later_reply_never_comes_back(tmp_path):
             reply = (lambda: consumer.basic_qos(prefetch_count=50)) if cycle % 2 else \
                 (lambda: consumer.queue_declare(QUEUE, durable=True, passive=True))
             _ack_120(consumer, QUEUE, cycle, acked, reply)
-            broker.process.send_signal(signal.SIGKILL)
-            broker.process.wait(10)
+            broker.crash()
             stop.set()
             writer.join(10)
             broker = launch(tmp_path, "--data-dir", str(data_dir))
@@ -112,19 +109,6 @@ def _ack_120(consumer, queue: str, cycle: int, acked: set, reply) -> None:
             acked.update(handled)
             if len(handled) == 120:
                 return
-
-
-def _kill_node(broker) -> None:
-    """SIGKILL every process of the node at once, its shards first (as a
-    kill of its process group or cgroup does): a shard killed only through
-    its supervisor's death (PR_SET_PDEATHSIG) lives on for a moment."""
-    pid = broker.process.pid
-    with open("/proc/%d/task/%d/children" % (pid, pid)) as f:
-        shards = [int(child) for child in f.read().split()]
-    for child in shards:
-        os.kill(child, signal.SIGKILL)
-    broker.process.send_signal(signal.SIGKILL)
-    broker.process.wait(10)
 
 
 def test_an_ack_of_another_shards_queue_never_comes_back(tmp_path):
@@ -180,7 +164,7 @@ def test_an_ack_of_another_shards_queue_never_comes_back(tmp_path):
             consumer = connection.channel()
             # a later reply, from shard 0 itself
             _ack_120(consumer, queue, cycle, acked, lambda: consumer.basic_qos(prefetch_count=50))
-            _kill_node(broker)
+            broker.crash()  # the whole node at once (a shard killed through its supervisor lives on a moment)
             stop.set()
             for writer in writers:
                 writer.join(10)
