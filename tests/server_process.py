@@ -7,6 +7,7 @@ Both start it with `spawn` and are `ServerProcess`es.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -68,22 +69,38 @@ class ServerProcess:
         self.process.kill()
         self.process.wait(10)
 
-    def crash(self) -> None:
-        """SIGKILL the node whole at one instant, as a power cut would: the process and
-        the shard processes it supervises (which a SIGKILL of the supervisor alone ends
-        only a moment later, PR_SET_PDEATHSIG, while they go on serving)."""
+    def _signal_node(self, sig: int) -> None:
+        """`sig` to the shard processes this process supervises, then to it."""
         pid = self.process.pid
         try:
             with open("/proc/%d/task/%d/children" % (pid, pid)) as found:
                 shards = [int(child) for child in found.read().split()]
         except OSError:
             shards = []
-        for each in [*shards, pid]:  # the shards first: none lives on past its supervisor
+        for each in [*shards, pid]:
             try:
-                os.kill(each, signal.SIGKILL)
+                os.kill(each, sig)
             except ProcessLookupError:
                 pass
+
+    def crash(self) -> None:
+        """SIGKILL the node whole at one instant, as a power cut would: the process and
+        the shard processes it supervises (which a SIGKILL of the supervisor alone ends
+        only a moment later, PR_SET_PDEATHSIG, while they go on serving). The shards
+        go first: none lives on past its supervisor."""
+        self._signal_node(signal.SIGKILL)
         self.process.wait(10)
+
+    @contextlib.contextmanager
+    def frozen(self):
+        """The node whole stopped (SIGSTOP) inside the block: its data directory
+        then holds what a crash at that instant would leave, and a copy of it
+        is not torn by writes going on meanwhile."""
+        self._signal_node(signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            self._signal_node(signal.SIGCONT)
 
     def stop(self) -> None:
         """SIGTERM, and SIGKILL if it has not exited within `stop_grace`.

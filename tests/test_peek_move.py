@@ -3,8 +3,8 @@
 a broker process with a small memory budget (queues page out), real HTTP
 calls, and pika clients that publish and consume over real sockets.
 Durability after a move is checked by copying the data directory the
-moment the move answers (what a crash at that instant leaves) and starting
-a broker process on the copy.
+moment the move answers, with the node stopped (what a crash at that
+instant leaves), and starting a broker process on the copy.
 
 Two tests stay in process: driving a move step by step to delete its
 source while it waits for the disk, and a delayed exchange's held count
@@ -267,7 +267,8 @@ def test_moved_persistent_messages_are_on_disk_when_the_move_answers(api, channe
     ready(channel, source)
     assert move(api, source, {"queue": target}, 2000).body == {"moved": 2000}
     snapshot = tmp_path / "crashed"
-    shutil.copytree(paging_broker.data_dir, snapshot)
+    with paging_broker.frozen():
+        shutil.copytree(paging_broker.data_dir, snapshot)
     recovered = launch(tmp_path, "--data-dir", str(snapshot), "--storage-segment-entries", "1024")
     try:
         connection = connect(recovered.port)

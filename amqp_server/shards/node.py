@@ -31,6 +31,8 @@ Records (tuples, amqp_server.shards.link), by the requester:
   ("report", index, report)               to shard 0, every REPORT_INTERVAL (no answer)
   ("ask", ticket, service, args)          a management service of another shard
   ("dead", ticket, vhost, record)          to shard 0: a dead letter for the vhost's log (answer: durable)
+  ("moved", move id)                       a connection this shard sent there (hand_over) after every
+                                           record it sent before leaving
   ("tallies", counts) ("tally", kind, name, count) ("login", failed, host, username)
                                            to every other shard (amqp_server.shards.tallies)
 and by the owner, on the same link:
@@ -183,6 +185,13 @@ class ShardNode:
         self._moves: socket.socket | None = None
         # adopt(socket, state, pending): serve a client connection moved here (the composition root's)
         self.adopt = None
+        # A move has two halves, the socket (on the moves socket) and the mover's "moved" record (on
+        # its link, after every publish the connection sent across before it left); the connection
+        # is served here once both came, so those publishes are enqueued before any it sends here
+        # (a channel's publishes reach a queue in order). (mover, move id) -> (socket, state,
+        # pending), or None while only the record came.
+        self._arriving: dict[tuple[int, int], tuple | None] = {}
+        self._move_ids = itertools.count(1)
         self._tasks: set[asyncio.Task] = set()
         # What this shard tells shard 0 of itself (its connections, its queues'
         # figures: the management face's rows, given by the composition root),
@@ -332,6 +341,11 @@ class ShardNode:
         self.definitions.linked(peer)
 
     def _lost(self, link: Link) -> None:
+        if link in self.links:  # the mover's "moved" records come on it: its moves here cannot complete
+            for move in [move for move in self._arriving if move[0] == link.peer]:
+                arrived = self._arriving.pop(move)
+                if arrived is not None:
+                    arrived[0].close()  # the client sees its connection end, as on the mover's failure
         self.links.discard(link)
         self.tallies.lost(link)
         self.flows.pop(link, None)
@@ -913,9 +927,11 @@ class ShardNode:
     def hand_over(self, shard: int, fd: int, state: dict, pending: bytes) -> bool:
         """Send a client's socket and its connection's state to `shard`
         (the socket is duplicated into the message); False if it cannot go."""
-        if shard not in self.outgoing:
+        link = self.outgoing.get(shard)
+        if link is None:
             return False
-        data = pickle.dumps((state, pending), protocol=pickle.HIGHEST_PROTOCOL)
+        move_id = next(self._move_ids)
+        data = pickle.dumps((self.here, move_id, state, pending), protocol=pickle.HIGHEST_PROTOCOL)
         try:
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as move:
                 move.settimeout(MOVE_TIMEOUT)
@@ -925,6 +941,7 @@ class ShardNode:
         except OSError as exc:
             log.warning("shard %d: a connection could not move to shard %d: %s", self.here, shard, exc)
             return False
+        link.send(("moved", move_id))
         return True
 
     def _moved_here(self) -> None:
@@ -944,13 +961,26 @@ class ShardNode:
                     if not chunk:
                         raise ConnectionError("the moving shard closed early")
                     data += chunk
-                state, pending = pickle.loads(data)
+                mover, move_id, state, pending = pickle.loads(data)
         except (OSError, ValueError, struct.error, pickle.UnpicklingError) as exc:
             log.error("shard %d: a connection moving here was lost: %s", self.here, exc)
             for fd in fds:
                 os.close(fd)
             return
-        self.adopt(socket.socket(fileno=fds[0]), state, pending)
+        self._arrived((mover, move_id), (socket.socket(fileno=fds[0]), state, pending))
+
+    def _on_moved(self, link, move_id):
+        self._arrived((link.peer, move_id), None)
+
+    def _arrived(self, move: tuple[int, int], connection: tuple | None) -> None:
+        """One half of a move came (see _arriving): the connection is served once both did."""
+        if move not in self._arriving:
+            self._arriving[move] = connection
+            return
+        sock, state, pending = connection or self._arriving.pop(move)
+        if connection is not None:
+            del self._arriving[move]
+        self.adopt(sock, state, pending)
 
     def say_bye(self) -> None:
         """At the start of a clean stop: every peer hears it on every link
