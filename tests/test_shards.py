@@ -11,6 +11,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import time
 
 import aiomqtt
 import pika
@@ -164,6 +165,40 @@ def test_a_publisher_moving_to_its_queues_shard_keeps_its_publishes_in_order(nod
     owner.close()
 
 
+def test_a_publisher_moving_keeps_its_order_into_a_third_shards_queue(tmp_path):
+    """On three shards a publisher on shard 0 writes to a queue of shard 2, moves to
+    shard 1 (64 publishes for it), then writes to shard 2's queue again, now from
+    shard 1: what it sent from shard 0 is in that queue first. Shard 2 is stopped
+    meanwhile, so the records of both wait for it, shard 0's more than it reads at once."""
+    proc = launch(tmp_path, "--shards", "3")
+    try:
+        wait_for(lambda: proc.log.count("listening for AMQP") >= 3, 20, what="every shard listening")
+        setup = on_shard(proc.port, 0).channel()
+        third, target = queue_on(proc, setup, 2), queue_on(proc, setup, 1)
+        publisher = on_shard(proc.port, 0).channel()
+        stopped = _pid_of_shard(proc, 2, of=3)
+        moved = proc.log.count("moved here")
+        os.kill(stopped, signal.SIGSTOP)
+        try:
+            sent = []
+            for i in range(170):  # fewer than 64 in a row for shard 2: the publisher moves to shard 1
+                into = target if 60 <= i < 130 else third
+                body = b"%05d" % i + b"." * 6000
+                publisher.basic_publish("", into, body, pika.BasicProperties(delivery_mode=2))
+                if into == third:
+                    sent.append(body[:5])
+            time.sleep(1)  # time for a move that would not wait for shard 2, and its publishes there
+        finally:
+            os.kill(stopped, signal.SIGCONT)
+        wait_for(lambda: proc.log.count("moved here") > moved, 10, what="the publisher's move")
+        wait_for(lambda: setup.queue_declare(third, passive=True).method.message_count == len(sent), 10,
+                 what="every publish in the queue")
+        got = [body[:5] for _method, _props, body in iter(lambda: _get_or_none(setup, third), None)]
+        assert got == sent
+    finally:
+        proc.stop()
+
+
 def test_a_message_routed_to_queues_on_both_shards_is_confirmed_once_both_have_it(node):
     connection = on_shard(node.port, 0)
     channel = connection.channel()
@@ -277,10 +312,10 @@ def test_a_shard_that_held_no_queue_does_not_stop_fewer_shards(tmp_path):
         again.stop()
 
 
-def _pid_of_shard(node, shard: int) -> int | None:
+def _pid_of_shard(node, shard: int, of: int = SHARDS) -> int | None:
     found = None
     for line in node.log.splitlines():
-        if "shard %d of %d: pid " % (shard, SHARDS) in line:
+        if "shard %d of %d: pid " % (shard, of) in line:
             found = int(line.split("pid ")[1].split(",")[0])
     try:
         os.kill(found, 0)

@@ -194,6 +194,7 @@ class Connection(ClientConnection):
         # Its channels count where their publishes go (Channel._count_bound) while it may move.
         self.counts_publishes = broker.shards is not None and config.shard_moves
         self._drains = 0  # how often it held its reading to move (hand_over.HandOver.drain)
+        self._fenced = False  # the shards it does not move to have what it sent them (_hand_over)
 
     # -- output --------------------------------------------------------------
 
@@ -685,6 +686,14 @@ class Connection(ClientConnection):
         # Not one byte more is read here: the event loop may read again in this very turn,
         # and what it read would be lost to the shard that takes over.
         io.pause_reading()
+        if not self._fenced and self.broker.shards.others_than(shard):
+            # Publishes it sent a third shard may still be on their way there, and once moved
+            # it sends that shard more on another link: one round trip on each such link first,
+            # then the deciding frame is parsed again (and moves). The shard it moves to orders
+            # its own (ShardNode.hand_over).
+            self._fenced = True
+            self.broker.shards.fence(shard, lambda: io.call_soon(self._continue))
+            return
         io.flush_now()
         pending = self.reader.pending(start)
         if io.transport.get_write_buffer_size() or not self.broker.shards.hand_over(

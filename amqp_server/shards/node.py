@@ -33,6 +33,7 @@ Records (tuples, amqp_server.shards.link), by the requester:
   ("dead", ticket, vhost, record)          to shard 0: a dead letter for the vhost's log (answer: durable)
   ("moved", move id)                       a connection this shard sent there (hand_over) after every
                                            record it sent before leaving
+  ("ping", ticket)                         answered ("pong", ticket) once the records before it are handled
   ("tallies", counts) ("tally", kind, name, count) ("login", failed, host, username)
                                            to every other shard (amqp_server.shards.tallies)
 and by the owner, on the same link:
@@ -943,6 +944,30 @@ class ShardNode:
             return False
         link.send(("moved", move_id))
         return True
+
+    def others_than(self, shard: int) -> list[int]:
+        """The shards but this one and `shard`."""
+        return [peer for peer in range(self.shard.count) if peer not in (self.here, shard)]
+
+    def fence(self, shard: int, done) -> None:
+        """done() once every shard but this one and `shard` answered a ping:
+        each then handled every record this shard sent it before."""
+        peers = self.others_than(shard)
+        waiting = [len(peers)]
+
+        def answered(_record):  # a pong, or the peer lost (what it had not handled is gone with it)
+            waiting[0] -= 1
+            if not waiting[0]:
+                done()
+
+        for peer in peers:  # a callback each: `request` marks it with its peer
+            self.request(peer, lambda ticket: ("ping", ticket), lambda record: answered(record))
+
+    def _on_ping(self, link, ticket):
+        link.send(("pong", ticket))
+
+    def _on_pong(self, link, ticket):
+        self._answered(ticket, ("pong", ticket))
 
     def _moved_here(self) -> None:
         try:
