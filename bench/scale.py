@@ -4,6 +4,7 @@
     python bench/scale.py --generator /tmp/amqpbench/amqpbench --shards 1,2,4 --json-out scale.json --svg docs/scaling/throughput.svg
     python bench/scale.py --shards 1 --duration 3 --warmup 1 --no-rabbitmq            # quick: does it work
     python bench/scale.py --hop --hop-shards 2 --hop-runs 8                            # CPU of a publish across shards
+    python bench/scale.py --cluster 1,3 --quota 0.25 --repeat 3                         # a cluster's nodes (issue 32)
     python bench/scale.py --render scale.json --svg docs/scaling/throughput.svg         # chart from a saved run
 
 A machine with N cores is simulated with CPU quotas (cgroups, bench/cpu_quota.py; root):
@@ -51,8 +52,9 @@ Messages are counted where they arrive (the queue's depth at both ends of the wi
 run the shard holding the producer's connection may read faster than the owner stores, so its
 CPU is divided by what it read and the others' by what was stored. With N = 1 every run is local.
 
-A cluster mode (issue 32: 1 and 3 nodes, each node's shards under one quota) is not built yet;
-it will be a third kind of run beside the shard and hop runs, with its own broker context.
+--cluster 1,3: throughput against nodes instead (bench/scale_cluster.py: K-node clusters on a real
+etcd, each node under --quota cores, the confirms workload's 16 queues and 32 clients spread over
+the nodes), K nodes / 1 node against the issue's target (>= 2.5 at 3 nodes).
 """
 from __future__ import annotations
 
@@ -475,6 +477,19 @@ def table(results: dict) -> str:
             _fmt(r["hutch_speedup"], "%.2f"), _verdict(r["hutch_speedup"], SPEEDUP_TARGET.get(r["shards"])),
             _fmt(r["RabbitMQ"]), _fmt(r["RabbitMQ_cpu_us"], "%.2f"), _fmt(r["RabbitMQ_speedup"], "%.2f"),
             _fmt(r["ratio"], "%.2f"), _verdict(r["ratio"], RABBITMQ_TARGET)))
+    cluster = results.get("cluster")
+    if cluster:
+        from scale_cluster import CLUSTER_TARGET
+
+        rates = {k: median([r.get("consumed") for r in runs if r]) for k, runs in cluster["runs"].items()}
+        cpu = {k: median([r.get("cpu_us") for r in runs if r]) for k, runs in cluster["runs"].items()}
+        base = rates.get("1")
+        for k in cluster["nodes"]:
+            rate = rates.get(str(k))
+            speedup = rate / base if rate and base else None
+            lines.append("cluster of %d node(s), %g core each, confirms: %s msg/s, %s broker CPU µs/msg, "
+                         "K / 1 node %s%s" % (k, cluster["quota"], _fmt(rate), _fmt(cpu.get(str(k)), "%.2f"),
+                                              _fmt(speedup, "%.2f"), _verdict(speedup, CLUSTER_TARGET.get(k))))
     hop = results.get("hop")
     if hop:
         kinds = [r["kind"] for r in hop["runs"]]
@@ -522,6 +537,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--hop-runs", type=int, default=8)
     p.add_argument("--hop-queue", default="grow", choices=("grow", "reject-publish", "drop-head"),
                    help="the hop runs' queue: grows through the run (default), or capped at 1000 messages")
+    p.add_argument("--cluster", metavar="NODES", help="measure clusters of these node counts instead, e.g. 1,3")
     p.add_argument("--json-out", metavar="FILE", help="write every run's figures as JSON (after every run)")
     p.add_argument("--svg", metavar="FILE", help="draw throughput against shards into FILE")
     p.add_argument("--render", metavar="JSON", help="only draw --svg from a saved --json-out")
@@ -535,6 +551,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     unknown = set(args.workloads.split(",")) - {w.key for w in WORKLOADS}
     if unknown:
         p.error("unknown workload(s) %s; known: %s" % (", ".join(sorted(unknown)), ", ".join(w.key for w in WORKLOADS)))
+    if args.cluster is not None:
+        try:
+            args.cluster = sorted({int(n) for n in args.cluster.split(",") if n.strip()})
+        except ValueError:
+            p.error("--cluster takes comma-separated node counts, e.g. 1,3")
+        if not args.cluster or min(args.cluster) < 1:
+            p.error("--cluster node counts must be positive")
     if args.duration < 2 or args.warmup <= 0:
         p.error("--duration must be at least 2 s (the CPU window leaves 0.5 s at each end) and --warmup more "
                 "than 0 (the window starts when amqpbench says its warm-up is over)")
@@ -559,6 +582,9 @@ def run(args: argparse.Namespace) -> dict:
     if args.hop:
         results["hop"] = hop_runs(args, sharding)
         _save(results, args.json_out)
+        return results
+    if args.cluster:
+        results["cluster"] = cluster_runs(args, results)
         return results
     wanted = [w for w in WORKLOADS if w.key in args.workloads.split(",")]
     for w in wanted:
@@ -598,6 +624,28 @@ def run(args: argparse.Namespace) -> dict:
     return results
 
 
+def cluster_runs(args: argparse.Namespace, results: dict) -> dict:
+    """--cluster (bench/scale_cluster.py): the confirms workload on clusters of each node count."""
+    from scale_cluster import cluster_run, cluster_running
+
+    workload = next(w for w in WORKLOADS if w.key == "confirms")
+    cluster = results["cluster"] = {"nodes": args.cluster, "quota": args.quota,
+                                    "runs": {str(k): [] for k in args.cluster}}
+    for repeat in range(args.repeat):
+        for k in args.cluster:
+            log("repeat %d/%d: a cluster of %d node(s) at %g core each" % (repeat + 1, args.repeat, k, args.quota))
+            try:
+                with cluster_running(args.hutch_arg, k, args.quota) as (running, members):
+                    point = cluster_run(args, running, members, workload)
+            except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+                log("failed: %s" % exc)
+                point = {"error": str(exc)[-1000:]}
+            _log_point(workload, "a %d-node cluster" % k, k, point)
+            cluster["runs"][str(k)].append(point)
+            _save(results, args.json_out)
+    return cluster
+
+
 def _log_point(w: Workload, broker: str, n: int, point: dict) -> None:
     if point.get("consumed") is not None:
         log("%s on %s, N = %d: %.0f msg/s, broker %.2f cores, %s µs/msg, throttled in %s %% of the periods" % (
@@ -623,14 +671,15 @@ def main(argv: list[str] | None = None) -> int:
     args.generator = args.generator or build_amqpbench(AMQPBENCH_SRC)
     results = run(args)
     _save(results, args.json_out)
-    print("%s; %s; hutch %s; quota %g core per shard; RabbitMQ %s; %d run(s) per figure, median shown\n" % (
-        results["started"], results["machine"], results["revision"], args.quota, results["rabbitmq_erl_args"],
-        args.repeat))
+    print("%s; %s; hutch %s; quota %g core per %s; %s; %d run(s) per figure, median shown\n" % (
+        results["started"], results["machine"], results["revision"], args.quota,
+        "node" if args.cluster else "shard", "hutch only" if args.cluster or args.no_rabbitmq
+        else "RabbitMQ " + results["rabbitmq_erl_args"], args.repeat))
     print("`%s`\n" % results["command"])
     print(table(results))
     for note in results["notes"]:
         print("\n- " + note)
-    if args.svg and not args.hop:
+    if args.svg and not args.hop and not args.cluster:
         log("chart written to %s" % render(results, args.svg))
     return 0
 

@@ -124,3 +124,20 @@ def test_the_process_holding_a_client_connection_is_found():
     finally:
         other.kill()
         other.wait()
+
+
+def test_a_cluster_under_quota_has_each_node_whole_in_a_group_of_its_own(quotas):
+    """scale.py --cluster (bench/scale_cluster.py): each node's processes, and nothing else, in its
+    own group, limited to the quota while a run measures and unlimited otherwise; etcd outside."""
+    from scale_cluster import URI, cluster_running
+
+    with cluster_running([], 2, 0.5) as (running, members):
+        groups = [group for group, _cores in running.quotas]
+        assert [set(group.pids()) for group in groups] == [
+            {node.process.pid, *children(node.process.pid)} for node in members]
+        assert sorted(running.processes()) == sorted(pid for group in groups for pid in group.pids())
+        running.limit(True)
+        assert [group.cores() for group in groups] == [0.5, 0.5]
+        running.limit(False)
+        assert [group.cores() for group in groups] == [None, None]
+        assert running.uri in [URI % node.port for node in members]
