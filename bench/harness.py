@@ -79,14 +79,17 @@ def amqpbench(binary: str, uri: str, args: list[str], broker_pid: int | None, ti
     if broker_pid:
         cmd += ["--broker-pid", str(broker_pid)]
     log("$ " + " ".join(cmd[:1] + cmd[3:]))
+    seen = []  # stderr read while waiting for `when`'s line: an early failure's message is in it
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
         if when is not None:
             for line in proc.stderr:
                 if line.startswith(when[0]):
                     when[1]()
                     break
+                seen.append(line)
         try:
             stdout, stderr = proc.communicate(timeout=timeout)
+            stderr = "".join(seen[-20:]) + stderr
         except subprocess.TimeoutExpired:
             proc.kill()
             raise

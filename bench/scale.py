@@ -490,6 +490,16 @@ def table(results: dict) -> str:
             lines.append("cluster of %d node(s), %g core each, confirms: %s msg/s, %s broker CPU µs/msg, "
                          "K / 1 node %s%s" % (k, cluster["quota"], _fmt(rate), _fmt(cpu.get(str(k)), "%.2f"),
                                               _fmt(speedup, "%.2f"), _verdict(speedup, CLUSTER_TARGET.get(k))))
+            kills = [r["failover"] for r in cluster["runs"][str(k)] if r and "failover" in r]
+            if kills:
+                served = [f.get("served_after_s") for f in kills]
+                worst = None if None in served else max(served)
+                left = median([f.get("left", {}).get("consumed") for f in kills])
+                lines.append("  its leader SIGKILLed (%d run(s)): every queue served again after %s s (worst; "
+                             "<= %g: %s); the %d left: %s msg/s" % (
+                                 len(kills), " / ".join(_fmt(t, "%.2f") for t in served), kills[0]["target_s"],
+                                 "met" if worst is not None and worst <= kills[0]["target_s"] else "missed",
+                                 k - 1, _fmt(left)))
     hop = results.get("hop")
     if hop:
         kinds = [r["kind"] for r in hop["runs"]]
@@ -626,7 +636,7 @@ def run(args: argparse.Namespace) -> dict:
 
 def cluster_runs(args: argparse.Namespace, results: dict) -> dict:
     """--cluster (bench/scale_cluster.py): the confirms workload on clusters of each node count."""
-    from scale_cluster import cluster_run, cluster_running
+    from scale_cluster import cluster_run, cluster_running, failover_run
 
     workload = next(w for w in WORKLOADS if w.key == "confirms")
     cluster = results["cluster"] = {"nodes": args.cluster, "quota": args.quota,
@@ -635,12 +645,15 @@ def cluster_runs(args: argparse.Namespace, results: dict) -> dict:
         for k in args.cluster:
             log("repeat %d/%d: a cluster of %d node(s) at %g core each" % (repeat + 1, args.repeat, k, args.quota))
             try:
-                with cluster_running(args.hutch_arg, k, args.quota) as (running, members):
+                with cluster_running(args.hutch_arg, k, args.quota) as (running, members, etcd):
                     point = cluster_run(args, running, members, workload)
+                    _log_point(workload, "a %d-node cluster" % k, k, point)
+                    if k > 1 and "error" not in point:
+                        point["failover"] = failover_run(args, running, members, etcd, workload)
+                        _log_point(workload, "the %d node(s) left" % (k - 1), k - 1, point["failover"].get("left", {}))
             except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
                 log("failed: %s" % exc)
                 point = {"error": str(exc)[-1000:]}
-            _log_point(workload, "a %d-node cluster" % k, k, point)
             cluster["runs"][str(k)].append(point)
             _save(results, args.json_out)
     return cluster

@@ -9,6 +9,12 @@ them (6, 5, 5 on three nodes) on queues of its own, driven by an amqpbench of it
 to it, so every node takes clients. The figure is the sum of the amqpbench processes' consumed
 msg/s over the same measured window, and the CPU of every node's processes over it.
 
+On a cluster of more than one node each run goes on with the issue's kill: SIGKILL the leader (every
+node and etcd stay as they were otherwise), then the time until each of 16 durable queues, given a
+confirmed message before the kill, is served again through a node left (a passive declare shows
+its message, and a get returns it), probed in turn every 0.1 s, against the lease plus 2 s; then
+the workload again on the nodes left, spread over them.
+
 What a node does with a client is the cluster's business: today a follower forwards the whole
 connection to the leader (docs/cluster.md, "Forwarding"), so every queue lives on the one leader
 and K nodes do one node's work; issue 32 spreads shard leaders over the nodes.
@@ -21,6 +27,7 @@ import shutil
 import sys
 import tempfile
 import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -31,9 +38,11 @@ from scale import CpuWindow, Running
 
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 
-from cluster_kit import EtcdProcess, leader_of, make_nodes, seed, started  # noqa: E402
+from cluster_kit import EtcdProcess, in_sync, leader_of, make_nodes, seed, started, until  # noqa: E402
 
 URI = "amqp://guest:guest@127.0.0.1:%d/%%2f"  # amqpbench's form of the default vhost
+LEASE_TTL = 2.0  # seconds: tests/cluster_kit.py's nodes
+SERVED_TARGET = LEASE_TTL + 2.0  # the issue's: every queue served again within the lease plus 2 s
 SPREAD_TOTAL = 16  # queues, producers and consumers in all
 CLUSTER_TARGET = {3: 2.5}  # K nodes / 1 node, the issue's
 
@@ -44,8 +53,8 @@ def shares(total: int, parts: int) -> list[int]:
 
 
 @contextmanager
-def cluster_running(extra: list[str], nodes: int, cores: float) -> Iterator[tuple[Running, list]]:
-    """(a scale.Running for the whole cluster, its nodes): `nodes` nodes in sync, a leader serving."""
+def cluster_running(extra: list[str], nodes: int, cores: float) -> Iterator[tuple[Running, list, EtcdProcess]]:
+    """(a scale.Running for the whole cluster, its nodes, etcd): `nodes` nodes in sync, a leader serving."""
     tmp = Path(tempfile.mkdtemp(prefix="hutch-scale-cluster-"))
     try:
         with QuotaSet() as quotas:
@@ -75,13 +84,14 @@ def cluster_running(extra: list[str], nodes: int, cores: float) -> Iterator[tupl
                 running = Running("hutch cluster", URI % (leader or members[0]).port,
                                        (leader or members[0]).process.pid, processes,
                                        lambda: [n.process.pid for n in members], [(g, cores) for g in groups], place)
-                yield running, members
+                yield running, members, etcd
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def cluster_run(settings: argparse.Namespace, running: Running, members: list, workload) -> dict:
-    """One run: an amqpbench per node at once, each with its share of the queues and clients."""
+def cluster_run(settings: argparse.Namespace, running: Running, members: list, workload, label: str = "") -> dict:
+    """One run: an amqpbench per running node at once, each with its share of the queues and clients."""
+    members = [node for node in members if node.running()]
     running.place()
     running.limit(True)
     window = CpuWindow(running, settings.duration)
@@ -96,7 +106,7 @@ def cluster_run(settings: argparse.Namespace, running: Running, members: list, w
             window.begin()
 
     def drive(i: int) -> None:
-        name = "scale-cluster-%d-%s-%d" % (len(members), members[i].name, os.getpid())
+        name = "scale-cluster%s-%d-%s-%d" % (label, len(members), members[i].name, os.getpid())
         try:
             outs[i] = amqpbench(settings.generator, URI % members[i].port,
                                 ["--time", "%g" % settings.duration, "--warmup", "%g" % settings.warmup,
@@ -124,3 +134,58 @@ def cluster_run(settings: argparse.Namespace, running: Running, members: list, w
             "broker_cores": cores, "cpu_us": cores * 1e6 / rate if cores is not None and rate else None,
             "per_node_cores": [sum(c for p, c in per.items() if node_of.get(p) == i) for i in range(len(members))],
             "throttled": window.throttled, "amqpbench": outs}
+
+
+def failover_run(settings: argparse.Namespace, running: Running, members: list, etcd: EtcdProcess,
+                 workload) -> dict:
+    """The issue's kill (module doc): how long until every queue is served again, and the
+    throughput of the nodes left."""
+    import pika
+
+    leader = leader_of(etcd, members)
+    if leader is None:
+        return {"error": "no leader to kill"}
+    names = ["scale-failover-%d-%d" % (os.getpid(), i) for i in range(SPREAD_TOTAL)]
+    with pika.BlockingConnection(pika.URLParameters(URI % leader.port)) as connection:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        for name in names:
+            channel.queue_declare(name, durable=True)
+            channel.basic_publish("", name, b"kept", pika.BasicProperties(delivery_mode=2))
+    left = [node for node in members if node is not leader]
+    killed_at = time.monotonic()
+    leader.crash()
+    waiting, turn = list(names), 0
+    while waiting and time.monotonic() - killed_at < 60:
+        node = left[turn % len(left)]
+        turn += 1
+        try:
+            with pika.BlockingConnection(pika.URLParameters(URI % node.port + "?socket_timeout=1&"
+                                                            "blocked_connection_timeout=1")) as connection:
+                channel = connection.channel()
+                while waiting:
+                    if channel.queue_declare(waiting[0], passive=True).method.message_count != 1:
+                        break
+                    method, _props, body = channel.basic_get(waiting[0], auto_ack=False)
+                    if method is None or body != b"kept":
+                        break
+                    channel.basic_nack(method.delivery_tag, requeue=True)
+                    waiting.pop(0)
+        except pika.exceptions.AMQPError:
+            pass  # not served yet there: a follower forwarding to no leader, a node promoting
+        if waiting:
+            time.sleep(0.1)
+    served = time.monotonic() - killed_at if not waiting else None
+    log("leader %s SIGKILLed: %s" % (leader.name, "every queue served again after %.2f s" % served if served
+                                     else "%d queue(s) not served after 60 s" % len(waiting)))
+    point = {"killed": leader.name, "served_after_s": served, "target_s": SERVED_TARGET,
+             "not_served": len(waiting)}
+    if served is not None:
+        # Measured once the nodes left are a cluster again: all in sync with the new leader.
+        try:
+            until(lambda: {node.name for node in left} <= set(in_sync(etcd)), 60, "the nodes left in sync")
+        except AssertionError as exc:
+            point["left"] = {"error": str(exc)}
+            return point
+        point["left"] = cluster_run(settings, running, members, workload, "-left")
+    return point

@@ -131,7 +131,7 @@ def test_a_cluster_under_quota_has_each_node_whole_in_a_group_of_its_own(quotas)
     own group, limited to the quota while a run measures and unlimited otherwise; etcd outside."""
     from scale_cluster import URI, cluster_running
 
-    with cluster_running([], 2, 0.5) as (running, members):
+    with cluster_running([], 2, 0.5) as (running, members, _etcd):
         groups = [group for group, _cores in running.quotas]
         assert [set(group.pids()) for group in groups] == [
             {node.process.pid, *children(node.process.pid)} for node in members]
