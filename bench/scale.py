@@ -222,6 +222,49 @@ log.file.level = warning
 """
 
 
+def rabbitmq_node_env(base: str, name: str, port: int, schedulers: int, home: str | None = None) -> dict:
+    """The environment of a RabbitMQ node of its own (module doc) with its files under `base`:
+    its listener on `port`, no plugins, `schedulers` schedulers; HOME (where the Erlang cookie
+    is) `home`, by default `base`."""
+    os.makedirs(base, exist_ok=True)
+    with open(os.path.join(base, "rabbitmq.conf"), "w") as f:
+        f.write(RABBITMQ_CONF.format(port=port))
+    with open(os.path.join(base, "enabled_plugins"), "w") as f:
+        f.write("[].\n")
+    open(os.path.join(base, "rabbitmq-env.conf"), "w").close()  # not /etc/rabbitmq's
+    return dict(os.environ, HOME=home or base,  # the node's .erlang.cookie goes there, not to root's home
+                RABBITMQ_NODENAME="%s@%s" % (name, socket.gethostname().split(".")[0]),
+                RABBITMQ_NODE_PORT=str(port), RABBITMQ_NODE_IP_ADDRESS="127.0.0.1", RABBITMQ_DIST_PORT=str(free_port()),
+                RABBITMQ_MNESIA_BASE=os.path.join(base, "mnesia"), RABBITMQ_LOG_BASE=os.path.join(base, "log"),
+                RABBITMQ_ENABLED_PLUGINS_FILE=os.path.join(base, "enabled_plugins"),
+                RABBITMQ_CONFIG_FILE=os.path.join(base, "rabbitmq"),
+                RABBITMQ_ADVANCED_CONFIG_FILE=os.path.join(base, "advanced.config"),
+                RABBITMQ_CONF_ENV_FILE=os.path.join(base, "rabbitmq-env.conf"),
+                RABBITMQ_PID_FILE=os.path.join(base, "pid"),
+                RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="+S %d:%d" % (schedulers, schedulers))
+
+
+@contextmanager
+def rabbitmq_node(env: dict, group: CpuQuota, port: int) -> Iterator[int]:
+    """A RabbitMQ node started with `env` inside `group`; its beam's pid once it serves on `port`."""
+    base = os.path.dirname(env["RABBITMQ_CONFIG_FILE"])
+    with open(os.path.join(base, "server.out"), "ab") as out:
+        proc = subprocess.Popen([RABBITMQ_SERVER], env=env, cwd=base, stdout=out, stderr=subprocess.STDOUT,
+                                preexec_fn=group.enter)
+    try:
+        wait_serving(port, proc, 300)
+        pid = listening_pid(port)
+        if pid is None:
+            raise RuntimeError("no process listens on RabbitMQ's port %d" % port)
+        yield pid
+    finally:
+        proc.terminate()  # the script's trap stops the node (SIGTERM to beam.smp)
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            log("RabbitMQ did not stop within 120 s: killed")
+
+
 @contextmanager
 def rabbitmq_running(schedulers: int, cores: float) -> Iterator[Running]:
     """A RabbitMQ node of its own (module doc) in one cgroup of `cores`, `schedulers` schedulers."""
@@ -229,42 +272,16 @@ def rabbitmq_running(schedulers: int, cores: float) -> Iterator[Running]:
         raise RuntimeError("%s not found (apt-get install -y rabbitmq-server)" % RABBITMQ_SERVER)
     base = tempfile.mkdtemp(prefix="rabbitmq-scale-")
     port = free_port()
-    with open(os.path.join(base, "rabbitmq.conf"), "w") as f:
-        f.write(RABBITMQ_CONF.format(port=port))
-    with open(os.path.join(base, "enabled_plugins"), "w") as f:
-        f.write("[].\n")
-    open(os.path.join(base, "rabbitmq-env.conf"), "w").close()  # not /etc/rabbitmq's
-    erl_args = "+S %d:%d" % (schedulers, schedulers)
-    env = dict(os.environ, HOME=base,  # the node's .erlang.cookie goes there, not to root's home
-               RABBITMQ_NODENAME="hutch-scale-%d-%d@%s" % (os.getpid(), schedulers, socket.gethostname().split(".")[0]),
-               RABBITMQ_NODE_PORT=str(port), RABBITMQ_NODE_IP_ADDRESS="127.0.0.1", RABBITMQ_DIST_PORT=str(free_port()),
-               RABBITMQ_MNESIA_BASE=os.path.join(base, "mnesia"), RABBITMQ_LOG_BASE=os.path.join(base, "log"),
-               RABBITMQ_ENABLED_PLUGINS_FILE=os.path.join(base, "enabled_plugins"),
-               RABBITMQ_CONFIG_FILE=os.path.join(base, "rabbitmq"),
-               RABBITMQ_ADVANCED_CONFIG_FILE=os.path.join(base, "advanced.config"),
-               RABBITMQ_CONF_ENV_FILE=os.path.join(base, "rabbitmq-env.conf"),
-               RABBITMQ_PID_FILE=os.path.join(base, "pid"), RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS=erl_args)
+    env = rabbitmq_node_env(base, "hutch-scale-%d-%d" % (os.getpid(), schedulers), port, schedulers)
     try:
         with QuotaSet() as quotas:
             group = quotas.new("rabbitmq")
             try:
-                with open(os.path.join(base, "server.out"), "ab") as out:
-                    proc = subprocess.Popen([RABBITMQ_SERVER], env=env, cwd=base, stdout=out, stderr=subprocess.STDOUT,
-                                            preexec_fn=group.enter)
-                try:
-                    wait_serving(port, proc, 300)
-                    pid = listening_pid(port)
-                    if pid is None:
-                        raise RuntimeError("no process listens on RabbitMQ's port %d" % port)
-                    log("RabbitMQ node %s (%s) on port %d, pid %d" % (env["RABBITMQ_NODENAME"], erl_args, port, pid))
+                with rabbitmq_node(env, group, port) as pid:
+                    log("RabbitMQ node %s (%s) on port %d, pid %d" % (
+                        env["RABBITMQ_NODENAME"], env["RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS"], port, pid))
                     yield Running("RabbitMQ", "amqp://guest:guest@127.0.0.1:%d/%%2f" % port, pid, group.pids,
                                   lambda: [pid], [(group, cores)])
-                finally:
-                    proc.terminate()  # the script's trap stops the node (SIGTERM to beam.smp)
-                    try:
-                        proc.wait(timeout=120)
-                    except subprocess.TimeoutExpired:
-                        log("RabbitMQ did not stop within 120 s: killed")
             finally:
                 _kill_left(quotas)
     finally:
@@ -483,13 +500,17 @@ def table(results: dict) -> str:
 
         rates = {k: median([r.get("consumed") for r in runs if r]) for k, runs in cluster["runs"].items()}
         cpu = {k: median([r.get("cpu_us") for r in runs if r]) for k, runs in cluster["runs"].items()}
-        base = rates.get("1")
+        theirs = {k: median([r.get("consumed") for r in runs if r]) for k, runs in cluster.get("rabbitmq", {}).items()}
+        base, their_base = rates.get("1"), theirs.get("1")
         for k in cluster["nodes"]:
-            rate = rates.get(str(k))
+            rate, their = rates.get(str(k)), theirs.get(str(k))
             speedup = rate / base if rate and base else None
             lines.append("cluster of %d node(s), %g core each, confirms: %s msg/s, %s broker CPU µs/msg, "
-                         "K / 1 node %s%s" % (k, cluster["quota"], _fmt(rate), _fmt(cpu.get(str(k)), "%.2f"),
-                                              _fmt(speedup, "%.2f"), _verdict(speedup, CLUSTER_TARGET.get(k))))
+                         "K / 1 node %s%s; RabbitMQ (quorum queues) %s msg/s, K / 1 node %s; hutch / RabbitMQ %s" % (
+                             k, cluster["quota"], _fmt(rate), _fmt(cpu.get(str(k)), "%.2f"), _fmt(speedup, "%.2f"),
+                             _verdict(speedup, CLUSTER_TARGET.get(k)), _fmt(their),
+                             _fmt(their / their_base if their and their_base else None, "%.2f"),
+                             _fmt(rate / their if rate and their else None, "%.2f")))
             kills = [r["failover"] for r in cluster["runs"][str(k)] if r and "failover" in r]
             if kills:
                 served = [f.get("served_after_s") for f in kills]
@@ -636,11 +657,12 @@ def run(args: argparse.Namespace) -> dict:
 
 def cluster_runs(args: argparse.Namespace, results: dict) -> dict:
     """--cluster (bench/scale_cluster.py): the confirms workload on clusters of each node count."""
-    from scale_cluster import cluster_run, cluster_running, failover_run
+    from scale_cluster import cluster_run, cluster_running, declare_quorum, failover_run, rabbitmq_cluster_running
 
     workload = next(w for w in WORKLOADS if w.key == "confirms")
     cluster = results["cluster"] = {"nodes": args.cluster, "quota": args.quota,
-                                    "runs": {str(k): [] for k in args.cluster}}
+                                    "runs": {str(k): [] for k in args.cluster},
+                                    "rabbitmq": {str(k): [] for k in args.cluster}}
     for repeat in range(args.repeat):
         for k in args.cluster:
             log("repeat %d/%d: a cluster of %d node(s) at %g core each" % (repeat + 1, args.repeat, k, args.quota))
@@ -655,6 +677,19 @@ def cluster_runs(args: argparse.Namespace, results: dict) -> dict:
                 log("failed: %s" % exc)
                 point = {"error": str(exc)[-1000:]}
             cluster["runs"][str(k)].append(point)
+            _save(results, args.json_out)
+            if args.no_rabbitmq:
+                continue
+            log("repeat %d/%d: a RabbitMQ cluster of %d node(s) at %g core each, quorum queues" % (
+                repeat + 1, args.repeat, k, args.quota))
+            try:
+                with rabbitmq_cluster_running(k, args.quota) as (running, members):
+                    point = cluster_run(args, running, members, workload, declare=declare_quorum)
+            except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+                log("failed: %s" % exc)
+                point = {"error": str(exc)[-1000:]}
+            _log_point(workload, "a %d-node RabbitMQ cluster" % k, k, point)
+            cluster["rabbitmq"][str(k)].append(point)
             _save(results, args.json_out)
     return cluster
 
@@ -686,8 +721,8 @@ def main(argv: list[str] | None = None) -> int:
     _save(results, args.json_out)
     print("%s; %s; hutch %s; quota %g core per %s; %s; %d run(s) per figure, median shown\n" % (
         results["started"], results["machine"], results["revision"], args.quota,
-        "node" if args.cluster else "shard", "hutch only" if args.cluster or args.no_rabbitmq
-        else "RabbitMQ " + results["rabbitmq_erl_args"], args.repeat))
+        "node" if args.cluster else "shard", "hutch only" if args.no_rabbitmq
+        else "RabbitMQ +S 1:1 per node" if args.cluster else "RabbitMQ " + results["rabbitmq_erl_args"], args.repeat))
     print("`%s`\n" % results["command"])
     print(table(results))
     for note in results["notes"]:

@@ -23,17 +23,19 @@ from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Iterator
 
 from cpu_quota import QuotaSet
-from harness import ROOT, amqpbench, children, log
+from harness import ROOT, amqpbench, children, free_port, log
 from scale import CpuWindow, Running
 
 sys.path.insert(0, os.path.join(ROOT, "tests"))
@@ -89,14 +91,22 @@ def cluster_running(extra: list[str], nodes: int, cores: float) -> Iterator[tupl
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def cluster_run(settings: argparse.Namespace, running: Running, members: list, workload, label: str = "") -> dict:
-    """One run: an amqpbench per running node at once, each with its share of the queues and clients."""
-    members = [node for node in members if node.running()]
+def cluster_run(settings: argparse.Namespace, running: Running, members: list, workload, label: str = "",
+                declare=None) -> dict:
+    """One run: an amqpbench per running node at once, each with its share of the queues and
+    clients; `declare(node, queue names)`, when given, declares them first (amqpbench then does not)."""
+    alive = [i for i, node in enumerate(members) if node.running()]
+    groups = [running.quotas[i][0] for i in alive]
+    members = [members[i] for i in alive]
+    parts = shares(SPREAD_TOTAL, len(members))
+    names = ["scale-cluster%s-%d-%s-%d" % (label, len(members), node.name, os.getpid()) for node in members]
+    if declare is not None:
+        for node, name, count in zip(members, names, parts):
+            declare(node, ["%s-%d" % (name, j + 1) for j in range(count)])
     running.place()
     running.limit(True)
     window = CpuWindow(running, settings.duration)
-    node_of = {pid: i for i, node in enumerate(members) for pid in [node.process.pid] + children(node.process.pid)}
-    parts = shares(SPREAD_TOTAL, len(members))
+    node_of = {pid: i for i, group in enumerate(groups) for pid in group.pids()}
     outs: list[dict | None] = [None] * len(members)
     errors: list[str] = []
     begun = threading.Lock()
@@ -106,13 +116,13 @@ def cluster_run(settings: argparse.Namespace, running: Running, members: list, w
             window.begin()
 
     def drive(i: int) -> None:
-        name = "scale-cluster%s-%d-%s-%d" % (label, len(members), members[i].name, os.getpid())
+        name = names[i]
         try:
             outs[i] = amqpbench(settings.generator, URI % members[i].port,
                                 ["--time", "%g" % settings.duration, "--warmup", "%g" % settings.warmup,
                                  "--queue", name, "--label", name, "--queues", str(parts[i]),
                                  "--producers", str(parts[i]), "--consumers", str(parts[i]),
-                                 *workload.args.split()],
+                                 *workload.args.split(), *(["--predeclared"] if declare else [])],
                                 None, timeout=settings.duration + settings.warmup + 600,
                                 when=("[warm-up done", begin))
         except Exception as exc:  # reported with the run
@@ -189,3 +199,70 @@ def failover_run(settings: argparse.Namespace, running: Running, members: list, 
             return point
         point["left"] = cluster_run(settings, running, members, workload, "-left")
     return point
+
+
+# --- RabbitMQ: a cluster of its own, quorum queues ---------------------------------------------
+
+class RabbitNode:
+    """A node of rabbitmq_cluster_running, as cluster_run sees a member."""
+
+    def __init__(self, name: str, port: int, pid: int) -> None:
+        self.name, self.port, self.pid = name, port, pid
+
+    def running(self) -> bool:
+        return os.path.exists("/proc/%d" % self.pid)
+
+
+def declare_quorum(node: RabbitNode, names: list[str]) -> None:
+    """Quorum queues declared through `node`: their leaders are there (RabbitMQ 3.10's
+    queue-leader-locator is client-local by default)."""
+    import pika
+
+    with pika.BlockingConnection(pika.URLParameters(URI % node.port)) as connection:
+        channel = connection.channel()
+        for name in names:
+            channel.queue_declare(name, durable=True, arguments={"x-queue-type": "quorum"})
+
+
+@contextmanager
+def rabbitmq_cluster_running(nodes: int, cores: float) -> Iterator[tuple[Running, list[RabbitNode]]]:
+    """RabbitMQ 3.10 nodes of their own (scale.rabbitmq_node_env: free ports, their own files),
+    each in a cgroup of `cores` with one scheduler, joined into one cluster (rabbitmqctl
+    join_cluster) sharing one Erlang cookie."""
+    from scale import RABBITMQ_SERVER, _kill_left, rabbitmq_node, rabbitmq_node_env
+
+    if not os.access(RABBITMQ_SERVER, os.X_OK):
+        raise RuntimeError("%s not found (apt-get install -y rabbitmq-server)" % RABBITMQ_SERVER)
+    base = tempfile.mkdtemp(prefix="rabbitmq-scale-cluster-")
+    cookie = os.path.join(base, ".erlang.cookie")
+    with open(cookie, "w") as f:
+        f.write(secrets.token_hex(16))
+    os.chmod(cookie, 0o400)
+    ctl = os.path.join(os.path.dirname(RABBITMQ_SERVER), "rabbitmqctl")
+    try:
+        with QuotaSet() as quotas, ExitStack() as stack:
+            groups = [quotas.new("rabbit-%d" % (i + 1)) for i in range(nodes)]
+            try:
+                members, envs = [], []
+                for i, group in enumerate(groups):
+                    port = free_port()
+                    env = rabbitmq_node_env(os.path.join(base, "r%d" % (i + 1)),
+                                            "hutch-scale-%d-r%d" % (os.getpid(), i + 1), port, 1, home=base)
+                    pid = stack.enter_context(rabbitmq_node(env, group, port))
+                    members.append(RabbitNode(env["RABBITMQ_NODENAME"], port, pid))
+                    envs.append(env)
+                for node, env in zip(members[1:], envs[1:]):
+                    for command in (["stop_app"], ["join_cluster", members[0].name], ["start_app"]):
+                        subprocess.run([ctl, "-n", node.name, *command], env=env, check=True,
+                                       capture_output=True, timeout=120)
+                log("RabbitMQ cluster of %d: %s" % (nodes, ", ".join("%s pid %d" % (n.name, n.pid) for n in members)))
+                yield Running("RabbitMQ cluster", URI % members[0].port, members[0].pid,
+                              lambda: [pid for g in groups for pid in g.pids()], lambda: [n.pid for n in members],
+                              [(g, cores) for g in groups]), members
+            finally:
+                stack.close()
+                _kill_left(quotas)
+    except subprocess.CalledProcessError as exc:
+        raise RuntimeError("rabbitmqctl %s: %s" % (" ".join(exc.cmd[1:]), (exc.stderr or b"").decode()[-500:]))
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
