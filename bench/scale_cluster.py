@@ -15,6 +15,11 @@ confirmed message before the kill, is served again through a node left (a passiv
 its message, and a get returns it), probed in turn every 0.1 s, against the lease plus 2 s; then
 the workload again on the nodes left, spread over them.
 
+RabbitMQ runs beside it (rabbitmq_cluster_running): as many RabbitMQ 3.10 nodes of their own,
+each in a cgroup of --quota with one scheduler, joined into a cluster, the same workload on quorum
+queues declared through the node whose amqpbench uses them (3.10 leads a quorum queue where it is
+declared by default). It is not killed: the kill is hutch's failover bound.
+
 What a node does with a client is the cluster's business: today a follower forwards the whole
 connection to the leader (docs/cluster.md, "Forwarding"), so every queue lives on the one leader
 and K nodes do one node's work; issue 32 spreads shard leaders over the nodes.
@@ -83,9 +88,9 @@ def cluster_running(extra: list[str], nodes: int, cores: float) -> Iterator[tupl
                 log("cluster of %d: %s leads; nodes %s" % (nodes, leader.name if leader else "none",
                                                            ", ".join("%s pid %d" % (n.name, n.process.pid)
                                                                      for n in members)))
-                running = Running("hutch cluster", URI % (leader or members[0]).port,
-                                       (leader or members[0]).process.pid, processes,
-                                       lambda: [n.process.pid for n in members], [(g, cores) for g in groups], place)
+                first = leader or members[0]
+                running = Running("hutch cluster", URI % first.port, first.process.pid, processes,
+                                  lambda: [n.process.pid for n in members], [(g, cores) for g in groups], place)
                 yield running, members, etcd
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
