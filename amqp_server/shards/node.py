@@ -31,7 +31,7 @@ Records (tuples, amqp_server.shards.link), by the requester:
   ("report", index, report)               to shard 0, every REPORT_INTERVAL (no answer)
   ("ask", ticket, service, args)          a management service of another shard
   ("dead", ticket, vhost, record)          to shard 0: a dead letter for the vhost's log (answer: durable)
-  ("moved", move id)                       a connection this shard sent there (hand_over) after every
+  ("moved", (pid, n))                      a connection this shard sent there (hand_over) after every
                                            record it sent before leaving
   ("ping", ticket)                         answered ("pong", ticket) once the records before it are handled
   ("tallies", counts) ("tally", kind, name, count) ("login", failed, host, username)
@@ -91,6 +91,9 @@ REPORT_INTERVAL = 1.0
 # A moving connection's socket: the suffix of a shard's socket for them, and seconds to pass it.
 MOVES = ".moves"
 MOVE_TIMEOUT = 2.0
+# Seconds one half of a move waits for the other (ShardNode._arriving): the "moved" record comes
+# behind what the link carried before it, which a busy owner may take a while to read.
+ARRIVAL_TIMEOUT = 30.0
 _LENGTH = struct.Struct(">I")
 # Records that wait for a link to a shard that is starting (a publish, a get).
 UNSENT_MAX = 100_000
@@ -189,9 +192,9 @@ class ShardNode:
         # A move has two halves, the socket (on the moves socket) and the mover's "moved" record (on
         # its link, after every publish the connection sent across before it left); the connection
         # is served here once both came, so those publishes are enqueued before any it sends here
-        # (a channel's publishes reach a queue in order). (mover, move id) -> (socket, state,
-        # pending), or None while only the record came.
-        self._arriving: dict[tuple[int, int], tuple | None] = {}
+        # (a channel's publishes reach a queue in order). (mover, move id) -> ((socket, state,
+        # pending), or None while only the record came; the timer that drops it: _forget).
+        self._arriving: dict[tuple[int, tuple], tuple] = {}
         self._move_ids = itertools.count(1)
         self._tasks: set[asyncio.Task] = set()
         # What this shard tells shard 0 of itself (its connections, its queues'
@@ -344,9 +347,7 @@ class ShardNode:
     def _lost(self, link: Link) -> None:
         if link in self.links:  # the mover's "moved" records come on it: its moves here cannot complete
             for move in [move for move in self._arriving if move[0] == link.peer]:
-                arrived = self._arriving.pop(move)
-                if arrived is not None:
-                    arrived[0].close()  # the client sees its connection end, as on the mover's failure
+                self._forget(move)
         self.links.discard(link)
         self.tallies.lost(link)
         self.flows.pop(link, None)
@@ -931,7 +932,7 @@ class ShardNode:
         link = self.outgoing.get(shard)
         if link is None:
             return False
-        move_id = next(self._move_ids)
+        move_id = (os.getpid(), next(self._move_ids))  # unique also across the mover's restarts
         data = pickle.dumps((self.here, move_id, state, pending), protocol=pickle.HIGHEST_PROTOCOL)
         try:
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as move:
@@ -955,13 +956,13 @@ class ShardNode:
         peers = self.others_than(shard)
         waiting = [len(peers)]
 
-        def answered(_record):  # a pong, or the peer lost (what it had not handled is gone with it)
+        def answered():  # a pong, or the peer lost (what it had not handled is gone with it)
             waiting[0] -= 1
             if not waiting[0]:
                 done()
 
         for peer in peers:  # a callback each: `request` marks it with its peer
-            self.request(peer, lambda ticket: ("ping", ticket), lambda record: answered(record))
+            self.request(peer, lambda ticket: ("ping", ticket), lambda _record: answered())
 
     def _on_ping(self, link, ticket):
         link.send(("pong", ticket))
@@ -997,15 +998,26 @@ class ShardNode:
     def _on_moved(self, link, move_id):
         self._arrived((link.peer, move_id), None)
 
-    def _arrived(self, move: tuple[int, int], connection: tuple | None) -> None:
-        """One half of a move came (see _arriving): the connection is served once both did."""
+    def _arrived(self, move: tuple[int, tuple], connection: tuple | None) -> None:
+        """One half of a move came (see _arriving): the connection is served once both did;
+        a half whose other half has not come within ARRIVAL_TIMEOUT is dropped (`_forget`)."""
         if move not in self._arriving:
-            self._arriving[move] = connection
+            timer = asyncio.get_running_loop().call_later(ARRIVAL_TIMEOUT, self._forget, move)
+            self._arriving[move] = (connection, timer)
             return
-        sock, state, pending = connection or self._arriving.pop(move)
+        other, timer = self._arriving.pop(move)
+        timer.cancel()
+        self.adopt(*(connection or other))
+
+    def _forget(self, move: tuple[int, tuple]) -> None:
+        """A move's other half never came (its mover ended between the two, or a socket
+        failed on its way here): a socket waiting here closes, as on the mover's failure."""
+        connection, timer = self._arriving.pop(move)
+        timer.cancel()
         if connection is not None:
-            del self._arriving[move]
-        self.adopt(sock, state, pending)
+            log.warning("shard %d: a connection moving here from shard %d was dropped: its mover's "
+                        "record did not come", self.here, move[0])
+            connection[0].close()
 
     def say_bye(self) -> None:
         """At the start of a clean stop: every peer hears it on every link
