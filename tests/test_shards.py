@@ -183,7 +183,9 @@ def test_a_publisher_moving_keeps_its_order_into_a_third_shards_queue(tmp_path):
             sent = []
             for i in range(170):  # fewer than 64 in a row for shard 2: the publisher moves to shard 1
                 into = target if 60 <= i < 130 else third
-                body = b"%05d" % i + b"." * 6000
+                # large before the move (more than shard 2 reads at once), small after: the
+                # client's socket must take what it sends while the move waits for shard 2
+                body = b"%05d" % i + b"." * (6000 if i < 60 else 10)
                 publisher.basic_publish("", into, body, pika.BasicProperties(delivery_mode=2))
                 if into == third:
                     sent.append(body[:5])
