@@ -106,7 +106,7 @@ class Ui:
             if (old) old.dataset.old = '1';
             if (location.hash === arguments[0]) window.dispatchEvent(new HashChangeEvent('hashchange'));
             else location.hash = arguments[0];""", "#/" + route)
-        self.one("#view h1:not([data-old])")
+        self.one("#view[aria-busy=false] h1:not([data-old])")  # the page has loaded: its layout holds still
 
     def filter(self, text: str, regex: bool = False) -> None:
         """Type into the open list's name filter (replacing what was there)."""
@@ -164,7 +164,7 @@ class Ui:
                 field.clear()
                 field.send_keys(value)
         note = form.find_element(By.CSS_SELECTOR, ".note")
-        self.driver.execute_script("arguments[0].textContent = ''", note)
+        self.driver.execute_script("arguments[0].textContent = ''; performance.clearResourceTimings()", note)
         form.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
         if confirm is not None:
             asked = self.confirmation()
@@ -172,10 +172,28 @@ class Ui:
                 raise AssertionError("form %s asked %r, not %r" % (form_id, asked, confirm))
         if leaves:
             return ""
-        text = self.wait(lambda: note.text, "an answer to form " + form_id)
+        try:
+            text = self.wait(lambda: note.text, "an answer to form " + form_id)
+        except AssertionError as exc:
+            raise AssertionError("%s (%s)" % (exc, self._state(note))) from None
         if ("error" in note.get_attribute("class")) != refused:
             raise AssertionError("form %s: %s" % (form_id, text))
         return text
+
+    def _state(self, note) -> str:
+        """What the page shows about a form that gave no answer: whether its
+        note is still in the page, the view's heading and load state, and the
+        requests the page finished since the form was submitted (name and
+        milliseconds taken)."""
+        script = """
+            const view = document.getElementById('view'), h1 = view.querySelector('h1');
+            return {note_in_page: !!arguments[0], heading: h1 && h1.innerText, busy: view.getAttribute('aria-busy'),
+                    requests: performance.getEntriesByType('resource')
+                      .map((e) => e.name.replace(location.origin, '') + ' ' + Math.round(e.duration))};"""
+        try:
+            return repr(self.driver.execute_script(script, note))
+        except StaleElementReferenceException:  # the page was drawn again: the note is gone
+            return repr(self.driver.execute_script(script, None))
 
     def screenshot(self, path: str) -> None:
         self.driver.save_screenshot(path)

@@ -107,10 +107,22 @@ function drawNav(tab) {
   }
 }
 
+// The view is aria-busy from a navigation until its page's first load has
+// ended (shown or failed): assistive technology (and the UI's tests) wait
+// for that before reading or using the page, whose layout moves as it fills.
 async function route() {
   const navigation = ++shown;
   update = null;
   const view = clear($('view'));
+  view.setAttribute('aria-busy', 'true');
+  try {
+    await load(view, navigation);
+  } finally {
+    if (navigation === shown) view.setAttribute('aria-busy', 'false');
+  }
+}
+
+async function load(view, navigation) {
   const found = match(segmentsOf(location.hash));
   drawNav(found ? found.tab : null);
   if (!found) {
