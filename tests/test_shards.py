@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import pickle
 import signal
+import socket
 import sqlite3
+import struct
 import subprocess
 import sys
 import time
@@ -293,6 +296,58 @@ def test_a_shard_killed_under_load_loses_nothing_confirmed_and_the_other_keeps_s
     bodies = [int(fresh.basic_get(kept, auto_ack=True)[2]) for _ in range(confirmed)]
     assert bodies == list(range(confirmed))
     steady.connection.close()
+
+
+def _link_socket(pid: int) -> str:
+    """The path of the link socket shard process `pid` listens on (its
+    node's private link directory, amqp_server.process.shards)."""
+    inodes = set()
+    for fd in os.listdir("/proc/%d/fd" % pid):
+        target = os.readlink("/proc/%d/fd/%s" % (pid, fd))
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    with open("/proc/net/unix") as table:
+        for line in table.read().splitlines()[1:]:
+            fields = line.split()
+            if len(fields) == 8 and fields[6] in inodes and fields[7].endswith(".sock"):
+                return fields[7]
+    raise AssertionError("shard pid %d listens on no link socket" % pid)
+
+
+class _Hostile:
+    """What a hostile frame asks pickle to do: create `path` (a function call)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def test_a_link_frame_naming_a_function_runs_nothing_and_the_shard_goes_on(node, tmp_path):
+    """A link reads records as data: a frame that would call a function
+    (here open(), to create a file) is refused, its link closed, and the
+    shard serves on; so would a frame that is not a list of records."""
+    shard0 = _pid_of_shard(node, 0)
+    marker = tmp_path / "called"
+    refused = node.log.count("an undecodable frame; closing the link")
+    for payload in (pickle.dumps([("hello", _Hostile(str(marker)))]), pickle.dumps({"not": "records"}),
+                    b"not a pickle"):
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as link:
+            link.connect(_link_socket(shard0))
+            link.sendall(struct.pack(">I", len(payload)) + payload)
+            link.settimeout(10)
+            assert link.recv(1) == b""  # closed by the shard
+    assert not marker.exists()
+    wait_for(lambda: node.log.count("an undecodable frame; closing the link") == refused + 3, 10,
+             what="the refusals logged")
+    assert _pid_of_shard(node, 0) == shard0
+    channel = on_shard(node.port, 1).channel()
+    name = queue_on(node, channel, 0)
+    channel.basic_publish("", name, b"after")
+    assert wait_for(lambda: _get_or_none(channel, name), 10, what="the message")[2] == b"after"
+    channel.queue_delete(name)
+    channel.connection.close()
 
 
 def test_a_shard_that_held_no_queue_does_not_stop_fewer_shards(tmp_path):

@@ -6,15 +6,22 @@ amqp_server.shards.node's rule.
 Framing: a 4-byte big-endian length, then a pickled list of records. What a
 shard sends in one loop turn leaves as one frame (`send` queues, the end of
 the turn flushes), so a burst of publishes to another shard costs one
-write and one pickle, not one per message. Pickle is safe here because only
-this node's own processes can reach the directory (mode 0700, same user);
-a frame that does not decode closes the link, never the shard.
+write and one pickle, not one per message.
 
-Records are tuples whose first item names them (amqp_server.shards.node).
+Only this node's own processes can reach the directory (mode 0700, same
+user), but a frame is still read as data, never as code (`decode`): pickle
+builds the builtin values by itself, and the only classes a frame may name
+are the value types records carry (CARRIED), so no bytes on a link can
+call a function or build another object. That is what lets the same
+records cross nodes later (docs/scaling.md). A frame that does not decode,
+or is not a list of records, closes the link, never the shard.
+
+Records are tuples whose first item, a str, names them (amqp_server.shards.node).
 """
 from __future__ import annotations
 
 import asyncio
+import io
 import logging
 import pickle
 import struct
@@ -23,6 +30,34 @@ log = logging.getLogger("hutch.shards")
 
 _LENGTH = struct.Struct(">I")
 MAX_FRAME = 256 * 1024 * 1024
+
+# (module, name) of every class a record may hold besides pickle's own builtin
+# values: the values an AMQP field table decodes to (amqp_server.amqp.framing;
+# an aware datetime brings its timezone), a permission (set_permissions and a
+# sync), a dead letter (to shard 0's log). Building one runs no code of the
+# sender's choosing: a constructor of values, or a dataclass given its fields.
+CARRIED = frozenset({
+    ("decimal", "Decimal"),
+    ("datetime", "datetime"), ("datetime", "timezone"), ("datetime", "timedelta"),
+    ("vhosts.users", "Permission"),
+    ("storage.dead_letter_log", "DeadLetter"),
+})
+
+
+class _Records(pickle.Unpickler):
+    def find_class(self, module: str, name: str):
+        if (module, name) not in CARRIED:
+            raise pickle.UnpicklingError("a link carries no %s.%s" % (module, name))
+        return super().find_class(module, name)
+
+
+def decode(frame: bytes) -> list:
+    """The records of one frame; UnpicklingError when it is not a list of
+    records, or names a class a link does not carry."""
+    records = _Records(io.BytesIO(frame)).load()
+    if type(records) is not list or not all(type(r) is tuple and r and type(r[0]) is str for r in records):
+        raise pickle.UnpicklingError("a frame is not a list of records")
+    return records
 
 
 class Link(asyncio.Protocol):
@@ -77,7 +112,7 @@ class Link(asyncio.Protocol):
             if len(buffer) < 4 + length:
                 return
             try:
-                records = pickle.loads(buffer[4:4 + length])
+                records = decode(bytes(buffer[4:4 + length]))
             except Exception:
                 log.exception("shard link from %s: an undecodable frame; closing the link", self.peer)
                 self.close()
