@@ -327,7 +327,8 @@ class _Hostile:
 def test_a_link_frame_naming_a_function_runs_nothing_and_the_shard_goes_on(node, tmp_path):
     """A link reads records as data: a frame that would call a function
     (here open(), to create a file) is refused, its link closed, and the
-    shard serves on; so would a frame that is not a list of records."""
+    shard serves on; so does a frame that is not a list, and records that
+    are not records are logged and skipped."""
     shard0 = _pid_of_shard(node, 0)
     marker = tmp_path / "called"
     refused = node.log.count("an undecodable frame; closing the link")
@@ -341,6 +342,13 @@ def test_a_link_frame_naming_a_function_runs_nothing_and_the_shard_goes_on(node,
     assert not marker.exists()
     wait_for(lambda: node.log.count("an undecodable frame; closing the link") == refused + 3, 10,
              what="the refusals logged")
+    failed = node.log.count("failed to handle")
+    garbage = pickle.dumps([1, (), (["unhashable"],), ("no-such-record",)])  # records that are not
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as link:
+        link.connect(_link_socket(shard0))
+        link.sendall(struct.pack(">I", len(garbage)) + garbage)
+        wait_for(lambda: node.log.count("failed to handle") == failed + 3
+                 and "unknown record 'no-such-record'" in node.log, 10, what="each bad record logged")
     assert _pid_of_shard(node, 0) == shard0
     channel = on_shard(node.port, 1).channel()
     name = queue_on(node, channel, 0)

@@ -14,7 +14,8 @@ builds the builtin values by itself, and the only classes a frame may name
 are the value types records carry (CARRIED), so no bytes on a link can
 call a function or build another object. That is what lets the same
 records cross nodes later (docs/scaling.md). A frame that does not decode,
-or is not a list of records, closes the link, never the shard.
+or is not a list, closes the link, never the shard; a record that is not
+one (a tuple named by a str, of its name's arity) is logged and skipped.
 
 Records are tuples whose first item, a str, names them (amqp_server.shards.node).
 """
@@ -52,12 +53,19 @@ class _Records(pickle.Unpickler):
 
 
 def decode(frame: bytes) -> list:
-    """The records of one frame; UnpicklingError when it is not a list of
-    records, or names a class a link does not carry."""
+    """The records of one frame; UnpicklingError when it is not a list, or
+    names a class a link does not carry. Each record's shape is checked where
+    it is handled (a malformed one is logged and skipped, Link.data_received),
+    not in a pass of its own over every record."""
     records = _Records(io.BytesIO(frame)).load()
-    if type(records) is not list or not all(type(r) is tuple and r and type(r[0]) is str for r in records):
+    if type(records) is not list:
         raise pickle.UnpicklingError("a frame is not a list of records")
     return records
+
+
+def _kind(record) -> str:
+    """A record's name for a log line, whatever the record is."""
+    return repr(record[0] if type(record) is tuple and record else record)[:80]
 
 
 class Link(asyncio.Protocol):
@@ -112,7 +120,7 @@ class Link(asyncio.Protocol):
             if len(buffer) < 4 + length:
                 return
             try:
-                records = decode(bytes(buffer[4:4 + length]))
+                records = decode(bytes(memoryview(buffer)[4:4 + length]))  # one copy; the view is gone after it
             except Exception:
                 log.exception("shard link from %s: an undecodable frame; closing the link", self.peer)
                 self.close()
@@ -122,7 +130,7 @@ class Link(asyncio.Protocol):
                 try:
                     self.handler(self, record)
                 except Exception:
-                    log.exception("shard link from %s: failed to handle %r", self.peer, record[0])
+                    log.exception("shard link from %s: failed to handle %s", self.peer, _kind(record))
 
     def close(self) -> None:
         self.closed = True
