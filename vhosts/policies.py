@@ -27,6 +27,7 @@ import re
 from dataclasses import dataclass, field
 
 from vhosts.errors import erl_term
+from vhosts.queue_location import LEADER_LOCATORS, MASTER_LOCATORS
 from vhosts.stream_arguments import duration
 
 APPLY_TO = ("queues", "exchanges", "all")
@@ -64,6 +65,11 @@ DEFINITION_KEYS = {
     "federation-upstream-set": (_string, "federation upstream set name"),
     "max-age": (lambda value: duration(value) is not None, "max age"),
     "stream-max-segment-size-bytes": (_at_least(0), "segment size"),
+    # where a new queue's leader goes (vhosts.queue_location), worded as rabbitmqctl words them
+    "queue-leader-locator": (lambda value: isinstance(value, str) and value in LEADER_LOCATORS,
+                             "queue leader locator value"),
+    "queue-master-locator": (lambda value: isinstance(value, str) and value in MASTER_LOCATORS,
+                             "%s invalid queue-master-locator value"),
 }
 
 # What an operator policy may set (RabbitMQ 3.10's list); each caps the
@@ -78,7 +84,7 @@ OPERATOR_WITHOUT_EFFECT = frozenset({"max-in-memory-length", "max-in-memory-byte
 # RabbitMQ import, and without effect.
 WITHOUT_EFFECT = frozenset({
     "ha-mode", "ha-params", "ha-sync-mode", "ha-sync-batch-size", "ha-promote-on-shutdown",
-    "ha-promote-on-failure", "queue-mode", "queue-master-locator", "max-in-memory-length",
+    "ha-promote-on-failure", "queue-mode", "max-in-memory-length",
     "max-in-memory-bytes",
 })
 
@@ -97,7 +103,8 @@ def validate_definition(definition: object, keys: dict = DEFINITION_KEYS,
             continue
         check, what = keys[key]
         if not check(value):
-            raise ValueError("%s is not a valid %s" % (erl_term(value), what))
+            raise ValueError(what % erl_term(value) if "%s" in what else
+                             "%s is not a valid %s" % (erl_term(value), what))
     if "federation-upstream" in definition and "federation-upstream-set" in definition:
         raise ValueError("cannot specify federation-upstream, federation-upstream-set or "
                          "federation-upstream-pattern together")

@@ -24,6 +24,7 @@ x-delivery-limit, see queue_arguments).
 from __future__ import annotations
 
 from vhosts.errors import PRECONDITION_FAILED, AMQPError, field_type
+from vhosts.queue_location import leader_locator_problem, master_locator_problem
 
 CLASSIC, QUORUM, STREAM = "classic", "quorum", "stream"
 TYPES = (CLASSIC, QUORUM, STREAM)
@@ -32,7 +33,7 @@ TYPES = (CLASSIC, QUORUM, STREAM)
 # queue (rabbit_queue_type's union minus rabbit_quorum_queue's capabilities).
 _NOT_QUORUM = frozenset((
     "x-max-priority", "x-queue-mode", "x-queue-version", "x-queue-master-locator",
-    "x-max-age", "x-stream-max-segment-size-bytes", "x-initial-cluster-size", "x-queue-leader-locator",
+    "x-max-age", "x-stream-max-segment-size-bytes", "x-initial-cluster-size",
 ))
 
 
@@ -59,7 +60,9 @@ def check_server_named(arguments: dict) -> None:
 def check_declare(queue: str, vhost: str, durable: bool, exclusive: bool, auto_delete: bool,
                   arguments: dict) -> None:
     """Raise RabbitMQ's 406 when a new queue breaks its type's rules."""
-    if queue_type(arguments) != QUORUM:
+    kind = queue_type(arguments)
+    check_locator(queue, vhost, kind, arguments)
+    if kind != QUORUM:
         return
     for key in arguments:
         if key in _NOT_QUORUM:
@@ -71,3 +74,18 @@ def check_declare(queue: str, vhost: str, durable: bool, exclusive: bool, auto_d
         if refused:
             raise AMQPError(PRECONDITION_FAILED,
                             "invalid property '%s' for queue '%s' in vhost '%s'" % (prop, queue, vhost))
+
+
+def check_locator(queue: str, vhost: str, kind: str, arguments: dict) -> None:
+    """The leader locator a queue of type `kind` takes (vhosts.queue_location),
+    checked as RabbitMQ 3.10.8 does, after the other arguments' values: a
+    classic queue refuses x-queue-leader-locator whatever its value, a
+    quorum queue or a stream checks its value before its type's other rules."""
+    key, check = ("x-queue-master-locator", master_locator_problem) if kind == CLASSIC else \
+        ("x-queue-leader-locator", leader_locator_problem)
+    if kind == CLASSIC and "x-queue-leader-locator" in arguments:
+        raise AMQPError(PRECONDITION_FAILED, "invalid arg 'x-queue-leader-locator' for queue '%s' in vhost '%s' of "
+                                             "queue type rabbit_classic_queue" % (queue, vhost))
+    if key in arguments and (problem := check(arguments[key])) is not None:
+        raise AMQPError(PRECONDITION_FAILED,
+                        "invalid arg '%s' for queue '%s' in vhost '%s': %s" % (key, queue, vhost, problem))

@@ -24,7 +24,7 @@ import re
 
 from storage.stream_log import LogSettings
 from vhosts.errors import NOT_IMPLEMENTED, PRECONDITION_FAILED, AMQPError, field_type
-from vhosts.queue_types import CLASSIC, check_type_argument
+from vhosts.queue_types import CLASSIC, STREAM, check_locator, check_type_argument
 DEFAULT_SEGMENT_BYTES = LogSettings.segment_bytes  # RabbitMQ's stream default, 500,000,000
 MAX_SEGMENT_BYTES = 3_000_000_000
 # Arguments RabbitMQ knows for other queue types only, in its order.
@@ -87,6 +87,7 @@ def validate_stream(queue: str, vhost: str, durable: bool, exclusive: bool, auto
     for key, check in _CHECKS:
         if key in arguments and (problem := check(arguments[key])) is not None:
             raise AMQPError(PRECONDITION_FAILED, "invalid arg '%s' %s: %s" % (key, where, problem))
+    check_locator(queue, vhost, STREAM, arguments)
     for key in NOT_FOR_STREAMS:
         if key in arguments:
             raise AMQPError(PRECONDITION_FAILED, "invalid arg '%s' %s of queue type rabbit_stream_queue" % (key, where))

@@ -66,6 +66,7 @@ from vhosts.move import move
 from vhosts.policies import Policy, effective, matching
 from vhosts.queue import DURABLE_PENDING, HANDED_OFF, REJECTED, Queue
 from vhosts.queue_arguments import max_priority, validate as validate_queue_arguments
+from vhosts.queue_location import CLIENT_LOCAL, placement
 from vhosts.queue_types import CLASSIC, STREAM, check_declare as check_queue_type, check_server_named
 from vhosts.remote_queue import RemoteQueue, ShardPort
 from vhosts.stream_arguments import queue_type, retention, validate_stream
@@ -604,8 +605,9 @@ class VirtualHost:
         shards = self.shards
         if shards is not None:
             if shard is None:
-                shard = shards.place(self.name, name, exclusive_owner is not None or auto_delete,
-                                     arguments.get("x-queue-type") == STREAM)
+                local = exclusive_owner is not None or auto_delete or \
+                    placement(arguments, self._definition_for("queue", name)) == CLIENT_LOCAL
+                shard = shards.place(self.name, name, local, arguments.get("x-queue-type") == STREAM)
             if shard != shards.here:
                 return RemoteQueue(name, self.name, shard, durable, exclusive_owner, auto_delete, arguments, shards)
         storage = self.message_storage

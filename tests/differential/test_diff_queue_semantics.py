@@ -31,6 +31,10 @@ def _declare(queue: str, **arguments):
     {"x-overflow": 7}, {"x-dead-letter-exchange": 5}, {"x-dead-letter-routing-key": "k"},
     {"x-dead-letter-exchange": "", "x-dead-letter-routing-key": 3}, {"x-message-ttl": None},
     {"x-max-length": -1, "x-expires": -1},
+    # a classic queue has no leader locator, whatever its value (its own is x-queue-master-locator)
+    {"x-queue-leader-locator": "client-local"}, {"x-queue-leader-locator": 5},
+    {"x-queue-master-locator": "min-masters", "x-queue-leader-locator": "balanced"},
+    {"x-expires": 0, "x-queue-leader-locator": "client-local"},
 ])
 def test_argument_validation(differ, arguments):
     rabbit = _same(differ, [_declare("{q}", **arguments)])

@@ -52,6 +52,10 @@ def test_only_a_durable_shared_queue_can_be_quorum(differ, fields):
     {"x-max-priority": 5, "x-expires": 0}, {"x-quorum-initial-group-size": 0, "x-max-priority": 5},
     {"x-dead-letter-strategy": "x", "x-expires": 0},
     {"x-queue-type": "bogus"}, {"x-queue-type": 5}, {"x-queue-type": "Quorum"},
+    # the leader locator's value is checked before the type's other rules, after the common ones
+    {"x-queue-leader-locator": "bogus"}, {"x-queue-leader-locator": 5}, {"x-queue-leader-locator": "min-masters"},
+    {"x-queue-leader-locator": "bogus", "x-max-priority": 5},
+    {"x-queue-leader-locator": "bogus", "x-quorum-initial-group-size": 0},
 ])
 def test_refused_arguments(differ, arguments):
     rabbit = _same(differ, [_declare(arguments=arguments)])
@@ -73,8 +77,10 @@ def test_the_quorum_arguments_are_accepted(differ):
         _declare("{b}", arguments={"x-dead-letter-strategy": "at-most-once", "x-overflow": "reject-publish-dlx"}),
         _declare("{c}", arguments={"x-delivery-limit": -1}),
         _declare("{d}", arguments={"x-delivery-limit": "x"}),
+        *(_declare("{e%d}" % n, arguments={"x-queue-leader-locator": locator})
+          for n, locator in enumerate(("client-local", "balanced", "random", "least-leaders"))),
     ])
-    assert [o[0] for o in rabbit] == ["Queue.DeclareOk"] * 4
+    assert [o[0] for o in rabbit] == ["Queue.DeclareOk"] * 8
 
 
 def test_redeclaring_with_another_type_or_durability_is_inequivalent(differ):

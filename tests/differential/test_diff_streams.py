@@ -42,6 +42,8 @@ def test_declaration_rules_and_texts(differ):
         {"x-overflow": "drop-head"}, {"x-single-active-consumer": True}, {"x-queue-mode": "lazy"},
         {"x-delivery-limit": 3}, {"x-quorum-initial-group-size": 3},
         {"x-message-ttl": 5, "x-max-length-bytes": -1}, {"x-message-ttl": 5, "x-max-length": 3},
+        {"x-queue-leader-locator": "bogus"}, {"x-queue-leader-locator": 5},
+        {"x-queue-leader-locator": "bogus", "x-max-priority": 5}, {"x-queue-master-locator": "min-masters"},
     ]
     rabbit = _same(differ, [
         op("queue.declare", queue="{a}", durable=False, arguments=STREAM),

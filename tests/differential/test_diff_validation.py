@@ -44,6 +44,10 @@ def domain(rabbitmq_url) -> Broker:
     {"max-age": "0s"},
     {"stream-max-segment-size-bytes": -1},
     {"stream-max-segment-size-bytes": "a"},
+    {"queue-leader-locator": "bogus"},
+    {"queue-leader-locator": "min-masters"},
+    {"queue-master-locator": "bogus"},
+    {"queue-master-locator": "balanced"},
 ])
 def test_policy_definitions(domain, definition):
     name = unique("diff-policy")
