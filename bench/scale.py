@@ -550,6 +550,23 @@ def render(results: dict, path: str) -> str:
     return path
 
 
+def render_cluster(results: dict, path: str) -> str:
+    """--cluster: msg/s and broker CPU µs per message against nodes, hutch and RabbitMQ."""
+    cluster = results["cluster"]
+    panels = []
+    for i, (field, title) in enumerate((("consumed", "msg/s, 1 KiB persistent, confirms"),
+                                        ("cpu_us", "broker CPU µs per message"))):
+        series = {broker: [(k, value) for k in cluster["nodes"] if (value := median(
+            [r.get(field) for r in cluster.get(key, {}).get(str(k), []) if r and r.get(field)]))]
+                  for broker, key in (("hutch", "runs"), ("RabbitMQ", "rabbitmq"))}
+        panels += panel(series, "nodes; %g core per node, %d shard(s) per hutch node" % (
+            cluster["quota"], cluster.get("shards", 1)), title, i * W)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(figure(panels, 2))
+    return path
+
+
 # --- main -----------------------------------------------------------------------------------
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -569,8 +586,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--hop-queue", default="grow", choices=("grow", "reject-publish", "drop-head"),
                    help="the hop runs' queue: grows through the run (default), or capped at 1000 messages")
     p.add_argument("--cluster", metavar="NODES", help="measure clusters of these node counts instead, e.g. 1,3")
+    p.add_argument("--cluster-shards", type=int, default=1, metavar="S",
+                   help="with --cluster: shards per node, each shard's leader where its group prefers (default 1)")
+    p.add_argument("--cluster-locator", choices=("balanced", "client-local"), default="balanced",
+                   help="with --cluster: where hutch places each node's queues (default balanced, hutch's default; "
+                        "client-local: on a shard the declaring node leads, as RabbitMQ's quorum queues here)")
     p.add_argument("--json-out", metavar="FILE", help="write every run's figures as JSON (after every run)")
-    p.add_argument("--svg", metavar="FILE", help="draw throughput against shards into FILE")
+    p.add_argument("--svg", metavar="FILE", help="draw throughput against shards (or nodes, with --cluster) into FILE")
     p.add_argument("--render", metavar="JSON", help="only draw --svg from a saved --json-out")
     args = p.parse_args(argv)
     try:
@@ -657,18 +679,21 @@ def run(args: argparse.Namespace) -> dict:
 
 def cluster_runs(args: argparse.Namespace, results: dict) -> dict:
     """--cluster (bench/scale_cluster.py): the confirms workload on clusters of each node count."""
-    from scale_cluster import cluster_run, cluster_running, declare_quorum, failover_run, rabbitmq_cluster_running
+    from scale_cluster import (cluster_run, cluster_running, declare_client_local, declare_quorum, failover_run,
+                               rabbitmq_cluster_running)
 
     workload = next(w for w in WORKLOADS if w.key == "confirms")
-    cluster = results["cluster"] = {"nodes": args.cluster, "quota": args.quota,
+    cluster = results["cluster"] = {"nodes": args.cluster, "quota": args.quota, "shards": args.cluster_shards,
+                                    "locator": args.cluster_locator,
                                     "runs": {str(k): [] for k in args.cluster},
                                     "rabbitmq": {str(k): [] for k in args.cluster}}
     for repeat in range(args.repeat):
         for k in args.cluster:
             log("repeat %d/%d: a cluster of %d node(s) at %g core each" % (repeat + 1, args.repeat, k, args.quota))
             try:
-                with cluster_running(args.hutch_arg, k, args.quota) as (running, members, etcd):
-                    point = cluster_run(args, running, members, workload)
+                with cluster_running(args.hutch_arg, k, args.quota, args.cluster_shards) as (running, members, etcd):
+                    local = args.cluster_locator == "client-local"
+                    point = cluster_run(args, running, members, workload, declare=declare_client_local if local else None)
                     _log_point(workload, "a %d-node cluster" % k, k, point)
                     if k > 1 and "error" not in point:
                         point["failover"] = failover_run(args, running, members, etcd, workload)
@@ -705,7 +730,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.render:
         with open(args.render) as f:
-            print(render(json.load(f), args.svg or "throughput.svg"))
+            saved = json.load(f)
+        draw = render_cluster if "cluster" in saved else render
+        print(draw(saved, args.svg or "throughput.svg"))
         return 0
     # SIGTERM as Ctrl-C: the finally blocks stop the brokers and remove the cgroups.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -727,8 +754,8 @@ def main(argv: list[str] | None = None) -> int:
     print(table(results))
     for note in results["notes"]:
         print("\n- " + note)
-    if args.svg and not args.hop and not args.cluster:
-        log("chart written to %s" % render(results, args.svg))
+    if args.svg and not args.hop:
+        log("chart written to %s" % (render_cluster if args.cluster else render)(results, args.svg))
     return 0
 
 

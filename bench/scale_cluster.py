@@ -45,7 +45,8 @@ from scale import CpuWindow, Running
 
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 
-from cluster_kit import EtcdProcess, in_sync, leader_of, make_nodes, seed, started, until  # noqa: E402
+from cluster_kit import (EtcdProcess, free_port_run, groups_in_sync, leader_of, make_nodes, seed,  # noqa: E402
+                         shard_leaders, started, until)
 
 URI = "amqp://guest:guest@127.0.0.1:%d/%%2f"  # amqpbench's form of the default vhost
 LEASE_TTL = 2.0  # seconds: tests/cluster_kit.py's nodes
@@ -60,17 +61,28 @@ def shares(total: int, parts: int) -> list[int]:
 
 
 @contextmanager
-def cluster_running(extra: list[str], nodes: int, cores: float) -> Iterator[tuple[Running, list, EtcdProcess]]:
-    """(a scale.Running for the whole cluster, its nodes, etcd): `nodes` nodes in sync, a leader serving."""
+def cluster_running(extra: list[str], nodes: int, cores: float,
+                    shards: int = 1) -> Iterator[tuple[Running, list, EtcdProcess]]:
+    """(a scale.Running for the whole cluster, its nodes, etcd): `nodes` nodes in sync, a leader
+    serving. `shards` > 1: each node runs that many shards, each shard's group led where it
+    prefers (the nodes start empty, so each group is founded by its node: docs/scaling.md)."""
     tmp = Path(tempfile.mkdtemp(prefix="hutch-scale-cluster-"))
     try:
         with QuotaSet() as quotas:
             groups = [quotas.new("node-%d" % (i + 1)) for i in range(nodes)]
             etcd = EtcdProcess(tmp)
-            members = make_nodes(tmp, etcd.url, nodes, *extra)
-            seed(members[0])
+            members = make_nodes(tmp, etcd.url, nodes, *extra, *(["--shards", str(shards)] if shards > 1 else []))
+            if shards > 1:
+                for node in members:
+                    node.ports["replication"] = free_port_run(shards)
+            else:
+                seed(members[0])
             etcd.start()
             with started(etcd, members):
+                if shards > 1:
+                    until(lambda: groups_in_sync(etcd, [n.name for n in members], shards), 120,
+                          "every shard's group in sync")
+                    log("shard leaders: %s" % ", ".join(shard_leaders(etcd, shards)))
 
                 def processes() -> list[int]:
                     return [pid for node in members if node.running()
@@ -198,11 +210,13 @@ def failover_run(settings: argparse.Namespace, running: Running, members: list, 
     if served is not None:
         # Measured once the nodes left are a cluster again: all in sync with the new leader.
         try:
-            until(lambda: {node.name for node in left} <= set(in_sync(etcd)), 60, "the nodes left in sync")
+            until(lambda: groups_in_sync(etcd, [node.name for node in left], settings.cluster_shards), 60,
+                  "the nodes left in sync")
         except AssertionError as exc:
             point["left"] = {"error": str(exc)}
             return point
-        point["left"] = cluster_run(settings, running, members, workload, "-left")
+        point["left"] = cluster_run(settings, running, members, workload, "-left", declare=declare_client_local
+                                    if getattr(settings, "cluster_locator", "balanced") == "client-local" else None)
     return point
 
 
@@ -227,6 +241,18 @@ def declare_quorum(node: RabbitNode, names: list[str]) -> None:
         channel = connection.channel()
         for name in names:
             channel.queue_declare(name, durable=True, arguments={"x-queue-type": "quorum"})
+
+
+def declare_client_local(node, names: list[str]) -> None:
+    """hutch's queues declared through `node` with the client-local leader locator: each on a
+    shard that node leads (docs/scaling.md), as RabbitMQ's quorum queues above are led where
+    declared. Classic, as amqpbench declares them itself (so x-queue-master-locator)."""
+    import pika
+
+    with pika.BlockingConnection(pika.URLParameters(URI % node.port)) as connection:
+        channel = connection.channel()
+        for name in names:
+            channel.queue_declare(name, durable=True, arguments={"x-queue-master-locator": "client-local"})
 
 
 @contextmanager

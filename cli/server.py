@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.basicConfig(stream=sys.stderr, level=config.log_level.upper(), format=LOG_FORMAT)
 
-    from amqp_server.process.server import event_loop_runner, open_data_directory, run, serve_shard
+    from amqp_server.process.server import event_loop_runner, open_data_directory, run
     from amqp_server.process.shards import Supervisor, check_shard_dirs, shard_count
     from amqp_server.shared.errors import ListenError
 
@@ -32,6 +32,10 @@ def main(argv: list[str] | None = None) -> int:
         check_shard_dirs(config.data_dir, config.shards)
         if config.shards > 1:
             event_loop_runner(config)  # refused before any port is taken, as one process does
+            if config.cluster.enabled:  # each shard its group's member (docs/scaling.md)
+                from amqp_server.process.cluster import serve_shard
+            else:
+                from amqp_server.process.server import serve_shard
             return Supervisor(config, serve_shard, open_data_directory).run()
         if config.cluster.enabled:
             from amqp_server.process.cluster import serve_node

@@ -291,9 +291,8 @@ def load_settings(argv: list[str] | None, environ: Mapping[str, str]) -> BrokerC
         raise SettingsError("settings 'tls.certfile' and 'tls.keyfile' must be set together")
     _check_cluster(config.cluster)
     if config.cluster.enabled and config.shards > 1:
-        # Until each shard has its own leader (docs/scaling.md), a cluster node is one process.
-        raise SettingsError("setting 'shards': a cluster node runs one shard (shards: 1) until shard leaders "
-                            f"are spread over the cluster; got {config.shards}")
+        # A connection's socket cannot move to a shard whose leader runs on another node.
+        config.shard_moves = False
     return config
 
 

@@ -40,6 +40,10 @@ _SQLITE = (".db", ".db-wal", ".db-shm", ".db-journal")
 # The cluster's own files (amqp_server.cluster.state) say what this node
 # holds, and `force_boot` is an operator's word to this node only.
 _LOCAL = ("clean_shutdown", "cluster_state", "cluster_position", "force_boot")
+# A node of several shards keeps shard K's directory in DATA_DIR/shards/K: each is
+# its own replication group's (docs/scaling.md), never part of shard 0's stream,
+# which holds DATA_DIR itself (a snapshot of it must neither send nor remove them).
+SHARDS = "shards"
 
 
 def file_record(kind: int, path: str, offset: int, data: bytes) -> bytes:
@@ -76,7 +80,8 @@ def parse_file_record(payload: memoryview) -> tuple[int, str, bytes]:
     offset, size = FILE_OP.unpack_from(payload)
     start = FILE_OP.size
     path = bytes(payload[start:start + size]).decode()
-    if path.startswith("/") or ".." in path.split("/"):
+    parts = path.split("/")
+    if path.startswith("/") or ".." in parts or parts[0] == SHARDS:
         raise ValueError("record path outside the data directory: %r" % path)
     return offset, path, bytes(payload[start + size:])
 
@@ -86,7 +91,9 @@ def replicated(name: str) -> bool:
 
 
 def _walk(root: str):
-    for directory, _dirs, names in os.walk(root):
+    for directory, dirs, names in os.walk(root):
+        if directory == root and SHARDS in dirs:
+            dirs.remove(SHARDS)  # the other shards' groups'
         for name in names:
             if replicated(name):
                 path = os.path.join(directory, name)

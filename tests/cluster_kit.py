@@ -29,6 +29,29 @@ from server_process import ROOT, ServerProcess, spawn  # noqa: F401 - ROOT for t
 _handed_out: set[int] = set()
 
 
+def free_port_run(count: int) -> int:
+    """The first of `count` consecutive ports free now and not handed out
+    before (a node of `count` shards listens for replication on each)."""
+    while True:
+        first = free_ports(1)[0]
+        run = range(first, first + count)
+        if run[-1] > 65535 or any(port in _handed_out for port in run[1:]):
+            continue
+        sockets = []
+        try:
+            for port in run[1:]:
+                s = socket.socket()
+                sockets.append(s)
+                s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        finally:
+            for s in sockets:
+                s.close()
+        _handed_out.update(run)
+        return first
+
+
 def free_ports(count: int) -> list[int]:
     """`count` ports free now and not handed out before in this process."""
     sockets, ports = [], []
@@ -137,10 +160,10 @@ class Node(ServerProcess):
             self.log_lines, env={"HUTCH_CLUSTER_SECRET": self.secret})
         return self
 
-    def start_alone(self) -> "Node":
+    def start_alone(self, *extra: str) -> "Node":
         """The same node without a cluster: a single broker on its data directory."""
         self.log_lines.append("---- start alone\n")
-        self.process = spawn(self._listeners(), self.log_lines)
+        self.process = spawn([*self._listeners(), *extra], self.log_lines)
         until(self.serving, 60, "%s to serve alone" % self.name)
         return self
 
@@ -250,10 +273,16 @@ class Load:
     thread with its own pika connection to any node of `urls`, reconnecting
     to the next node whenever its connection ends. Bodies are the message
     numbers; `confirmed` holds those the cluster confirmed, `received`
-    every delivery (duplicates included)."""
+    every delivery (duplicates included). `queue`: declared with
+    `arguments` by both threads; `namespace`: the network namespace they
+    run in (tests/netns.py), when the nodes are in namespaces."""
 
-    def __init__(self, urls: list[str]) -> None:
+    def __init__(self, urls: list[str], queue: str = QUEUE, arguments: dict = ARGUMENTS,
+                 namespace: str | None = None) -> None:
         self.urls = urls
+        self.queue, self.arguments = queue, arguments
+        # across a partition, a node that cannot answer is given up on sooner (as tests/partition_kit.py does)
+        self.stack_timeout = 4 if namespace is not None else None
         self.confirmed: list[int] = []
         # (time.monotonic(), when its connection was opened) of each confirm (bench/cluster.py)
         self.confirm_times: list[tuple[float, float]] = []
@@ -261,8 +290,13 @@ class Load:
         self.reconnects = 0
         self._stop_publishing = threading.Event()
         self._stop_consuming = threading.Event()
-        self._threads = [threading.Thread(target=self._publish, daemon=True),
-                         threading.Thread(target=self._consume, daemon=True)]
+        if namespace is None:
+            self._threads = [threading.Thread(target=self._publish, daemon=True),
+                             threading.Thread(target=self._consume, daemon=True)]
+        else:
+            import netns
+
+            self._threads = [netns.Thread(namespace, self._publish), netns.Thread(namespace, self._consume)]
 
     def start(self) -> "Load":
         for thread in self._threads:
@@ -276,9 +310,12 @@ class Load:
         params.socket_timeout = 5
         params.blocked_connection_timeout = 10
         params.heartbeat = 5
+        if self.stack_timeout is not None:
+            params.stack_timeout = self.stack_timeout
+            params.connection_attempts = 1
         connection = pika.BlockingConnection(params)
         channel = connection.channel()
-        channel.queue_declare(QUEUE, durable=True, arguments=ARGUMENTS)
+        channel.queue_declare(self.queue, durable=True, arguments=self.arguments)
         return connection, channel
 
     def _publish(self) -> None:
@@ -293,7 +330,7 @@ class Load:
                 channel.confirm_delivery()
                 while not self._stop_publishing.is_set():
                     number += 1
-                    channel.basic_publish("", QUEUE, b"%d" % number, properties)
+                    channel.basic_publish("", self.queue, b"%d" % number, properties)
                     self.confirm_times.append((time.monotonic(), opened))
                     self.confirmed.append(number)
                 connection.close()
@@ -313,9 +350,14 @@ class Load:
                     self.received.append(int(body))
                     ch.basic_ack(method.delivery_tag)
 
-                channel.basic_consume(QUEUE, on_message)
+                channel.basic_consume(self.queue, on_message)
                 while not self._stop_consuming.is_set():
                     connection.process_data_events(time_limit=0.1)
+                    if not channel.consumer_tags:
+                        # basic.cancel from the broker: the queue's shard changed leader
+                        # (docs/scaling.md); consume again, as RabbitMQ asks of clients of
+                        # a queue whose node went away
+                        channel.basic_consume(self.queue, on_message)
                 connection.close()
             except Exception:  # noqa: BLE001 - reconnect to the next node
                 turn += 1
@@ -378,6 +420,50 @@ def running(tmp: Path, count: int, *extra: str):
         with started(etcd, nodes):
             yield etcd, nodes
     finally:
+        print_logs(nodes)
+
+
+def shard_key(shard: int, name: str) -> str:
+    """etcd's key `name` of shard `shard`'s replication group (docs/scaling.md)."""
+    return "hutch/%s" % name if shard == 0 else "hutch/shards/%d/%s" % (shard, name)
+
+
+def shard_leaders(etcd: EtcdProcess, shards: int) -> list[str | None]:
+    """The node etcd names leader of each shard's group."""
+    return [(lambda v: v.decode() if v else None)(etcd_get(etcd.url, shard_key(shard, "leader")))
+            for shard in range(shards)]
+
+
+def groups_in_sync(etcd: EtcdProcess, names, shards: int) -> bool:
+    """Every shard's group has exactly `names` in its in-sync set."""
+    import json
+
+    for shard in range(shards):
+        value = etcd_get(etcd.url, shard_key(shard, "in_sync"))
+        if value is None or set(json.loads(value)) != set(names):
+            return False
+    return True
+
+
+@contextlib.contextmanager
+def spread(tmp: Path, count: int, shards: int, *extra: str):
+    """(etcd, nodes): `count` nodes of `shards` shards each, started empty
+    (so each shard's group is founded by the node it prefers: the leaders
+    spread), every group in sync; all stopped at the end."""
+    etcd = EtcdProcess(tmp)
+    nodes = make_nodes(tmp, etcd.url, count, "--shards", str(shards), *extra)
+    for node in nodes:
+        node.ports["replication"] = free_port_run(shards)  # shard K listens on the port K after it
+    etcd.start()
+    try:
+        for node in nodes:
+            node.start()
+        until(lambda: groups_in_sync(etcd, [n.name for n in nodes], shards), 90, "every shard's group in sync")
+        yield etcd, nodes
+    finally:
+        for node in nodes:
+            node.stop()
+        etcd.stop()
         print_logs(nodes)
 
 

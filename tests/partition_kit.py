@@ -113,6 +113,7 @@ class HutchNode(ServerProcess):
     etcd_urls: str
     lease_ttl: int
     faketime: Path | None = None  # libfaketime's timestamp file, when the run skews clocks
+    extra: tuple = ()  # more hutch-server arguments (tests/test_cluster_shards.py: --shards)
     process: subprocess.Popen | None = None
     log_lines: list = field(default_factory=list)
 
@@ -149,7 +150,7 @@ class HutchNode(ServerProcess):
              "--data-dir", str(self.data_dir), "--default-user", USER, "--default-pass", PASSWORD,
              "--cluster-etcd", self.etcd_urls, "--cluster-node-name", self.name,
              "--cluster-replication-port", str(REPLICATION_PORT), "--cluster-advertise", address,
-             "--cluster-lease-ttl", str(self.lease_ttl)],
+             "--cluster-lease-ttl", str(self.lease_ttl), *self.extra],
             self.log_lines, env=env, wrap=self.host.command([], hostname=self.name))
         return self
 

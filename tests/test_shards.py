@@ -654,14 +654,6 @@ def test_the_memory_alarm_is_the_nodes_and_blocks_publishers_on_every_shard(node
         publisher.close()
 
 
-def test_a_cluster_node_of_several_shards_is_refused_at_start(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "cli.server", "--shards", "2", "--data-dir", str(tmp_path),
-                             "--cluster-etcd", "http://127.0.0.1:2379", "--cluster-secret", "s" * 32],
-                            capture_output=True, text=True, timeout=30, cwd=ROOT)
-    assert result.returncode == 2
-    assert "a cluster node runs one shard (shards: 1)" in result.stderr
-
-
 def test_purging_another_shards_queue_answers_the_owners_count(node):
     owner = on_shard(node.port, 1).channel()
     queue = queue_on(node, owner, 1)

@@ -1,7 +1,7 @@
 """The screenshots of docs/ui.md: a broker from this checkout with a little
 traffic (queues with messages, a consumer, dead letters of three reasons, a
-policy, a stream; the default exchange's and the traffic channel's pages), then a three-node cluster (tests/cluster_kit.py: etcd
-and hutch nodes), shown by the same headless browser as tests/test_ui.py.
+policy, a stream; the default exchange's and the traffic channel's pages), then a three-node cluster of three shards per
+node (tests/cluster_kit.py: etcd and hutch nodes), shown by the same headless browser as tests/test_ui.py.
 
     python tests/ui_screenshots.py docs/ui
 """
@@ -17,7 +17,7 @@ from urllib.parse import quote
 import pika
 
 from browser import Ui
-from cluster_kit import leader_of, running, until
+from cluster_kit import shard_leaders, spread, until
 from conftest import launch
 from http_api import Api, call
 
@@ -110,12 +110,22 @@ def main(folder: str) -> None:
 
 
 def cluster(out: Path) -> None:
-    """cluster.png: the overview of a three-node cluster, opened through a follower."""
-    with running(Path(tempfile.mkdtemp(prefix="hutch-shots-cluster-")), 3) as (etcd, nodes):
-        leader = leader_of(etcd, nodes)
-        follower = next(n for n in nodes if n is not leader)
-        until(lambda: sum("mem_used" in n for n in call(leader.ports["http"], "GET", "/api/nodes").body) == 3,
+    """cluster.png and cluster-queues.png: a three-node cluster of three shards per node, each node
+    leading one (docs/scaling.md), opened through a follower of shard 0's group: the overview's
+    node table, and queues of every shard with their leaders."""
+    with spread(Path(tempfile.mkdtemp(prefix="hutch-shots-cluster-")), 3, 3) as (etcd, nodes):
+        leaders = shard_leaders(etcd, 3)
+        follower = next(n for n in nodes if n.name != leaders[0])
+        with pika.BlockingConnection(pika.URLParameters("amqp://guest:guest@127.0.0.1:%d/" % follower.port)) as c:
+            channel = c.channel()
+            for name in ("billing", "emails", "orders", "payments", "reports", "shipping"):
+                channel.queue_declare(name, durable=True, arguments={"x-queue-type": "quorum"})
+                for i in range(len(name) * 7):
+                    channel.basic_publish("", name, b"%d" % i)
+        until(lambda: sum("mem_used" in n for n in call(follower.ports["http"], "GET", "/api/nodes").body) == 3,
               30, "every member's figures")
+        until(lambda: all("leader" in q for q in call(follower.ports["http"], "GET", "/api/queues").body), 30,
+              "every queue's leader known")
         ui = Ui(follower.ports["http"])
         try:
             ui.driver.set_window_size(1200, 820)
@@ -124,6 +134,9 @@ def cluster(out: Path) -> None:
             ui.wait(lambda: len(ui.find("#nodes tbody tr")) == 3, "three nodes")
             ui.driver.execute_script("document.getElementById('nodes').parentElement.scrollIntoView()")
             ui.screenshot(str(out / "cluster.png"))
+            ui.open("queues")
+            ui.wait(lambda: len(ui.find("#queues tbody tr")) == 6, "six queues")
+            ui.screenshot(str(out / "cluster-queues.png"))
         finally:
             ui.close()
 

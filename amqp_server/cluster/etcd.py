@@ -23,6 +23,10 @@ Keys, under the configured prefix (`hutch/` by default):
 - `cluster`: JSON {"id": the cluster identity, "term": the current
   leader's term}, written with `leader` by the winning campaign (the terms
   count elections: each leader's is one more than any seen before).
+- `shards/count`: how many shards every node runs, written by the first
+  node to start (a node of another count refuses to start); shard K > 0's
+  replication group keeps the keys above under `shards/K/`
+  (docs/scaling.md).
 
 Every call has a timeout; a node that cannot reach any of the URLs raises
 `EtcdUnavailable`, and `connect` keeps trying (logging why) until one answers.
@@ -229,6 +233,18 @@ class Etcd:
                                                  c.transactions.put(cluster, json.dumps(record).encode())],
                                         failure=[])
             return ok
+
+        return await self._call(txn)
+
+    async def agree_shards(self, count: int) -> int:
+        """The number of shards every node of the cluster runs: `count` if
+        this is the first node to say (`shards`, kept for good), else what the first said."""
+        key = self.key("shards", "count")
+
+        async def txn(c):
+            await c.transaction(compare=[c.transactions.create(key) == 0],
+                                success=[c.transactions.put(key, str(count).encode())], failure=[])
+            return int((await c.get(key)).value)
 
         return await self._call(txn)
 

@@ -1,9 +1,10 @@
 """The leader's replication port: every connection is admitted by the
 cluster handshake (amqp_server.cluster.handshake) before it becomes what
 its HELLO asked for: a follower's replication stream (a FollowerLink of the
-Replicator, in TLS when `cluster.tls_*` is set) or a client connection a
+Replicator, in TLS when `cluster.tls_*` is set), a client connection a
 follower forwards (served by the named listener's own protocol under the
-client's address, amqp_server.cluster.forwarded).
+client's address, amqp_server.cluster.forwarded), or another shard
+leader's link to this one (amqp_server.shards.link, in TLS too).
 
 Hostile input costs little: at most MAX_HANDSHAKES connections may be in
 their handshake at once, and PER_ADDRESS from one address (more are closed
@@ -32,13 +33,15 @@ PER_ADDRESS = 64  # a follower's forwarded clients reconnecting at once come fro
 
 class Gateway:
     def __init__(self, secret: bytes, term: int, is_member: Callable[[str], Awaitable[bool]], replicator,
-                 acceptor: Callable[[str], tuple | None], tls: ssl.SSLContext | None) -> None:
+                 acceptor: Callable[[str], tuple | None], tls: ssl.SSLContext | None,
+                 link: Callable[[], asyncio.Protocol] | None = None) -> None:
         self.secret = secret
         self.term = term
         self.is_member = is_member
         self.replicator = replicator
         self.acceptor = acceptor  # protocol -> (protocol factory, its TLS context, its address) or None
         self.tls = tls
+        self.link = link  # a shard link's protocol; None: this leader is no shard of a node of several
         self.sock: socket.socket | None = None
         self._accepting: asyncio.Task | None = None
         self._handshakes: set[asyncio.Task] = set()
@@ -104,8 +107,15 @@ class Gateway:
             sock.close()
             raise
         try:
-            if hello["purpose"] == "replicate":
-                await loop.connect_accepted_socket(lambda: self.replicator.link(hello["name"]), sock, ssl=self.tls,
+            if hello["purpose"] in ("replicate", "link"):
+                factory = (lambda: self.replicator.link(hello["name"])) if hello["purpose"] == "replicate" \
+                    else self.link
+                if factory is None:
+                    log.warning("replication port: %s asked for a shard link, and this node has one shard; closing",
+                                hello["name"])
+                    sock.close()
+                    return
+                await loop.connect_accepted_socket(factory, sock, ssl=self.tls,
                                                    ssl_handshake_timeout=handshake.HANDSHAKE_SECONDS if self.tls
                                                    else None)
             else:

@@ -11,10 +11,12 @@ amqp_server.cluster.stream, JSON bodies of at most HANDSHAKE_MAX bytes):
            or REFUSED   {"reason"}, and closes
 
 HMAC is HMAC-SHA256 (hex) over the compact JSON text of the list. `purpose`
-is "replicate" (the follower's stream follows: LISTING, ...) or "forward"
+is "replicate" (the follower's stream follows: LISTING, ...), "forward"
 (a client's connection to a follower, `protocol` the leader's listener it
 was made to, `client` its [host, port]: the leader serves it under that
-address, as the PROXY protocol's header would say).
+address, as the PROXY protocol's header would say) or "link" (the link
+between two shard leaders, amqp_server.shards.link; `protocol` is the
+dialing shard's index, in decimal: docs/scaling.md).
 
 Invariants:
 - nothing of value (a data file, a client's bytes, an acknowledgement that
@@ -46,7 +48,7 @@ from storage.replica import HEAD
 
 HANDSHAKE_MAX = 16 * 1024  # bytes of one handshake frame's body
 HANDSHAKE_SECONDS = 5.0
-PURPOSES = ("replicate", "forward")
+PURPOSES = ("replicate", "forward", "link")
 
 
 class HandshakeError(ConnectionError):
@@ -108,6 +110,8 @@ async def admit(loop, sock: socket.socket, secret: bytes, term: int, is_member) 
         raise HandshakeError("handshake fields malformed")
     if purpose == "forward" and (protocol is None or client is None):
         raise HandshakeError("a forwarded connection without its protocol or client address")
+    if purpose == "link" and not (isinstance(protocol, str) and protocol.isdecimal() and protocol.isascii()):
+        raise HandshakeError("a shard link without the index of its shard")
     if not hmac.compare_digest(claimed, proof(secret, "hello", ours, theirs, name, purpose, protocol, client)):
         await _refuse(loop, sock, "authentication failed: %s does not hold this cluster's secret" % name)
     if not await is_member(name):

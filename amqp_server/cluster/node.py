@@ -64,10 +64,25 @@ Theory of operation:
   promised, and the fresh process rejoins.
 - A clean stop (SIGTERM) revokes the lease, so a successor need not wait
   for it to run out.
+- A node of several shards (docs/scaling.md) runs all of this once per
+  shard, in the shard's process, on the shard's directory: shard K is
+  replication group K, with its keys under `prefix/shards/K/` and its
+  replication port `replication_port + K` (the composition root sets both;
+  shard 0 keeps the node's). Each group elects its own leader, so the
+  groups' leaders spread over the nodes: where copies tie, group K prefers
+  the node K places after the lowest name, in name order (`_preference`).
+  A group's leader links to the other groups' leaders through their
+  replication ports (handshake purpose "link"); a follower forwards an
+  AMQP client to a shard its node leads, else to its own group's leader
+  (either reaches every queue over those links), and MQTT, stream and
+  HTTP clients to group 0's. A shard that must stop at once ends its
+  process (the supervisor starts it again) rather than re-executing the
+  node.
 """
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import errno
 import ipaddress
 import logging
@@ -104,6 +119,7 @@ FOUNDING_LEASES = 2  # an empty node founds a new cluster after this many lease_
 SAY_SECONDS = 10.0  # a node that waits says why this often
 RESTART_LEASES = 2  # an election waits this many lease_ttl for an in-sync follower that is not running
 FIGURES_SECONDS = 5.0  # how often a follower republishes its memory and disk figures
+FENCED = 75  # a shard's exit status when it stops at once (`fence`): its supervisor starts it again
 
 
 class ClusterError(ValueError):
@@ -122,11 +138,20 @@ class StateNotSaved(OSError):
 
 class ClusterNode:
     def __init__(self, config: BrokerConfig, open_broker: Callable[[BrokerConfig], Any],
-                 follower_metrics: Callable[["ClusterNode"], web.Application]) -> None:
+                 follower_metrics: Callable[["ClusterNode"], web.Application], shard=None) -> None:
         """Built by the composition root (amqp_server.process.cluster), which
-        gives it `open_broker` (a leader's broker, opened and not started) and
-        `follower_metrics` (the aiohttp app of a follower's own /metrics)."""
+        gives it `open_broker` (a leader's broker, opened and not started),
+        `follower_metrics` (the aiohttp app of a follower's own /metrics)
+        and, on a node of several shards, this process's `shard` (its
+        `index` and `count`; `config` is then the shard's group's)."""
+        self.base = config.cluster  # the node's settings; this process's group's are config's
+        self.shard = shard
+        self.group = shard.index if shard is not None else 0
+        config = dataclasses.replace(config, cluster=group_settings(config.cluster, self.group))
         self.config = config
+        self._groups: dict[int, Etcd] = {}  # the other groups' keys (`_dial_link`)
+        self.shards: list[dict] = []  # group 0's leader: every group's status, as last gathered
+        self._local_leader: dict | None = None  # a follower: a shard this node leads (`_leader_here`)
         self.open_broker = open_broker
         self.follower_metrics = follower_metrics
         cluster = config.cluster
@@ -259,10 +284,18 @@ class ClusterNode:
             await self.etcd.withdraw_position(self.name)
             self._posted = None
 
-    def _outranked(self, name: str, posted: dict | None) -> bool:
-        """Whether `name`, having posted `posted`, holds more than this node (ties: the lowest name)."""
+    def _outranked(self, name: str, posted: dict | None, names) -> bool:
+        """Whether `name`, having posted `posted`, holds more than this node
+        (ties: the one this group prefers among `names`, `_preference`)."""
         theirs, mine = _posted_rank(posted), _posted_rank(self._posted)
-        return theirs > mine or theirs == mine and name < self.name
+        return theirs > mine or theirs == mine and self._preference(name, names) < self._preference(self.name, names)
+
+    def _preference(self, name: str, names, group: int | None = None) -> tuple[int, str]:
+        """Group K's order of `name` among `names` (and this node): the
+        names in order, rotated by K, so where copies tie the groups' leaders
+        spread over the nodes (group 0's first choice is the lowest name)."""
+        ordered = sorted(set(names) | {self.name, name})
+        return (ordered.index(name) - (self.group if group is None else group)) % len(ordered), name
 
     async def _most_complete(self, names: list[str]) -> bool:
         """Whether no other in-sync node holds more than this one, once each
@@ -279,7 +312,7 @@ class ClusterNode:
                 if name in running or patience and name != names[0]:
                     return False  # not posted yet
                 continue
-            if self._outranked(name, posted[name]):
+            if self._outranked(name, posted[name], set(running) | set(names)):
                 return False
         return True
 
@@ -294,7 +327,7 @@ class ClusterNode:
             return not with_data or self.name < with_data[0]
         if with_data or time.monotonic() - self._began < FOUNDING_LEASES * self.config.cluster.lease_ttl:
             return False  # a node with data leads; or one may still be on its way
-        return all(self.name < name for name in others)
+        return all(self._preference(self.name, others) < self._preference(name, others) for name in others)
 
     async def _recovering(self, record: dict | None) -> bool:
         """etcd has no record of this node's cluster, or an older one: may
@@ -312,7 +345,7 @@ class ClusterNode:
                       "copy; if they are lost for good, run `hutchctl force_boot --data-dir DIR` on the node whose "
                       "data is to lead" % (what, self.state.cluster, ", ".join(missing)))
             return False
-        return not any(self._outranked(name, value) for name, value in peers.items())
+        return not any(self._outranked(name, value, peers) for name, value in peers.items())
 
     async def _may_campaign(self, record: dict | None, behind: bool) -> bool:
         if self.directory.force_boot():
@@ -367,6 +400,12 @@ class ClusterNode:
                                                       "position %d" % held[1])
                  if self.state.cluster else "holds data of its own" if self.has_data else "empty")
         await self.etcd.connect()
+        count = self.shard.count if self.shard is not None else 1
+        agreed = await self._retrying(lambda: self._group_etcd(0).agree_shards(count))
+        if agreed != count:
+            raise ListenError("this node runs %d shard%s and cluster nodes under etcd prefix %r run %d: every node "
+                              "of a cluster runs the same number of shards (set shards: %d)" % (
+                                  count, "" if count == 1 else "s", self.base.etcd_prefix, agreed, agreed))
         await self.keeper.start()
         self._began = time.monotonic()
         self.role = "follower"
@@ -403,10 +442,25 @@ class ClusterNode:
                 return await self._win(record, seen)
         elif self.leader != self.name:
             await self._withdraw_position()
-            await self._follow(self.leader)
+            await self._follow(self.leader, record)
             if time.monotonic() - self._figures_at >= FIGURES_SECONDS:
                 await self.register()
+            if self.shard is not None and polls % int(MEMBERS_SECONDS / POLL_SECONDS) == 0:
+                self._local_leader = await self._leader_here()
         return False
+
+    async def _leader_here(self) -> dict | None:
+        """A follower on a node of several shards: the registration of a
+        shard this node leads, if any (its AMQP clients are forwarded there,
+        within the node, rather than to another node: `_leader_address`)."""
+        for index in range(self.shard.count):
+            if index != self.group:
+                etcd = self._group_etcd(index)
+                if await etcd.leader() == self.name:
+                    info = (await etcd.nodes()).get(self.name)
+                    if info is not None and info.get("role") == "leader":
+                        return info
+        return None
 
     async def _keep_in_sync(self, record: dict | None, behind: bool) -> None:
         """The in-sync set of this node's cluster, kept on disk: a recovery
@@ -443,17 +497,17 @@ class ClusterNode:
         await self._lead(term)
         return True
 
-    async def _follow(self, leader: str) -> None:
+    async def _follow(self, leader: str, record: dict | None) -> None:
         """Make sure a replication connection to `leader` runs, and know
         where its listeners are (it registers them once they are open), if
         it leads this node's cluster. A follower that cannot write its
         cluster state (a full disk) does not follow: the next poll tries again."""
         try:
-            await self._follow_once(leader)
+            await self._follow_once(leader, record)
         except StateNotSaved as exc:
             self._say(str(exc))
 
-    async def _follow_once(self, leader: str) -> None:
+    async def _follow_once(self, leader: str, record: dict | None) -> None:
         info = (await self.etcd.nodes()).get(leader)
         if self._followed == leader and self._following is not None and not self._following.done():
             self._leader_info = info or self._leader_info
@@ -463,6 +517,8 @@ class ClusterNode:
         await self._unfollow()
         if info is None or info.get("cluster") is None:
             return  # not registered yet
+        if record is not None and record["id"] == info["cluster"] and int(info.get("term") or 0) < record["term"]:
+            return  # registered before its election: its term and lineage are not yet the ones it leads with
         if self.directory.force_boot():
             self._say("force_boot waits for no node to lead: %s leads now; stop it and the other nodes" % leader)
             return
@@ -519,6 +575,10 @@ class ClusterNode:
         listeners = [("amqp", config.bind, config.port)]
         if config.tls.enabled:
             listeners.append(("amqp/ssl", config.bind, config.tls.port))
+        if self.group != 0:  # the others are shard 0's (amqp_server.process.shards)
+            for protocol, bind, port in listeners:
+                await self._proxy_listen(protocol, bind, port)
+            return
         if config.mqtt.enabled:
             listeners.append(("mqtt", config.bind, config.mqtt.port))
             if config.tls.enabled:
@@ -531,7 +591,7 @@ class ClusterNode:
             listeners.append(("http", config.management.bind, config.management.port))
         try:
             for protocol, bind, port in listeners:
-                await self.proxy.listen(protocol, bind, port)
+                await self._proxy_listen(protocol, bind, port)
             if config.prometheus.enabled:  # a follower's own metrics, not the leader's
                 protocol, bind, port = "http/prometheus", config.prometheus.bind, config.prometheus.port
                 self._metrics = web.AppRunner(self.follower_metrics(self), access_log=None, handle_signals=False)
@@ -541,11 +601,24 @@ class ClusterNode:
             raise ListenError("cannot listen for %s on %s:%d: %s" % (protocol, bind, port,
                                                                     exc.strerror or exc)) from None
 
+    async def _proxy_listen(self, protocol: str, bind: str, port: int) -> None:
+        shared = self.shard is not None and protocol.split("/")[0] in ("amqp", "mqtt", "stream")
+        try:
+            await self.proxy.listen(protocol, bind, port, reuse_port=shared)
+        except OSError as exc:
+            raise ListenError("cannot listen for %s on %s:%d: %s" % (protocol, bind, port,
+                                                                    exc.strerror or exc)) from None
+
     def _leader_address(self, protocol: str) -> tuple[str, int] | None:
         """Where to forward a `protocol` client: the leader's replication
-        port, once the leader has registered that listener."""
-        info = self._leader_info
-        return (info["advertise"], info["replication_port"]) if info.get("ports", {}).get(protocol) else None
+        port, once the leader has registered that listener; on a node of
+        several shards an AMQP client goes to a shard this node leads, if
+        any (any shard's leader serves every queue: a client stays on the
+        node it reached, and `client-local` queues are placed there)."""
+        for info in (self._local_leader, self._leader_info):
+            if info and info.get("ports", {}).get(protocol):
+                return info["advertise"], info["replication_port"]
+        return None
 
     async def _dial(self, host: str, port: int, protocol: str, client: list):
         sock, _term = await handshake.dial(host, port, self.secret, self.name, "forward", protocol, client)
@@ -580,6 +653,8 @@ class ClusterNode:
         self._led_at = time.monotonic()
         self.leader = self.name
         log.info("cluster node %s: elected leader", self.name)
+        # the term and lineage followers check come first (`_follow_once`), the listeners once open
+        await self._retrying(self.register)
         await self.proxy.stop()
         await self._stop_metrics()
         cluster = self.config.cluster
@@ -588,15 +663,25 @@ class ClusterNode:
         server.management.node.cluster = self
         server.stream_node.replicas = self.stream_replicas
         server.broker.promising = self.keeper.valid  # also for confirms that wait for no disk
-        # writer jobs complete in order, through the replication gate, after the definitions' record
-        server.broker.durability_barrier = lambda done: server.writer.run(_nothing, lambda _result: done())
+        # writer jobs complete in order, through the replication gate, after the definitions' record;
+        # on a node of several shards, after every running shard made the change first
+        shards = server.shards
+        made = shards.definitions.barrier if shards is not None and self.group == 0 else _at_once
+        server.broker.durability_barrier = lambda done: made(
+            lambda: server.writer.run(_nothing, lambda _result: done()))
+        if shards is not None:
+            shards.dial = self._dial_link
+            # what group 0's leader asks of the others' (`shard_statuses`, `rebalance`)
+            shards.services["cluster.status"] = self.status
+            shards.services["cluster.transfer"] = self.transfer
         self.replicator = Replicator(
             asyncio.get_running_loop(), self.config.data_dir, server.writer, server.definitions, server.mqtt_store,
             self.keeper.valid, term, cluster.min_in_sync_replicas or 0, cluster.max_lag_bytes,
             cluster.max_lag_seconds, self.record_in_sync, cluster.replication_timeout)
         await self._retrying(lambda: self.etcd.set_in_sync(self.name, [self.name]))
         self.replicator.start()
-        self.gateway = Gateway(self.secret, term, self._is_member, self.replicator, server.acceptor, self.tls_server)
+        self.gateway = Gateway(self.secret, term, self._is_member, self.replicator, server.acceptor, self.tls_server,
+                               shards.link_protocol if shards is not None else None)
         try:
             await self.gateway.start(cluster.replication_bind or self.advertise, cluster.replication_port)
         except OSError as exc:
@@ -607,6 +692,37 @@ class ClusterNode:
         collect_rarely()
         await self._retrying(self.register)
         self._tasks.append(asyncio.get_running_loop().create_task(self._watch_members(term)))
+
+    def _group_etcd(self, index: int) -> Etcd:
+        """The keys of shard `index`'s replication group (this process's own: self.etcd)."""
+        if index == self.group:
+            return self.etcd
+        etcd = self._groups.get(index)
+        if etcd is None:
+            etcd = self._groups[index] = Etcd.configured(group_settings(self.base, index), self.etcd.timeout)
+        return etcd
+
+    async def _dial_link(self, peer: int, protocol):
+        """The link to the leader of shard `peer`'s group, wherever it runs
+        (amqp_server.shards.node's `dial`); OSError while it has none."""
+        etcd = self._group_etcd(peer)
+        try:
+            leader = await etcd.leader()
+            info = (await etcd.nodes()).get(leader) if leader is not None else None
+        except EtcdUnavailable as exc:
+            raise ConnectionError("etcd unreachable: %s" % exc) from None
+        if info is None:
+            await asyncio.sleep(POLL_SECONDS)  # elected, or registered, soon
+            raise ConnectionError("shard %d has no leader" % peer)
+        host, port = info["advertise"], info["replication_port"]
+        sock, _term = await handshake.dial(host, port, self.secret, self.name, "link", str(self.group))
+        tls = self.follower.tls
+        try:
+            return await asyncio.wait_for(asyncio.get_running_loop().create_connection(
+                protocol, sock=sock, ssl=tls, server_hostname=host if tls else None), handshake.HANDSHAKE_SECONDS)
+        except BaseException:
+            sock.close()
+            raise
 
     def _warn_if_unreachable(self, bound: str) -> None:
         """The replication listener binds the advertised address; a host name
@@ -634,9 +750,65 @@ class ClusterNode:
                                "%s): its keys were lost or replaced" % (self.state.cluster, term, leader, record))
                 if self.name not in self.running:
                     await self.register()
+                if self.shard is not None and self.group == 0:
+                    self.shards = await self.shard_statuses()
             except EtcdUnavailable as exc:
                 log.warning("etcd unreachable: %s", exc)
             await asyncio.sleep(MEMBERS_SECONDS)
+
+    async def shard_statuses(self) -> list[dict]:
+        """Group 0's leader: every group's `status`, each asked of its
+        leader over their link (the leader etcd names, and no more, while
+        that link is down); views show them (`status`'s "shards")."""
+        async def of(index: int) -> dict:
+            if index == 0:
+                return self.status(with_shards=False)
+            if self.server.shards.outgoing.get(index) is not None:
+                try:
+                    return await asyncio.wait_for(self.server.shards.ask(index, "cluster.status"), MEMBERS_SECONDS)
+                except Exception as exc:  # noqa: BLE001 - ended, or slow: said below as unreachable
+                    log.info("shard %d's leader did not give its status: %s", index, exc)
+            leader = await self._group_etcd(index).leader()
+            return {"leader": leader, "nodes": [], "in_sync": [], "in_sync_alarm": False, "reachable": False}
+
+        found = await asyncio.gather(*(of(index) for index in range(self.shard.count)))
+        return [dict(status, shard=index) for index, status in enumerate(found)]
+
+    async def rebalance(self) -> list[dict]:
+        """Group 0's leader: hand each group's leadership to the node that
+        group prefers (`_preference`, over the running members) among its
+        in-sync ones, as RabbitMQ's `rabbitmq-queues rebalance` moves
+        quorum-queue leaders; group 0's own last (its hand-over ends this
+        process's leadership). The moves asked: [{"shard", "from", "to"}]."""
+        if self.shard is None:
+            raise ClusterError("this node runs one shard: there is nothing to rebalance")
+        try:
+            statuses = await self.shard_statuses()
+            running = set(await self.etcd.nodes())
+        except EtcdUnavailable as exc:
+            raise ClusterError("etcd unreachable: %s" % exc) from None
+        moves = []
+        for status in sorted(statuses, key=lambda status: status["shard"] == 0):
+            index, leader = status["shard"], status["leader"]
+            ready = [n["name"] for n in status["nodes"] if n["in_sync"] and n["running"] and
+                     (n["role"] == "leader" or n["state"] == "in sync")]
+            if leader is None or not ready:
+                continue
+            wanted = min(ready, key=lambda name: self._preference(name, running, index))
+            if wanted == leader:
+                continue
+            try:
+                if index == 0:
+                    await self.transfer(wanted)
+                else:
+                    await self.server.shards.ask(index, "cluster.transfer", wanted)
+            except Exception as exc:  # noqa: BLE001 - that group stays where it is; said
+                log.warning("rebalance: shard %d stays on %s: %s", index, leader, exc)
+                continue
+            moves.append({"shard": index, "from": leader, "to": wanted})
+        log.info("rebalance: %s", ", ".join("shard %(shard)d from %(from)s to %(to)s" % m for m in moves) or
+                 "every shard already leads where it should")
+        return moves
 
     def _renewed(self) -> None:
         """From the lease thread: etcd ended this (non-leading) node's lease
@@ -665,9 +837,11 @@ class ClusterNode:
 
     # -- operating (the leader's management API) ------------------------------
 
-    def status(self) -> dict:
+    def status(self, with_shards: bool = True) -> dict:
         """rabbitmqctl cluster_status's facts: every member, running or not,
-        its role and, for a follower, its replication state and lag."""
+        its role and, for a follower, its replication state and lag; on
+        group 0's leader of nodes of several shards also every group's, as
+        last gathered ("shards": `shard_statuses`)."""
         links = {f["name"]: f for f in (self.replicator.followers() if self.replicator else ())}
         in_sync = self.replicator.in_sync if self.replicator else []  # this leader's own record, not etcd's copy
         nodes = []
@@ -683,8 +857,12 @@ class ClusterNode:
                              lag_bytes=link["lag_bytes"] if link else None,
                              lag_seconds=link["lag_seconds"] if link else None)
             nodes.append(entry)
-        return {"leader": self.name, "nodes": nodes, "in_sync": [self.name] + in_sync,
-                "in_sync_alarm": self.in_sync_alarm}
+        status = {"leader": self.name, "nodes": nodes, "in_sync": [self.name] + in_sync,
+                  "in_sync_alarm": self.in_sync_alarm}
+        if with_shards and self.shard is not None and self.group == 0:
+            status["shards"] = [status_of if status_of["shard"] else dict(status, shard=0)
+                                for status_of in self.shards] or [dict(status, shard=0)]
+        return status
 
     def _check_in_sync_alarm(self) -> None:
         """The durability alarm: raised while the in-sync set is this leader
@@ -781,6 +959,8 @@ class ClusterNode:
         log.error("cluster node %s: %s; stopping at once and rejoining as a follower", self.name, why)
         for handler in logging.getLogger().handlers:
             handler.flush()
+        if self.shard is not None:
+            os._exit(FENCED)  # its supervisor starts the shard again (amqp_server.process.shards)
         os.execv(sys.executable, sys.orig_argv)
 
     async def _stop_metrics(self) -> None:
@@ -805,10 +985,26 @@ class ClusterNode:
         self.keeper.stop(revoke=True)
         self.directory.close()
         await self.etcd.close()
+        for etcd in self._groups.values():
+            await etcd.close()
 
 
 def _nothing() -> None:
     return None
+
+
+def _at_once(done) -> None:
+    done()
+
+
+def group_settings(cluster, index: int):
+    """The cluster settings of shard `index`'s replication group: its etcd
+    keys under `prefix/shards/K/` and its replication port K after the
+    node's (shard 0's are the node's own)."""
+    if index == 0:
+        return cluster
+    return dataclasses.replace(cluster, etcd_prefix="%s/shards/%d" % (cluster.etcd_prefix.strip("/"), index),
+                               replication_port=cluster.replication_port + index)
 
 
 def _loopback(host: str) -> bool:

@@ -99,7 +99,8 @@ class Proxy:
         self.pipes: set[_Pipe] = set()
         self.listening: dict[str, int] = {}  # protocol -> the port it listens on (what the node registers)
 
-    async def listen(self, protocol: str, bind: str, port: int) -> None:
+    async def listen(self, protocol: str, bind: str, port: int, reuse_port: bool = False) -> None:
+        """`reuse_port`: the node's other shards listen on the same port (amqp_server.process.shards)."""
         loop = asyncio.get_running_loop()
 
         def accept() -> _Side:
@@ -108,7 +109,7 @@ class Proxy:
             loop.create_task(self._connect(pipe, protocol))
             return pipe.client
 
-        server = await loop.create_server(accept, bind, port, reuse_address=True)
+        server = await loop.create_server(accept, bind, port, reuse_address=True, reuse_port=reuse_port)
         self.servers.append(server)
         for sock in server.sockets:
             host, bound = sock.getsockname()[:2]

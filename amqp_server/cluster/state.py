@@ -127,7 +127,9 @@ class DataDirectory:
         store, queues, messages): a node that never ran has nothing."""
         if not os.path.isdir(self.root):
             return False
-        for directory, _dirs, names in os.walk(self.root):
+        for directory, dirs, names in os.walk(self.root):
+            if directory == self.root and replica.SHARDS in dirs:
+                dirs.remove(replica.SHARDS)  # the other shards' (each its own group's)
             for name in names:
                 if name.endswith(".db") or replica.replicated(name):
                     return True

@@ -5,7 +5,14 @@ cluster_status, forget_cluster_node, transfer_leadership; docs/cluster.md):
   replication state and lag, the in-sync set;
 - DELETE /api/hutch/cluster/nodes/{node}: forget a stopped member;
 - POST /api/hutch/cluster/transfer-leadership {"node": NAME}: a planned
-  hand-over to an in-sync follower.
+  hand-over to an in-sync follower (of shard 0's group on nodes of
+  several shards);
+- POST /api/hutch/cluster/rebalance: on nodes of several shards, hand each
+  shard's leadership to the node its group prefers (docs/scaling.md),
+  answering {"moves": [{"shard", "from", "to"}]}.
+
+On nodes of several shards the status also has "shards": each shard's
+group, as the status of its leader (docs/scaling.md).
 
 On a node that runs alone the status lists that node, and the two
 operations are refused (400).
@@ -52,3 +59,11 @@ async def transfer(req):
     except ValueError as exc:
         raise bad_request(str(exc)) from None
     return NO_CONTENT
+
+
+async def rebalance(req):
+    cluster = _cluster(req)
+    try:
+        return {"moves": await cluster.rebalance()}
+    except ValueError as exc:
+        raise bad_request(str(exc)) from None

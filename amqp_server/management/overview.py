@@ -151,7 +151,12 @@ async def _members(req) -> list:
     listed = [await node_info(req)]
     cluster = req.node.cluster
     if cluster is not None:
-        for member in cluster.status()["nodes"]:
+        status = cluster.status()
+        # nodes of several shards: the shards each member leads (docs/scaling.md)
+        leads = {}
+        for group in status.get("shards", ()):
+            leads.setdefault(group["leader"], []).append(group["shard"])
+        for member in status["nodes"]:
             replication = {key: member[key] for key in ("state", "in_sync", "lag_bytes", "lag_seconds")}
             if member["role"] == "leader":
                 listed[0].update(cluster_node=member["name"], cluster_role="leader", replication=replication,
@@ -161,6 +166,8 @@ async def _members(req) -> list:
                                "running": member["running"], "cluster_role": "follower",
                                "replication": replication,
                                **(cluster.figures(member["name"]) if member["running"] else {})})
+            if "shards" in status:
+                listed[0 if member["role"] == "leader" else -1]["leads_shards"] = leads.get(member["name"], [])
     return listed
 
 

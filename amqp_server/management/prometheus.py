@@ -234,6 +234,18 @@ def _cluster_metrics(out: Exposition, status: dict) -> None:
     out.family("hutch_cluster_follower_lag_seconds", GAUGE,
                "Age of the oldest reply held for a follower's acknowledgement",
                [({"follower": n["name"]}, n["lag_seconds"]) for n in connected])
+    shards = status.get("shards")
+    if shards:  # nodes of several shards: each shard's group (docs/scaling.md)
+        out.family("hutch_cluster_shard_leader", GAUGE, "1 for the node that leads a shard's replication group",
+                   [({"shard": str(g["shard"]), "node": g["leader"]}, 1) for g in shards if g["leader"]])
+        out.family("hutch_cluster_shard_in_sync_followers", GAUGE, "Followers of a shard's group that hold every "
+                   "change it confirmed", [({"shard": str(g["shard"])}, max(0, len(g["in_sync"]) - 1))
+                                           for g in shards if g.get("reachable", True)])
+        lags = [(g["shard"], n) for g in shards for n in g["nodes"]
+                if n["role"] == "follower" and n["lag_bytes"] is not None]
+        out.family("hutch_cluster_shard_follower_lag_bytes", GAUGE, "Replication bytes a follower of a shard's "
+                   "group has not acknowledged", [({"shard": str(k), "follower": n["name"]}, n["lag_bytes"])
+                                                  for k, n in lags])
 
 
 def _disk_metrics(out: Exposition, free: int, limit: int) -> None:

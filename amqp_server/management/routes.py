@@ -130,6 +130,7 @@ _TABLE = [
     ("/api/hutch/cluster", {"GET": (cluster.status, MON)}),
     ("/api/hutch/cluster/nodes/{node}", {"DELETE": (cluster.forget, A)}),
     ("/api/hutch/cluster/transfer-leadership", {"POST": (cluster.transfer, A)}),
+    ("/api/hutch/cluster/rebalance", {"POST": (cluster.rebalance, A)}),
     ("/api/hutch/disk-free-limit", {"PUT": (watermark.put_disk_free_limit, A)}),
     ("/api/hutch/trace/{vhost}", {"PUT": (accounts.put_trace, A)}),
     ("/api/queues/{vhost}/{name}/peek", {"GET": (extensions.peek, M)}),

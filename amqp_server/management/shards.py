@@ -420,6 +420,13 @@ class NodeQueues:
         out.update(self.figures_of(q))
         if self.node.shards is not None:
             out["shard"] = getattr(q, "shard", self.node.shards.here)
+            cluster = self.node.cluster
+            if cluster is not None and cluster.shards:
+                # RabbitMQ's quorum-queue fields: the node that leads the queue's shard, and its group
+                group = cluster.shards[out["shard"]]
+                if group["leader"]:
+                    out["node"] = out["leader"] = "hutch@" + group["leader"]
+                out["members"] = ["hutch@" + n["name"] for n in group["nodes"]]
         return out
 
     def consumer_count(self, q) -> int:

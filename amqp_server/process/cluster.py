@@ -4,6 +4,7 @@ SIGINT/SIGTERM (cli.server starts it when cluster.etcd is set)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import signal
 
@@ -11,7 +12,8 @@ from aiohttp import web
 
 from amqp_server.cluster.node import ClusterNode
 from amqp_server.management import prometheus
-from amqp_server.process.server import BrokerServer
+from amqp_server.process.server import BrokerServer, run
+from amqp_server.process.shards import Shard
 from amqp_server.shared.figures import member_figures
 from amqp_server.shared.config import BrokerConfig
 
@@ -26,9 +28,17 @@ def follower_metrics(node: ClusterNode) -> web.Application:
         member_figures(node.config, node.uptime_ms())))
 
 
-async def serve_node(config: BrokerConfig) -> None:
-    """Run a cluster node until SIGINT/SIGTERM."""
-    node = ClusterNode(config, BrokerServer, follower_metrics)
+def serve_shard(config: BrokerConfig, shard: Shard) -> int:
+    """One shard of a cluster node, in its own process: its group's member
+    (amqp_server.process.shards forks it)."""
+    run(config, functools.partial(serve_node, shard=shard))
+    return 0
+
+
+async def serve_node(config: BrokerConfig, shard: Shard | None = None) -> None:
+    """Run a cluster node (or one shard of it) until SIGINT/SIGTERM."""
+    open_broker = BrokerServer if shard is None else functools.partial(BrokerServer, shard=shard)
+    node = ClusterNode(config, open_broker, follower_metrics, shard)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

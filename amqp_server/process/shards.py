@@ -77,7 +77,8 @@ ACCEPTED = "accepted"  # in the links directory, once any shard accepted a clien
 
 def shard_count(config: BrokerConfig) -> int:
     """`shards` as set, or for 0 (the default) as many as the cores this
-    process may use, up to MAX_SHARDS; one in a cluster (docs/scaling.md)."""
+    process may use, up to MAX_SHARDS; one in a cluster unless set
+    (docs/scaling.md: every node of a cluster must run as many)."""
     if config.shards:
         return config.shards
     return 1 if config.cluster.enabled else min(usable_cores(), MAX_SHARDS)
@@ -360,9 +361,10 @@ class Supervisor:
                 how = os.waitstatus_to_exitcode(code)
                 log.error("shard %d (pid %d) ended (%s); starting it again", index, pid,
                           "signal %d" % -how if how < 0 else "status %d" % how)
-                if index == 0 and self.children:
+                if index == 0 and self.children and not self.config.cluster.enabled:
                     # Shard 0 orders the definitions and alone knew the others' transient
-                    # ones: the node restarts whole, as after a node's crash.
+                    # ones: the node restarts whole, as after a node's crash. (In a cluster the
+                    # other shards' leaders sync with group 0's next leader, wherever it runs.)
                     log.error("shard 0 orders the node's definitions: stopping the other shards to start "
                               "them again with it")
                     self.restarting = {other for other, _started in self.children.values()}

@@ -5,7 +5,11 @@ shards, the queues it owns for them, and its RemoteQueues' way to theirs
 Links: every shard listens on its socket in the node's link directory and
 opens one link to every other shard (again after a loss); a shard sends its
 requests on the link it opened, and answers a request on the link it came
-on, so a request and its answer share one ordered byte stream.
+on, so a request and its answer share one ordered byte stream. In a
+cluster the shards are the leaders of their groups, wherever they run
+(`dial`, given by amqp_server.cluster.node): a link is a TCP connection to
+the peer leader's replication port, and a new leader of a group is that
+peer ending and starting again.
 
 Records (tuples, amqp_server.shards.link), by the requester:
   ("hello", index)                        first on every link
@@ -223,10 +227,32 @@ class ShardNode:
         # failure: on this shard once it stops, and at the peers that heard it.
         self.stopping = False
         self.leaving: set[int] = set()  # peers that said bye and have not linked here since
+        # In a cluster: dial(peer, protocol factory) -> (transport, protocol), the link to
+        # the current leader of shard `peer`'s group (OSError while it has none); the
+        # links then come through the replication port (`link_protocol`), not a Unix socket.
+        self.dial = None
+
+    def link_protocol(self) -> Link:
+        """A link another shard opened to this one."""
+        return Link(self.received, self._lost)
 
     # -- links ------------------------------------------------------------------
 
     async def start(self) -> None:
+        if self.dial is None:
+            await self._listen()
+        for peer in range(self.shard.count):
+            if peer != self.here:
+                self._connect_soon(peer, 0)
+        if self.here == 0:
+            self.definitions.synced.set()
+        else:  # serve only with shard 0's definitions, and its counts (amqp_server.shards.tallies)
+            await self.definitions.synced.wait()
+            await self.tallies.heard_from_0.wait()
+            self._spawn(self._report())
+            self._spawn(dead_letters.hand_over(self))
+
+    async def _listen(self) -> None:
         path = self.shard.socket(self.here)
         try:
             os.unlink(path)
@@ -246,16 +272,6 @@ class ShardNode:
         self._moves.listen(64)
         self._moves.setblocking(False)
         loop.add_reader(self._moves.fileno(), self._moved_here)
-        for peer in range(self.shard.count):
-            if peer != self.here:
-                self._connect_soon(peer, 0)
-        if self.here == 0:
-            self.definitions.synced.set()
-        else:  # serve only with shard 0's definitions, and its counts (amqp_server.shards.tallies)
-            await self.definitions.synced.wait()
-            await self.tallies.heard_from_0.wait()
-            self._spawn(self._report())
-            self._spawn(dead_letters.hand_over(self))
 
     def _spawn(self, coroutine) -> None:
         task = asyncio.get_running_loop().create_task(coroutine)
@@ -324,8 +340,10 @@ class ShardNode:
         loop = asyncio.get_running_loop()
         while True:
             try:
-                _transport, link = await loop.create_unix_connection(
-                    lambda: Link(self.received, self._lost), self.shard.socket(peer))
+                if self.dial is None:
+                    _transport, link = await loop.create_unix_connection(self.link_protocol, self.shard.socket(peer))
+                else:
+                    _transport, link = await self.dial(peer, self.link_protocol)
                 break
             except OSError:
                 # Tried again after RECONNECT, or at once when the peer links here (it is up).

@@ -1,9 +1,9 @@
 """Cluster commands (docs/cluster.md): cluster_status, forget_cluster_node,
-transfer_leadership. They use hutch's API extension under /api/hutch/cluster;
-any node answers (a follower forwards the management API to the leader).
-force_boot acts on a node's data directory instead (as rabbitmqctl's does on
-the node's database): the node it names may be waiting for peers, with no
-leader to answer the API.
+transfer_leadership, rebalance (docs/scaling.md). They use hutch's API
+extension under /api/hutch/cluster; any node answers (a follower forwards
+the management API to the leader). force_boot acts on a node's data
+directory instead (as rabbitmqctl's does on the node's database): the node
+it names may be waiting for peers, with no leader to answer the API.
 """
 from __future__ import annotations
 
@@ -25,11 +25,12 @@ def _lag(node: dict) -> str:
 def cluster_status(ctx: Context, args: list[str], opts: dict) -> None:
     status = hutch_extension(ctx.client.get, path("hutch", "cluster"), "cluster")
     nodes = status["nodes"]
+    shards = status.get("shards")
     if ctx.out.formatter == "json":
         ctx.out.line(json.dumps({
             "leader": status["leader"], "disk_nodes": [n["name"] for n in nodes],
             "running_nodes": [n["name"] for n in nodes if n["running"]], "in_sync_nodes": status["in_sync"],
-            "nodes": nodes}, separators=(",", ":")))
+            "nodes": nodes, **({"shards": shards} if shards else {})}, separators=(",", ":")))
         return
     ctx.out.banner(f"Cluster status of node {status['leader']} ...")
     sections = [
@@ -39,12 +40,42 @@ def cluster_status(ctx: Context, args: list[str], opts: dict) -> None:
         ("In-sync Nodes", status["in_sync"]),
         ("Replication", [f"{n['name']}: {_lag(n)}" for n in nodes]),
     ]
+    if shards:  # nodes of several shards: each shard's group, and how many each node leads
+        led = {n["name"]: [g["shard"] for g in shards if g["leader"] == n["name"]] for n in nodes}
+        sections.append(("Shard Leaders", [_shard(g) for g in shards]))
+        sections.append(("Balance", [f"{name}: leads {len(ids)} of {len(shards)} shards" +
+                                     (f" ({', '.join(map(str, ids))})" if ids else "")
+                                     for name, ids in led.items()]))
     for title, lines in sections:
         ctx.out.line(title)
         ctx.out.line("")
         for text in lines:
             ctx.out.line(text)
         ctx.out.line("")
+
+
+def _shard(group: dict) -> str:
+    if not group["leader"]:
+        return f"shard {group['shard']}: no leader"
+    if group.get("reachable") is False:
+        return f"shard {group['shard']}: {group['leader']} (not linked to shard 0's leader)"
+    lags = "; ".join(f"{n['name']}: {_lag(n)}" for n in group["nodes"] if n["role"] == "follower")
+    return f"shard {group['shard']}: {group['leader']}, in sync: {', '.join(group['in_sync'])}" + \
+        (f"; {lags}" if lags else "")
+
+
+def rebalance(ctx: Context, args: list[str], opts: dict) -> None:
+    ctx.out.banner("Re-balancing the shards' leaders over the cluster's nodes ...")
+    answer = hutch_extension(ctx.client.post, path("hutch", "cluster", "rebalance"), "cluster", {},
+                             missing=(404, 405))
+    moves = (answer or {}).get("moves", [])
+    if ctx.out.formatter == "json":
+        ctx.out.line(json.dumps(moves, separators=(",", ":")))
+        return
+    for move in moves:
+        ctx.out.line(f"shard {move['shard']}: leadership handed from {move['from']} to {move['to']}")
+    if not moves:
+        ctx.out.line("Every shard is led by the node it should be")
 
 
 def forget_cluster_node(ctx: Context, args: list[str], opts: dict) -> None:
@@ -70,11 +101,16 @@ def force_boot(ctx: Context, args: list[str], opts: dict) -> None:
         raise error(f"{directory} is not a hutch data directory (no definitions.db, no cluster_state)")
     ctx.out.banner(f"Ensuring the node with data directory {directory} leads: it campaigns with its data "
                    "as soon as no node leads, whatever the others hold ...")
-    try:
-        with open(os.path.join(directory, FORCE_BOOT), "w") as marker:
-            marker.write("written by hutchctl force_boot\n")
-    except OSError as exc:
-        raise error(f"cannot write to {directory}: {exc.strerror or exc}") from None
+    # a node of several shards: every shard's group too (DATA_DIR/shards/K, docs/scaling.md)
+    shards = os.path.join(directory, "shards")
+    groups = [os.path.join(shards, name) for name in sorted(os.listdir(shards)) if name.isdigit() and
+              os.path.isfile(os.path.join(shards, name, "cluster_state"))] if os.path.isdir(shards) else []
+    for target in [directory] + groups:
+        try:
+            with open(os.path.join(target, FORCE_BOOT), "w") as marker:
+                marker.write("written by hutchctl force_boot\n")
+        except OSError as exc:
+            raise error(f"cannot write to {target}: {exc.strerror or exc}") from None
 
 
 COMMANDS = (
@@ -84,6 +120,8 @@ COMMANDS = (
             "Removes a stopped node from the cluster", forget_cluster_node, 1, 1),
     Command("transfer_leadership", "<node>", "Hands the leadership to an in-sync follower without losing a "
             "confirmed message", transfer_leadership, 1, 1),
+    Command("rebalance", "", "Hands each shard's leadership to the node it should be on, spreading the leaders "
+            "over the nodes without losing a confirmed message", rebalance),
     Command("force_boot", "--data-dir <directory>", "Makes the node of this data directory lead, with its "
             "data, without waiting for the other members (the others set aside what differs)", force_boot,
             options={"--data-dir": True}),

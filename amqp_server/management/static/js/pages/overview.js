@@ -59,6 +59,9 @@ function nodeTable(nodes) {
     clustered ? ['In sync', (n) => ((n.replication || {}).in_sync ? 'yes' : h('span', { class: 'alarm' }, 'no'))] : null,
     clustered ? ['Replication', (n) => (n.replication || {}).state || ''] : null,
     clustered ? ['Lag', lag, { num: true }] : null,
+    // nodes of several shards: the shards whose group each node leads (docs/scaling.md)
+    nodes.some((n) => 'leads_shards' in n)
+      ? ['Leads shards', (n) => (n.leads_shards || []).join(', ') || 'none'] : null,
     ['Running', (n) => (n.running === false ? h('span', { class: 'alarm' }, 'down') : 'yes')],
     ['Memory', memory],
     ['Disk free', disk],

@@ -50,6 +50,7 @@ export async function list(view, _params, ctx) {
     { label: 'Deliver / get', sort: 'message_stats.deliver_get_details.rate', cell: (q) => stat(q, 'deliver_get'), num: true },
     { label: 'Ack', sort: 'message_stats.ack_details.rate', cell: (q) => stat(q, 'ack'), num: true },
     { label: 'Shard', sort: 'shard', field: 'shard', cell: (q) => String(q.shard), num: true },
+    { label: 'Leader', sort: 'leader', field: 'leader', cell: (q) => q.leader },
   ], 'No queues');
   view.append(h('h1', null, 'Queues'), paged.element, section('Add a new queue', form('add-queue', [
     { name: 'type', label: 'Type', type: 'select', options: [['classic', 'Classic'], ['stream', 'Stream']],
