@@ -73,15 +73,36 @@ function nodeTable(nodes) {
   return el;
 }
 
+// Nodes of several shards in a cluster: each shard's replication group, its leader, its in-sync set
+// and each follower's state and lag (hutch's /api/hutch/cluster, docs/scaling.md).
+function followerLag(n) {
+  const lagged = n.lag_bytes === null || n.lag_bytes === undefined ? ''
+    : ', ' + bytes(n.lag_bytes) + ' / ' + Number(n.lag_seconds || 0).toFixed(1) + ' s';
+  return n.name + ': ' + n.state + lagged;
+}
+
+function shardTable(groups) {
+  return table([
+    ['Shard', (g) => String(g.shard), { num: true }],
+    ['Leader', (g) => g.leader || h('span', { class: 'alarm' }, 'none')],
+    ['In sync', (g) => (g.in_sync || []).join(', ')],
+    ['Followers', (g) => (g.reachable === false ? h('span', { class: 'muted' }, 'not linked to shard 0')
+      : g.nodes.filter((n) => n.role === 'follower').map(followerLag).join('; '))],
+  ], groups);
+}
+
 export async function page(view, _params, ctx) {
   const queued = historyChart('Queued messages', LENGTHS, 'lengths');
   const rates = historyChart('Message rates', RATES, 'rates', '/s');
   const totals = h('div', { id: 'totals' });
   const nodes = h('div', { id: 'nodes' });
   const listeners = h('div', { id: 'listeners' });
+  const shards = h('div', { id: 'shards' });
+  const shardSection = section('Shards', shards);
+  shardSection.hidden = true;  // shown in a cluster of several shards per node
   view.append(h('h1', null, 'Overview'), rangePicker(() => ctx.refresh()),
     h('div', { class: 'charts' }, queued.element, rates.element), section('Totals', totals));
-  if (ctx.can('monitoring')) view.append(section('Nodes', nodes));
+  if (ctx.can('monitoring')) view.append(section('Nodes', nodes), shardSection);
   view.append(section('Ports and contexts', listeners));
   if (ctx.can('administrator')) view.append(definitionsSection(ctx));
 
@@ -106,7 +127,13 @@ export async function page(view, _params, ctx) {
       ['Total', () => num(queueTotals.messages), { num: true }],
     ], [o]), h('p', { class: 'muted' }, o.product_name + ' ' + o.product_version + ' on node ' + o.node
                                            + (vhost ? ' - virtual host ' + vhost : '')));
-    if (ctx.can('monitoring')) fill(nodes, nodeTable(await api.get('/nodes')));
+    if (ctx.can('monitoring')) {
+      const members = await api.get('/nodes');
+      fill(nodes, nodeTable(members));
+      const groups = members.some((n) => 'leads_shards' in n) ? (await api.get('/hutch/cluster')).shards : null;
+      shardSection.hidden = !groups;
+      if (groups) fill(shards, shardTable(groups));
+    }
     clear(listeners).append(table([
       ['Protocol', (l) => l.protocol], ['Bound to', (l) => l.ip_address], ['Port', (l) => l.port, { num: true }],
     ], o.listeners || []));
