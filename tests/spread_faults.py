@@ -23,6 +23,7 @@ bench/partitions_spread.py runs them all.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import time
@@ -49,38 +50,41 @@ def missing() -> str | None:
     return None
 
 
-class Spread:
-    """The namespaces, etcd members and nodes of one run; a context manager."""
+@contextlib.contextmanager
+def spread_cluster(tmp: Path):
+    """A started Spread, closed on leaving (also after a failed start)."""
+    cluster = Spread(tmp)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.close()
 
-    def __init__(self, tmp: Path, log=print) -> None:
-        self.tmp, self.log = tmp, log
+
+class Spread:
+    """The namespaces, etcd members and nodes of one run."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
         self.net: netns.Network | None = None
         self.members: list[EtcdMember] = []
         self.nodes: list[HutchNode] = []
 
-    def __enter__(self) -> "Spread":
-        try:
-            self.net = net = netns.Network()
-            etcd_hosts = [net.add("e%d" % number, 20 + number) for number in (1, 2, 3)]
-            hosts = [net.add("n%d" % number, 10 + number) for number in (1, 2, 3)]
-            self.client = net.add("client", 100)
-            peers = ",".join("%s=http://%s:2380" % (h.name, h.address) for h in etcd_hosts)
-            self.members = [EtcdMember(host, peers, self.tmp / host.name) for host in etcd_hosts]
-            for member in self.members:
-                member.start()
-            urls = ",".join(member.url for member in self.members)
-            self.nodes = [HutchNode(host, self.tmp / host.name, urls, LEASE_TTL, extra=("--shards", str(SHARDS)))
-                          for host in hosts]
-            for node in self.nodes:
-                node.start()
-            until(self.all_in_sync, 90, "every shard's group in sync")
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def start(self) -> None:
+        self.net = net = netns.Network()
+        etcd_hosts = [net.add("e%d" % number, 20 + number) for number in (1, 2, 3)]
+        hosts = [net.add("n%d" % number, 10 + number) for number in (1, 2, 3)]
+        self.client = net.add("client", 100)
+        peers = ",".join("%s=http://%s:2380" % (h.name, h.address) for h in etcd_hosts)
+        self.members = [EtcdMember(host, peers, self.tmp / host.name) for host in etcd_hosts]
+        for member in self.members:
+            member.start()
+        urls = ",".join(member.url for member in self.members)
+        self.nodes = [HutchNode(host, self.tmp / host.name, urls, LEASE_TTL, extra=("--shards", str(SHARDS)))
+                      for host in hosts]
+        for node in self.nodes:
+            node.start()
+        until(self.all_in_sync, 90, "every shard's group in sync")
 
     def close(self) -> None:
         for node in self.nodes:
@@ -124,7 +128,7 @@ class Spread:
 def run(tmp: Path, faults=FAULTS, log=print) -> dict:
     """Every fault in turn under load; the report, its "problems" empty when nothing was wrong."""
     report: dict = {"faults": [], "problems": []}
-    with Spread(tmp, log) as cluster:
+    with spread_cluster(tmp) as cluster:
         if sorted(cluster.leaders()) != ["n1", "n2", "n3"]:
             report["problems"].append("the leaders did not spread: %s" % cluster.leaders())
         urls = cluster.urls()
