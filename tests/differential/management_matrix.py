@@ -315,6 +315,7 @@ ROWS: dict[tuple[str, str], Row] = {
     ("/api/hutch/cluster/nodes/{node}", "DELETE"): Row("/api/hutch/cluster/nodes/no-such-node", hutch=(A, None)),
     ("/api/hutch/cluster/transfer-leadership", "POST"): Row("/api/hutch/cluster/transfer-leadership", {},
                                                             hutch=(A, None)),
+    ("/api/hutch/cluster/rebalance", "POST"): Row("/api/hutch/cluster/rebalance", {}, hutch=(A, None)),
     ("/api/hutch/disk-free-limit", "PUT"): Row("/api/hutch/disk-free-limit", {}, hutch=(A, None)),
     ("/api/hutch/trace/{vhost}", "PUT"): Row("/api/hutch/trace/{V}", {"enabled": "neither"}, hutch=(A, None)),
     ("/api/queues/{vhost}/{name}/peek", "GET"): Row("/api/queues/{V}/{q}/peek", hutch=(M, "messages")),
