@@ -38,6 +38,9 @@ SHARDS = 3
 FAULTS = ("isolated", "cut-from-nodes", "etcd-minority")
 ARGUMENTS = {"x-queue-type": "quorum"}
 LEASE_TTL = 2
+# A link (or a replication stream) that brings nothing for this long is taken for lost: shorter
+# than the namespaces' TCP timeout (tcp_retries2 5, about 13 s), so the heartbeats find a cut first.
+REPLICATION_TIMEOUT = 4
 # The shard whose leader each fault strikes (they lead one each: n1 0, n2 1, n3 2).
 STRUCK = {"isolated": 1, "cut-from-nodes": 2, "etcd-minority": 0}
 
@@ -80,8 +83,8 @@ class Spread:
         for member in self.members:
             member.start()
         urls = ",".join(member.url for member in self.members)
-        self.nodes = [HutchNode(host, self.tmp / host.name, urls, LEASE_TTL, extra=("--shards", str(SHARDS)))
-                      for host in hosts]
+        self.nodes = [HutchNode(host, self.tmp / host.name, urls, LEASE_TTL, extra=(
+            "--shards", str(SHARDS), "--cluster-replication-timeout", str(REPLICATION_TIMEOUT))) for host in hosts]
         for node in self.nodes:
             node.start()
         until(self.all_in_sync, 90, "every shard's group in sync")

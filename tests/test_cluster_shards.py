@@ -316,6 +316,11 @@ def test_an_isolated_node_gives_up_only_its_shards_and_nothing_confirmed_is_lost
     # shard 1 moved, the shards the victim did not lead stayed where they were, and every queue
     # went on confirming meanwhile (each load reconnects to another node when its own was cut)
     assert isolated["moved"] == [1] and all(n > 0 for n in isolated["during"]), isolated
+    # the other shards' leaders found their links to the cut one dead by its missing heartbeats
+    # (a cut closes no TCP connection they could see)
+    others = [name for name in ("n1", "n2", "n3") if name != isolated["victim"]]
+    assert any("nothing from shard 1 for" in report["logs"][name] for name in others), \
+        "no link taken for lost by its heartbeats"
     assert all(q["confirmed"] > 150 for q in report["queues"]), report["queues"]
 
 

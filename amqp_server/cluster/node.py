@@ -671,6 +671,7 @@ class ClusterNode:
             lambda: server.writer.run(_nothing, lambda _result: done()))
         if shards is not None:
             shards.dial = self._dial_link
+            shards.heartbeat = cluster.replication_timeout
             # what group 0's leader asks of the others' (`shard_statuses`, `rebalance`)
             shards.services["cluster.status"] = self.status
             shards.services["cluster.transfer"] = self.transfer

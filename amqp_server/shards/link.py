@@ -26,6 +26,7 @@ import io
 import logging
 import pickle
 import struct
+import time
 
 log = logging.getLogger("hutch.shards")
 
@@ -80,9 +81,11 @@ class Link(asyncio.Protocol):
         self._pending: list = []
         self._flush_armed = False
         self.closed = False
+        self.heard = 0.0  # time.monotonic() of the last bytes read (a cluster's heartbeats: ShardNode._beat)
 
     def connection_made(self, transport) -> None:
         self.transport = transport
+        self.heard = time.monotonic()
 
     def connection_lost(self, exc) -> None:
         self.closed = True
@@ -109,6 +112,7 @@ class Link(asyncio.Protocol):
             self.transport.write(_LENGTH.pack(len(data)) + data)
 
     def data_received(self, data: bytes) -> None:
+        self.heard = time.monotonic()
         buffer = self._buffer
         buffer += data
         while len(buffer) >= 4:
@@ -136,3 +140,9 @@ class Link(asyncio.Protocol):
         self.closed = True
         if self.transport is not None:
             self.transport.close()
+
+    def abort(self) -> None:
+        """Close at once, dropping what is unsent: the peer is gone (no flush could finish)."""
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()

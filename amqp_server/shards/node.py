@@ -38,6 +38,7 @@ Records (tuples, amqp_server.shards.link), by the requester:
   ("moved", (pid, n))                      a connection this shard sent there (hand_over) after every
                                            record it sent before leaving
   ("ping", ticket)                         answered ("pong", ticket) once the records before it are handled
+  ("beat",)                                in a cluster, on every link every heartbeat/4 (no answer)
   ("tallies", counts) ("tally", kind, name, count) ("login", failed, host, username)
                                            to every other shard (amqp_server.shards.tallies)
 and by the owner, on the same link:
@@ -73,6 +74,7 @@ import os
 import pickle
 import socket
 import struct
+import time
 
 from amqp_server.shards import dead_letters
 from amqp_server.shards.definitions import Definitions
@@ -231,6 +233,10 @@ class ShardNode:
         # the current leader of shard `peer`'s group (OSError while it has none); the
         # links then come through the replication port (`link_protocol`), not a Unix socket.
         self.dial = None
+        # In a cluster: seconds without a byte after which a link is taken for lost (the
+        # replication stream's `cluster.replication_timeout`): a peer cut off by a partition, or
+        # ended on a node the partition hides, closes no TCP connection this side could see.
+        self.heartbeat: float | None = None
 
     def link_protocol(self) -> Link:
         """A link another shard opened to this one."""
@@ -241,6 +247,8 @@ class ShardNode:
     async def start(self) -> None:
         if self.dial is None:
             await self._listen()
+        if self.heartbeat:
+            self._spawn(self._beat(self.heartbeat))
         for peer in range(self.shard.count):
             if peer != self.here:
                 self._connect_soon(peer, 0)
@@ -272,6 +280,26 @@ class ShardNode:
         self._moves.listen(64)
         self._moves.setblocking(False)
         loop.add_reader(self._moves.fileno(), self._moved_here)
+
+    async def _beat(self, timeout: float) -> None:
+        """Every timeout/4 a ("beat",) on every link, so each end hears the
+        other at least that often; a link nothing came on for `timeout` is
+        aborted: it is lost (peer gone, reconnect), as when a peer ends."""
+        while True:
+            await asyncio.sleep(timeout / 4)
+            now = time.monotonic()
+            for link in set(self.links) | set(self.outgoing.values()):
+                if link.closed:
+                    continue
+                if now - link.heard > timeout:
+                    log.warning("shard %d: nothing from shard %s for %.1f s; the link is taken for lost", self.here,
+                                link.peer, now - link.heard)
+                    link.abort()
+                else:
+                    link.send(("beat",))
+
+    def _on_beat(self, link) -> None:
+        """A heartbeat (`_beat`): hearing it is all it is for."""
 
     def _spawn(self, coroutine) -> None:
         task = asyncio.get_running_loop().create_task(coroutine)
