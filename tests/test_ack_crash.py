@@ -25,7 +25,7 @@ import pytest
 
 from conftest import launch
 from helpers import connect, wait_for
-from test_shards import on_shard, queue_on
+from shard_kit import on_shard, queue_on
 
 pytestmark = pytest.mark.timeout(120)
 

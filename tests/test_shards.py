@@ -10,7 +10,6 @@ import os
 import pickle
 import signal
 import socket
-import sqlite3
 import struct
 import subprocess
 import sys
@@ -25,6 +24,8 @@ from conftest import PORT_ARGS, ROOT, launch
 from helpers import channel_error, pump, unique, wait_for
 from http_api import call
 from test_alarms import Notices
+from shard_kit import on_shard, placement, queue_on
+from shard_kit import pid_of_shard as _pid_of_shard
 from mqtt_raw import DISCONNECT, RawMQTT, parse_publish, publish_packet, subscribe_packet, until_ping
 
 SHARDS = 2
@@ -42,54 +43,10 @@ def node(request, tmp_path_factory):
     proc.stop()
 
 
-def on_shard(port: int, shard: int, **params) -> pika.BlockingConnection:
-    """A connection served by `shard` (connections land where the kernel puts them),
-    with pika's ConnectionParameters `params`."""
-    others = []
-    try:
-        for _ in range(200):
-            connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port, **params))
-            if connection._impl.server_properties["shard"] == shard:
-                return connection
-            others.append(connection)
-    finally:
-        for other in others:
-            other.close()
-    raise AssertionError("no connection landed on shard %d" % shard)
-
-
-def queue_on(node, channel, shard: int, arguments: dict | None = None) -> str:
-    """A durable queue that lives on `shard`: a queue is placed on the shard
-    with the fewest queues, so declare until one lands there (its row in
-    shard 0's definitions store names its shard), then delete the others."""
-    extra = []
-    try:
-        for _ in range(4 * SHARDS):
-            name = unique("sq")
-            channel.queue_declare(name, durable=True, arguments=arguments)
-            if placement(node, name) == shard:
-                return name
-            extra.append(name)
-    finally:
-        for name in extra:
-            channel.queue_delete(name)
-    raise AssertionError("no queue placed on shard %d" % shard)
-
-
 def across(node) -> tuple:
     """A connection on shard 1, a durable queue that lives there, and a connection on shard 0."""
     owner = on_shard(node.port, 1)
     return owner, queue_on(node, owner.channel(), 1), on_shard(node.port, 0)
-
-
-def placement(node, name: str) -> int:
-    db = sqlite3.connect(os.path.join(node.data_dir, "definitions.db"))
-    try:
-        row = db.execute("SELECT shard FROM queues WHERE name = ?", (name,)).fetchone()
-    finally:
-        db.close()
-    assert row is not None, "queue %s is not in shard 0's definitions" % name
-    return row[0]
 
 
 def test_connections_land_on_every_shard_and_definitions_are_everywhere_once_answered(node):
@@ -375,18 +332,6 @@ def test_a_shard_that_held_no_queue_does_not_stop_fewer_shards(tmp_path):
             assert connection.channel().basic_get(queue, auto_ack=True)[2] == b"kept"
     finally:
         again.stop()
-
-
-def _pid_of_shard(node, shard: int, of: int = SHARDS) -> int | None:
-    found = None
-    for line in node.log.splitlines():
-        if "shard %d of %d: pid " % (shard, of) in line:
-            found = int(line.split("pid ")[1].split(",")[0])
-    try:
-        os.kill(found, 0)
-    except (OSError, TypeError):
-        return None
-    return found
 
 
 def test_fewer_shards_than_hold_queues_is_refused_with_the_reason(tmp_path):

@@ -19,7 +19,8 @@ from helpers import wait_for
 from http_api import Api
 from storage.dead_letter_log import DeadLetter, DeadLetterLog, DeadLetterLogSettings
 from storage.writer import GroupCommitWriter
-from test_shards import _pid_of_shard, on_shard, queue_on
+from shard_kit import on_shard, queue_on
+from shard_kit import pid_of_shard as _pid_of_shard
 
 SHARDS = ("--shards", "2", "--shard-moves", "false")
 
