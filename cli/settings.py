@@ -63,6 +63,7 @@ _FLOAT_RANGES: dict[str, tuple[float, float]] = {
     "disk_free_limit_mem_relative": (0.0, 100.0),
     "max_lag_seconds": (0.1, 3600.0),
     "replication_timeout": (1.0, 3600.0),
+    "shard_timeout": (1.0, 3600.0),
 }
 # HUTCH_* variables that are not broker settings: the config file's name, and
 # hutchctl's connection settings (so one shell can export both).

@@ -91,15 +91,20 @@ class ShardPort(Protocol):
 
 
 class RemoteEntry(QueueEntry):
-    """A delivery from the owner: `seq` is the owner's id for it."""
+    """A delivery from the owner: `seq` is the owner's id for it, valid only
+    in the owner's `incarnation` that handed it out (the port's token for
+    it): a settle of it reaches that incarnation or nothing, never a later
+    one that numbers its deliveries anew."""
 
-    __slots__ = ("consumer",)
+    __slots__ = ("consumer", "incarnation")
 
-    def __init__(self, seq: int, message: Message, redelivered: bool, deliveries: int, consumer) -> None:
+    def __init__(self, seq: int, message: Message, redelivered: bool, deliveries: int, consumer,
+                 incarnation: object) -> None:
         super().__init__(seq, message)
         self.redelivered = redelivered
         self.deliveries = deliveries
         self.consumer = consumer  # the local Consumer it was sent to; None for a basic.get
+        self.incarnation = incarnation
 
 
 class RemoteQueue:

@@ -119,7 +119,7 @@ class BrokerServer:
             return VhostStorage(directory, self.writer, self.monitor, storage_settings)
 
         # The node's other shards, when it has several (docs/scaling.md).
-        self.shards = ShardNode(self.shard) if self.shard is not None else None
+        self.shards = ShardNode(self.shard, config.shard_timeout) if self.shard is not None else None
         self.broker = Broker(
             config.default_user, config.default_pass, config.default_vhost, config.loopback_users,
             definitions=self.definitions,

@@ -4,9 +4,12 @@ other (so two per pair, one each way); which one carries what is
 amqp_server.shards.node's rule.
 
 Framing: a 4-byte big-endian length, then a pickled list of records. What a
-shard sends in one loop turn leaves as one frame (`send` queues, the end of
-the turn flushes), so a burst of publishes to another shard costs one
-write and one pickle, not one per message.
+shard sends in one loop turn leaves in one write (`send` queues, the end of
+the turn flushes), cut into frames of about FRAME_TARGET bytes each, so a
+burst of small publishes costs one pickle, and a burst of large ones (a
+consumer's prefetch of 1 MiB messages) never makes a frame the reader must
+refuse: only a single record larger than FRAME_TARGET makes a larger frame,
+and no record is larger than MAX_FRAME (a message is at most 512 MiB).
 
 Only this node's own processes can reach the directory (mode 0700, same
 user), but a frame is still read as data, never as code (`decode`): pickle
@@ -31,7 +34,15 @@ import time
 log = logging.getLogger("hutch.shards")
 
 _LENGTH = struct.Struct(">I")
-MAX_FRAME = 256 * 1024 * 1024
+# A frame holds records up to about this many bytes of bodies (`_weight`).
+FRAME_TARGET = 1024 * 1024
+# The reader's bound: above the largest record (max_message_size's upper limit, 512 MiB, and
+# its header), below what the 4-byte length can say.
+MAX_FRAME = 1024 * 1024 * 1024
+# Where the bytes of a record kind that carries a message are (amqp_server.shards.node).
+_BODY_AT = {"pub": 6, "deliver": 8, "got": 5, "reply": 3}
+# What every record weighs besides its body: so many small records make a frame of their own too.
+_RECORD_WEIGHT = 64
 
 # (module, name) of every class a record may hold besides pickle's own builtin
 # values: the values an AMQP field table decodes to (amqp_server.amqp.framing;
@@ -62,6 +73,13 @@ def decode(frame: bytes) -> list:
     if type(records) is not list:
         raise pickle.UnpicklingError("a frame is not a list of records")
     return records
+
+
+def _weight(record: tuple) -> int:
+    """About the bytes `record` adds to a frame: its message's, if it carries one."""
+    at = _BODY_AT.get(record[0])
+    body = record[at] if at is not None else None
+    return _RECORD_WEIGHT + (len(body) if body is not None else 0)
 
 
 def _kind(record) -> str:
@@ -107,9 +125,23 @@ class Link(asyncio.Protocol):
     def _flush(self) -> None:
         self._flush_armed = False
         records, self._pending = self._pending, []
-        if records and not self.closed:
-            data = pickle.dumps(records, protocol=pickle.HIGHEST_PROTOCOL)
-            self.transport.write(_LENGTH.pack(len(data)) + data)
+        if not records or self.closed:
+            return
+        frames = []
+        start = weight = 0
+        for end, record in enumerate(records, 1):
+            weight += _weight(record)
+            if weight >= FRAME_TARGET:
+                frames.append(records[start:end])
+                start, weight = end, 0
+        if start < len(records):
+            frames.append(records[start:] if start else records)
+        out = []
+        for frame in frames:
+            data = pickle.dumps(frame, protocol=pickle.HIGHEST_PROTOCOL)
+            out.append(_LENGTH.pack(len(data)))
+            out.append(data)
+        self.transport.writelines(out)
 
     def data_received(self, data: bytes) -> None:
         self.heard = time.monotonic()

@@ -38,7 +38,7 @@ Records (tuples, amqp_server.shards.link), by the requester:
   ("moved", (pid, n))                      a connection this shard sent there (hand_over) after every
                                            record it sent before leaving
   ("ping", ticket)                         answered ("pong", ticket) once the records before it are handled
-  ("beat",)                                in a cluster, on every link every heartbeat/4 (no answer)
+  ("beat",)                                 on every link every heartbeat/4 (no answer)
   ("tallies", counts) ("tally", kind, name, count) ("login", failed, host, username)
                                            to every other shard (amqp_server.shards.tallies)
 and by the owner, on the same link:
@@ -72,6 +72,7 @@ import itertools
 import logging
 import os
 import pickle
+import signal
 import socket
 import struct
 import time
@@ -176,7 +177,7 @@ class StandIn:
 
 
 class ShardNode:
-    def __init__(self, shard) -> None:
+    def __init__(self, shard, heartbeat: float) -> None:
         self.shard = shard
         self.here = shard.index
         self.broker = None  # set once the broker is built (it needs this node first)
@@ -233,10 +234,12 @@ class ShardNode:
         # the current leader of shard `peer`'s group (OSError while it has none); the
         # links then come through the replication port (`link_protocol`), not a Unix socket.
         self.dial = None
-        # In a cluster: seconds without a byte after which a link is taken for lost (the
-        # replication stream's `cluster.replication_timeout`): a peer cut off by a partition, or
+        # Seconds without a byte after which a link is taken for lost (`_beat`): on one node
+        # the peer has stalled (stopped, a disk or host that hangs) and is killed, so that
+        # the supervisor starts it again; in a cluster (the replication stream's
+        # `cluster.replication_timeout`, set with `dial`) a peer cut off by a partition, or
         # ended on a node the partition hides, closes no TCP connection this side could see.
-        self.heartbeat: float | None = None
+        self.heartbeat = heartbeat
 
     def link_protocol(self) -> Link:
         """A link another shard opened to this one."""
@@ -247,8 +250,7 @@ class ShardNode:
     async def start(self) -> None:
         if self.dial is None:
             await self._listen()
-        if self.heartbeat:
-            self._spawn(self._beat(self.heartbeat))
+        self._spawn(self._beat(self.heartbeat))
         for peer in range(self.shard.count):
             if peer != self.here:
                 self._connect_soon(peer, 0)
@@ -294,9 +296,33 @@ class ShardNode:
                 if now - link.heard > timeout:
                     log.warning("shard %d: nothing from shard %s for %.1f s; the link is taken for lost", self.here,
                                 link.peer, now - link.heard)
+                    if self.dial is None:
+                        self._fence(link)
                     link.abort()
                 else:
                     link.send(("beat",))
+
+    def _fence(self, link: Link) -> None:
+        """The shard at the other end of a silent link on this node has stalled: it
+        is killed (a stopped process too), so that what it holds is given back
+        as after its crash and the supervisor starts it again, as a cluster fences
+        a stalled leader. Its pid is the socket's peer (SO_PEERCRED): the process
+        that holds the other end now, so no other process is hit."""
+        try:
+            sock = link.transport.get_extra_info("socket")
+            pid, _uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                                  struct.calcsize("3i")))
+        except (AttributeError, OSError) as exc:
+            log.error("shard %d: cannot tell which process shard %s is: %s", self.here, link.peer, exc)
+            return
+        if pid <= 0 or pid == os.getpid():
+            return
+        log.error("shard %d: shard %s (pid %d) has stalled: killing it, the supervisor starts it again", self.here,
+                  link.peer, pid)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
     def _on_beat(self, link) -> None:
         """A heartbeat (`_beat`): hearing it is all it is for."""
@@ -526,7 +552,7 @@ class ShardNode:
         self._answered(ticket, ("rejected", ticket))
 
     def _on_got(self, link, ticket, *rest):
-        self._answered(ticket, ("got", ticket) + rest)
+        self._answered(ticket, ("got", ticket, link) + rest)  # the entry's incarnation (settle)
 
     def _on_counted(self, link, ticket, *rest):
         self._answered(ticket, ("counted", ticket) + rest)
@@ -780,11 +806,14 @@ class ShardNode:
                 link.send(("cancel", cid))
 
     def settle(self, queue: RemoteQueue, entries: list, outcome: str) -> None:
-        link = self.link_to(queue.shard)
-        if link is None:
-            return
-        idents = [entry.seq for entry in entries if entry.seq]
-        if idents:
+        # An entry is settled on the link it came on (its incarnation), the one the owner
+        # holds it for; once that link closed the owner gave it back to its queue, and
+        # its number may name another delivery of a later link: dropped.
+        by_link: dict[Link, list[int]] = {}
+        for entry in entries:
+            if entry.seq and not entry.incarnation.closed:
+                by_link.setdefault(entry.incarnation, []).append(entry.seq)
+        for link, idents in by_link.items():
             link.send(("settle", 0, outcome, idents))
             if outcome != "requeue":
                 peer = queue.shard
@@ -897,11 +926,11 @@ class ShardNode:
 
     def fetch(self, queue: RemoteQueue) -> None:
         def answered(record):
-            if record[0] == "lost" or record[5] is None:
-                queue.fetched(None, 0 if record[0] == "lost" else record[6])
+            if record[0] == "lost" or record[6] is None:
+                queue.fetched(None, 0 if record[0] == "lost" else record[7])
                 return
-            _kind, _ticket, ident, redelivered, deliveries, data, count = record
-            queue.fetched(RemoteEntry(ident, Message.from_bytes(data), redelivered, deliveries, None), count)
+            _kind, _ticket, link, ident, redelivered, deliveries, data, count = record
+            queue.fetched(RemoteEntry(ident, Message.from_bytes(data), redelivered, deliveries, None, link), count)
 
         no_ack = False  # the channel acks a no-ack get itself, at once
         self.request(queue.shard, lambda ticket: ("get", ticket, queue.vhost, queue.name, no_ack), answered)
@@ -916,7 +945,7 @@ class ShardNode:
         # A no-ack delivery too goes out as an entry: the channel's settling of it gives the
         # credit back, whatever face the consumer is (MQTT hands fresh messages over differently).
         message = Message(exchange, routing_key, header, body, msg_id)
-        queue.received(consumer.tag, RemoteEntry(ident, message, redelivered, deliveries, consumer))
+        queue.received(consumer.tag, RemoteEntry(ident, message, redelivered, deliveries, consumer, link))
 
     def _on_cancelled(self, link, cid):
         found = self.consumers.pop(cid, None)

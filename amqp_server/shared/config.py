@@ -238,6 +238,11 @@ class BrokerConfig:
     # On a node of several shards, a connection whose traffic is all for another
     # shard's queues moves there (docs/scaling.md); false: it is served where it landed.
     shard_moves: bool = True
+    # Seconds a shard's link to another shard of this node may stay silent (every link
+    # carries a heartbeat every quarter of it) before that shard is taken for stalled:
+    # it is killed and the supervisor starts it again (docs/scaling.md, "When a shard
+    # ends"). In a cluster, cluster.replication_timeout plays this part.
+    shard_timeout: float = 5.0
     tls: TLSConfig = field(default_factory=TLSConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
     management: ManagementConfig = field(default_factory=ManagementConfig)
