@@ -13,8 +13,9 @@ import pika
 import pytest
 
 from conftest import launch
-from helpers import unique, wait_for
-from shard_kit import on_shard, pid_of_shard, queue_on
+from helpers import channel_error, unique, wait_for
+from shard_kit import on_shard, pid_of_shard, placement, queue_on
+from vhosts.node import NODE
 
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
 SHARD_TIMEOUT = 2.0  # seconds a silent link is allowed (shard_timeout), short for the test
@@ -147,3 +148,36 @@ def _burst(node) -> None:
     owned.queue_declare(exclusive, passive=True)  # still there: its connection lives
     consumer.close()
     owner.close()
+
+
+def test_a_queue_whose_shard_stays_down_answers_rabbitmqs_404_and_is_kept(node):
+    """Shard 1 ends and cannot come back for a while (its supervisor is stopped): a declare or
+    delete of its queue from shard 0 is answered within the shard timeout with RabbitMQ's 404
+    for a queue whose node is down, the queue is not deleted, and once shard 1 is back every
+    confirmed message is there."""
+    setup = on_shard(node.port, 0)
+    channel = setup.channel()
+    theirs = queue_on(node, channel, 1, shards=node.shards)
+    fill(channel, theirs, 10, b"k")
+    victim = pid_of_shard(node, 1, node.shards)
+    node.process.send_signal(signal.SIGSTOP)  # the supervisor: nothing starts shard 1 again
+    try:
+        os.kill(victim, signal.SIGKILL)
+        for attempt in (lambda c: c.queue_declare(theirs, passive=True),
+                        lambda c: c.queue_declare(theirs, durable=True),
+                        lambda c: c.queue_delete(theirs)):
+            started = time.monotonic()
+            code, text = channel_error(attempt, setup.channel())
+            assert (code, text) == (404, "NOT_FOUND - home node '%s' of durable queue '%s' in vhost '/' is down or "
+                                         "inaccessible" % (NODE, theirs))
+            assert time.monotonic() - started < SHARD_TIMEOUT * 3
+        # the other shards' queues are served meanwhile
+        ours = setup.channel().queue_declare(unique("meanwhile"), durable=True).method.queue
+        assert placement(node, ours) != 1
+    finally:
+        node.process.send_signal(signal.SIGCONT)
+    restarted(node, 1, victim)
+    again = setup.channel()
+    assert wait_for(lambda: messages_in(again, theirs) == 10, 20, what="shard 1's queue back")
+    assert [again.basic_get(theirs, auto_ack=True)[2] for _ in range(10)] == [b"k%d" % i for i in range(10)]
+    setup.close()

@@ -63,9 +63,10 @@ class ShardPort(Protocol):
     # queue.purge: done(count, or an AMQPError) once the owner purged it.
     def purge(self, queue: "RemoteQueue", done: Callable[[object], None]) -> None: ...
 
-    # Refresh a RemoteQueue's counts from its owner, then done(); asked on the link its
-    # consume and settlements take, so the owner's deliveries sent before come first.
-    def counts(self, queue: "RemoteQueue", done: Callable[[], None]) -> None: ...
+    # Refresh a RemoteQueue's counts from its owner, then done(None), or done(an AMQPError)
+    # when the owner is down; asked on the link its consume and settlements take, so the
+    # owner's deliveries sent before come first.
+    def counts(self, queue: "RemoteQueue", done: Callable[[AMQPError | None], None]) -> None: ...
 
     # A definition changed here (a tuple: amqp_server.shards.definitions); inside `nested()`
     # only the outermost change is reported.

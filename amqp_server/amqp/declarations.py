@@ -145,11 +145,19 @@ def _declared(channel, m, result) -> None:
         channel.connection.own_exclusive(queue)
     channel.most_recent_queue = name
     if m.nowait:  # no answer, but the declare still renews x-expires where the queue lives
-        channel.vhost.shards.counts(queue, lambda: None)
+        channel.vhost.shards.counts(queue, lambda _error: None)
         return
-    channel.vhost.shards.counts(queue, lambda: _reply(channel, named_method(
-        commands.Queue.DeclareOk, queue=name, message_count=queue.message_count,
-        consumer_count=queue.consumer_count)))
+
+    def counted(error) -> None:
+        if channel.state != "open":
+            return  # closed meanwhile
+        if error is not None:  # its owner is down: RabbitMQ's 404 for a queue whose node is
+            channel.close_with(error.at(50, 10))
+            return
+        _reply(channel, named_method(commands.Queue.DeclareOk, queue=name, message_count=queue.message_count,
+                                     consumer_count=queue.consumer_count))
+
+    channel.vhost.shards.counts(queue, counted)
 
 
 def _reply_to_declare(channel, m) -> None:

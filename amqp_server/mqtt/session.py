@@ -353,7 +353,7 @@ class MQTTConnection(ClientConnection):
         for q in remote:
             hold = ("catching up", q.name)
             self.throttled_by(hold)
-            self.vhost.shards.counts(q, lambda hold=hold: self.unblocked(hold))
+            self.vhost.shards.counts(q, lambda _error, hold=hold: self.unblocked(hold))
 
     def _refuse_login(self) -> None:
         if self.state is REFUSING:

@@ -215,7 +215,8 @@ class Definitions:
             host = self.node.broker.vhosts.get(op[3])
             queue = host.queues.get(op[5][0]) if host is not None else None
             if isinstance(queue, RemoteQueue):
-                self.node.counts(queue, lambda: self._order_now(op, done))
+                # an owner that is down answers RabbitMQ's 404, and its queue stays
+                self.node.counts(queue, lambda error: done(error) if error else self._order_now(op, done))
                 return
         self._order_now(op, done)
 

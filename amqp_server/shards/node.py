@@ -85,6 +85,7 @@ from storage import Message
 from vhosts import reply_to
 from vhosts.consumer import Consumer
 from vhosts.errors import NOT_FOUND, AMQPError
+from vhosts.node import NODE
 from vhosts.queue import DURABLE_PENDING, REJECTED
 from vhosts.remote_queue import RemoteEntry, RemoteQueue
 
@@ -104,6 +105,13 @@ ARRIVAL_TIMEOUT = 30.0
 _LENGTH = struct.Struct(">I")
 # Records that wait for a link to a shard that is starting (a publish, a get).
 UNSENT_MAX = 100_000
+
+
+def down(queue) -> AMQPError:
+    """What RabbitMQ answers for a queue whose node is down (rabbit_amqqueue's
+    with_or_die): here its shard ended, or has been unreachable for a heartbeat."""
+    return AMQPError(NOT_FOUND, "home node '%s' of %squeue '%s' in vhost '%s' is down or inaccessible"
+                     % (NODE, "durable " if queue.durable else "", queue.name, queue.vhost))
 
 
 class ShardGone(Exception):
@@ -214,6 +222,7 @@ class ShardNode:
         self.services: dict[str, object] = {}
         self._credits: dict[tuple[int, int], int] = {}  # (owner shard, cid) -> deliveries to give back
         self._unsent: dict[int, list] = {}  # peer -> records waiting for its link
+        self._unsent_timers: dict[int, asyncio.TimerHandle] = {}  # peer -> when its records stop waiting
         self._last_pub: tuple | None = None  # (message, its "pub" record) sent last without a confirm
         self._wake: dict[int, asyncio.Event] = {}  # peer -> set when it linked here (see _connect)
         # record kind -> its handler, the methods named _on_<kind>
@@ -493,6 +502,9 @@ class ShardNode:
         """What waited for a link to `peer` goes on the link requests to it take (`link_to`)."""
         link = self.link_to(peer)
         if link is not None:
+            timer = self._unsent_timers.pop(peer, None)
+            if timer is not None:
+                timer.cancel()
             for record in self._unsent.pop(peer, ()):
                 link.send(record)
 
@@ -508,7 +520,21 @@ class ShardNode:
         if len(unsent) >= UNSENT_MAX:
             return False
         unsent.append(record)
+        if peer not in self._unsent_timers:
+            self._unsent_timers[peer] = asyncio.get_running_loop().call_later(self.heartbeat, self._unreachable,
+                                                                              peer)
         return True
+
+    def _unreachable(self, peer: int) -> None:
+        """Records waited `heartbeat` seconds for a link to `peer` (a shard that cannot
+        start, or starts slowly): its queues are down, as a queue's node is to RabbitMQ;
+        what waited on it ends (requests answered "lost") rather than hang."""
+        self._unsent_timers.pop(peer, None)
+        dropped = self._unsent.pop(peer, [])
+        if dropped and self.link_to(peer) is None:
+            log.warning("shard %d: shard %d unreachable for %.1f s: %d records for it dropped, its queues are down",
+                        self.here, peer, self.heartbeat, len(dropped))
+            self._peer_gone(peer)
 
     # -- records ------------------------------------------------------------------
 
@@ -722,11 +748,7 @@ class ShardNode:
 
     def purge(self, queue: RemoteQueue, done) -> None:
         def answered(record):
-            if record[0] == "purged":
-                done(record[2])
-            else:
-                done(AMQPError(NOT_FOUND, "queue '%s' in vhost '%s': its shard %d ended before it answered"
-                               % (queue.name, queue.vhost, queue.shard)))
+            done(record[2] if record[0] == "purged" else down(queue))
 
         self.request(queue.shard, lambda ticket: ("purge", ticket, queue.vhost, queue.name), answered)
 
@@ -983,19 +1005,22 @@ class ShardNode:
 
     def counts(self, queue, done) -> None:
         """A queue.declare (passive too) was ordered at shard 0: refresh a
-        RemoteQueue's counts from its owner, then done(). The declare renews
+        RemoteQueue's counts from its owner, then done(None), or done(error)
+        when the owner ended or is unreachable (`down`). The declare renews
         an x-expires lease where the queue lives: the owner's `counts`
         renews it there, and a queue of this shard is renewed here (shard
         0's declare touched only its RemoteQueue of it)."""
         if not isinstance(queue, RemoteQueue):
             queue.touch()
-            done()
+            done(None)
             return
 
         def answered(record):
             if record[0] == "counted":
                 queue.message_count, queue.consumer_count = record[2], record[3]
-            done()
+                done(None)
+            else:
+                done(down(queue))
 
         self.request(queue.shard, lambda ticket: ("counts", ticket, queue.vhost, queue.name), answered)
 
