@@ -1,7 +1,8 @@
 """Reaching a chosen shard of a node from the outside: a connection the
 kernel landed on it (`on_shard`, by the `shard` server property), a durable
 queue placed on it (`queue_on`, by shard 0's definitions store), and the
-pid of a shard process (`pid_of_shard`, from the supervisor's log)."""
+pid of a shard process (`pid_of_shard`, from the supervisor's log) and
+the link socket it listens on (`link_socket`)."""
 from __future__ import annotations
 
 import os
@@ -67,3 +68,19 @@ def pid_of_shard(node, shard: int, of: int = 2) -> int | None:
     except (OSError, TypeError):
         return None
     return found
+
+
+def link_socket(pid: int) -> str:
+    """The path of the link socket shard process `pid` listens on (its
+    node's private link directory, amqp_server.process.shards)."""
+    inodes = set()
+    for fd in os.listdir("/proc/%d/fd" % pid):
+        target = os.readlink("/proc/%d/fd/%s" % (pid, fd))
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    with open("/proc/net/unix") as table:
+        for line in table.read().splitlines()[1:]:
+            fields = line.split()
+            if len(fields) == 8 and fields[6] in inodes and fields[7].endswith(".sock"):
+                return fields[7]
+    raise AssertionError("shard pid %d listens on no link socket" % pid)

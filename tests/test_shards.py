@@ -25,6 +25,7 @@ from helpers import channel_error, pump, unique, wait_for
 from http_api import call
 from test_alarms import Notices
 from shard_kit import on_shard, placement, queue_on
+from shard_kit import link_socket as _link_socket
 from shard_kit import pid_of_shard as _pid_of_shard
 from mqtt_raw import DISCONNECT, RawMQTT, parse_publish, publish_packet, subscribe_packet, until_ping
 
@@ -253,22 +254,6 @@ def test_a_shard_killed_under_load_loses_nothing_confirmed_and_the_other_keeps_s
     bodies = [int(fresh.basic_get(kept, auto_ack=True)[2]) for _ in range(confirmed)]
     assert bodies == list(range(confirmed))
     steady.connection.close()
-
-
-def _link_socket(pid: int) -> str:
-    """The path of the link socket shard process `pid` listens on (its
-    node's private link directory, amqp_server.process.shards)."""
-    inodes = set()
-    for fd in os.listdir("/proc/%d/fd" % pid):
-        target = os.readlink("/proc/%d/fd/%s" % (pid, fd))
-        if target.startswith("socket:["):
-            inodes.add(target[8:-1])
-    with open("/proc/net/unix") as table:
-        for line in table.read().splitlines()[1:]:
-            fields = line.split()
-            if len(fields) == 8 and fields[6] in inodes and fields[7].endswith(".sock"):
-                return fields[7]
-    raise AssertionError("shard pid %d listens on no link socket" % pid)
 
 
 class _Hostile:

@@ -71,6 +71,7 @@ def _every_shard(method):
             shards.changed(("broker", method.__name__, args,
                             {key: value for key, value in kwargs.items() if not callable(value)}))
         return result
+    change.every_shard = True  # the only Broker calls another shard's "apply" may name
     return change
 
 

@@ -312,6 +312,8 @@ class Definitions:
         broker = self.node.broker
         if change[0] == "broker":
             _kind, method, args, kwargs = change
+            if not getattr(getattr(type(broker), method, None), "every_shard", False):
+                raise ValueError("%r is not a definition change" % (method,))  # logged, skipped (apply)
             getattr(broker, method)(*args, **kwargs)
             return
         kind, vhost = change[0], change[1]
