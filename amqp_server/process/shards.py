@@ -8,8 +8,10 @@ child process per shard and serves nothing itself.
   spreads new connections over the shards that listen.
 - Data: shard 0 keeps the node's data directory itself (so a node that had
   one process keeps its queues where they are), shard K > 0 keeps
-  DATA_DIR/shards/K. A node restarted with fewer shards than hold queues
-  refuses to start: their queues would be out of reach.
+  DATA_DIR/shards/K. The directory's lock, claimed before this process
+  starts, is inherited by every shard, so it lasts until the last of them
+  ends. A node restarted with fewer shards than hold queues refuses to
+  start: their queues would be out of reach.
 - Links: the shards reach each other over Unix sockets in a directory only
   this user may enter (`LinkDirectory`), made here and removed at the stop.
 - Lifetime: the shards are forked before this process starts any thread or
@@ -231,13 +233,14 @@ def _die_with_parent() -> None:
 
 
 class Supervisor:
-    def __init__(self, config: BrokerConfig, serve_shard, open_data_directory) -> None:
+    def __init__(self, config: BrokerConfig, serve_shard, data_directory) -> None:
         """`serve_shard(config, shard)` runs one shard to its end in a child;
-        `open_data_directory(path)` finds or makes the node's data directory."""
+        `data_directory`: the node's, as its start claimed it (locked:
+        storage.data_directory.DataDirectory.claim)."""
         self.config = config
         self.serve_shard = serve_shard
-        self.open_data_directory = open_data_directory
-        self.data_directory = None  # for shard 0's first start
+        self.claimed = data_directory
+        self.data_directory = data_directory  # for shard 0's first start
         self.forks: dict[int, int] = {}  # shard -> times it was forked
         self.children: dict[int, tuple[int, float]] = {}  # pid -> (shard index, start time)
         self.stopping = False
@@ -247,11 +250,10 @@ class Supervisor:
 
     def run(self) -> int:
         config = self.config
-        # Opened before any shard: a shard K > 0 that came first would make the node's
-        # directory as the parent of DATA_DIR/shards/K, and shard 0 would then take a
-        # new node's first start for a crash to recover from. Before the ports, as one
-        # process opens it before it listens: the same first refusal.
-        self.data_directory = opened = self.open_data_directory(config.data_dir)
+        # Claimed before any shard (and before the ports, as one process claims it before
+        # it listens: the same first refusal): a shard K > 0 that came first would make the
+        # node's directory as the parent of DATA_DIR/shards/K, and shard 0 would then take
+        # a new node's first start for a crash to recover from.
         try:
             self.config, self.held = hold_ports(config)
             self.links = tempfile.mkdtemp(prefix="hutch-shards-")  # mode 0700
@@ -265,7 +267,7 @@ class Supervisor:
             # has ended): what this start created goes, as after one process's failed start,
             # unless a shard had accepted a client (what it did may be stored).
             if not (self.links and os.path.exists(os.path.join(self.links, ACCEPTED))):
-                opened.remove_created()
+                self.claimed.remove_created()
             raise
         finally:
             for sock in self.held:
