@@ -1,9 +1,11 @@
-"""One node per data directory (issue 39, docs/scaling.md "Who owns what"): a
-second start on a running node's directory is refused (a cluster node's
-too), and one after a SIGKILL of the supervisor waits until the shards it
-left have ended. Real broker processes and pika clients; the SIGKILL test
-holds the left shards alive with cgroup v1's freezer (in which a SIGKILLed
-process stays until thawed), so it needs root."""
+"""One node per data directory, and a default shard count that never refuses
+one (issue 39, docs/scaling.md "Who owns what"): a second start on a running
+node's directory is refused (a cluster node's too), one after a SIGKILL of
+the supervisor waits until the shards it left have ended, and a node moved
+to fewer cores runs as many shards as hold its queues. Real broker processes
+and pika clients; the SIGKILL test holds the left shards alive with cgroup
+v1's freezer (in which a SIGKILLed process stays until thawed), so it needs
+root."""
 from __future__ import annotations
 
 import os
@@ -223,3 +225,25 @@ def test_a_start_after_a_sigkill_of_the_supervisor_waits_until_its_shards_have_e
         if frozen is not None:
             frozen.thaw()
         first.stop()
+
+
+@pytest.mark.timeout(60)
+def test_the_default_shard_count_on_fewer_cores_covers_the_shards_that_hold_queues(tmp_path):
+    first = launch(tmp_path, "--shards", "2")
+    try:
+        connection = on_shard(first.port, 1)
+        queue = queue_on(first, connection.channel(), 1)
+        connection.close()
+        fill(first.port, queue, 20, 1)
+    finally:
+        first.stop()
+    # The default shard count on one core (a smaller machine, a container limited to a core).
+    again = Node(first.data_dir, wrap=["taskset", "-c", "0"])
+    try:
+        again.serving()
+        assert again.shards() == 2
+        assert "2 shards, not the 1 of the cores this process may use: shard 1 holds queues ('%s' in vhost '/')" \
+            % queue in again.log
+        assert bodies(again.port, queue) == expected(20)
+    finally:
+        again.stop()

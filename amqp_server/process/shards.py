@@ -11,7 +11,8 @@ child process per shard and serves nothing itself.
   DATA_DIR/shards/K. The directory's lock, claimed before this process
   starts, is inherited by every shard, so it lasts until the last of them
   ends. A node restarted with fewer shards than hold queues refuses to
-  start: their queues would be out of reach.
+  start (their queues would be out of reach); the default count grows to
+  cover them instead.
 - Links: the shards reach each other over Unix sockets in a directory only
   this user may enter (`LinkDirectory`), made here and removed at the stop.
 - Lifetime: the shards are forked before this process starts any thread or
@@ -79,11 +80,23 @@ ACCEPTED = "accepted"  # in the links directory, once any shard accepted a clien
 
 def shard_count(config: BrokerConfig) -> int:
     """`shards` as set, or for 0 (the default) as many as the cores this
-    process may use, up to MAX_SHARDS; one in a cluster unless set
-    (docs/scaling.md: every node of a cluster must run as many)."""
+    process may use, up to MAX_SHARDS, and at least as many as hold queues
+    or messages in the data directory (a node moved to fewer cores keeps
+    every queue in reach; read under the directory's lock); one in a
+    cluster unless set (docs/scaling.md: every node of a cluster must run
+    as many)."""
     if config.shards:
         return config.shards
-    return 1 if config.cluster.enabled else min(usable_cores(), MAX_SHARDS)
+    if config.cluster.enabled:
+        return 1
+    cores = min(usable_cores(), MAX_SHARDS)
+    held = _highest_held(config.data_dir, cores)
+    if held is None:
+        return cores
+    index, what = held
+    log.warning("%d shards, not the %d of the cores this process may use: shard %d holds queues (%s)",
+                index + 1, cores, index, what)
+    return index + 1
 
 
 def usable_cores() -> int:
@@ -133,19 +146,29 @@ def check_shard_dirs(data_dir: str, count: int) -> None:
     """Refuse a shard count that leaves a shard's queues or messages behind;
     a shard's directory that holds neither (it served only clients) is no
     reason to refuse, and is left as it is."""
+    held = _highest_held(data_dir, count)
+    if held is not None:
+        index, what = held
+        raise ListenError(
+            "shard %d of this node holds queues (%s), but shards is %d: start with shards >= %d, "
+            "or move the queues off that shard first" % (index, what, count, index + 1))
+
+
+def _highest_held(data_dir: str, least: int) -> tuple[int, str] | None:
+    """(index, what it holds) of the highest shard from `least` on whose
+    directory holds queues or messages; None: none does."""
     root = os.path.join(data_dir, "shards")
     try:
         names = os.listdir(root)
-    except OSError:  # none there (opening the data directory says what is wrong with it)
-        return
-    for name in sorted(names, key=lambda name: int(name) if name.isdigit() else -1):
-        if not name.isdigit() or int(name) < count:
-            continue
-        held = _held_by(os.path.join(root, name), int(name))
+    except OSError:  # no shard but 0 ever kept data here
+        return None
+    for index, name in sorted(((int(name), name) for name in names if name.isdigit()), reverse=True):
+        if index < least:
+            break
+        held = _held_by(os.path.join(root, name), index)
         if held is not None:
-            raise ListenError(
-                "shard %s of this node holds queues (%s), but shards is %d: start with shards >= %d, "
-                "or move the queues off that shard first" % (name, held, count, int(name) + 1))
+            return index, held
+    return None
 
 
 def _held_by(directory: str, index: int) -> str | None:
