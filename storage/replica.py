@@ -26,6 +26,7 @@ import os
 import shutil
 import struct
 
+from storage.data_directory import LOCK
 from storage.files import APPEND, CREATE, REMOVE, RENAME, WRITE
 
 HEAD = struct.Struct(">IB")
@@ -38,8 +39,9 @@ PART = ".part"  # a whole file being sent in pieces (write_records)
 # crash, every message redelivered) and SQLite's files (sent as content).
 _SQLITE = (".db", ".db-wal", ".db-shm", ".db-journal")
 # The cluster's own files (amqp_server.cluster.state) say what this node
-# holds, and `force_boot` is an operator's word to this node only.
-_LOCAL = ("clean_shutdown", "cluster_state", "cluster_position", "force_boot")
+# holds, `force_boot` is an operator's word to this node only, and each
+# node locks its own lock file (storage.data_directory).
+_LOCAL = ("clean_shutdown", "cluster_state", "cluster_position", "force_boot", LOCK)
 # A node of several shards keeps shard K's directory in DATA_DIR/shards/K: each is
 # its own replication group's (docs/scaling.md), never part of shard 0's stream,
 # which holds DATA_DIR itself (a snapshot of it must neither send nor remove them).

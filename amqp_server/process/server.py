@@ -29,7 +29,7 @@ from amqp_server.shared.alarms import ResourceAlarms
 from amqp_server.shared.config import BrokerConfig
 from amqp_server.shared.errors import ListenError
 from amqp_server.shared.login_throttle import LoginThrottle
-from storage.data_directory import CLEAN_SHUTDOWN, DataDirectory
+from storage.data_directory import CLEAN_SHUTDOWN, DataDirectory, Unclaimed
 from storage.dead_letter_log import DeadLetterLogSettings
 from storage.definitions import DefinitionStore
 from storage.memory_monitor import MemoryMonitor, budget_bytes
@@ -41,6 +41,17 @@ from vhosts.errors import CONNECTION_FORCED, AMQPError
 from vhosts.node import NODE
 
 log = logging.getLogger("hutch.server")
+
+
+def claim_data_directory(path: str) -> DataDirectory:
+    """The node's data directory, found or made and locked for the node's
+    life (storage.data_directory): before anything else touches it."""
+    try:
+        return DataDirectory.claim(path)
+    except Unclaimed as exc:
+        raise ListenError(str(exc)) from None
+    except OSError as exc:
+        raise ListenError("cannot create the data directory %s: %s" % (path, exc.strerror or exc)) from None
 
 
 def open_data_directory(path: str) -> DataDirectory:
@@ -60,20 +71,22 @@ def open_definitions(data_dir: str) -> DefinitionStore:
 
 
 class BrokerServer:
-    def __init__(self, config: BrokerConfig, shard: Shard | None = None) -> None:
+    def __init__(self, config: BrokerConfig, shard: Shard | None = None,
+                 data_directory: DataDirectory | None = None) -> None:
         """Opens and recovers the data directory (blocking: before serving).
         Must run inside the event loop (the writer hands results back to it).
         If this fails, nothing stays open and a data directory this start
         created is removed (`abandon`). `shard`: this process is one shard
         of its node (amqp_server.process.shards); the management listeners
-        and the links run on shard 0 only."""
+        and the links run on shard 0 only. `data_directory`: one process's
+        node directory as its start claimed it (cli.server)."""
         self.config = config
         self.shard = shard
-        found = shard.data_directory if shard is not None else None  # opened by the supervisor
+        found = shard.data_directory if shard is not None else data_directory  # claimed before
         self.data_directory = found if found is not None else open_data_directory(config.data_dir)
-        # A failed start removes what it created, but the directory the supervisor made is the
+        # A failed start removes what it created, but the directory the supervisor claimed is the
         # supervisor's to remove, once every shard ended (the other shards' are inside it).
-        self._owns_directory = found is None
+        self._owns_directory = shard is None or found is None
         self.accepted = False  # a client connection was accepted (`abandon` keeps the directory then)
         self.definitions: DefinitionStore | None = None
         self.writer: GroupCommitWriter | None = None
@@ -305,8 +318,9 @@ def serve_shard(config: BrokerConfig, shard: Shard) -> int:
     return 0
 
 
-async def serve(config: BrokerConfig, shard: Shard | None = None) -> None:
-    server = BrokerServer(config, shard)
+async def serve(config: BrokerConfig, shard: Shard | None = None,
+                data_directory: DataDirectory | None = None) -> None:
+    server = BrokerServer(config, shard, data_directory)
     # Handlers first: a signal that arrives once "listening" is logged (the
     # readiness line) must be a clean stop, not the default handler's exit.
     stop = asyncio.Event()

@@ -8,8 +8,11 @@ child process per shard and serves nothing itself.
   spreads new connections over the shards that listen.
 - Data: shard 0 keeps the node's data directory itself (so a node that had
   one process keeps its queues where they are), shard K > 0 keeps
-  DATA_DIR/shards/K. A node restarted with fewer shards than hold queues
-  refuses to start: their queues would be out of reach.
+  DATA_DIR/shards/K. The directory's lock, claimed before this process
+  starts, is inherited by every shard, so it lasts until the last of them
+  ends. A node restarted with fewer shards than hold queues refuses to
+  start (their queues would be out of reach); the default count grows to
+  cover them instead.
 - Links: the shards reach each other over Unix sockets in a directory only
   this user may enter (`LinkDirectory`), made here and removed at the stop.
 - Lifetime: the shards are forked before this process starts any thread or
@@ -77,11 +80,23 @@ ACCEPTED = "accepted"  # in the links directory, once any shard accepted a clien
 
 def shard_count(config: BrokerConfig) -> int:
     """`shards` as set, or for 0 (the default) as many as the cores this
-    process may use, up to MAX_SHARDS; one in a cluster unless set
-    (docs/scaling.md: every node of a cluster must run as many)."""
+    process may use, up to MAX_SHARDS, and at least as many as hold queues
+    or messages in the data directory (a node moved to fewer cores keeps
+    every queue in reach; read under the directory's lock); one in a
+    cluster unless set (docs/scaling.md: every node of a cluster must run
+    as many)."""
     if config.shards:
         return config.shards
-    return 1 if config.cluster.enabled else min(usable_cores(), MAX_SHARDS)
+    if config.cluster.enabled:
+        return 1
+    cores = min(usable_cores(), MAX_SHARDS)
+    held = _highest_held(config.data_dir, cores)
+    if held is None:
+        return cores
+    index, what = held
+    log.warning("%d shards, not the %d of the cores this process may use: shard %d holds queues (%s)",
+                index + 1, cores, index, what)
+    return index + 1
 
 
 def usable_cores() -> int:
@@ -131,19 +146,29 @@ def check_shard_dirs(data_dir: str, count: int) -> None:
     """Refuse a shard count that leaves a shard's queues or messages behind;
     a shard's directory that holds neither (it served only clients) is no
     reason to refuse, and is left as it is."""
+    held = _highest_held(data_dir, count)
+    if held is not None:
+        index, what = held
+        raise ListenError(
+            "shard %d of this node holds queues (%s), but shards is %d: start with shards >= %d, "
+            "or move the queues off that shard first" % (index, what, count, index + 1))
+
+
+def _highest_held(data_dir: str, least: int) -> tuple[int, str] | None:
+    """(index, what it holds) of the highest shard from `least` on whose
+    directory holds queues or messages; None: none does."""
     root = os.path.join(data_dir, "shards")
     try:
         names = os.listdir(root)
-    except OSError:  # none there (opening the data directory says what is wrong with it)
-        return
-    for name in sorted(names, key=lambda name: int(name) if name.isdigit() else -1):
-        if not name.isdigit() or int(name) < count:
-            continue
-        held = _held_by(os.path.join(root, name), int(name))
+    except OSError:  # no shard but 0 ever kept data here
+        return None
+    for index, name in sorted(((int(name), name) for name in names if name.isdigit()), reverse=True):
+        if index < least:
+            break
+        held = _held_by(os.path.join(root, name), index)
         if held is not None:
-            raise ListenError(
-                "shard %s of this node holds queues (%s), but shards is %d: start with shards >= %d, "
-                "or move the queues off that shard first" % (name, held, count, int(name) + 1))
+            return index, held
+    return None
 
 
 def _held_by(directory: str, index: int) -> str | None:
@@ -231,13 +256,14 @@ def _die_with_parent() -> None:
 
 
 class Supervisor:
-    def __init__(self, config: BrokerConfig, serve_shard, open_data_directory) -> None:
+    def __init__(self, config: BrokerConfig, serve_shard, data_directory) -> None:
         """`serve_shard(config, shard)` runs one shard to its end in a child;
-        `open_data_directory(path)` finds or makes the node's data directory."""
+        `data_directory`: the node's, as its start claimed it (locked:
+        storage.data_directory.DataDirectory.claim)."""
         self.config = config
         self.serve_shard = serve_shard
-        self.open_data_directory = open_data_directory
-        self.data_directory = None  # for shard 0's first start
+        self.claimed = data_directory
+        self.data_directory = data_directory  # for shard 0's first start
         self.forks: dict[int, int] = {}  # shard -> times it was forked
         self.children: dict[int, tuple[int, float]] = {}  # pid -> (shard index, start time)
         self.stopping = False
@@ -247,11 +273,10 @@ class Supervisor:
 
     def run(self) -> int:
         config = self.config
-        # Opened before any shard: a shard K > 0 that came first would make the node's
-        # directory as the parent of DATA_DIR/shards/K, and shard 0 would then take a
-        # new node's first start for a crash to recover from. Before the ports, as one
-        # process opens it before it listens: the same first refusal.
-        self.data_directory = opened = self.open_data_directory(config.data_dir)
+        # Claimed before any shard (and before the ports, as one process claims it before
+        # it listens: the same first refusal): a shard K > 0 that came first would make the
+        # node's directory as the parent of DATA_DIR/shards/K, and shard 0 would then take
+        # a new node's first start for a crash to recover from.
         try:
             self.config, self.held = hold_ports(config)
             self.links = tempfile.mkdtemp(prefix="hutch-shards-")  # mode 0700
@@ -265,7 +290,7 @@ class Supervisor:
             # has ended): what this start created goes, as after one process's failed start,
             # unless a shard had accepted a client (what it did may be stored).
             if not (self.links and os.path.exists(os.path.join(self.links, ACCEPTED))):
-                opened.remove_created()
+                self.claimed.remove_created()
             raise
         finally:
             for sock in self.held:
