@@ -20,7 +20,8 @@ Theory of operation, on the shard of the client:
   of them go back to the owner by entry id.
 - basic.get: `get` starts a fetch at the owner and answers None while it
   is out, with `message_count` positive, so the channel waits on
-  `when_available` exactly as it waits for a message read back from disk.
+  `when_available` exactly as it waits for a message read back from disk;
+  a channel that closed meanwhile gives the answer back (`not_wanted`).
 - The owner is gone (its shard ended): consumers are cancelled (the client
   hears basic.cancel, as when a queue's node fails), unconfirmed publishes
   are nacked, and acks of its deliveries are dropped (the owner's restart
@@ -224,6 +225,15 @@ class RemoteQueue:
 
     def when_available(self, callback: Callable[[], None]) -> None:
         self._get_waiters.append(callback)
+
+    def not_wanted(self) -> None:
+        """A channel that waited for the fetch closed: the entry goes back to the
+        owner unless another waiter took it (redelivered, as a closing channel's
+        unacked message goes back)."""
+        fetched = self._fetched
+        if isinstance(fetched, RemoteEntry):
+            self._fetched = None
+            self.port.settle(self, [fetched], "requeue")
 
     def fetched(self, entry: RemoteEntry | None, message_count: int) -> None:
         self._fetched = entry if entry is not None else False

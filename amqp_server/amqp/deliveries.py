@@ -230,7 +230,7 @@ class Deliveries:
         entry = queue.get()
         if entry is None:
             if queue.message_count and not queue.deleted:
-                queue.when_available(lambda: self._get_again(method))
+                queue.when_available(lambda: self._get_again(method, queue))
                 return
             queue.stats.get_empty += 1
             self.stats.get_empty += 1
@@ -266,13 +266,17 @@ class Deliveries:
             _counted(entry) if entry.deliveries or queue.kind == QUORUM else message.header,
         )
 
-    def _get_again(self, method) -> None:
-        """A basic.get that waited for messages read back from disk."""
-        if self.state == "open":
+    def _get_again(self, method, queue) -> None:
+        """A basic.get that waited for messages read back from disk, or for
+        another shard's answer (which a closed channel gives back). A channel
+        the client closed keeps its state but is no longer its connection's."""
+        if self.state == "open" and self.connection.channels.get(self.number) is self:
             try:
                 self._get(method)
             except AMQPError as exc:
                 self.close_with(exc.at(60, 70))
+        elif queue.remote:
+            queue.not_wanted()
 
     # -- settlement ----------------------------------------------------------
 

@@ -1,0 +1,103 @@
+"""Consumers and gets of another shard's queue behave as on one process
+(issue 39, docs/scaling.md "How a message travels between shards"): a
+basic.get whose channel closed gives its message back.
+
+Real brokers with real clients (pika; a raw client where pika hides what
+the broker sent): each test runs against a node of two shards, connections
+kept on their shard (`--shard-moves false`), with the client on shard 0
+and the queue on shard 1, and against one process (`--shards 1`), which
+is what the node must match.
+"""
+from __future__ import annotations
+
+import pika
+import pytest
+from pamqp import commands
+
+from amqp_raw import RawClient
+from conftest import launch
+from helpers import wait_for
+from shard_kit import on_shard, queue_on
+
+
+@pytest.fixture(scope="module", params=[2, 1], ids=["2-shards", "1-shard"])
+def node(request, tmp_path_factory):
+    proc = launch(tmp_path_factory.mktemp("consumers"), "--shards", str(request.param), "--shard-moves", "false")
+    proc.shards = request.param
+    yield proc
+    proc.stop()
+
+
+def connect(node, shard: int) -> pika.BlockingConnection:
+    """A connection served by `shard` (one process has no `shard` server property)."""
+    if node.shards == 1:
+        return pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", node.port))
+    return on_shard(node.port, shard)
+
+
+def owner_shard(node) -> int:
+    """Where the tests' queues live: another shard than the client's (0), but on one process."""
+    return 1 if node.shards > 1 else 0
+
+
+@pytest.fixture
+def across(node):
+    """A connection on the queue's shard, a durable queue there, and a client connection on shard 0;
+    the queue is deleted after the test (queues go to the shard with the fewest: `queue_on`)."""
+    owner = connect(node, owner_shard(node))
+    queue = queue_on(node, owner.channel(), owner_shard(node), shards=node.shards)
+    client = connect(node, 0)
+    yield owner, queue, client
+    for connection in (owner, client):
+        if connection.is_open:
+            connection.close()
+    cleaner = connect(node, 0)
+    cleaner.channel().queue_delete(queue)
+    cleaner.close()
+
+
+def raw_on_shard(node, shard: int) -> RawClient:
+    """A raw client through the handshake, served by `shard`, with channel 1 open."""
+    others = []
+    try:
+        for _ in range(200):
+            client = RawClient.connected(node.port, channels=(1,))
+            if client.start.server_properties.get("shard", 0) == shard:
+                return client
+            others.append(client)
+    finally:
+        for other in others:
+            other.close()
+    raise AssertionError("no raw connection landed on shard %d" % shard)
+
+
+def fill(connection, queue: str, count: int, body: bytes = b"m") -> None:
+    channel = connection.channel()
+    channel.confirm_delivery()
+    for _ in range(count):
+        channel.basic_publish("", queue, body)
+    channel.close()
+
+
+# -- a basic.get whose channel closed before the answer gives its message back ---------------
+
+
+def test_a_get_whose_channel_closed_before_the_answer_leaves_the_message_in_the_queue(node, across):
+    owner, queue, client = across
+    fill(client, queue, 1, b"wanted")
+    raw = raw_on_shard(node, 0)
+    # In one write, so the channel is closed before another shard could answer the get.
+    raw.send_frames((1, commands.Basic.Get(queue=queue)),
+                    (1, commands.Channel.Close(reply_code=200, reply_text="bye", class_id=0, method_id=0)))
+    while not isinstance(raw.read_frame()[1], commands.Channel.CloseOk):
+        pass
+    raw.close()
+    channel = client.channel()
+    method, _props, body = wait_for(lambda: _got(channel, queue), what="the message back")
+    assert body == b"wanted"
+    assert method.redelivered  # it was the channel's a moment (one process: its get-ok went out)
+
+
+def _got(channel, queue: str):
+    method, props, body = channel.basic_get(queue, auto_ack=True)
+    return (method, props, body) if method is not None else None
