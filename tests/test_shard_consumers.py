@@ -1,6 +1,7 @@
 """Consumers and gets of another shard's queue behave as on one process
-(issue 39, docs/scaling.md "How a message travels between shards"): a
-basic.get whose channel closed gives its message back.
+(issue 39, docs/scaling.md "How a message travels between shards"):
+basic.qos after a consume reaches the owner, and a basic.get whose channel
+closed gives its message back.
 
 Real brokers with real clients (pika; a raw client where pika hides what
 the broker sent): each test runs against a node of two shards, connections
@@ -77,6 +78,54 @@ def fill(connection, queue: str, count: int, body: bytes = b"m") -> None:
     for _ in range(count):
         channel.basic_publish("", queue, body)
     channel.close()
+
+
+# -- basic.qos after a consume reaches the owner ---------------------------------------------
+
+
+def _consumer(client, queue: str, global_prefetch: int, prefetch: int = 0):
+    channel = client.channel()
+    if prefetch:
+        channel.basic_qos(prefetch_count=prefetch)
+    if global_prefetch:
+        channel.basic_qos(prefetch_count=global_prefetch, global_qos=True)
+    tags = []
+    channel.basic_consume(queue, lambda _ch, method, _props, _body: tags.append(method.delivery_tag))
+    return channel, tags
+
+
+def _settled(connection, tags: list, count: int) -> None:
+    """`count` deliveries came, and no more within 0.3 s."""
+    wait_for(lambda: connection.process_data_events(0.02) or len(tags) >= count, what="%d deliveries" % count)
+    connection.process_data_events(0.3)
+    assert len(tags) == count
+
+
+@pytest.mark.parametrize("after", [3, 0], ids=["raised", "lifted"])
+def test_a_global_prefetch_raised_after_the_consume_lets_the_owner_send_more(node, across, after):
+    owner, queue, client = across
+    fill(client, queue, 20)
+    channel, tags = _consumer(client, queue, global_prefetch=1)
+    _settled(client, tags, 1)
+    channel.basic_qos(prefetch_count=after, global_qos=True)
+    _settled(client, tags, after or 20)
+
+
+@pytest.mark.parametrize("prefetch, global_prefetch", [(0, 4), (4, 0)], ids=["global", "per-consumer"])
+def test_a_global_prefetch_lowered_after_the_consume_leaves_the_rest_to_other_consumers(node, prefetch,
+                                                                                          global_prefetch, across):
+    owner, queue, client = across
+    fill(client, queue, 20)
+    channel, tags = _consumer(client, queue, global_prefetch, prefetch)
+    _settled(client, tags, 4)
+    channel.basic_qos(prefetch_count=1, global_qos=True)
+    channel.basic_ack(tags[-1], multiple=True)
+    _settled(client, tags, 5)
+    # what the first consumer's channel may not take stays in the queue for another consumer
+    other = owner.channel()
+    others = []
+    other.basic_consume(queue, lambda _ch, method, _props, _body: others.append(method.delivery_tag), auto_ack=True)
+    _settled(owner, others, 15)
 
 
 # -- a basic.get whose channel closed before the answer gives its message back ---------------

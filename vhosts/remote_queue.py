@@ -12,8 +12,10 @@ Theory of operation, on the shard of the client:
   and `on_durable` runs when the owner has it on disk.
 - consume: a local `Consumer` (the client's channel's) is registered here
   and at the owner, which runs a stand-in consumer of the same tag,
-  priority, exclusivity and per-consumer prefetch, so the owner's queue
-  chooses among all consumers of every shard as it would among local ones.
+  priority, exclusivity and per-consumer prefetch, and the channel's
+  global prefetch (which follows the channel's basic.qos: `qos`), so the
+  owner's queue chooses among all consumers of every shard as it would
+  among local ones.
   The owner's deliveries arrive as `RemoteEntry`s, wait in `pending` for
   the client's channel to take them (its own prefetch and output), and go
   out through the channel's ordinary `deliver`; acks, rejects and requeues
@@ -56,6 +58,9 @@ class ShardPort(Protocol):
     def consume(self, queue: "RemoteQueue", consumer: "Consumer") -> None: ...
 
     def cancel(self, queue: "RemoteQueue", consumer: "Consumer") -> None: ...
+
+    # The consumer's channel's global prefetch is now `global_prefetch`.
+    def qos(self, queue: "RemoteQueue", consumer: "Consumer", global_prefetch: int) -> None: ...
 
     def settle(self, queue: "RemoteQueue", entries: list["RemoteEntry"], outcome: str) -> None: ...
 
@@ -166,6 +171,11 @@ class RemoteQueue:
         self.consumers[consumer.tag] = consumer
         self.pending[consumer.tag] = deque()
         self.port.consume(self, consumer)
+
+    def qos(self, consumer: "Consumer", global_prefetch: int) -> None:
+        """The channel of `consumer` changed its global prefetch."""
+        if consumer.tag in self.consumers:
+            self.port.qos(self, consumer, global_prefetch)
 
     def remove_consumer(self, consumer: "Consumer") -> bool:
         """Auto-delete is the owner's to decide."""

@@ -172,7 +172,11 @@ class Deliveries:
             raise AMQPError(NOT_IMPLEMENTED, "prefetch_size!=0 (%d)" % method.prefetch_size)
         if method.global_:
             self.global_prefetch = method.prefetch_count
-        else:
+            # The owner of another shard's queue sends no more ahead than this limit allows.
+            for consumer in self.consumers.values():
+                if consumer.queue.remote:
+                    consumer.queue.qos(consumer, method.prefetch_count)
+        else:  # as in RabbitMQ, for consumers made from now on
             self.prefetch_count = method.prefetch_count
         self.send_method(commands.Basic.QosOk())
         self.dispatch_consumers()

@@ -18,8 +18,9 @@ Records (tuples, amqp_server.shards.link), by the requester:
                                            ticket 0: no confirm wanted, and then one record carries a
                                            message to every queue of that shard it was routed to;
                                            with a ticket, one queue (its answer is that queue's)
-  ("consume", cid, vhost, queue, tag, no_ack, exclusive, prefetch, arguments)
+  ("consume", cid, vhost, queue, tag, no_ack, exclusive, prefetch, global prefetch, arguments)
   ("cancel", cid)
+  ("qos", cid, global prefetch)            the consumer's channel's basic.qos global changed
   ("settle", cid, outcome, [entry ids])    ack, reject or requeue; cid 0: a get
   ("credit", cid, n)                       no-ack deliveries handed to the client
   ("acks", n)                              after settles: answer once their records are written
@@ -136,6 +137,9 @@ class StandIn:
         self.link = link
         self.cid = cid
         self.in_flight = 0  # no-ack or unlimited deliveries not credited back
+        # The client's channel's basic.qos global (its consumer's own prefetch is fixed at consume,
+        # as on one process): it changes with the channel's ("qos" records).
+        self.global_prefetch = 0
 
     @property
     def output_blocked(self) -> bool:
@@ -143,9 +147,17 @@ class StandIn:
         return self.in_flight >= WINDOW
 
     def can_deliver(self, consumer: Consumer) -> bool:
+        """Both limits of the client's channel hold here: the consumer's own
+        prefetch and its channel's global one (which the client's shard also
+        counts over the channel's other consumers), so the owner sends no
+        more ahead than one process would hand that channel."""
         if self.link.closed:
             return False
-        if consumer.prefetch_count and not consumer.no_ack:
+        if consumer.no_ack:
+            return self.in_flight < WINDOW
+        if self.global_prefetch and consumer.unacked >= self.global_prefetch:
+            return False
+        if consumer.prefetch_count:
             return consumer.unacked < consumer.prefetch_count
         return self.in_flight < WINDOW
 
@@ -614,7 +626,7 @@ class ShardNode:
         if isinstance(queue, RemoteQueue):
             queue.held(holding)
 
-    def _on_consume(self, link, cid, vhost, name, tag, no_ack, exclusive, prefetch, arguments):
+    def _on_consume(self, link, cid, vhost, name, tag, no_ack, exclusive, prefetch, global_prefetch, arguments):
         queue = self._owned(vhost, name)
         if queue is None:
             link.send(("cancelled", cid))
@@ -624,7 +636,9 @@ class ShardNode:
         except AMQPError:
             link.send(("cancelled", cid))
             return
-        consumer = Consumer(tag, queue, StandIn(self, link, cid), no_ack, exclusive, prefetch, arguments, priority)
+        standin = StandIn(self, link, cid)
+        standin.global_prefetch = global_prefetch
+        consumer = Consumer(tag, queue, standin, no_ack, exclusive, prefetch, arguments, priority)
         self.standins[(link, cid)] = (queue, consumer)
         queue.add_consumer(consumer)
 
@@ -634,6 +648,13 @@ class ShardNode:
             queue, consumer = found
             if queue.remove_consumer(consumer) and not queue.deleted:
                 queue.host.remove_queue(queue)
+
+    def _on_qos(self, link, cid, global_prefetch):
+        found = self.standins.get((link, cid))
+        if found is not None:
+            queue, consumer = found
+            consumer.channel.global_prefetch = global_prefetch
+            queue.dispatch()
 
     def _on_settle(self, link, cid, outcome, idents):
         held = self.held.get(link, {})
@@ -766,9 +787,10 @@ class ShardNode:
         self.consumers[cid] = (queue, consumer)
         consumer.remote_id = cid
         # A starting owner gets it once linked (send_to); one that ends cancels it (_peer_gone).
+        # The channel's global prefetch travels apart from the consumer's own: only it changes later.
         if not self.send_to(queue.shard, ("consume", cid, queue.vhost, queue.name, consumer.tag, consumer.no_ack,
-                                          consumer.exclusive, consumer.prefetch_count
-                                          or getattr(consumer.channel, "global_prefetch", 0), consumer.arguments)):
+                                          consumer.exclusive, consumer.prefetch_count,
+                                          getattr(consumer.channel, "global_prefetch", 0), consumer.arguments)):
             self.consumers.pop(cid)
             asyncio.get_running_loop().call_soon(queue.owner_cancelled, consumer.tag)
 
@@ -778,6 +800,11 @@ class ShardNode:
             link = self.link_to(queue.shard)
             if link is not None:
                 link.send(("cancel", cid))
+
+    def qos(self, queue: RemoteQueue, consumer: Consumer, global_prefetch: int) -> None:
+        """The channel of `consumer` changed its global prefetch: the owner's stand-in follows."""
+        if consumer.remote_id in self.consumers:
+            self.send_to(queue.shard, ("qos", consumer.remote_id, global_prefetch))
 
     def settle(self, queue: RemoteQueue, entries: list, outcome: str) -> None:
         link = self.link_to(queue.shard)
