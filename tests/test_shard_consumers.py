@@ -1,13 +1,15 @@
 """Consumers and gets of another shard's queue behave as on one process
 (issue 39, docs/scaling.md "How a message travels between shards"):
-basic.qos after a consume reaches the owner, and a basic.get whose channel
-closed gives its message back.
+exclusivity is the owner's to judge and the consume is answered once it
+did, basic.qos after a consume reaches the owner, and a basic.get whose
+channel closed gives its message back.
 
 Real brokers with real clients (pika; a raw client where pika hides what
 the broker sent): each test runs against a node of two shards, connections
 kept on their shard (`--shard-moves false`), with the client on shard 0
 and the queue on shard 1, and against one process (`--shards 1`), which
-is what the node must match.
+is what the node must match;
+the exclusivity tests also on three shards.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from pamqp import commands
 
 from amqp_raw import RawClient
 from conftest import launch
-from helpers import wait_for
+from helpers import channel_error, wait_for
 from shard_kit import on_shard, queue_on
 
 
@@ -25,6 +27,14 @@ from shard_kit import on_shard, queue_on
 def node(request, tmp_path_factory):
     proc = launch(tmp_path_factory.mktemp("consumers"), "--shards", str(request.param), "--shard-moves", "false")
     proc.shards = request.param
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="module")
+def node3(tmp_path_factory):
+    proc = launch(tmp_path_factory.mktemp("consumers3"), "--shards", "3", "--shard-moves", "false")
+    proc.shards = 3
     yield proc
     proc.stop()
 
@@ -78,6 +88,72 @@ def fill(connection, queue: str, count: int, body: bytes = b"m") -> None:
     for _ in range(count):
         channel.basic_publish("", queue, body)
     channel.close()
+
+
+def ready(connection, queue: str) -> int:
+    channel = connection.channel()
+    count = channel.queue_declare(queue, passive=True).method.message_count
+    channel.close()
+    return count
+
+
+def in_exclusive_use(queue: str) -> tuple:
+    return 403, "ACCESS_REFUSED - queue '%s' in vhost '/' in exclusive use" % queue
+
+
+# -- exclusivity is the owner's, and the consume waits for its answer ------------------------
+
+
+def test_a_consume_of_a_queue_held_exclusively_elsewhere_is_refused(node, across):
+    owner, queue, client = across
+    owner.channel().basic_consume(queue, lambda *_: None, exclusive=True)
+    assert channel_error(client.channel().basic_consume, queue, lambda *_: None) == in_exclusive_use(queue)
+    # so also an exclusive one, and the holder is untouched: it still gets the queue's messages
+    assert channel_error(client.channel().basic_consume, queue, lambda *_: None,
+                         exclusive=True) == in_exclusive_use(queue)
+    fill(client, queue, 1)
+    wait_for(lambda: owner.process_data_events(0.05) or ready(client, queue) == 0, what="the holder took it")
+
+
+def test_an_exclusive_consume_of_a_queue_consumed_elsewhere_is_refused(node, across):
+    owner, queue, client = across
+    owner.channel().basic_consume(queue, lambda *_: None)
+    assert channel_error(client.channel().basic_consume, queue, lambda *_: None,
+                         exclusive=True) == in_exclusive_use(queue)
+    # the refused consumer was never the owner's: once the other goes, the queue is free
+    owner.close()
+    client.channel().basic_consume(queue, lambda *_: None, exclusive=True)
+
+
+def test_a_nowait_consume_of_a_queue_held_exclusively_elsewhere_closes_the_channel(node, across):
+    owner, queue, client = across
+    owner.channel().basic_consume(queue, lambda *_: None, exclusive=True)
+    raw = raw_on_shard(node, 0)
+    raw.send_frame(commands.Basic.Consume(queue=queue, nowait=True), 1)
+    close = raw.expect(commands.Channel.Close, 1)
+    assert (close.reply_code, close.reply_text) == in_exclusive_use(queue)
+    assert (close.class_id, close.method_id) == (60, 20)
+    raw.close()
+
+
+def test_exclusivity_holds_between_consumers_on_two_shards_of_a_third_ones_queue(node3):
+    owner = on_shard(node3.port, 2)
+    queue = queue_on(node3, owner.channel(), 2, shards=3)
+    holder, client = on_shard(node3.port, 1), on_shard(node3.port, 0)
+    holder.channel().basic_consume(queue, lambda *_: None, exclusive=True)
+    assert channel_error(client.channel().basic_consume, queue, lambda *_: None) == in_exclusive_use(queue)
+    holder.close()  # its shard cancels it at the owner: the queue is free again
+    wait_for(lambda: _consumes(client, queue), what="a consume once the holder is gone")
+    for connection in (owner, client):
+        connection.close()
+
+
+def _consumes(connection, queue: str) -> bool:
+    try:
+        connection.channel().basic_consume(queue, lambda *_: None, exclusive=True)
+    except pika.exceptions.ChannelClosedByBroker:
+        return False
+    return True
 
 
 # -- basic.qos after a consume reaches the owner ---------------------------------------------

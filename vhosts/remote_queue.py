@@ -15,7 +15,8 @@ Theory of operation, on the shard of the client:
   priority, exclusivity and per-consumer prefetch, and the channel's
   global prefetch (which follows the channel's basic.qos: `qos`), so the
   owner's queue chooses among all consumers of every shard as it would
-  among local ones.
+  among local ones. The owner accepts or refuses it (exclusivity is its to
+  judge) before its first delivery: `answered(None or the AMQPError)`.
   The owner's deliveries arrive as `RemoteEntry`s, wait in `pending` for
   the client's channel to take them (its own prefetch and output), and go
   out through the channel's ordinary `deliver`; acks, rejects and requeues
@@ -35,7 +36,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Callable, Iterable, Protocol
 
 from storage import Message, QueueEntry
-from vhosts.errors import PRECONDITION_FAILED, AMQPError
+from vhosts.errors import NOT_FOUND, PRECONDITION_FAILED, AMQPError
 from vhosts.queue_arguments import consumer_priority
 from vhosts.queue_types import STREAM, queue_type
 from vhosts.stream_arguments import check_consume, not_supported
@@ -55,6 +56,7 @@ class ShardPort(Protocol):
 
     def publish(self, queue: "RemoteQueue", message: Message, on_durable: Callable[[], None] | None) -> None: ...
 
+    # The owner answers with queue.consume_answered(tag, None or an AMQPError).
     def consume(self, queue: "RemoteQueue", consumer: "Consumer") -> None: ...
 
     def cancel(self, queue: "RemoteQueue", consumer: "Consumer") -> None: ...
@@ -124,6 +126,8 @@ class RemoteQueue:
         self.kind = queue_type(arguments)
         self.consumers: dict[str, Consumer] = {}  # the local ones, by tag
         self.pending: dict[str, deque[RemoteEntry]] = {}
+        # Consumers the owner has not answered yet: tag -> answered(error or None).
+        self.subscribing: dict[str, Callable[[AMQPError | None], None]] = {}
         self.stats = MessageStats()
         self.deleted = False
         self.policy = None
@@ -161,16 +165,35 @@ class RemoteQueue:
     def accept_consumer(self, no_ack: bool, prefetch_count: int, exclusive: bool, arguments: dict) -> int:
         """The arguments are checked here (a stream's as its owner checks
         them, so the client hears the same refusal); exclusivity at the
-        owner, which cancels the consumer if it is refused."""
+        owner, which refuses the consumer in its answer (`add_consumer`)."""
         if self.kind == STREAM:
             check_consume(self.name, self.vhost, no_ack, prefetch_count, arguments)
             return 0
         return consumer_priority(self.vhost, self.name, arguments)
 
-    def add_consumer(self, consumer: "Consumer") -> None:
+    def add_consumer(self, consumer: "Consumer",
+                     answered: Callable[[AMQPError | None], None] | None = None) -> None:
+        """answered(None, or the owner's refusal) once the owner answered, before any
+        delivery to it; without `answered` a refusal cancels the consumer (basic.cancel)."""
         self.consumers[consumer.tag] = consumer
         self.pending[consumer.tag] = deque()
+        if answered is not None:
+            self.subscribing[consumer.tag] = answered
         self.port.consume(self, consumer)
+
+    def consume_answered(self, tag: str, error: AMQPError | None) -> None:
+        """The owner accepted the consumer `tag` (error None) or refused it."""
+        answered = self.subscribing.pop(tag, None)
+        if error is None:
+            if answered is not None:
+                answered(None)
+            return
+        consumer = self.consumers.pop(tag, None)
+        self.pending.pop(tag, None)
+        if answered is not None:
+            answered(error)
+        elif consumer is not None:
+            consumer.channel.consumer_cancelled(consumer)
 
     def qos(self, consumer: "Consumer", global_prefetch: int) -> None:
         """The channel of `consumer` changed its global prefetch."""
@@ -178,13 +201,19 @@ class RemoteQueue:
             self.port.qos(self, consumer, global_prefetch)
 
     def remove_consumer(self, consumer: "Consumer") -> bool:
-        """Auto-delete is the owner's to decide."""
-        if self.consumers.pop(consumer.tag, None) is None:
+        """Forget it at once (its channel closes). Auto-delete is the owner's to decide."""
+        tag = consumer.tag
+        if self.consumers.pop(tag, None) is None:
             return False
-        left = self.pending.pop(consumer.tag, ())
+        left = self.pending.pop(tag, ())
         if left:
             self.port.settle(self, list(left), "requeue")
         self.port.cancel(self, consumer)
+        # A consume still waiting for the owner ends with the channel (which answers
+        # nothing more: it no longer holds the consumer).
+        answered = self.subscribing.pop(tag, None)
+        if answered is not None:
+            answered(None)
         return False
 
     def received(self, tag: str, entry: RemoteEntry) -> None:
@@ -208,10 +237,14 @@ class RemoteQueue:
                 channel.deliver(consumer, self, waiting.popleft())
 
     def owner_cancelled(self, tag: str) -> None:
-        """The owner ended the consumer (queue deleted, exclusive refused, shard gone)."""
+        """The owner ended the consumer (queue deleted, shard gone)."""
         consumer = self.consumers.pop(tag, None)
         self.pending.pop(tag, None)
-        if consumer is not None:
+        answered = self.subscribing.pop(tag, None)
+        if answered is not None:
+            answered(AMQPError(NOT_FOUND, "queue '%s' in vhost '%s': its shard %d ended before it answered"
+                               % (self.name, self.vhost, self.shard)))
+        elif consumer is not None:
             consumer.channel.consumer_cancelled(consumer)
 
     # -- basic.get -------------------------------------------------------------
@@ -295,10 +328,15 @@ class RemoteQueue:
         return self.message_count
 
     def delete(self) -> list:
-        """The owner deletes its queue; here, the local consumers are told."""
+        """The owner deletes its queue; here, the local consumers are told. A consume
+        still waiting for the owner is answered as a consume of a missing queue (it
+        hears no basic.cancel)."""
         self.deleted = True
-        consumers = list(self.consumers.values())
+        subscribing, self.subscribing = self.subscribing, {}
+        consumers = [consumer for tag, consumer in self.consumers.items() if tag not in subscribing]
         self.consumers.clear()
         self.pending.clear()
         self.fetched(None, 0)
+        for answered in subscribing.values():
+            answered(AMQPError(NOT_FOUND, "no queue '%s' in vhost '%s'" % (self.name, self.vhost)))
         return consumers

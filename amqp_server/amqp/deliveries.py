@@ -25,6 +25,7 @@ from pamqp import commands
 
 from amqp_server.amqp import direct_reply_to, fastpath
 from vhosts import firehose
+from amqp_server.amqp.declarations import held
 from amqp_server.amqp.framing import named_method
 from amqp_server.amqp.hand_over import HandOver
 from storage.message import encode_value
@@ -206,6 +207,16 @@ class Deliveries:
             tag, queue, self, method.no_ack, method.exclusive, self.prefetch_count, arguments, priority
         )
         self.consumers[tag] = consumer
+        if queue.remote:
+            # Another shard's queue: its owner judges exclusivity (both ways), and the answer
+            # waits for it; the connection reads nothing meanwhile, so what the client sends
+            # next on this channel (a publish into the queue) comes after the consumer exists.
+            def answered(_result) -> None:
+                if not method.nowait and self.consumers.get(tag) is consumer:  # else its channel closed
+                    self.send_method(commands.Basic.ConsumeOk(consumer_tag=tag))
+
+            held(self, method, lambda done: queue.add_consumer(consumer, done), answered)
+            return
         if not method.nowait:
             self.send_method(commands.Basic.ConsumeOk(consumer_tag=tag))
         queue.add_consumer(consumer)

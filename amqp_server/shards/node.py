@@ -19,6 +19,7 @@ Records (tuples, amqp_server.shards.link), by the requester:
                                            message to every queue of that shard it was routed to;
                                            with a ticket, one queue (its answer is that queue's)
   ("consume", cid, vhost, queue, tag, no_ack, exclusive, prefetch, global prefetch, arguments)
+                                           answered ("consumed", cid, code, text) before any delivery
   ("cancel", cid)
   ("qos", cid, global prefetch)            the consumer's channel's basic.qos global changed
   ("settle", cid, outcome, [entry ids])    ack, reject or requeue; cid 0: a get
@@ -48,6 +49,8 @@ and by the owner, on the same link:
                                            the owner's message id (None for a no-ack delivery): a redelivery
                                            is the same message to the client's shard (MQTT QoS 2 reuses
                                            its packet id by it, amqp_server.mqtt.exactly_once)
+  ("consumed", cid, code, text)            code 0: the consumer is the owner's; else refused (ACCESS_REFUSED: in
+                                           exclusive use), with the owner's code and text
   ("cancelled", cid) ("got", ticket, entry id, redelivered, deliveries, data, count)
   ("live", ticket, bool) ("counted", ticket, messages, consumers) ("purged", ticket, count) ("defined", ticket, result)
   ("refused", ticket, code, text) ("applied", ticket) ("synced", ticket, changes, batch)
@@ -78,7 +81,7 @@ import struct
 import time
 
 from amqp_server.shards import dead_letters
-from amqp_server.shards.definitions import Definitions
+from amqp_server.shards.definitions import Definitions, _refusal
 from amqp_server.shards.link import Link
 from amqp_server.shards.tallies import Tallies
 from storage import Message
@@ -627,19 +630,24 @@ class ShardNode:
             queue.held(holding)
 
     def _on_consume(self, link, cid, vhost, name, tag, no_ack, exclusive, prefetch, global_prefetch, arguments):
+        """Accepted or refused as a consumer of this shard is (exclusivity both ways), and
+        answered before the queue's first delivery to it: the client's channel answers its
+        client then (consume-ok, or the channel closed with this code and text)."""
         queue = self._owned(vhost, name)
-        if queue is None:
-            link.send(("cancelled", cid))
+        if queue is None:  # deleted meanwhile
+            error = AMQPError(NOT_FOUND, "no queue '%s' in vhost '%s'" % (name, vhost))
+            link.send(("consumed", cid, error.reply_code, error.reply_text))
             return
         try:
             priority = queue.accept_consumer(no_ack, prefetch, exclusive, arguments)
-        except AMQPError:
-            link.send(("cancelled", cid))
+        except AMQPError as exc:
+            link.send(("consumed", cid, exc.reply_code, exc.reply_text))
             return
         standin = StandIn(self, link, cid)
         standin.global_prefetch = global_prefetch
         consumer = Consumer(tag, queue, standin, no_ack, exclusive, prefetch, arguments, priority)
         self.standins[(link, cid)] = (queue, consumer)
+        link.send(("consumed", cid, 0, ""))
         queue.add_consumer(consumer)
 
     def _on_cancel(self, link, cid):
@@ -783,6 +791,7 @@ class ShardNode:
                      answered)
 
     def consume(self, queue: RemoteQueue, consumer: Consumer) -> None:
+        """The owner answers ("consumed": `_on_consumed`) before its first delivery."""
         cid = next(self._cids)
         self.consumers[cid] = (queue, consumer)
         consumer.remote_id = cid
@@ -793,6 +802,17 @@ class ShardNode:
                                           getattr(consumer.channel, "global_prefetch", 0), consumer.arguments)):
             self.consumers.pop(cid)
             asyncio.get_running_loop().call_soon(queue.owner_cancelled, consumer.tag)
+
+    def _on_consumed(self, link, cid, code, text):
+        found = self.consumers.get(cid)
+        if found is None:  # its channel closed meanwhile (its cancel follows this answer to the owner)
+            return
+        queue, consumer = found
+        if code:
+            del self.consumers[cid]
+            queue.consume_answered(consumer.tag, _refusal(code, text))
+        else:
+            queue.consume_answered(consumer.tag, None)
 
     def cancel(self, queue: RemoteQueue, consumer: Consumer) -> None:
         cid = getattr(consumer, "remote_id", None)
