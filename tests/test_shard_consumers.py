@@ -1,17 +1,18 @@
-"""Consumers and gets of another shard's queue behave as on one process
-(issue 39, docs/scaling.md "How a message travels between shards"):
-exclusivity is the owner's to judge and the consume is answered once it
-did, basic.qos after a consume reaches the owner, and a basic.get whose
-channel closed gives its message back.
+"""Consumers of another shard's queue behave as on one process (issue 39,
+docs/scaling.md "How a message travels between shards"): exclusivity is
+the owner's to judge and the consume is answered once it did, basic.qos
+after a consume reaches the owner, a basic.get whose channel closed gives
+its message back, and a cancel loses no no-ack delivery.
 
 Real brokers with real clients (pika; a raw client where pika hides what
 the broker sent): each test runs against a node of two shards, connections
 kept on their shard (`--shard-moves false`), with the client on shard 0
 and the queue on shard 1, and against one process (`--shards 1`), which
-is what the node must match;
-the exclusivity tests also on three shards.
+is what the node must match; the exclusivity tests also on three shards.
 """
 from __future__ import annotations
+
+import time
 
 import pika
 import pytest
@@ -226,3 +227,28 @@ def test_a_get_whose_channel_closed_before_the_answer_leaves_the_message_in_the_
 def _got(channel, queue: str):
     method, props, body = channel.basic_get(queue, auto_ack=True)
     return (method, props, body) if method is not None else None
+
+
+# -- a cancel loses no no-ack delivery ---------------------------------------------------------
+
+
+def test_a_cancel_of_a_no_ack_consumer_loses_no_message(node, across):
+    owner, queue, client = across
+    total = 2000
+    fill(client, queue, total, b"x" * 16384)
+    raw = raw_on_shard(node, 0)
+    raw.send_frame(commands.Basic.Consume(queue=queue, consumer_tag="c", no_ack=True), 1)
+    raw.expect(commands.Basic.ConsumeOk, 1)
+    # Not reading: the broker's output to it pauses, and deliveries wait on the client's shard.
+    time.sleep(1.0)
+    raw.send_frame(commands.Basic.Cancel(consumer_tag="c"), 1)
+    delivered = 0
+    while True:
+        _channel, value = raw.read_frame(timeout=10)
+        if isinstance(value, commands.Basic.Deliver):
+            delivered += 1
+        elif isinstance(value, commands.Basic.CancelOk):
+            break
+    raw.close()
+    assert 0 < delivered < total
+    assert delivered + ready(client, queue) == total

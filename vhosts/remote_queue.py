@@ -21,6 +21,14 @@ Theory of operation, on the shard of the client:
   the client's channel to take them (its own prefetch and output), and go
   out through the channel's ordinary `deliver`; acks, rejects and requeues
   of them go back to the owner by entry id.
+- basic.cancel (`cancel_consumer`) ends when the owner says so, behind
+  every delivery it sent the consumer: a no-ack one the owner let go when
+  it sent it, so each reaches the client before the cancel's answer (as
+  RabbitMQ delivers what a queue handed the channel before a cancel; one
+  process never holds one unsent, it stays in the queue). An ack-mode one
+  not yet delivered goes back. A channel that closes forgets its consumers
+  at once (`remove_consumer`): no-ack deliveries still on their way are
+  lost with it, as with RabbitMQ's channel.
 - basic.get: `get` starts a fetch at the owner and answers None while it
   is out, with `message_count` positive, so the channel waits on
   `when_available` exactly as it waits for a message read back from disk;
@@ -59,7 +67,8 @@ class ShardPort(Protocol):
     # The owner answers with queue.consume_answered(tag, None or an AMQPError).
     def consume(self, queue: "RemoteQueue", consumer: "Consumer") -> None: ...
 
-    def cancel(self, queue: "RemoteQueue", consumer: "Consumer") -> None: ...
+    # answered: the owner's queue.owner_cancelled(tag) ends it, after what it sent before.
+    def cancel(self, queue: "RemoteQueue", consumer: "Consumer", answered: bool = False) -> None: ...
 
     # The consumer's channel's global prefetch is now `global_prefetch`.
     def qos(self, queue: "RemoteQueue", consumer: "Consumer", global_prefetch: int) -> None: ...
@@ -126,8 +135,9 @@ class RemoteQueue:
         self.kind = queue_type(arguments)
         self.consumers: dict[str, Consumer] = {}  # the local ones, by tag
         self.pending: dict[str, deque[RemoteEntry]] = {}
-        # Consumers the owner has not answered yet: tag -> answered(error or None).
+        # Consumers the owner has not answered yet, and those being cancelled: tag -> answered(error or None).
         self.subscribing: dict[str, Callable[[AMQPError | None], None]] = {}
+        self.cancelling: dict[str, Callable[[AMQPError | None], None]] = {}
         self.stats = MessageStats()
         self.deleted = False
         self.policy = None
@@ -209,17 +219,32 @@ class RemoteQueue:
         if left:
             self.port.settle(self, list(left), "requeue")
         self.port.cancel(self, consumer)
-        # A consume still waiting for the owner ends with the channel (which answers
-        # nothing more: it no longer holds the consumer).
-        answered = self.subscribing.pop(tag, None)
-        if answered is not None:
-            answered(None)
+        # A consume or cancel still waiting for the owner ends with the channel (which
+        # answers nothing more: it no longer holds the consumer).
+        for waiting in (self.subscribing.pop(tag, None), self.cancelling.pop(tag, None)):
+            if waiting is not None:
+                waiting(None)
         return False
+
+    def cancel_consumer(self, consumer: "Consumer", done: Callable[[AMQPError | None], None]) -> None:
+        """basic.cancel: done(None) once the owner stopped the consumer, every
+        no-ack delivery it sent before delivered (see the opening comment)."""
+        tag = consumer.tag
+        if tag not in self.consumers:
+            done(None)
+            return
+        self.cancelling[tag] = done
+        waiting = self.pending[tag]
+        back = [entry for entry in waiting if entry.seq]
+        if back:
+            self.pending[tag] = deque(entry for entry in waiting if not entry.seq)
+            self.port.settle(self, back, "requeue")
+        self.port.cancel(self, consumer, answered=True)
 
     def received(self, tag: str, entry: RemoteEntry) -> None:
         """A delivery from the owner to the local consumer `tag`."""
         waiting = self.pending.get(tag)
-        if waiting is None:  # cancelled meanwhile: back to the owner
+        if waiting is None or (entry.seq and tag in self.cancelling):  # cancelled meanwhile: back to the owner
             self.port.settle(self, [entry], "requeue")
             return
         consumer = self.consumers[tag]
@@ -237,9 +262,15 @@ class RemoteQueue:
                 channel.deliver(consumer, self, waiting.popleft())
 
     def owner_cancelled(self, tag: str) -> None:
-        """The owner ended the consumer (queue deleted, shard gone)."""
+        """The owner ended the consumer (queue deleted, shard gone), or answered its cancel."""
         consumer = self.consumers.pop(tag, None)
-        self.pending.pop(tag, None)
+        left = self.pending.pop(tag, ())
+        done = self.cancelling.pop(tag, None)
+        if done is not None:
+            for entry in left:  # no-ack ones only (cancel_consumer), each due before the answer
+                consumer.channel.deliver(consumer, self, entry)
+            done(None)
+            return
         answered = self.subscribing.pop(tag, None)
         if answered is not None:
             answered(AMQPError(NOT_FOUND, "queue '%s' in vhost '%s': its shard %d ended before it answered"
@@ -329,14 +360,18 @@ class RemoteQueue:
 
     def delete(self) -> list:
         """The owner deletes its queue; here, the local consumers are told. A consume
-        still waiting for the owner is answered as a consume of a missing queue (it
-        hears no basic.cancel)."""
+        still waiting for the owner is answered as a consume of a missing queue, and a
+        cancel waiting for it ends: neither hears a basic.cancel."""
         self.deleted = True
         subscribing, self.subscribing = self.subscribing, {}
-        consumers = [consumer for tag, consumer in self.consumers.items() if tag not in subscribing]
+        cancelling, self.cancelling = self.cancelling, {}
+        consumers = [consumer for tag, consumer in self.consumers.items()
+                     if tag not in subscribing and tag not in cancelling]
         self.consumers.clear()
         self.pending.clear()
         self.fetched(None, 0)
         for answered in subscribing.values():
             answered(AMQPError(NOT_FOUND, "no queue '%s' in vhost '%s'" % (self.name, self.vhost)))
+        for done in cancelling.values():
+            done(None)
         return consumers

@@ -51,8 +51,8 @@ def _ordered(channel, m, method: str, args: tuple, answer) -> bool:
 def held(channel, m, start, answer) -> None:
     """start(done) something another shard answers; the connection reads
     nothing more until done(result or AMQPError), then `answer(result)`
-    (also amqp_server.amqp.deliveries': a consume of another shard's
-    queue)."""
+    (also amqp_server.amqp.deliveries': a consume or cancel of another
+    shard's queue)."""
     connection = channel.connection
     hold = _Hold()
     connection.throttled_by(hold)

@@ -222,16 +222,29 @@ class Deliveries:
         queue.add_consumer(consumer)
 
     def _cancel(self, method) -> None:
+        tag = method.consumer_tag
         reply_consumer = self.reply_consumer
-        if reply_consumer is not None and reply_consumer.tag == method.consumer_tag:
+        if reply_consumer is not None and reply_consumer.tag == tag:
             direct_reply_to.stop(self)
             consumer = None
         else:
-            consumer = self.consumers.pop(method.consumer_tag, None)
+            consumer = self.consumers.get(tag)
+        if consumer is not None and consumer.queue.remote:
+            # Answered once the owner stopped it, after the no-ack deliveries it sent before
+            # (RemoteQueue.cancel_consumer); the consumer is the channel's until then.
+            def answered(_result) -> None:
+                if self.consumers.get(tag) is consumer:  # else its channel closed meanwhile
+                    del self.consumers[tag]
+                    if not method.nowait:
+                        self.send_method(commands.Basic.CancelOk(consumer_tag=tag))
+
+            held(self, method, lambda done: consumer.queue.cancel_consumer(consumer, done), answered)
+            return
         if consumer is not None:
+            del self.consumers[tag]
             self._remove_consumer(consumer)
         if not method.nowait:
-            self.send_method(commands.Basic.CancelOk(consumer_tag=method.consumer_tag))
+            self.send_method(commands.Basic.CancelOk(consumer_tag=tag))
 
     def _remove_consumer(self, consumer: Consumer) -> None:
         queue = consumer.queue

@@ -20,7 +20,7 @@ Records (tuples, amqp_server.shards.link), by the requester:
                                            with a ticket, one queue (its answer is that queue's)
   ("consume", cid, vhost, queue, tag, no_ack, exclusive, prefetch, global prefetch, arguments)
                                            answered ("consumed", cid, code, text) before any delivery
-  ("cancel", cid)
+  ("cancel", cid)                          answered ("cancelled", cid) behind every delivery to it
   ("qos", cid, global prefetch)            the consumer's channel's basic.qos global changed
   ("settle", cid, outcome, [entry ids])    ack, reject or requeue; cid 0: a get
   ("credit", cid, n)                       no-ack deliveries handed to the client
@@ -656,6 +656,9 @@ class ShardNode:
             queue, consumer = found
             if queue.remove_consumer(consumer) and not queue.deleted:
                 queue.host.remove_queue(queue)
+        # Also when this shard had ended it first (its "cancelled" crossed this cancel): a client
+        # waiting for its cancel-ok hears this, behind every delivery sent to the consumer.
+        link.send(("cancelled", cid))
 
     def _on_qos(self, link, cid, global_prefetch):
         found = self.standins.get((link, cid))
@@ -814,12 +817,19 @@ class ShardNode:
         else:
             queue.consume_answered(consumer.tag, None)
 
-    def cancel(self, queue: RemoteQueue, consumer: Consumer) -> None:
-        cid = getattr(consumer, "remote_id", None)
-        if self.consumers.pop(cid, None) is not None:
-            link = self.link_to(queue.shard)
-            if link is not None:
-                link.send(("cancel", cid))
+    def cancel(self, queue: RemoteQueue, consumer: Consumer, answered: bool = False) -> None:
+        """Stop `consumer` at the owner. `answered` (a client's basic.cancel): it stays
+        known here until the owner's ("cancelled", cid), so what the owner sent it before
+        still reaches it (RemoteQueue.cancel_consumer); else (its channel closed) it is
+        forgotten at once, and what still comes for it goes back (`_on_deliver`)."""
+        cid = consumer.remote_id
+        if not answered:
+            if self.consumers.pop(cid, None) is not None:
+                self.send_to(queue.shard, ("cancel", cid))  # behind its consume, also while the owner starts
+            return
+        if cid not in self.consumers or not self.send_to(queue.shard, ("cancel", cid)):
+            self.consumers.pop(cid, None)  # no answer will come: the cancel ends here
+            asyncio.get_running_loop().call_soon(queue.owner_cancelled, consumer.tag)
 
     def qos(self, queue: RemoteQueue, consumer: Consumer, global_prefetch: int) -> None:
         """The channel of `consumer` changed its global prefetch: the owner's stand-in follows."""
