@@ -12,15 +12,27 @@ Theory of operation, on the shard of the client:
   and `on_durable` runs when the owner has it on disk.
 - consume: a local `Consumer` (the client's channel's) is registered here
   and at the owner, which runs a stand-in consumer of the same tag,
-  priority, exclusivity and per-consumer prefetch, so the owner's queue
-  chooses among all consumers of every shard as it would among local ones.
+  priority, exclusivity and per-consumer prefetch, and the channel's
+  global prefetch (which follows the channel's basic.qos: `qos`), so the
+  owner's queue chooses among all consumers of every shard as it would
+  among local ones. The owner accepts or refuses it (exclusivity is its to
+  judge) before its first delivery: `answered(None or the AMQPError)`.
   The owner's deliveries arrive as `RemoteEntry`s, wait in `pending` for
   the client's channel to take them (its own prefetch and output), and go
   out through the channel's ordinary `deliver`; acks, rejects and requeues
   of them go back to the owner by entry id.
+- basic.cancel (`cancel_consumer`) ends when the owner says so, behind
+  every delivery it sent the consumer: a no-ack one the owner let go when
+  it sent it, so each reaches the client before the cancel's answer (as
+  RabbitMQ delivers what a queue handed the channel before a cancel; one
+  process never holds one unsent, it stays in the queue). An ack-mode one
+  not yet delivered goes back. A channel that closes forgets its consumers
+  at once (`remove_consumer`): no-ack deliveries still on their way are
+  lost with it, as with RabbitMQ's channel.
 - basic.get: `get` starts a fetch at the owner and answers None while it
   is out, with `message_count` positive, so the channel waits on
-  `when_available` exactly as it waits for a message read back from disk.
+  `when_available` exactly as it waits for a message read back from disk;
+  a channel that closed meanwhile gives the answer back (`not_wanted`).
 - The owner is gone (its shard ended): consumers are cancelled (the client
   hears basic.cancel, as when a queue's node fails), unconfirmed publishes
   are nacked, and acks of its deliveries are dropped (the owner's restart
@@ -32,7 +44,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Callable, Iterable, Protocol
 
 from storage import Message, QueueEntry
-from vhosts.errors import PRECONDITION_FAILED, AMQPError
+from vhosts.errors import NOT_FOUND, PRECONDITION_FAILED, AMQPError
 from vhosts.queue_arguments import consumer_priority
 from vhosts.queue_types import STREAM, queue_type
 from vhosts.stream_arguments import check_consume, not_supported
@@ -52,9 +64,14 @@ class ShardPort(Protocol):
 
     def publish(self, queue: "RemoteQueue", message: Message, on_durable: Callable[[], None] | None) -> None: ...
 
+    # The owner answers with queue.consume_answered(tag, None or an AMQPError).
     def consume(self, queue: "RemoteQueue", consumer: "Consumer") -> None: ...
 
-    def cancel(self, queue: "RemoteQueue", consumer: "Consumer") -> None: ...
+    # answered: the owner's queue.owner_cancelled(tag) ends it, after what it sent before.
+    def cancel(self, queue: "RemoteQueue", consumer: "Consumer", answered: bool = False) -> None: ...
+
+    # The consumer's channel's global prefetch is now `global_prefetch`.
+    def qos(self, queue: "RemoteQueue", consumer: "Consumer", global_prefetch: int) -> None: ...
 
     def settle(self, queue: "RemoteQueue", entries: list["RemoteEntry"], outcome: str) -> None: ...
 
@@ -124,6 +141,9 @@ class RemoteQueue:
         self.kind = queue_type(arguments)
         self.consumers: dict[str, Consumer] = {}  # the local ones, by tag
         self.pending: dict[str, deque[RemoteEntry]] = {}
+        # Consumers the owner has not answered yet, and those being cancelled: tag -> answered(error or None).
+        self.subscribing: dict[str, Callable[[AMQPError | None], None]] = {}
+        self.cancelling: dict[str, Callable[[AMQPError | None], None]] = {}
         self.stats = MessageStats()
         self.deleted = False
         self.policy = None
@@ -161,31 +181,76 @@ class RemoteQueue:
     def accept_consumer(self, no_ack: bool, prefetch_count: int, exclusive: bool, arguments: dict) -> int:
         """The arguments are checked here (a stream's as its owner checks
         them, so the client hears the same refusal); exclusivity at the
-        owner, which cancels the consumer if it is refused."""
+        owner, which refuses the consumer in its answer (`add_consumer`)."""
         if self.kind == STREAM:
             check_consume(self.name, self.vhost, no_ack, prefetch_count, arguments)
             return 0
         return consumer_priority(self.vhost, self.name, arguments)
 
-    def add_consumer(self, consumer: "Consumer") -> None:
+    def add_consumer(self, consumer: "Consumer",
+                     answered: Callable[[AMQPError | None], None] | None = None) -> None:
+        """answered(None, or the owner's refusal) once the owner answered, before any
+        delivery to it; without `answered` a refusal cancels the consumer (basic.cancel)."""
         self.consumers[consumer.tag] = consumer
         self.pending[consumer.tag] = deque()
+        if answered is not None:
+            self.subscribing[consumer.tag] = answered
         self.port.consume(self, consumer)
 
+    def consume_answered(self, tag: str, error: AMQPError | None) -> None:
+        """The owner accepted the consumer `tag` (error None) or refused it."""
+        answered = self.subscribing.pop(tag, None)
+        if error is None:
+            if answered is not None:
+                answered(None)
+            return
+        consumer = self.consumers.pop(tag, None)
+        self.pending.pop(tag, None)
+        if answered is not None:
+            answered(error)
+        elif consumer is not None:
+            consumer.channel.consumer_cancelled(consumer)
+
+    def qos(self, consumer: "Consumer", global_prefetch: int) -> None:
+        """The channel of `consumer` changed its global prefetch."""
+        if consumer.tag in self.consumers:
+            self.port.qos(self, consumer, global_prefetch)
+
     def remove_consumer(self, consumer: "Consumer") -> bool:
-        """Auto-delete is the owner's to decide."""
-        if self.consumers.pop(consumer.tag, None) is None:
+        """Forget it at once (its channel closes). Auto-delete is the owner's to decide."""
+        tag = consumer.tag
+        if self.consumers.pop(tag, None) is None:
             return False
-        left = self.pending.pop(consumer.tag, ())
+        left = self.pending.pop(tag, ())
         if left:
             self.port.settle(self, list(left), "requeue")
         self.port.cancel(self, consumer)
+        # A consume or cancel still waiting for the owner ends with the channel (which
+        # answers nothing more: it no longer holds the consumer).
+        for waiting in (self.subscribing.pop(tag, None), self.cancelling.pop(tag, None)):
+            if waiting is not None:
+                waiting(None)
         return False
+
+    def cancel_consumer(self, consumer: "Consumer", done: Callable[[AMQPError | None], None]) -> None:
+        """basic.cancel: done(None) once the owner stopped the consumer, every
+        no-ack delivery it sent before delivered (see the opening comment)."""
+        tag = consumer.tag
+        if tag not in self.consumers:
+            done(None)
+            return
+        self.cancelling[tag] = done
+        waiting = self.pending[tag]
+        back = [entry for entry in waiting if entry.seq]
+        if back:
+            self.pending[tag] = deque(entry for entry in waiting if not entry.seq)
+            self.port.settle(self, back, "requeue")
+        self.port.cancel(self, consumer, answered=True)
 
     def received(self, tag: str, entry: RemoteEntry) -> None:
         """A delivery from the owner to the local consumer `tag`."""
         waiting = self.pending.get(tag)
-        if waiting is None:  # cancelled meanwhile: back to the owner
+        if waiting is None or (entry.seq and tag in self.cancelling):  # cancelled meanwhile: back to the owner
             self.port.settle(self, [entry], "requeue")
             return
         consumer = self.consumers[tag]
@@ -203,10 +268,20 @@ class RemoteQueue:
                 channel.deliver(consumer, self, waiting.popleft())
 
     def owner_cancelled(self, tag: str) -> None:
-        """The owner ended the consumer (queue deleted, exclusive refused, shard gone)."""
+        """The owner ended the consumer (queue deleted, shard gone), or answered its cancel."""
         consumer = self.consumers.pop(tag, None)
-        self.pending.pop(tag, None)
-        if consumer is not None:
+        left = self.pending.pop(tag, ())
+        done = self.cancelling.pop(tag, None)
+        if done is not None:
+            for entry in left:  # no-ack ones only (cancel_consumer), each due before the answer
+                consumer.channel.deliver(consumer, self, entry)
+            done(None)
+            return
+        answered = self.subscribing.pop(tag, None)
+        if answered is not None:
+            answered(AMQPError(NOT_FOUND, "queue '%s' in vhost '%s': its shard %d ended before it answered"
+                               % (self.name, self.vhost, self.shard)))
+        elif consumer is not None:
             consumer.channel.consumer_cancelled(consumer)
 
     # -- basic.get -------------------------------------------------------------
@@ -230,6 +305,15 @@ class RemoteQueue:
 
     def when_available(self, callback: Callable[[], None]) -> None:
         self._get_waiters.append(callback)
+
+    def not_wanted(self) -> None:
+        """A channel that waited for the fetch closed: the entry goes back to the
+        owner unless another waiter took it (redelivered, as a closing channel's
+        unacked message goes back)."""
+        fetched = self._fetched
+        if isinstance(fetched, RemoteEntry):
+            self._fetched = None
+            self.port.settle(self, [fetched], "requeue")
 
     def fetched(self, entry: RemoteEntry | None, message_count: int) -> None:
         self._fetched = entry if entry is not None else False
@@ -281,10 +365,19 @@ class RemoteQueue:
         return self.message_count
 
     def delete(self) -> list:
-        """The owner deletes its queue; here, the local consumers are told."""
+        """The owner deletes its queue; here, the local consumers are told. A consume
+        still waiting for the owner is answered as a consume of a missing queue, and a
+        cancel waiting for it ends: neither hears a basic.cancel."""
         self.deleted = True
-        consumers = list(self.consumers.values())
+        subscribing, self.subscribing = self.subscribing, {}
+        cancelling, self.cancelling = self.cancelling, {}
+        consumers = [consumer for tag, consumer in self.consumers.items()
+                     if tag not in subscribing and tag not in cancelling]
         self.consumers.clear()
         self.pending.clear()
         self.fetched(None, 0)
+        for answered in subscribing.values():
+            answered(AMQPError(NOT_FOUND, "no queue '%s' in vhost '%s'" % (self.name, self.vhost)))
+        for done in cancelling.values():
+            done(None)
         return consumers

@@ -44,13 +44,15 @@ def _ordered(channel, m, method: str, args: tuple, answer) -> bool:
     order = channel.connection.broker.order_definition
     if order is None:
         return False
-    _held(channel, m, lambda done: order(method, args, channel.connection, channel.vhost, done), answer)
+    held(channel, m, lambda done: order(method, args, channel.connection, channel.vhost, done), answer)
     return True
 
 
-def _held(channel, m, start, answer) -> None:
+def held(channel, m, start, answer) -> None:
     """start(done) something another shard answers; the connection reads
-    nothing more until done(result or AMQPError), then `answer(result)`."""
+    nothing more until done(result or AMQPError), then `answer(result)`
+    (also amqp_server.amqp.deliveries': a consume or cancel of another
+    shard's queue)."""
     connection = channel.connection
     hold = _Hold()
     connection.throttled_by(hold)
@@ -166,7 +168,7 @@ def _reply_to_declare(channel, m) -> None:
     A token of a channel on another shard is that shard's to answer."""
     vhost = channel.vhost
     if reply_to.elsewhere(vhost, m.queue):
-        _held(channel, m, lambda done: vhost.shards.reply_token(vhost.name, m.queue, done),
+        held(channel, m, lambda done: vhost.shards.reply_token(vhost.name, m.queue, done),
               lambda live: _reply_to_declared(channel, m, live))
         return
     _reply_to_declared(channel, m, reply_to.declared(vhost, m.queue))
@@ -213,7 +215,7 @@ def queue_purge(channel, m) -> None:
         channel.access.check("queue", queue.name, "read")
         vhost.queue(queue.name, channel.connection)
         queue.check_purge()
-        _held(channel, m, lambda done: vhost.shards.purge(queue, done),
+        held(channel, m, lambda done: vhost.shards.purge(queue, done),
               lambda count: m.nowait or _reply(channel, commands.Queue.PurgeOk(message_count=count)))
         return
     count = channel.vhost.purge_queue(channel.queue_name(m.queue), channel.connection, channel.access)

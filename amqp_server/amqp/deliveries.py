@@ -25,6 +25,7 @@ from pamqp import commands
 
 from amqp_server.amqp import direct_reply_to, fastpath
 from vhosts import firehose
+from amqp_server.amqp.declarations import held
 from amqp_server.amqp.framing import named_method
 from amqp_server.amqp.hand_over import HandOver
 from storage.message import encode_value
@@ -172,7 +173,11 @@ class Deliveries:
             raise AMQPError(NOT_IMPLEMENTED, "prefetch_size!=0 (%d)" % method.prefetch_size)
         if method.global_:
             self.global_prefetch = method.prefetch_count
-        else:
+            # The owner of another shard's queue sends no more ahead than this limit allows.
+            for consumer in self.consumers.values():
+                if consumer.queue.remote:
+                    consumer.queue.qos(consumer, method.prefetch_count)
+        else:  # as in RabbitMQ, for consumers made from now on
             self.prefetch_count = method.prefetch_count
         self.send_method(commands.Basic.QosOk())
         self.dispatch_consumers()
@@ -202,21 +207,44 @@ class Deliveries:
             tag, queue, self, method.no_ack, method.exclusive, self.prefetch_count, arguments, priority
         )
         self.consumers[tag] = consumer
+        if queue.remote:
+            # Another shard's queue: its owner judges exclusivity (both ways), and the answer
+            # waits for it; the connection reads nothing meanwhile, so what the client sends
+            # next on this channel (a publish into the queue) comes after the consumer exists.
+            def answered(_result) -> None:
+                if not method.nowait and self.consumers.get(tag) is consumer:  # else its channel closed
+                    self.send_method(commands.Basic.ConsumeOk(consumer_tag=tag))
+
+            held(self, method, lambda done: queue.add_consumer(consumer, done), answered)
+            return
         if not method.nowait:
             self.send_method(commands.Basic.ConsumeOk(consumer_tag=tag))
         queue.add_consumer(consumer)
 
     def _cancel(self, method) -> None:
+        tag = method.consumer_tag
         reply_consumer = self.reply_consumer
-        if reply_consumer is not None and reply_consumer.tag == method.consumer_tag:
+        if reply_consumer is not None and reply_consumer.tag == tag:
             direct_reply_to.stop(self)
             consumer = None
         else:
-            consumer = self.consumers.pop(method.consumer_tag, None)
+            consumer = self.consumers.get(tag)
+        if consumer is not None and consumer.queue.remote:
+            # Answered once the owner stopped it, after the no-ack deliveries it sent before
+            # (RemoteQueue.cancel_consumer); the consumer is the channel's until then.
+            def answered(_result) -> None:
+                if self.consumers.get(tag) is consumer:  # else its channel closed meanwhile
+                    del self.consumers[tag]
+                    if not method.nowait:
+                        self.send_method(commands.Basic.CancelOk(consumer_tag=tag))
+
+            held(self, method, lambda done: consumer.queue.cancel_consumer(consumer, done), answered)
+            return
         if consumer is not None:
+            del self.consumers[tag]
             self._remove_consumer(consumer)
         if not method.nowait:
-            self.send_method(commands.Basic.CancelOk(consumer_tag=method.consumer_tag))
+            self.send_method(commands.Basic.CancelOk(consumer_tag=tag))
 
     def _remove_consumer(self, consumer: Consumer) -> None:
         queue = consumer.queue
@@ -230,7 +258,7 @@ class Deliveries:
         entry = queue.get()
         if entry is None:
             if queue.message_count and not queue.deleted:
-                queue.when_available(lambda: self._get_again(method))
+                queue.when_available(lambda: self._get_again(method, queue))
                 return
             queue.stats.get_empty += 1
             self.stats.get_empty += 1
@@ -266,13 +294,17 @@ class Deliveries:
             _counted(entry) if entry.deliveries or queue.kind == QUORUM else message.header,
         )
 
-    def _get_again(self, method) -> None:
-        """A basic.get that waited for messages read back from disk."""
-        if self.state == "open":
+    def _get_again(self, method, queue) -> None:
+        """A basic.get that waited for messages read back from disk, or for
+        another shard's answer (which a closed channel gives back). A channel
+        the client closed keeps its state but is no longer its connection's."""
+        if self.state == "open" and self.connection.channels.get(self.number) is self:
             try:
                 self._get(method)
             except AMQPError as exc:
                 self.close_with(exc.at(60, 70))
+        elif queue.remote:
+            queue.not_wanted()
 
     # -- settlement ----------------------------------------------------------
 

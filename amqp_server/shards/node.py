@@ -18,8 +18,10 @@ Records (tuples, amqp_server.shards.link), by the requester:
                                            ticket 0: no confirm wanted, and then one record carries a
                                            message to every queue of that shard it was routed to;
                                            with a ticket, one queue (its answer is that queue's)
-  ("consume", cid, vhost, queue, tag, no_ack, exclusive, prefetch, arguments)
-  ("cancel", cid)
+  ("consume", cid, vhost, queue, tag, no_ack, exclusive, prefetch, global prefetch, arguments)
+                                           answered ("consumed", cid, code, text) before any delivery
+  ("cancel", cid)                          answered ("cancelled", cid) behind every delivery to it
+  ("qos", cid, global prefetch)            the consumer's channel's basic.qos global changed
   ("settle", cid, outcome, [entry ids])    ack, reject or requeue; cid 0: a get
   ("credit", cid, n)                       no-ack deliveries handed to the client
   ("acks", n)                              after settles: answer once their records are written
@@ -47,6 +49,8 @@ and by the owner, on the same link:
                                            the owner's message id (None for a no-ack delivery): a redelivery
                                            is the same message to the client's shard (MQTT QoS 2 reuses
                                            its packet id by it, amqp_server.mqtt.exactly_once)
+  ("consumed", cid, code, text)            code 0: the consumer is the owner's; else refused (ACCESS_REFUSED: in
+                                           exclusive use), with the owner's code and text
   ("cancelled", cid) ("got", ticket, entry id, redelivered, deliveries, data, count)
   ("live", ticket, bool) ("counted", ticket, messages, consumers) ("purged", ticket, count) ("defined", ticket, result)
   ("refused", ticket, code, text) ("applied", ticket) ("synced", ticket, changes, batch)
@@ -78,7 +82,7 @@ import struct
 import time
 
 from amqp_server.shards import dead_letters
-from amqp_server.shards.definitions import Definitions
+from amqp_server.shards.definitions import Definitions, _refusal
 from amqp_server.shards.link import Link
 from amqp_server.shards.tallies import Tallies
 from storage import Message
@@ -145,6 +149,9 @@ class StandIn:
         self.link = link
         self.cid = cid
         self.in_flight = 0  # no-ack or unlimited deliveries not credited back
+        # The client's channel's basic.qos global (its consumer's own prefetch is fixed at consume,
+        # as on one process): it changes with the channel's ("qos" records).
+        self.global_prefetch = 0
 
     @property
     def output_blocked(self) -> bool:
@@ -152,9 +159,17 @@ class StandIn:
         return self.in_flight >= WINDOW
 
     def can_deliver(self, consumer: Consumer) -> bool:
+        """Both limits of the client's channel hold here: the consumer's own
+        prefetch and its channel's global one (which the client's shard also
+        counts over the channel's other consumers), so the owner sends no
+        more ahead than one process would hand that channel."""
         if self.link.closed:
             return False
-        if consumer.prefetch_count and not consumer.no_ack:
+        if consumer.no_ack:
+            return self.in_flight < WINDOW
+        if self.global_prefetch and consumer.unacked >= self.global_prefetch:
+            return False
+        if consumer.prefetch_count:
             return consumer.unacked < consumer.prefetch_count
         return self.in_flight < WINDOW
 
@@ -666,18 +681,25 @@ class ShardNode:
         if isinstance(queue, RemoteQueue):
             queue.held(holding)
 
-    def _on_consume(self, link, cid, vhost, name, tag, no_ack, exclusive, prefetch, arguments):
+    def _on_consume(self, link, cid, vhost, name, tag, no_ack, exclusive, prefetch, global_prefetch, arguments):
+        """Accepted or refused as a consumer of this shard is (exclusivity both ways), and
+        answered before the queue's first delivery to it: the client's channel answers its
+        client then (consume-ok, or the channel closed with this code and text)."""
         queue = self._owned(vhost, name)
-        if queue is None:
-            link.send(("cancelled", cid))
+        if queue is None:  # deleted meanwhile
+            error = AMQPError(NOT_FOUND, "no queue '%s' in vhost '%s'" % (name, vhost))
+            link.send(("consumed", cid, error.reply_code, error.reply_text))
             return
         try:
             priority = queue.accept_consumer(no_ack, prefetch, exclusive, arguments)
-        except AMQPError:
-            link.send(("cancelled", cid))
+        except AMQPError as exc:
+            link.send(("consumed", cid, exc.reply_code, exc.reply_text))
             return
-        consumer = Consumer(tag, queue, StandIn(self, link, cid), no_ack, exclusive, prefetch, arguments, priority)
+        standin = StandIn(self, link, cid)
+        standin.global_prefetch = global_prefetch
+        consumer = Consumer(tag, queue, standin, no_ack, exclusive, prefetch, arguments, priority)
         self.standins[(link, cid)] = (queue, consumer)
+        link.send(("consumed", cid, 0, ""))
         queue.add_consumer(consumer)
 
     def _on_cancel(self, link, cid):
@@ -686,6 +708,16 @@ class ShardNode:
             queue, consumer = found
             if queue.remove_consumer(consumer) and not queue.deleted:
                 queue.host.remove_queue(queue)
+        # Also when this shard had ended it first (its "cancelled" crossed this cancel): a client
+        # waiting for its cancel-ok hears this, behind every delivery sent to the consumer.
+        link.send(("cancelled", cid))
+
+    def _on_qos(self, link, cid, global_prefetch):
+        found = self.standins.get((link, cid))
+        if found is not None:
+            queue, consumer = found
+            consumer.channel.global_prefetch = global_prefetch
+            queue.dispatch()
 
     def _on_settle(self, link, cid, outcome, idents):
         held = self.held.get(link, {})
@@ -810,22 +842,47 @@ class ShardNode:
                      answered)
 
     def consume(self, queue: RemoteQueue, consumer: Consumer) -> None:
+        """The owner answers ("consumed": `_on_consumed`) before its first delivery."""
         cid = next(self._cids)
         self.consumers[cid] = (queue, consumer)
         consumer.remote_id = cid
         # A starting owner gets it once linked (send_to); one that ends cancels it (_peer_gone).
+        # The channel's global prefetch travels apart from the consumer's own: only it changes later.
         if not self.send_to(queue.shard, ("consume", cid, queue.vhost, queue.name, consumer.tag, consumer.no_ack,
-                                          consumer.exclusive, consumer.prefetch_count
-                                          or getattr(consumer.channel, "global_prefetch", 0), consumer.arguments)):
+                                          consumer.exclusive, consumer.prefetch_count,
+                                          getattr(consumer.channel, "global_prefetch", 0), consumer.arguments)):
             self.consumers.pop(cid)
             asyncio.get_running_loop().call_soon(queue.owner_cancelled, consumer.tag)
 
-    def cancel(self, queue: RemoteQueue, consumer: Consumer) -> None:
-        cid = getattr(consumer, "remote_id", None)
-        if self.consumers.pop(cid, None) is not None:
-            link = self.link_to(queue.shard)
-            if link is not None:
-                link.send(("cancel", cid))
+    def _on_consumed(self, link, cid, code, text):
+        found = self.consumers.get(cid)
+        if found is None:  # its channel closed meanwhile (its cancel follows this answer to the owner)
+            return
+        queue, consumer = found
+        if code:
+            del self.consumers[cid]
+            queue.consume_answered(consumer.tag, _refusal(code, text))
+        else:
+            queue.consume_answered(consumer.tag, None)
+
+    def cancel(self, queue: RemoteQueue, consumer: Consumer, answered: bool = False) -> None:
+        """Stop `consumer` at the owner. `answered` (a client's basic.cancel): it stays
+        known here until the owner's ("cancelled", cid), so what the owner sent it before
+        still reaches it (RemoteQueue.cancel_consumer); else (its channel closed) it is
+        forgotten at once, and what still comes for it goes back (`_on_deliver`)."""
+        cid = consumer.remote_id
+        if not answered:
+            if self.consumers.pop(cid, None) is not None:
+                self.send_to(queue.shard, ("cancel", cid))  # behind its consume, also while the owner starts
+            return
+        if cid not in self.consumers or not self.send_to(queue.shard, ("cancel", cid)):
+            self.consumers.pop(cid, None)  # no answer will come: the cancel ends here
+            asyncio.get_running_loop().call_soon(queue.owner_cancelled, consumer.tag)
+
+    def qos(self, queue: RemoteQueue, consumer: Consumer, global_prefetch: int) -> None:
+        """The channel of `consumer` changed its global prefetch: the owner's stand-in follows."""
+        if consumer.remote_id in self.consumers:
+            self.send_to(queue.shard, ("qos", consumer.remote_id, global_prefetch))
 
     def settle(self, queue: RemoteQueue, entries: list, outcome: str) -> None:
         # An entry is settled on the link it came on (its incarnation), the one the owner
