@@ -30,8 +30,9 @@ IN_FLIGHT = 1.0
 class History:
     confirmed: dict = dataclasses.field(default_factory=dict)  # queue -> confirmed numbers
     deliveries: dict = dataclasses.field(default_factory=dict)  # queue -> [(time, number, redelivered)]
-    faults: list = dataclasses.field(default_factory=list)  # (time, shard, kind)
+    faults: list = dataclasses.field(default_factory=list)  # (time, shard, kind, time it was back)
     errors: list = dataclasses.field(default_factory=list)  # client errors seen (reconnected)
+    left: dict = dataclasses.field(default_factory=dict)  # queue -> messages in it after the drain
 
 
 def _publish(node, queue: str, shard: int, history: History, stop: threading.Event) -> None:
@@ -83,11 +84,12 @@ def _faults(node, shards: int, history: History, stop: threading.Event, every: f
         if pid is None:
             continue
         kind = rng.choice(("kill", "stop"))
-        history.faults.append((time.monotonic(), shard, kind))
+        began = time.monotonic()
         os.kill(pid, signal.SIGKILL if kind == "kill" else signal.SIGSTOP)
         deadline = time.monotonic() + 30
         while pid_of_shard(node, shard, shards) in (None, pid) and time.monotonic() < deadline:
             time.sleep(0.05)
+        history.faults.append((began, shard, kind, time.monotonic()))
         try:
             os.kill(pid, signal.SIGCONT)  # a stopped shard was killed by the others; this is a no-op then
         except ProcessLookupError:
@@ -126,6 +128,9 @@ def run(node, shards: int, seconds: float, every: float, seed: int = 0,
     draining.set()
     for thread in threads:
         thread.join(30)
+    with on_shard(node.port, 0) as connection:
+        channel = connection.channel()
+        history.left = {queue: channel.queue_declare(queue, passive=True).method.message_count for queue in owners}
     return history, owners
 
 
@@ -148,15 +153,17 @@ def check(history: History, owners: dict) -> list[str]:
         # the acks it had not passed on (a connection's acks in flight, as on any broker);
         # shard 0's end restarts every shard
         involved = (0, owners[queue], (owners[queue] + 1) % shards)
-        restarts = [t for t, shard, _kind in history.faults if shard in involved]
+        faults = [(began, back) for began, shard, _kind, back in history.faults if shard in involved]
         first_seen: dict = {}
         for when, number, redelivered in seen:
             if number not in first_seen:
                 first_seen[number] = when
                 continue
             # delivered again: its ack was lost with its owner, or it was never acked
-            # a delivery the client saw just after the fault left before it, and its ack met the fault
-            restarted = any(first_seen[number] - IN_FLIGHT <= t <= when for t in restarts)
+            # a fault lasts until its shard is back (a stalled shard until it was fenced, shard 0's
+            # until the node restarted); a delivery the client saw just after it began left
+            # before it, and its ack met the fault
+            restarted = any(began <= when and first_seen[number] - IN_FLIGHT <= back for began, back in faults)
             if not restarted:
                 problems.append("%s: message %d delivered again at %.2f without a fault of its shard or its "
                                 "consumer's" % (queue, number, when))
@@ -174,6 +181,7 @@ def summary(history: History) -> dict:
         "confirmed": sum(len(numbers) for numbers in history.confirmed.values()),
         "delivered": sum(len(seen) for seen in history.deliveries.values()),
         "redelivered": sum(redelivered for seen in history.deliveries.values() for _t, _n, redelivered in seen),
-        "faults": [(shard, kind) for _t, shard, kind in history.faults],
+        "faults": [(shard, kind) for _t, shard, kind, _back in history.faults],
         "client_errors": len(history.errors),
+        "left": history.left,
     }

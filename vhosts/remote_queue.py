@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Protocol
 
 from storage import Message, QueueEntry
 from vhosts.errors import NOT_FOUND, PRECONDITION_FAILED, AMQPError
+from vhosts.node import NODE
 from vhosts.queue_arguments import consumer_priority
 from vhosts.queue_types import STREAM, queue_type
 from vhosts.stream_arguments import check_consume, not_supported
@@ -110,6 +111,13 @@ class ShardPort(Protocol):
     # A message died here: shard 0 appends `record` (a storage.dead_letter_log.DeadLetter) to the
     # vhost's dead-letter log, the node's one; on_durable() once it is on disk there.
     def dead_letter(self, vhost: str, record: object, on_durable: Callable[[], None]) -> None: ...
+
+
+def owner_down(queue: "RemoteQueue") -> AMQPError:
+    """What RabbitMQ answers for a queue whose node is down (rabbit_amqqueue's
+    with_or_die): here its shard ended, or has been unreachable for a heartbeat."""
+    return AMQPError(NOT_FOUND, "home node '%s' of %squeue '%s' in vhost '%s' is down or inaccessible"
+                     % (NODE, "durable " if queue.durable else "", queue.name, queue.vhost))
 
 
 class RemoteEntry(QueueEntry):
@@ -283,8 +291,7 @@ class RemoteQueue:
             return
         answered = self.subscribing.pop(tag, None)
         if answered is not None:
-            answered(AMQPError(NOT_FOUND, "queue '%s' in vhost '%s': its shard %d ended before it answered"
-                               % (self.name, self.vhost, self.shard)))
+            answered(owner_down(self))
         elif consumer is not None:
             consumer.channel.consumer_cancelled(consumer)
 

@@ -89,9 +89,8 @@ from storage import Message
 from vhosts import reply_to
 from vhosts.consumer import Consumer
 from vhosts.errors import NOT_FOUND, AMQPError
-from vhosts.node import NODE
 from vhosts.queue import DURABLE_PENDING, REJECTED
-from vhosts.remote_queue import RemoteEntry, RemoteQueue
+from vhosts.remote_queue import RemoteEntry, RemoteQueue, owner_down
 
 log = logging.getLogger("hutch.shards")
 
@@ -109,13 +108,6 @@ ARRIVAL_TIMEOUT = 30.0
 _LENGTH = struct.Struct(">I")
 # Records that wait for a link to a shard that is starting (a publish, a get).
 UNSENT_MAX = 100_000
-
-
-def down(queue) -> AMQPError:
-    """What RabbitMQ answers for a queue whose node is down (rabbit_amqqueue's
-    with_or_die): here its shard ended, or has been unreachable for a heartbeat."""
-    return AMQPError(NOT_FOUND, "home node '%s' of %squeue '%s' in vhost '%s' is down or inaccessible"
-                     % (NODE, "durable " if queue.durable else "", queue.name, queue.vhost))
 
 
 class ShardGone(Exception):
@@ -545,8 +537,11 @@ class ShardNode:
         start, or starts slowly): its queues are down, as a queue's node is to RabbitMQ;
         what waited on it ends (requests answered "lost") rather than hang."""
         self._unsent_timers.pop(peer, None)
+        if self.link_to(peer) is not None:  # linked meanwhile
+            self.flush_unsent(peer)
+            return
         dropped = self._unsent.pop(peer, [])
-        if dropped and self.link_to(peer) is None:
+        if dropped:
             log.warning("shard %d: shard %d unreachable for %.1f s: %d records for it dropped, its queues are down",
                         self.here, peer, self.heartbeat, len(dropped))
             self._peer_gone(peer)
@@ -780,7 +775,7 @@ class ShardNode:
 
     def purge(self, queue: RemoteQueue, done) -> None:
         def answered(record):
-            done(record[2] if record[0] == "purged" else down(queue))
+            done(record[2] if record[0] == "purged" else owner_down(queue))
 
         self.request(queue.shard, lambda ticket: ("purge", ticket, queue.vhost, queue.name), answered)
 
@@ -1077,7 +1072,7 @@ class ShardNode:
                 queue.message_count, queue.consumer_count = record[2], record[3]
                 done(None)
             else:
-                done(down(queue))
+                done(owner_down(queue))
 
         self.request(queue.shard, lambda ticket: ("counts", ticket, queue.vhost, queue.name), answered)
 
