@@ -1,20 +1,19 @@
 """The broker's data directory as one start found it, and the node's lock on it.
 
 A node's start claims its directory (`DataDirectory.claim`): it finds or makes
-it, then takes an exclusive flock on DATA_DIR/hutch.lock, waiting a few seconds
-for a node that still holds it (the shards of a SIGKILLed supervisor, a stop
-still under way) and refusing after that; the descriptor is inherited by every
-shard the node forks and never closed, so the lock lasts until the node's last
-process has ended, and only then does it judge what it found: an earlier run's
-directory (recover it: from the summaries after a clean stop, else by checking
-every file), or a new one: the directory did not exist (this start created it,
-with any missing parents) or held nothing but the lock file (a freshly mounted
-volume). A new directory has nothing to recover, so its first start says so
-instead of reporting a missing clean-shutdown marker. Invariant:
-`remove_created` deletes only what this start made, and only under the lock. A
-start that fails (a port in use, the directory in use) leaves the file system
-as it found it: no directory it created, an empty directory empty again, and
-never anything of an earlier run or of another node.
+it and takes an exclusive flock on DATA_DIR/hutch.lock, waiting a few seconds
+for a node that still holds it (the shards a SIGKILLed supervisor left, a stop
+under way) and refusing after that; every shard the node forks inherits the
+descriptor, never closed, so the lock lasts until the node's last process has
+ended. Only under the lock does the start judge what it found: an earlier
+run's directory (recovered from the summaries after a clean stop, else by
+checking every file), or a new one, which has nothing to recover and says so:
+the directory did not exist (the start created it, with any missing parents)
+or held nothing but the lock file (a freshly mounted volume). Invariant:
+`remove_created` deletes only what this start made. A start that fails (a port
+in use, the directory in use) leaves the file system as it found it: no
+directory it created, an empty directory empty again, and never anything of an
+earlier run or of another node.
 """
 from __future__ import annotations
 
