@@ -467,6 +467,11 @@ class Definitions:
         self._followers[link.peer] = link
         return self.everything(), self._batch
 
+    def synced_on(self, link) -> bool:
+        """Shard 0: whether `link` is the one its peer synced on (its batches and
+        shard 0's requests to it travel there)."""
+        return link.peer is not None and self._followers.get(link.peer) is link
+
     def link_lost(self, link) -> None:
         """Shard 0: when the link a shard synced on is lost, that shard
         ended. Its transient queues ended with it (as RabbitMQ's do with

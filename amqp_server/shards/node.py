@@ -458,6 +458,10 @@ class ShardNode:
             self._peer_gone(peer)
             if not self.stopping:
                 self._connect_soon(peer, RECONNECT)
+        elif peer is not None and self.definitions.synced_on(link):
+            # Shard 0 sends its requests to `peer` on the link it synced on (`link_to`): those
+            # end with it, even when the outgoing link's loss came first and ended the rest.
+            self._peer_gone(peer)
         self.definitions.link_lost(link)
 
     def _peer_gone(self, peer: int) -> None:
