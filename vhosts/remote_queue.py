@@ -23,8 +23,9 @@ Theory of operation, on the shard of the client:
   `when_available` exactly as it waits for a message read back from disk.
 - The owner is gone (its shard ended): consumers are cancelled (the client
   hears basic.cancel, as when a queue's node fails), unconfirmed publishes
-  are nacked, and acks of its deliveries are dropped (the owner's restart
-  recovers every message it had not seen acked, flagged redelivered).
+  are nacked (a tx.commit waiting for them fails: amqp_server.amqp.channel),
+  and acks of its deliveries are dropped (the owner's restart recovers
+  every message it had not seen acked, flagged redelivered).
 """
 from __future__ import annotations
 
