@@ -35,8 +35,9 @@ Theory of operation, on the shard of the client:
   a channel that closed meanwhile gives the answer back (`not_wanted`).
 - The owner is gone (its shard ended): consumers are cancelled (the client
   hears basic.cancel, as when a queue's node fails), unconfirmed publishes
-  are nacked, and acks of its deliveries are dropped (the owner's restart
-  recovers every message it had not seen acked, flagged redelivered).
+  are nacked (a tx.commit waiting for them fails: amqp_server.amqp.channel),
+  and acks of its deliveries are dropped (the owner's restart recovers
+  every message it had not seen acked, flagged redelivered).
 """
 from __future__ import annotations
 

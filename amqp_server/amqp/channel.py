@@ -16,7 +16,10 @@ Theory of operation:
   (reject-publish) waits as `NACK` and is nacked in its turn.
 - Transactions: publishes and settlements are kept in `_tx` and applied in
   order on commit; rollback drops the publishes and gives the settled
-  deliveries back to `unacked`.
+  deliveries back to `unacked`. A commit in which a queue refused a publish
+  (reject-publish), or whose queue's shard ended before it answered, applies
+  the rest and closes the channel with RabbitMQ's 406 "partial tx
+  completion" instead of commit-ok (`_Commit`).
 - The consumer side (deliveries, acks, qos) lives in `deliveries.Deliveries`.
 - Counting (RabbitMQ's message_stats): publishes (when routed: a
   transaction's at commit), confirms and unroutable messages are counted on
@@ -57,6 +60,7 @@ OPEN = "open"
 CLOSING = "closing"
 
 BASIC_CLASS = 60
+TX_CLASS, TX_COMMIT = 90, 20
 # user_id (bit 4) and expiration (bit 8) in the first property-flags word
 # (header[12:14]): publishes with either are checked as RabbitMQ does.
 _CHECKED_PROPERTIES = 0x0010 | 0x0100
@@ -78,6 +82,31 @@ class _Confirm:
 
     def refused(self) -> None:
         self.channel._refused(self.seq)
+
+
+class _Commit:
+    """Counts what a tx.commit waits for: itself (its own call once every
+    action is applied), and on a node of several shards each queue's
+    answer (`on_durable` of its publishes: another shard's queue answers
+    over a link). `refused`: a queue cannot keep a message (reject-publish,
+    or its shard ended before it answered, as RabbitMQ takes a queue whose
+    node went down: vhosts.remote_queue); the commit then fails."""
+
+    __slots__ = ("channel", "waiting", "failed")
+
+    def __init__(self, channel: "Channel") -> None:
+        self.channel = channel
+        self.waiting = 1
+        self.failed = False
+
+    def __call__(self) -> None:
+        self.waiting -= 1
+        if not self.waiting:
+            self.channel._committed(self.failed)
+
+    def refused(self) -> None:
+        self.failed = True
+        self()
 
 
 class Channel(Deliveries):
@@ -285,7 +314,9 @@ class Channel(Deliveries):
             self._route(message, keys, headers, mandatory)
             return
         seq = self._publish_seq
-        waits = self._route(message, keys, headers, mandatory, _Confirm(self, seq))
+        waits, rejected = self._route(message, keys, headers, mandatory, _Confirm(self, seq))
+        if rejected:
+            waits = NACK
         if waits:
             self._awaiting[seq] = waits
         if waits <= 0:  # confirmable now (0), or refused (NACK)
@@ -329,17 +360,15 @@ class Channel(Deliveries):
         return keys, headers
 
     def _route(self, message: Message, keys: list[str], headers: dict | None, mandatory: bool,
-               on_durable=None) -> int:
+               on_durable=None) -> tuple[int, bool]:
         """Publish into the vhost; returns how many queues will call
-        `on_durable`, or NACK when a queue refused the message (confirm mode)."""
+        `on_durable`, and whether a queue refused the message (reject-publish)."""
         if self.vhost.tracing:
             firehose.published(self.vhost, firehose.channel_origin(self), message, keys, headers)
         self.stats.publish += 1
         reached, waits, rejected = self.vhost.publish(message, keys, headers, self.connection, on_durable)
         if self.connection.counts_publishes:
             self._count_bound(self.connection.broker.shards.here)
-        if rejected and on_durable is not None:
-            return NACK
         if not reached and not mandatory:
             self.stats.drop_unroutable += 1
         elif not reached:
@@ -354,7 +383,7 @@ class Channel(Deliveries):
                 ),
                 message,
             )
-        return waits
+        return waits, rejected
 
     # -- moving to another shard (amqp_server.amqp.hand_over) ------------------------
 
@@ -476,31 +505,31 @@ class Channel(Deliveries):
     def _tx_commit(self, method) -> None:
         actions = self._require_tx()
         self._tx = []
+        commit = _Commit(self)
         # On a node of several shards the commit waits until every queue has
-        # its messages (another shard's queue gets them over a link).
-        waiting = [1] if self.connection.broker.shards is not None else None
-
-        def one_done() -> None:
-            waiting[0] -= 1
-            if not waiting[0]:
-                self._committed()
-
+        # its messages (another shard's queue gets them over a link), and
+        # hears there whether it refused one.
+        on_durable = commit if self.connection.broker.shards is not None else None
         for action in actions:
             if action[0] == "publish":
-                waits = self._route(*action[1:], on_durable=one_done if waiting else None)
-                if waiting and waits > 0:
-                    waiting[0] += waits
+                waits, rejected = self._route(*action[1:], on_durable=on_durable)
+                commit.waiting += waits
+                commit.failed |= rejected
             else:
                 self.settle(*action[1:])
-        if waiting:
-            one_done()
-        else:
-            self._committed()
+        commit()
 
-    def _committed(self) -> None:
-        barrier = self.connection.broker.durability_barrier
-        if self.state is not OPEN:
+    def _committed(self, failed: bool) -> None:
+        # Answered only by the channel still open under its number: one closed
+        # (and maybe opened again) while its commit waited is answered nothing.
+        if self.state is not OPEN or self.connection.channels.get(self.number) is not self:
             return
+        if failed:
+            # RabbitMQ's answer (rabbit_channel's complete_tx of a failed tx): what the
+            # other queues took stays, the settlements stay applied, the channel closes.
+            self.close_with(AMQPError(PRECONDITION_FAILED, "partial tx completion").at(TX_CLASS, TX_COMMIT))
+            return
+        barrier = self.connection.broker.durability_barrier
         if barrier is None:
             self.send_method(commands.Tx.CommitOk())
         else:  # a cluster's leader: once the in-sync followers hold what the commit wrote

@@ -459,9 +459,16 @@ class ShardNode:
             if not self.stopping:
                 self._connect_soon(peer, RECONNECT)
         elif peer is not None and self.definitions.synced_on(link):
-            # Shard 0 sends its requests to `peer` on the link it synced on (`link_to`): those
-            # end with it, even when the outgoing link's loss came first and ended the rest.
+            # Shard 0 sends its records for `peer` on the link it synced on (`link_to`): a consume
+            # sent there after the outgoing link's loss ended the others is cancelled too.
             self._peer_gone(peer)
+        # What was asked on this link is answered on it or never: on shard 0 requests take the
+        # link the peer synced on (link_to), which may be lost after the one _peer_gone follows,
+        # with a request sent on it in between (a commit waiting for it hung).
+        for ticket, callback in list(self.waiting.items()):
+            if getattr(callback, "link", None) is link:
+                del self.waiting[ticket]
+                callback(("lost", ticket))
         self.definitions.link_lost(link)
 
     def _peer_gone(self, peer: int) -> None:
@@ -485,16 +492,18 @@ class ShardNode:
 
     def request(self, peer: int, record_of, callback, link: Link | None = None) -> None:
         """Send record_of(ticket) to `peer` (on `link`, by default the one
-        this shard opened to it); callback(answer) gets the answer
-        (("lost", ticket) if the peer ends first)."""
+        requests to it take: `link_to`); callback(answer) gets the answer
+        (("lost", ticket) if the peer ends first, or that link is lost)."""
         ticket = next(self._tickets)
         callback.peer = peer
         if link is None:
-            if not self.send_to(peer, record_of(ticket)):
-                callback(("lost", ticket))
-                return
-        else:
+            link = self.link_to(peer)
+        if link is not None:
             link.send(record_of(ticket))
+        elif not self.send_to(peer, record_of(ticket)):  # it waits for a link
+            callback(("lost", ticket))
+            return
+        callback.link = link  # its answer can come on that link only (None: the one it waits for)
         self.waiting[ticket] = callback
 
     def link_to(self, peer: int) -> Link | None:

@@ -244,6 +244,29 @@ def test_transactions_publish_and_ack_on_commit(differ):
     ])
 
 
+def test_a_commit_a_full_reject_publish_queue_refused_part_of(differ):
+    """The refused publish is dropped, the other publish and the ack are
+    applied, and the commit closes the channel: 406 "partial tx completion"."""
+    _same(differ, [
+        op("queue.declare", queue="{q}", arguments={"x-max-length": 1, "x-overflow": "reject-publish"}),
+        op("queue.declare", queue="{q2}"),
+        *_publish("{q}", "held"),
+        *_publish("{q2}", "m1"),
+        op("tx.select"),
+        op("basic.get", queue="{q2}"),
+        op("basic.ack", delivery_tag=1),
+        *_publish("{q}", "refused"),
+        *_publish("{q2}", "taken"),
+        op("tx.commit"),
+        op("drain", queue="{q}", on="1.2"),
+        op("drain", queue="{q2}", on="1.2"),
+        op("tx.select"),
+        *_publish("{q}", "refused again"),
+        op("tx.rollback"),  # nothing was applied: nothing refused
+        op("tx.commit"),
+    ])
+
+
 def test_exclusive_queue_goes_with_its_connection(differ):
     _same(differ, [
         op("queue.declare", queue="{q}", exclusive=True, on="2.1"),
