@@ -85,6 +85,10 @@ class ShardPort(Protocol):
     # The other shards' count of (kind, name).
     def elsewhere(self, kind: str, name: str) -> int: ...
 
+    # The answer of the service `service` (a name in the owner's `services`) of shard `peer`;
+    # raises ShardGone if that shard ends first (amqp_server.links.federation asks its demand).
+    async def ask(self, peer: int, service: str, *args) -> object: ...
+
     # A message died here: shard 0 appends `record` (a storage.dead_letter_log.DeadLetter) to the
     # vhost's dead-letter log, the node's one; on_durable() once it is on disk there.
     def dead_letter(self, vhost: str, record: object, on_durable: Callable[[], None]) -> None: ...

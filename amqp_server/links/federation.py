@@ -23,6 +23,12 @@ Federated queue (`QueueLink`): the link consumes from the upstream queue
 (queue, else the same name; declared durable if missing) only while the
 local queue has a consumer that can take a message and nothing ready,
 checked every `SYNC_INTERVAL`; what arrives is published to the local queue.
+On a node of several shards the links run on shard 0 and the queue may live
+on another shard, which alone knows its consumers (those of every shard:
+its stand-ins too) and its ready messages: the link then asks the owner
+(the `DEMAND` service every shard answers, `demand_here`) rather than
+reading its RemoteQueue, which holds only shard 0's own consumers and
+counts as last reported.
 
 Cycles: every message that crosses gets an entry appended to its
 "x-received-from" header ({uri, exchange or queue, redelivered,
@@ -49,6 +55,7 @@ from amqp_server.links.link import RUNNING, Link, ensure_queue, timestamp
 
 SYNC_INTERVAL = 0.2  # seconds between two checks of bindings (exchanges) or demand (queues)
 ERROR = "error"
+DEMAND = "federation.demand"  # the shard service answering `demand_here`
 
 
 @dataclass(frozen=True)
@@ -95,6 +102,33 @@ def upstreams_for(vhost, definition: dict) -> list[Upstream]:
             overrides = {key: value for key, value in member.items() if key != "upstream"}
             out.append(Upstream.of(name, {**upstreams[name], **overrides}))
     return out
+
+
+def wants_messages(queue) -> bool:
+    """A queue this shard owns has a consumer that can take a message and nothing ready."""
+    return queue.message_count == 0 and any(c.channel.can_deliver(c) for c in queue.consumers)
+
+
+def demand_here(broker, vhost: str, name: str) -> bool:
+    """`wants_messages` of the queue this shard owns, for a link on another
+    shard (False when it is gone, or not this shard's)."""
+    host = broker.vhosts.get(vhost)
+    queue = host.queues.get(name) if host is not None else None
+    return queue is not None and not getattr(queue, "remote", False) and wants_messages(queue)
+
+
+async def demand(queue) -> bool:
+    """`wants_messages` of a local queue, asked of its owner when another
+    shard owns it (a RemoteQueue: `port` is the way there). An owner that
+    ended wants nothing: its consumers were cancelled with it."""
+    if not getattr(queue, "remote", False):
+        return wants_messages(queue)
+    try:
+        return bool(await queue.port.ask(queue.shard, DEMAND, queue.vhost, queue.name))
+    # The owner ended before it answered (ShardGone, of the shards layer, which links may not
+    # import), or its service failed (logged there): no demand.
+    except Exception:  # noqa: BLE001
+        return False
 
 
 def received_from(properties) -> list:
@@ -305,7 +339,7 @@ class QueueLink(FederationLink):
             queue = self.host.queues.get(self.name)
             if queue is None:
                 return
-            wanted = queue.message_count == 0 and any(c.channel.can_deliver(c) for c in queue.consumers)
+            wanted = await demand(queue)
             if wanted and tag is None:
                 tag = await channel.consume(self.upstream_name, forward,
                                            no_ack=self.upstream.ack_mode == "no-ack")

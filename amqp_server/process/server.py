@@ -12,6 +12,7 @@ import sqlite3
 
 from amqp_server.amqp import framing
 from amqp_server.amqp.protocol import AMQPProtocol
+from amqp_server.links import federation
 from amqp_server.links.client import LocalNode
 from amqp_server.links.supervisor import Links
 from amqp_server.management import ManagementListeners
@@ -172,6 +173,8 @@ class BrokerServer:
                                               self.listeners, self.alarms, self.mqtt_sessions, self.logins)
         if self.shards is not None:  # shard 0's management shows the whole node (docs/management.md)
             management_shards.attach(self.management.node, self.shards)
+            # the federation links run on shard 0 and ask a queue's owner whether it wants messages
+            self.shards.services[federation.DEMAND] = functools.partial(federation.demand_here, self.broker)
         self.links: Links | None = None  # once the AMQP listener is open (a link may point at this node)
         self._adoptions: set[asyncio.Task] = set()
 
