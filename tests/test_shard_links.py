@@ -76,6 +76,20 @@ def consume(node, queue: str, count: int = COUNT, shard: int | None = None, stal
         connection.close()
 
 
+def assert_once_in_order(got: list[bytes], count: int, context=lambda: "") -> None:
+    """`got` is the bodies 000, 001, ... of `count` messages, each once, in
+    order; else say what is missing, duplicated and first out of place,
+    and `context()`."""
+    expected = [b"%03d" % i for i in range(count)]
+    if got == expected:
+        return
+    missing = sorted(set(expected) - set(got))
+    duplicated = sorted({body for body in got if got.count(body) > 1})
+    first = next((i for i, (one, other) in enumerate(zip(got, expected)) if one != other), min(len(got), count))
+    raise AssertionError("got %d of %d: missing %s, duplicated %s, from position %d: %s; %s" % (
+        len(got), count, missing, duplicated, first, got[first:first + 8], context()))
+
+
 def named_on(node, channel, name: str, shard: int, arguments: dict | None = None) -> None:
     """Declare the durable queue `name` on `shard`: a new queue goes to the
     shard with the fewest queues, so fill the other shard until it lands."""
@@ -178,8 +192,7 @@ def test_a_federated_queue_feeds_its_consumer_whatever_shard_either_queue_lives_
             running_link(api, "queue", local)
         # nothing consumes downstream: the messages stay upstream
         assert ready(a_channel, source) == COUNT
-        got = consume(b, local, shard=down_shard if beside else 1 - down_shard)
-        assert got == [b"%03d" % i for i in range(COUNT)]
+        assert_once_in_order(consume(b, local, shard=down_shard if beside else 1 - down_shard), COUNT)
         wait_for(lambda: ready(a_channel, source) == 0, 10, 0.1, "the upstream queue acked empty")
         assert ready(b_channel, local) == 0
     finally:
@@ -221,8 +234,7 @@ def test_a_federated_exchange_delivers_once_whatever_shard_the_queues_live_on(no
         wait_for(lambda: any(binding["destination"] == federation_queue and binding["routing_key"] == "k"
                              for binding in a_api.get("/api/bindings/%2F").body), 30, 0.1, "the upstream binding")
         publish(a_channel, exchange, "k")
-        got = consume(b, local)
-        assert got == [b"%03d" % i for i in range(COUNT)]
+        assert_once_in_order(consume(b, local), COUNT)
         wait_for(lambda: ready(a_channel, federation_queue) == 0, 10, 0.1, "the federation queue acked empty")
     finally:
         unfederate(api, name)
@@ -258,8 +270,10 @@ def test_an_on_confirm_shovel_moves_each_message_once_in_order_between_shards(no
                       (Api(dest_node.ports["HTTP"]), "Shovel %s (destination)" % name, dest_shard)],
                      lambda: api.delete("/api/shovels/vhost/%%2F/%s/restart" % name))
         publish(s_channel, "", source, 500)
-        got = consume(dest_node, dest, 500)
-        assert got == [b"%03d" % i for i in range(500)]
+        assert_once_in_order(consume(dest_node, dest, 500), 500, lambda: "source queue %s, shovel %s; %s" % (
+            Api(src_node.ports["HTTP"]).get("/api/queues/%2F/" + source).body.get("message_stats"),
+            api.get("/api/shovels/%2F").body, [line for node in (a, b) for line in node.log.splitlines()
+                                               if "WARNING" in line or "ERROR" in line][-20:]))
         wait_for(lambda: ready(s_channel, source) == 0, 10, 0.1, "the source queue acked empty")
         (status,) = [s for s in api.get("/api/shovels/%2F").body if s["name"] == name]
         assert status["state"] == "running", status

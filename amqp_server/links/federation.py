@@ -52,7 +52,6 @@ from vhosts.parameters import FEDERATION_UPSTREAM, FEDERATION_UPSTREAM_SET, as_l
 
 from amqp_server.links import client
 from amqp_server.links.link import RUNNING, Link, ensure_queue, timestamp
-from amqp_server.shards.node import ShardGone
 
 SYNC_INTERVAL = 0.2  # seconds between two checks of bindings (exchanges) or demand (queues)
 ERROR = "error"
@@ -121,12 +120,14 @@ def demand_here(broker, vhost: str, name: str) -> bool:
 async def demand(queue) -> bool:
     """`wants_messages` of a local queue, asked of its owner when another
     shard owns it (a RemoteQueue: `port` is the way there). An owner that
-    ended wants nothing: its consumers here were cancelled with it."""
+    ended wants nothing: its consumers were cancelled with it."""
     if not getattr(queue, "remote", False):
         return wants_messages(queue)
     try:
         return bool(await queue.port.ask(queue.shard, DEMAND, queue.vhost, queue.name))
-    except ShardGone:
+    # The owner ended before it answered (ShardGone, of the shards layer, which links may not
+    # import), or its service failed (logged there): no demand.
+    except Exception:  # noqa: BLE001
         return False
 
 

@@ -7,7 +7,8 @@ federation link) with the reason, waits, and starts again. The wait is the
 reconnect delay, doubled after each session that never got running, up to
 `MAX_BACKOFF`; a session that ran resets it. Nothing a peer does ends the
 task: it ends when the link is stopped, or when the session returns (a
-shovel that moved what src-delete-after asked for).
+shovel that moved what src-delete-after asked for). A stopped link ends
+also when its session did not see the cancellation (`unless_stopped`).
 
 Access (amqp_server.links.access): before each session and every
 `ACCESS_INTERVAL` while it runs, the link asks `refusal()` whether the user
@@ -91,6 +92,7 @@ class Link:
                 ran, reason = exc.ran, exc.reason
             except Exception as exc:  # noqa: BLE001 - any failure of a peer ends the session, never the broker
                 ran, reason = False, describe(exc)
+            self.unless_stopped()
             self.set_state(self.failed_state, reason)
             if ran:
                 backoff = self.reconnect_delay
@@ -101,6 +103,22 @@ class Link:
 
     async def session(self) -> None:
         raise NotImplementedError
+
+    def unless_stopped(self) -> None:
+        """Raise CancelledError if the link was stopped (`stop` cancelled its
+        task) and its session went on: the cancellation is not always seen
+        as one. An error raised by an await on the way out (closing a channel
+        the peer had closed: ensure_queue's `finally`) replaces it, and the
+        AMQP client, whose methods run as tasks of their own, may lose it
+        while the session sets up. Either way the link would go on beside
+        the one that replaced it (a restarted shovel, a changed upstream): two
+        sessions taking turns at the source and interleaving their messages
+        at the destination. Checked after a session ended, before a shovel
+        consumes, and before a session waits."""
+        if asyncio.current_task().cancelling():
+            log.info("%s '%s' in vhost '%s' was stopped while its session started or ended", self.kind,
+                     self.name, self.vhost)
+            raise asyncio.CancelledError
 
     async def connect(self, uris, end: str):
         """(uri, connection) to the first of `uris` (in random order, as
@@ -123,6 +141,7 @@ class Link:
         name) pairs) closes, or the owner loses access; raises SessionEnded
         (ran=True) for a closed end (with its cause), a failed `done` or the
         refusal."""
+        self.unless_stopped()
         watchers = [end.closing for end, _name in ends]
         access = asyncio.ensure_future(self._access_lost())
         try:

@@ -136,6 +136,7 @@ class Shovel(Link):
             done = asyncio.get_running_loop().create_future()
             forward, acks = self._forwarder(src_channel, dest_channel, done)
             await src_channel.basic_qos(prefetch_count=spec_.prefetch_count)
+            self.unless_stopped()  # a stopped shovel takes no message
             await src_channel.consume(queue, forward, no_ack=spec_.ack_mode == "no-ack")
             self.set_state(RUNNING)
             log.info("shovel '%s' in vhost '%s' running: %s -> %s", self.name, self.vhost,
