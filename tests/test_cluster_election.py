@@ -37,3 +37,22 @@ def test_a_node_that_cannot_reach_etcd_says_so_and_leads_once_it_can(tmp_path):
     finally:
         node.stop()
         etcd.stop()
+
+
+def test_a_client_of_a_lone_first_node_waits_until_it_founds_the_cluster(tmp_path):
+    """A lone empty node founds its cluster only after 2 x lease_ttl (8 s here); a client that
+    connects as soon as its port accepts is held until it leads, then served, instead of
+    having its socket closed before the protocol header (pika: IncompatibleProtocolError)."""
+    etcd = EtcdProcess(tmp_path).start()
+    (node,) = make_nodes(tmp_path, etcd.url, 1, "--cluster-lease-ttl", "4")
+    try:
+        node.start()
+        until(node.serving, 30, "the node's port to accept")
+        assert not node.leads()
+        confirmed_publish(node.url, "early", b"held, then served")
+        assert node.leads()
+        with pika.BlockingConnection(pika.URLParameters(node.url)) as connection:
+            assert connection.channel().basic_get("early", auto_ack=True)[2] == b"held, then served"
+    finally:
+        node.stop()
+        etcd.stop()

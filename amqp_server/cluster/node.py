@@ -186,7 +186,9 @@ class ClusterNode:
         self._began = time.monotonic()
         self._leaderless_since = time.monotonic()  # since when no leader was seen
         self._said: dict[str, float] = {}  # what a waiting node said, and when
-        self.proxy = Proxy(self._leader_address, self._dial)
+        # A client of a node with no leader yet waits as long as a lone first node takes to
+        # found the cluster (it would otherwise be closed before the protocol header).
+        self.proxy = Proxy(self._leader_address, self._dial, FOUNDING_LEASES * cluster.lease_ttl + 1.0)
         # The leader's view of the others, refreshed every MEMBERS_SECONDS.
         self.members: dict[str, dict] = {}
         self.running: dict[str, dict] = {}
@@ -480,7 +482,9 @@ class ClusterNode:
         identity = (record or {}).get("id") or self.state.cluster or new_identity()
         if not await self.etcd.campaign(self.name, self.keeper.lease_id, seen, {"id": identity, "term": term}):
             return False
-        await self.proxy.stop()  # forwarding to no one: a client connecting now is refused, and retries
+        # Forwarding to no one: a client connecting now is refused, and retries; one already
+        # waiting for a leader is forwarded to this node's broker once it listens.
+        await self.proxy.stop_listening()
         transfer = await self.etcd.transfer_to()
         if transfer is not None:
             await self.etcd.clear_transfer()
@@ -618,6 +622,9 @@ class ClusterNode:
         for info in (self._local_leader, self._leader_info):
             if info and info.get("ports", {}).get(protocol):
                 return info["advertise"], info["replication_port"]
+        if self.role == "leader" and self.server is not None and \
+                any(served == protocol for served, _host, _port in self.server.listeners):
+            return self.advertise, self.config.cluster.replication_port  # a client held while this node won
         return None
 
     async def _dial(self, host: str, port: int, protocol: str, client: list):
@@ -637,7 +644,7 @@ class ClusterNode:
         return name in self.running
 
     async def _unfollow(self) -> None:
-        self.proxy.close_all()  # their leader is gone or changed: the clients reconnect
+        self.proxy.close_forwarded()  # their leader is gone or changed: the clients reconnect
         self._leader_info = {}
         task, self._following, self._followed = self._following, None, None
         if task is not None and not task.done():
@@ -655,7 +662,7 @@ class ClusterNode:
         log.info("cluster node %s: elected leader", self.name)
         # the term and lineage followers check come first (`_follow_once`), the listeners once open
         await self._retrying(self.register)
-        await self.proxy.stop()
+        await self.proxy.stop_listening()  # its ports are the broker's now (see _win)
         await self._stop_metrics()
         cluster = self.config.cluster
         self.server = self.open_broker(self.config)

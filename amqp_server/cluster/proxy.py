@@ -14,10 +14,11 @@ can claim an address.
 Each forwarded connection is two transports piped into each other, with
 back-pressure both ways (a side whose output buffer is full pauses reading
 on the other). When no leader's listener is known yet (an election, or a new
-leader that has not registered its listeners in etcd), the client waits up to
-LEADER_WAIT seconds for one; when none is known then, or it cannot be reached,
-the client connection is closed; when the leader changes, `close_all` ends the
-forwarded connections (their clients reconnect, as after a node failure).
+leader that has not registered its listeners in etcd, a lone first node that
+founds the cluster only after two lease TTLs), the client waits for one, as
+long as founding takes (`leader_wait`); when none is known then, or it cannot
+be reached, the client connection is closed; when the leader changes, `close_forwarded` ends
+the forwarded connections (their clients reconnect, as after a node failure).
 """
 from __future__ import annotations
 
@@ -26,7 +27,6 @@ import logging
 from typing import Awaitable, Callable
 
 log = logging.getLogger("hutch.cluster")
-LEADER_WAIT = 5.0  # seconds; an election takes about a lease TTL (docs/cluster.md)
 LEADER_POLL = 0.05
 
 
@@ -89,12 +89,14 @@ class _Pipe:
 class Proxy:
     """Listeners that forward to `target(protocol)` -> (host, port) of the
     leader's replication port, or None, through `dial(host, port, protocol,
-    client address)` -> a socket past the handshake."""
+    client address)` -> a socket past the handshake; a client waits up to
+    `leader_wait` seconds for a leader to be known."""
 
     def __init__(self, target: Callable[[str], tuple[str, int] | None],
-                 dial: Callable[[str, int, str, list], Awaitable]) -> None:
+                 dial: Callable[[str, int, str, list], Awaitable], leader_wait: float) -> None:
         self.target = target
         self.dial = dial
+        self.leader_wait = leader_wait
         self.servers: list[asyncio.Server] = []
         self.pipes: set[_Pipe] = set()
         self.listening: dict[str, int] = {}  # protocol -> the port it listens on (what the node registers)
@@ -122,7 +124,7 @@ class Proxy:
         if client is None or pipe.closed:
             return
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + LEADER_WAIT
+        deadline = loop.time() + self.leader_wait
         target = self.target(protocol)
         while target is None and not pipe.closed and loop.time() < deadline:
             await asyncio.sleep(LEADER_POLL)
@@ -157,11 +159,24 @@ class Proxy:
         for pipe in list(self.pipes):
             pipe.close()
 
-    async def stop(self) -> None:
+    def close_forwarded(self) -> None:
+        """The leader they reached is gone or changed: those connections end (their clients
+        reconnect); a client still waiting for a leader goes on waiting."""
+        for pipe in list(self.pipes):
+            if pipe.client.peer is not None:
+                pipe.close()
+
+    async def stop_listening(self) -> None:
+        """Accept no more (this node is to serve its ports itself); a client still waiting for
+        a leader goes on waiting, and is forwarded to this node once it leads (`target`)."""
         for server in self.servers:
             server.close()
-        self.close_all()
+        self.close_forwarded()
         for server in self.servers:
             await server.wait_closed()
         self.servers.clear()
         self.listening.clear()
+
+    async def stop(self) -> None:
+        await self.stop_listening()
+        self.close_all()
