@@ -10,6 +10,7 @@ import pickle
 import signal
 import socket
 import struct
+import threading
 import time
 
 import pika
@@ -200,3 +201,45 @@ def test_an_apply_record_makes_definition_changes_only(node):
     on_one = on_shard(node.port, 1)
     on_one.channel().queue_declare(unique("after"), exclusive=True)
     on_one.close()
+
+
+def _rss(pid: int) -> int:
+    with open("/proc/%d/status" % pid) as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS for pid %d" % pid)
+
+
+@pytest.mark.timeout(120)
+def test_a_link_to_a_shard_that_reads_nothing_bounds_what_its_senders_buffer(tmp_path):
+    """Shard 1 stops reading (SIGSTOP, within a long shard timeout): a publisher on shard 0
+    into shard 1's queue is slowed (credit flow) once the link holds a bounded number of bytes,
+    instead of shard 0 buffering all it sends; once shard 1 reads again every message is there."""
+    node = launch(tmp_path, "--shards", "2", "--shard-moves", "false", "--shard-timeout", "60")
+    node.shards = 2
+    try:
+        setup = on_shard(node.port, 0)
+        queue = queue_on(node, setup.channel(), 1, shards=2)
+        publisher = on_shard(node.port, 0).channel()
+        shard0, shard1 = pid_of_shard(node, 0), pid_of_shard(node, 1)
+        before = _rss(shard0)
+        sent = []
+        body = b"x" * 65536
+        count = 2000  # 125 MiB
+        thread = threading.Thread(target=lambda: [publisher.basic_publish("", queue, body) or sent.append(1)
+                                                 for _ in range(count)], daemon=True)
+        os.kill(shard1, signal.SIGSTOP)
+        try:
+            thread.start()
+            time.sleep(4)  # the publisher writes as fast as it may
+            grown = _rss(shard0) - before
+            held_back = len(sent) < count
+        finally:
+            os.kill(shard1, signal.SIGCONT)
+        thread.join(60)
+        assert held_back, "the publisher was never slowed (shard 0 grew by %d MiB)" % (grown >> 20)
+        assert grown < 48 * 1024 * 1024, "shard 0 grew by %d MiB while shard 1 read nothing" % (grown >> 20)
+        assert wait_for(lambda: messages_in(setup.channel(), queue) == count, 30, what="every message in the queue")
+    finally:
+        node.stop()
