@@ -690,9 +690,9 @@ class Connection(ClientConnection):
             # Publishes it sent a third shard may still be on their way there, and once moved
             # it sends that shard more on another link: one round trip on each such link first,
             # then the deciding frame is parsed again (and moves). The shard it moves to orders
-            # its own (ShardNode.hand_over).
+            # its own (ShardNode.hand_over: amqp_server.shards.moves).
             self._fenced = True
-            self.broker.shards.fence(shard, lambda: io.call_soon(self._continue))
+            self.broker.shards.ping_others(shard, lambda: io.call_soon(self._continue))
             return
         io.flush_now()
         pending = self.reader.pending(start)

@@ -4,7 +4,7 @@ On a node of several shards a connection lands on whichever shard the
 kernel chose. When its first consumer is for a queue another shard owns, and
 the connection holds nothing else yet, the connection moves there instead of
 having every delivery hop: its socket (the descriptor, passed by the node:
-amqp_server.shards.node) and its state travel to the owner, which serves it
+amqp_server.shards.moves) and its state travel to the owner, which serves it
 from the consume on, and this shard forgets it.
 
 Invariants:
