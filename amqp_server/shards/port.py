@@ -52,7 +52,7 @@ class PortSide:
                 if isinstance(queue, RemoteQueue) and queue.shard == peer and queue.backed_up:
                     queue.held(False)
         if self._acks_written.get(peer, 0) < self._acks_sent.get(peer, 0):
-            self._acks_written[peer] = self._acks_sent[peer]  # see the opening comment
+            self._acks_written[peer] = self._acks_sent[peer]  # see the module's docstring
             self._wake_acks_waiters()
 
     def place(self, vhost: str, name: str, local: bool, stream: bool) -> int:
