@@ -53,5 +53,5 @@ class Consumer:
         self.arguments = arguments
         # x-priority: higher-priority consumers are served first (see vhosts.queue).
         self.priority = priority
-        # Its id at the shard that owns its queue, when another does (amqp_server.shards.node).
+        # Its id at the shard that owns its queue, when another does (amqp_server.shards.port).
         self.remote_id = 0

@@ -4,7 +4,7 @@ Every shard knows every queue (routing happens where a publish arrives);
 the shard that owns a queue holds its messages, consumers and deliveries,
 and the others hold a `RemoteQueue`: its declaration, and the way to the
 owner through the node's shard port (`ShardPort`, given by the composition
-root: amqp_server.shards.node).
+root: amqp_server.shards.port).
 
 Theory of operation, on the shard of the client:
 - publish: the message goes to the owner; a publish that waits for a

@@ -38,7 +38,7 @@ from pamqp import commands
 from amqp_server.amqp import declarations, direct_reply_to, fastpath
 from vhosts import firehose
 from amqp_server.amqp.deliveries import Deliveries
-from amqp_server.amqp.hand_over import MOVE_AFTER, HandOver
+from amqp_server.amqp.hand_over import MOVE_AFTER, HandOver, count_bound, movable
 from amqp_server.amqp.framing import FRAME_BODY, FRAME_HEADER, content_header_prefix, decode_method, erlang_binary, named_method
 from storage import Message
 from storage.message import HEADERS, REPLY_TO
@@ -265,9 +265,9 @@ class Channel(Deliveries):
             return False
         if self._bound_count >= MOVE_AFTER:  # every recent publish was for that shard's queues
             connection = self.connection
-            if connection.movable():
+            if movable(connection):
                 raise HandOver(self._bound_for)
-            if self.unconfirmed and connection.movable(confirms_out=True):
+            if self.unconfirmed and movable(connection, confirms_out=True):
                 raise HandOver(self._bound_for, drain=True)
         try:
             self._finish_publish(publish[0], publish[1], publish[2], header, body)
@@ -368,7 +368,7 @@ class Channel(Deliveries):
         self.stats.publish += 1
         reached, waits, rejected = self.vhost.publish(message, keys, headers, self.connection, on_durable)
         if self.connection.counts_publishes:
-            self._count_bound(self.connection.broker.shards.here)
+            count_bound(self, self.connection.broker.shards.here)
         if not reached and not mandatory:
             self.stats.drop_unroutable += 1
         elif not reached:
@@ -384,48 +384,6 @@ class Channel(Deliveries):
                 message,
             )
         return waits, rejected
-
-    # -- moving to another shard (amqp_server.amqp.hand_over) ------------------------
-
-    def holds_nothing(self, confirms_out: bool = False) -> bool:
-        """No consumer, delivery, transaction, confirm or publish in flight
-        (`confirms_out`: but unconfirmed publishes)."""
-        return not (self.consumers or self.unacked or self.reply_consumer is not None or self._tx is not None
-                    or self._publish is not None or (not confirms_out and (self._awaiting or self.unconfirmed)))
-
-    def state_to_move(self) -> dict:
-        return {"confirm": self.confirm, "publish_seq": self._publish_seq, "confirm_from": self._confirm_from,
-                "prefetch_count": self.prefetch_count, "global_prefetch": self.global_prefetch,
-                "next_tag": self._next_tag, "most_recent_queue": self.most_recent_queue,
-                "flow_active": self.flow_active}
-
-    def moved_in(self, state: dict) -> None:
-        """Go on where the channel was on the shard it moved from."""
-        self.confirm = state["confirm"]
-        self._publish_seq = state["publish_seq"]
-        self._confirm_from = state["confirm_from"]
-        self.prefetch_count = state["prefetch_count"]
-        self.global_prefetch = state["global_prefetch"]
-        self._next_tag = state["next_tag"]
-        self.most_recent_queue = state["most_recent_queue"]
-        self.flow_active = state["flow_active"]
-
-    def _count_bound(self, here: int) -> None:
-        """How many publishes in a row went only to queues of one other shard
-        (a connection moves there after MOVE_AFTER: amqp_server.amqp.hand_over)."""
-        owner = None
-        for queue in self.vhost.last_targets:  # on every publish while the connection may move: stop early
-            shard = queue.shard if queue.remote else here
-            if shard == here or (owner is not None and shard != owner):
-                owner = here
-                break
-            owner = shard
-        if owner is None or owner == here:
-            self._bound_count = 0
-        elif owner == self._bound_for:
-            self._bound_count += 1
-        else:
-            self._bound_for, self._bound_count = owner, 1
 
     def flush_confirms(self) -> None:
         awaiting = self._awaiting

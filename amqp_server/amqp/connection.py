@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING
 from pamqp import commands, decode
 
 from amqp_server.amqp.channel import Channel
-from amqp_server.amqp.hand_over import DRAINS, HandOver, movable, state_of
+from amqp_server.amqp.hand_over import HandOver, drain_then_move, hand_over, moved_in
 from amqp_server.shared.client import CLOSED, INPUT_BUDGET, ClientConnection
 from amqp_server.shared.config import BrokerConfig
 from amqp_server.amqp.framing import (
@@ -190,11 +190,11 @@ class Connection(ClientConnection):
         self._timer = io.call_later(HANDSHAKE_TIMEOUT, self._handshake_timeout)
         broker.churn.connection_created += 1
         # It stays on this shard (it moved here, or could not move: amqp_server.amqp.hand_over).
-        self._staying = False
-        # Its channels count where their publishes go (Channel._count_bound) while it may move.
+        self.staying = False
+        # Its channels count where their publishes go (hand_over.count_bound) while it may move.
         self.counts_publishes = broker.shards is not None and config.shard_moves
-        self._drains = 0  # how often it held its reading to move (hand_over.HandOver.drain)
-        self._fenced = False  # the shards it does not move to have what it sent them (_hand_over)
+        self.drains = 0  # how often it held its reading to move (hand_over.HandOver.drain)
+        self.others_pinged = False  # the shards it does not move to have what it sent them (hand_over.hand_over)
 
     # -- output --------------------------------------------------------------
 
@@ -326,9 +326,9 @@ class Connection(ClientConnection):
         except HandOver as move:
             done = start  # what came before is handled; the deciding frame and the rest move, or are read again
             if move.drain:
-                self._drain_then_move()
+                drain_then_move(self)
             else:
-                self._hand_over(move.shard, start)
+                hand_over(self, move.shard, start)
             return
         except AMQPError as exc:
             self.close_with(exc)
@@ -679,47 +679,6 @@ class Connection(ClientConnection):
 
     # -- moving to another shard (amqp_server.amqp.hand_over) ------------------
 
-    def _hand_over(self, shard: int, start: int) -> None:
-        """Move to `shard` from the frame at `start` of the read buffer on;
-        if the socket cannot go now, stay and serve that frame here."""
-        io = self.io
-        # Not one byte more is read here: the event loop may read again in this very turn,
-        # and what it read would be lost to the shard that takes over.
-        io.pause_reading()
-        if not self._fenced and self.broker.shards.others_than(shard):
-            # Publishes it sent a third shard may still be on their way there, and once moved
-            # it sends that shard more on another link: one round trip on each such link first,
-            # then the deciding frame is parsed again (and moves). The shard it moves to orders
-            # its own (ShardNode.hand_over).
-            self._fenced = True
-            self.broker.shards.fence(shard, lambda: io.call_soon(self._continue))
-            return
-        io.flush_now()
-        pending = self.reader.pending(start)
-        if io.transport.get_write_buffer_size() or not self.broker.shards.hand_over(
-                shard, io.transport.get_extra_info("socket").fileno(), state_of(self), pending):
-            self._staying = True
-            self.counts_publishes = False
-            log.debug("the connection from %s stays: it cannot move to shard %d now", self.peer, shard)
-            io.call_soon(self._continue)
-            return
-        log.debug("the connection from %s moves to shard %d with %d bytes read", self.peer, shard, len(pending))
-        self.reader.consume(self.reader.buffered)
-        self.broker.connection_closed(self)
-        self.channels.clear()  # nothing in them: see hand_over.movable
-        self.state = CLOSED
-        self._timer.cancel()
-        io.forget()
-
-    def _drain_then_move(self) -> None:
-        """Read nothing until the channel's confirms are all out, then parse
-        the deciding publish again: it moves the connection then (once)."""
-        self._drains += 1
-        self.io.pause_reading()
-        (channel,) = self.channels.values()
-        channel.on_drained = self._continue
-        channel.flush_confirms()
-
     def adopt(self, state: dict, pending: bytes) -> None:
         """Go on serving a connection another shard moved here."""
         self._timer.cancel()
@@ -736,23 +695,16 @@ class Connection(ClientConnection):
         self.recv_oct, self.recv_cnt, self.send_oct, self.send_cnt = state["counters"]
         self.vhost = self.broker.open_vhost(self.user, state["vhost"], self, admitted=True)
         self.state = RUNNING
-        self._staying = True  # it moves once
+        self.staying = True  # it moves once
         self.counts_publishes = False
         number, channel_state = state["channel"]
         channel = self.channels[number] = Channel(self, number)
         self.broker.channels_changed(self, 1)
-        channel.moved_in(channel_state)
+        moved_in(channel, channel_state)
         if self.heartbeat:
             self._timer = self.io.call_later(self.heartbeat / 2, self._tick)
         self.reader.feed(pending)
         self.parse()
-
-    def movable(self, confirms_out: bool = False) -> bool:
-        """May move now (`confirms_out`: once its confirms are out; it waits for them at most
-        DRAINS times, as credit flow may hold it when they are)."""
-        if confirms_out and self._drains >= DRAINS:
-            return False
-        return not self._staying and movable(self, confirms_out)
 
     def lost(self) -> None:
         """The socket is gone (either side)."""

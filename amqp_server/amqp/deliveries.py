@@ -27,7 +27,7 @@ from amqp_server.amqp import direct_reply_to, fastpath
 from vhosts import firehose
 from amqp_server.amqp.declarations import held
 from amqp_server.amqp.framing import named_method
-from amqp_server.amqp.hand_over import HandOver
+from amqp_server.amqp.hand_over import HandOver, movable
 from storage.message import encode_value
 from vhosts import Consumer
 from vhosts.stats import MessageStats
@@ -200,7 +200,7 @@ class Deliveries:
         if self.global_prefetch and queue.kind == QUORUM:
             raise AMQPError(NOT_IMPLEMENTED, "queue '%s' in vhost '%s' does not support global qos" % (
                 queue.name, queue.vhost))
-        if getattr(queue, "remote", False) and self.connection.movable():
+        if getattr(queue, "remote", False) and movable(self.connection):
             raise HandOver(queue.shard)  # served where its queue is (amqp_server.amqp.hand_over)
         priority = queue.accept_consumer(method.no_ack, self.prefetch_count, method.exclusive, arguments)
         consumer = Consumer(

@@ -712,7 +712,7 @@ class ClusterNode:
 
     async def _dial_link(self, peer: int, protocol):
         """The link to the leader of shard `peer`'s group, wherever it runs
-        (amqp_server.shards.node's `dial`); OSError while it has none."""
+        (amqp_server.shards.mesh's `dial`); OSError while it has none."""
         etcd = self._group_etcd(peer)
         try:
             leader = await etcd.leader()

@@ -17,7 +17,7 @@ A request asks every other shard for the parts of its report it needs,
 at once (`gathered`: the "report" service); a shard that does not answer
 within FRESH_WAIT (busy, or restarting) is shown as it last reported:
 every shard sends shard 0 its whole report every second anyway
-(amqp_server.shards.node, REPORT_INTERVAL). Rates are each shard's own (its
+(amqp_server.shards.services, REPORT_INTERVAL). Rates are each shard's own (its
 sampler), summed; so are the samples of a range.
 
 Operations on another shard's objects are requests to its `services`
@@ -51,7 +51,7 @@ FRESH_WAIT = 0.5
 PARTS = ("connections", "channels", "consumers", "queues", "counted", "exchanges", "vhosts", "node")
 # Seconds without a report after which a shard is silent (hung, or ended and
 # not back): its queues show as "down". Five of the reports every shard sends
-# each second (amqp_server.shards.node.REPORT_INTERVAL).
+# each second (amqp_server.shards.services.REPORT_INTERVAL).
 SILENT_AFTER = 5.0
 # A shard's process figures that add up to the node's (`own_figures`), with
 # `_details` for those sampled (rates.NODE_FIGURES and the churn counters).

@@ -1,3 +1,4 @@
 """The shards of one node (docs/scaling.md): the links between shard
-processes (`link`), the order of definition changes (`definitions`), and a
-shard's side of the queues it owns for the others (`node`)."""
+processes (`link`), the records they carry (`records`), the order of
+definition changes (`definitions`), and a shard's side of its node
+(`node`, the composition of `mesh`, `owner`, `port`, `moves`, `services`)."""

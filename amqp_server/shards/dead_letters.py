@@ -4,7 +4,7 @@ are one sequence and every reader (the management API, the UI, hutchctl,
 spark_sink) reads one log. Another shard records a dying message through
 `vhosts.dead_letter_recorder.ShardLog`: a "dead" record to shard 0, which
 appends it and answers "durable" once it is on disk there
-(ShardNode.dead_letter, ShardNode._on_dead).
+(ShardNode.dead_letter, ShardNode._on_dead: amqp_server.shards.services).
 
 A shard other than 0 may still hold a log of its own in its data directory
 (DATA_DIR/shards/K/vhosts/<vhost-dir>/dead_letters), written by hutch before

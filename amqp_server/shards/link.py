@@ -1,7 +1,7 @@
 """A link between two shards of a node: a Unix socket in the node's private
 link directory (amqp_server.process.shards). Every shard opens one to every
 other (so two per pair, one each way); which one carries what is
-amqp_server.shards.node's rule.
+amqp_server.shards.mesh's rule.
 
 Framing: a 4-byte big-endian length, then a pickled list of records. What a
 shard sends in one loop turn leaves in one write (`send` queues, the end of
@@ -20,7 +20,7 @@ records cross nodes later (docs/scaling.md). A frame that does not decode,
 or is not a list, closes the link, never the shard; a record that is not
 one (a tuple named by a str, of its name's arity) is logged and skipped.
 
-Records are tuples whose first item, a str, names them (amqp_server.shards.node).
+Records are tuples whose first item, a str, names them (amqp_server.shards.records).
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ FRAME_TARGET = 1024 * 1024
 # The reader's bound: above the largest record (max_message_size's upper limit, 512 MiB, and
 # its header), below what the 4-byte length can say.
 MAX_FRAME = 1024 * 1024 * 1024
-# Where the bytes of a record kind that carries a message are (amqp_server.shards.node).
+# Where the bytes of a record kind that carries a message are (amqp_server.shards.records).
 _BODY_AT = {"pub": 6, "deliver": 8, "got": 5, "reply": 3}
 # What every record weighs besides its body: so many small records make a frame of their own too.
 _RECORD_WEIGHT = 64
