@@ -140,6 +140,7 @@ class RemoteEntry(QueueEntry):
 
 class RemoteQueue:
     remote = True
+    LINK_FULL = "link full"  # a reason it is held (`held`)
 
     def __init__(self, name: str, vhost: str, shard: int, durable: bool, exclusive_owner: object | None,
                  auto_delete: bool, arguments: dict, port: ShardPort) -> None:
@@ -168,6 +169,7 @@ class RemoteQueue:
         self.consumer_count = 0
         # Credit flow: the owner's queue asked its publishers here to wait (`held`).
         self.backed_up = False
+        self._holding: set[str] = set()  # what holds it back (`held`)
         self.flow_waiters: set = set()
 
     # -- publish --------------------------------------------------------------
@@ -181,13 +183,24 @@ class RemoteQueue:
         self.flow_waiters.add(publisher)
         publisher.throttled_by(self)
 
-    def held(self, holding: bool) -> None:
-        """The owner's queue is backed up (credit flow, vhosts.queue), or no longer."""
-        self.backed_up = holding
-        if not holding:
+    def held(self, holding: bool, why: str = "owner") -> None:
+        """The owner's queue is backed up (credit flow, vhosts.queue: "owner"), or the
+        links to its shard are full (LINK_FULL); or no longer. Publishers wait while
+        either holds."""
+        if holding:
+            self._holding.add(why)
+        else:
+            self._holding.discard(why)
+        self.backed_up = bool(self._holding)
+        if not self.backed_up:
             waiters, self.flow_waiters = self.flow_waiters, set()
             for waiter in waiters:
                 waiter.unblocked(self)
+
+    def released(self) -> None:
+        """The owner's shard ended: nothing holds its publishers."""
+        self._holding.clear()
+        self.held(False)
 
     # -- consumers ---------------------------------------------------------------
 

@@ -43,6 +43,10 @@ MAX_FRAME = 1024 * 1024 * 1024
 _BODY_AT = {"pub": 6, "deliver": 8, "got": 5, "reply": 3}
 # What every record weighs besides its body: so many small records make a frame of their own too.
 _RECORD_WEIGHT = 64
+# Bytes a link may hold unsent before it is full (`on_full`), and below which it is not again:
+# credit flow between shards, so a peer that reads slowly slows what sends to it.
+FULL_ABOVE = 8 * 1024 * 1024
+FULL_BELOW = 2 * 1024 * 1024
 
 # (module, name) of every class a record may hold besides pickle's own builtin
 # values: the values an AMQP field table decodes to (amqp_server.amqp.framing;
@@ -88,11 +92,16 @@ def _kind(record) -> str:
 
 
 class Link(asyncio.Protocol):
-    """One end of a link; `handler(link, record)` gets every record."""
+    """One end of a link; `handler(link, record)` gets every record, and
+    `on_full(link)` hears when `full` changes: more than FULL_ABOVE bytes
+    wait to leave (the peer reads slowly, or not at all), until they are
+    below FULL_BELOW."""
 
-    def __init__(self, handler, on_lost) -> None:
+    def __init__(self, handler, on_lost, on_full) -> None:
         self.handler = handler
         self.on_lost = on_lost
+        self.on_full = on_full
+        self.full = False
         self.peer: int | None = None  # the other shard's index, once it said HELLO
         self.transport: asyncio.Transport | None = None
         self._buffer = bytearray()
@@ -104,6 +113,15 @@ class Link(asyncio.Protocol):
     def connection_made(self, transport) -> None:
         self.transport = transport
         self.heard = time.monotonic()
+        transport.set_write_buffer_limits(high=FULL_ABOVE, low=FULL_BELOW)
+
+    def pause_writing(self) -> None:
+        self.full = True
+        self.on_full(self)
+
+    def resume_writing(self) -> None:
+        self.full = False
+        self.on_full(self)
 
     def connection_lost(self, exc) -> None:
         self.closed = True

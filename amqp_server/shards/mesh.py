@@ -67,7 +67,7 @@ class Mesh:
 
     def link_protocol(self) -> Link:
         """A link another shard opened to this one."""
-        return Link(self.received, self._lost)
+        return Link(self.received, self._lost, self._link_full)
 
     async def _listen(self) -> None:
         path = self.shard.socket(self.here)
@@ -76,7 +76,7 @@ class Mesh:
         except FileNotFoundError:
             pass
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_unix_server(lambda: Link(self.received, self._lost), path)
+        self._server = await loop.create_unix_server(lambda: Link(self.received, self._lost, self._link_full), path)
 
     async def _beat(self, timeout: float) -> None:
         """Every timeout/4 a ("beat",) on every link, so each end hears the
@@ -188,6 +188,22 @@ class Mesh:
                 del self.waiting[ticket]
                 callback(("lost", ticket))
         self.definitions.link_lost(link)
+
+    def _link_full(self, link: Link) -> None:
+        """A link filled up, or drained: what sends to its peer waits while any link to it is
+        full (the publishers into its queues, the deliveries of its consumers here)."""
+        peer = link.peer
+        if peer is None or link.closed:
+            return
+        full = any(other.full and not other.closed for other in self._links_of(peer))
+        log.debug("shard %d: the links to shard %d are %s", self.here, peer, "full" if full else "drained")
+        self._peer_full(peer, full)
+        self._link_drained(link)
+
+    def _links_of(self, peer: int) -> list[Link]:
+        links = [link for link in self.links if link.peer == peer]
+        outgoing = self.outgoing.get(peer)
+        return links + [outgoing] if outgoing is not None and outgoing not in links else links
 
     def _peer_gone(self, peer: int) -> None:
         """Shard `peer` ended: what waited on it ends too."""

@@ -65,7 +65,7 @@ class StandIn:
         prefetch and its channel's global one (which the client's shard also
         counts over the channel's other consumers), so the owner sends no
         more ahead than one process would hand that channel."""
-        if self.link.closed:
+        if self.link.closed or self.link.full:  # a full link: `_link_drained` dispatches again
             return False
         if consumer.no_ack:
             return self.in_flight < WINDOW
@@ -111,6 +111,14 @@ class OwnerSide:
         self._entry_ids = itertools.count(1)
         self.flows: dict[Link, dict[str, LinkPublisher]] = {}  # credit flow towards each link's publishers
         self.writer = None  # the disk writer (set by the composition root): "acks" answer once it wrote
+
+    def _link_drained(self, link: Link) -> None:
+        """`link` filled up or drained: once drained, the queues of its stand-ins deliver again."""
+        if link.full:
+            return
+        for queue in {queue for (on, _cid), (queue, _consumer) in self.standins.items() if on is link}:
+            if not queue.deleted:
+                queue.dispatch()
 
     def _give_back(self, link: Link) -> None:
         """`link` is lost: what its shard held here goes back, its consumers end."""

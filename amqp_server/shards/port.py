@@ -47,13 +47,23 @@ class PortSide:
             if queue.shard == peer:
                 del self.consumers[cid]
                 queue.owner_cancelled(consumer.tag)
-        for host in self.broker.vhosts.values():
-            for queue in host.queues.values():
-                if isinstance(queue, RemoteQueue) and queue.shard == peer and queue.backed_up:
-                    queue.held(False)
+        self._remote_queues_held(peer, False, everything=True)
         if self._acks_written.get(peer, 0) < self._acks_sent.get(peer, 0):
             self._acks_written[peer] = self._acks_sent[peer]  # see the module's docstring
             self._wake_acks_waiters()
+
+    def _peer_full(self, peer: int, full: bool) -> None:
+        """The links to shard `peer` are full (or no longer): publishers into its queues wait."""
+        self._remote_queues_held(peer, full)
+
+    def _remote_queues_held(self, peer: int, holding: bool, everything: bool = False) -> None:
+        for host in self.broker.vhosts.values():
+            for queue in host.queues.values():
+                if isinstance(queue, RemoteQueue) and queue.shard == peer:
+                    if everything:
+                        queue.released()
+                    else:
+                        queue.held(holding, RemoteQueue.LINK_FULL)
 
     def place(self, vhost: str, name: str, local: bool, stream: bool) -> int:
         """Where a new queue lives: a stream on shard 0 (its stream-protocol
