@@ -86,8 +86,8 @@ class Mesh:
             await asyncio.sleep(timeout / 4)
             now = time.monotonic()
             for link in set(self.links) | set(self.outgoing.values()):
-                if link.closed:
-                    continue
+                if link.closed or link.peer in self.leaving:
+                    continue  # a peer that said bye beats no more while its clean stop ends
                 if now - link.heard > timeout:
                     log.warning("shard %d: nothing from shard %s for %.1f s; the link is taken for lost", self.here,
                                 link.peer, now - link.heard)
@@ -165,6 +165,9 @@ class Mesh:
         self.links.discard(link)
         self.tallies.lost(link)
         self._give_back(link)
+        if link.full:  # its peer's publishers waited for this link, which no longer holds them
+            link.full = False
+            self._link_full(link)
         peer = link.peer
         if peer is not None and self.outgoing.get(peer) is link:
             del self.outgoing[peer]
@@ -193,7 +196,7 @@ class Mesh:
         """A link filled up, or drained: what sends to its peer waits while any link to it is
         full (the publishers into its queues, the deliveries of its consumers here)."""
         peer = link.peer
-        if peer is None or link.closed:
+        if peer is None:
             return
         full = any(other.full and not other.closed for other in self._links_of(peer))
         log.debug("shard %d: the links to shard %d are %s", self.here, peer, "full" if full else "drained")
