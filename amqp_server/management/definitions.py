@@ -17,9 +17,12 @@ store transaction. Parameters of components hutch does not know are
 refused with RabbitMQ's "component ... not found", before anything changes.
 The global parameter internal_cluster_id is the importing node's own and is
 kept (another node's would make two nodes' federation queues one).
+The import gives the event loop a turn every STEP entries, so that a large
+document neither stalls the node's clients nor silences its shard links.
 """
 from __future__ import annotations
 
+import asyncio
 
 from routing import Destination
 from vhosts.errors import AMQPError
@@ -35,6 +38,9 @@ from amqp_server.management.node import COMPATIBLE_VERSION
 
 
 VHOST_LIMITS_COMPONENT = parameters.VHOST_LIMITS
+# Entries applied in one turn of the event loop: a turn that runs longer than the
+# shard links' heartbeat timeout (shard_timeout) would have this shard fenced.
+STEP = 100
 
 
 def _queues(v, with_vhost: bool) -> list[dict]:
@@ -224,7 +230,22 @@ def _known_user(broker, name: str) -> str:
     return name
 
 
-def apply(broker, body: dict, vhost_name: str | None = None, acting_user: str | None = None) -> None:
+async def _stepped(items: list):
+    """The items, with a turn of the event loop after every STEP of them."""
+    for index, item in enumerate(items):
+        if index and index % STEP == 0:
+            await asyncio.sleep(0)
+        yield item
+
+
+def _vhost(broker, name: str):
+    """A vhost of the document; one deleted while the import gave the loop a turn is refused."""
+    if name not in broker.vhosts:
+        raise bad_request("[no_such_vhost,%s]" % name)
+    return broker.vhosts[name]
+
+
+async def apply(broker, body: dict, vhost_name: str | None = None, acting_user: str | None = None) -> None:
     """Import `body` (a definitions document) into `broker`; the acting user
     (of an API import) gets full permissions on each vhost it creates, as on
     RabbitMQ, before the document's own permissions are applied."""
@@ -261,17 +282,17 @@ def apply(broker, body: dict, vhost_name: str | None = None, acting_user: str | 
         broker.set_policy(item["vhost"], item["name"], item["pattern"], item["definition"], item.get("priority", 0),
                           item.get("apply-to", "all"))
     try:
-        for item in checked["exchanges"]:
-            broker.vhosts[item["vhost"]].declare_exchange(
+        async for item in _stepped(checked["exchanges"]):
+            _vhost(broker, item["vhost"]).declare_exchange(
                 item["name"], item.get("type", "direct"), durable=bool(item.get("durable", True)),
                 auto_delete=bool(item.get("auto_delete", False)), internal=bool(item.get("internal", False)),
                 arguments=resources.arguments_of(item))
-        for item in checked["queues"]:
-            broker.vhosts[item["vhost"]].declare_queue(
+        async for item in _stepped(checked["queues"]):
+            _vhost(broker, item["vhost"]).declare_queue(
                 item["name"], None, durable=bool(item.get("durable", True)),
                 auto_delete=bool(item.get("auto_delete", False)), arguments=resources.arguments_of(item))
-        for item in checked["bindings"]:
-            v = broker.vhosts[item["vhost"]]
+        async for item in _stepped(checked["bindings"]):
+            v = _vhost(broker, item["vhost"])
             dest = Destination(item["destination_type"], item["destination"])
             source, key, arguments = item["source"], item.get("routing_key", ""), resources.arguments_of(item)
             if dest.kind == "queue":
@@ -282,15 +303,15 @@ def apply(broker, body: dict, vhost_name: str | None = None, acting_user: str | 
         raise bad_request(exc.reply_text) from None
 
 
-def post_definitions(req):
-    apply(req.broker, _document(req), acting_user=req.user.name)
+async def post_definitions(req):
+    await apply(req.broker, _document(req), acting_user=req.user.name)
     return NO_CONTENT
 
 
-def post_vhost_definitions(req):
+async def post_vhost_definitions(req):
     name = req.params["vhost"]
     req.vhost(name)
-    apply(req.broker, _document(req), name, acting_user=req.user.name)
+    await apply(req.broker, _document(req), name, acting_user=req.user.name)
     return NO_CONTENT
 
 
