@@ -337,3 +337,47 @@ def test_force_boot_marks_every_shards_group(tmp_path):
     assert done.returncode == 0, done.stderr
     marked = sorted(str(p.parent.relative_to(data)) for p in data.rglob("force_boot"))
     assert marked == [".", "shards/1", "shards/2"]
+
+
+def _refusal(port: int) -> str | None:
+    """The broker's refusal of a new connection to `port` (None: admitted, and closed)."""
+    try:
+        pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port)).close()
+    except pika.exceptions.AMQPConnectionError as exc:
+        return str(exc)
+    return None
+
+
+def _served_by(port: int, shard: int, keep: bool = False) -> pika.BlockingConnection | bool:
+    """Whether the shard serving a new connection to `port` is `shard`; with
+    `keep`, that connection (else None), open."""
+    connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+    served = connection._impl.server_properties["shard"] == shard
+    if keep and served:
+        return connection
+    connection.close()
+    return None if keep else served
+
+
+def test_connection_max_counts_the_connections_of_this_node_only(tmp_path):
+    """connection_max is a node's (RabbitMQ's): in a cluster whose shard leaders
+    link every node, a node at its limit refuses the next connection while
+    another node, holding none, admits it."""
+    with spread(tmp_path, 2, 2, "--connection-max", "2") as (etcd, nodes):
+        led = {name: shard for shard, name in enumerate(shard_leaders(etcd, 2))}
+        first, second = nodes
+        # a follower forwards its clients to a leader of its own node once it has seen which (the
+        # kernel hands a connection to any of the node's shard processes: several in a row tell)
+        for node in nodes:
+            until(lambda: all(_served_by(node.port, led[node.name]) for _ in range(8)), 30,
+                  "the clients of %s served there" % node.name)
+        held: list = []
+        try:
+            for _ in range(2):
+                held.append(until(lambda: _served_by(first.port, led[first.name], keep=True), 30, "a client served by n1"))
+            assert "(530) 'NOT_ALLOWED - connection refused: node connection limit (2) is reached'" in \
+                _refusal(first.port)
+            assert _served_by(second.port, led[second.name])  # admitted there: n2 holds no connection
+        finally:
+            for connection in held:
+                connection.close()

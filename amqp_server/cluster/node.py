@@ -679,6 +679,7 @@ class ClusterNode:
         if shards is not None:
             shards.dial = self._dial_link
             shards.heartbeat = cluster.replication_timeout
+            shards.tallies.node_name = self.name  # connection_max counts this node's shards only
             # what group 0's leader asks of the others' (`shard_statuses`, `rebalance`)
             shards.services["cluster.status"] = self.status
             shards.services["cluster.transfer"] = self.transfer

@@ -26,6 +26,7 @@ from amqp_server.process.shards import Shard
 from amqp_server.shards.node import ShardNode
 from amqp_server.stream.protocol import StreamNode, StreamProtocol
 from amqp_server.shared import allocator
+from amqp_server.shared import alarms
 from amqp_server.shared.alarms import ResourceAlarms
 from amqp_server.shared.config import BrokerConfig
 from amqp_server.shared.errors import ListenError
@@ -177,9 +178,8 @@ class BrokerServer:
         self.logins = LoginThrottle(config.auth_failure_delay, config.auth_failure_delay_max)
         if self.shards is not None:  # ... and on every shard of the node
             self.shards.tallies.share_logins(self.logins)
-            # the memory alarm weighs the node's memory, every shard's (amqp_server.shards.tallies)
-            self.alarms.tell_memory = functools.partial(self.shards.tallied, "memory", "")
-            self.alarms.memory_elsewhere = functools.partial(self.shards.elsewhere, "memory", "")
+            # the memory alarm weighs the node's memory: every process the supervisor forked
+            self.alarms.memory_elsewhere = functools.partial(alarms.node_memory_elsewhere, os.getppid())
         self.stream_node = StreamNode(self.broker, config, self.writer, self.alarms, self.logins, self.connections,
                                       self.listeners)
         self.management = ManagementListeners(self.broker, self.connections, config, self.writer, self.monitor,

@@ -35,7 +35,7 @@ Records (tuples, amqp_server.shards.link), by the requester:
                                            record it sent before leaving
   ("ping", ticket)                         answered ("pong", ticket) once the records before it are handled
   ("beat",)                                 on every link every heartbeat/4 (no answer)
-  ("tallies", counts) ("tally", kind, name, count) ("login", failed, host, username)
+  ("tallies", counts, node) ("tally", kind, name, count) ("login", failed, host, username)
                                            to every other shard (amqp_server.shards.tallies)
 and by the owner, on the same link:
   ("durable", ticket) ("rejected", ticket) ("acks_written", n)

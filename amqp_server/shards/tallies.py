@@ -2,18 +2,22 @@
 
 RabbitMQ's limits count a node's connections (`connection_max`), a vhost's
 and a user's connections, and a user's channels; hutch's login throttle
-counts refused logins of a user from an address over every front end; the
-memory alarm weighs the node's resident memory (amqp_server.shared.alarms:
-each shard tells its own, kind "memory", at every check). On a
+counts refused logins of a user from an address over every front end. On a
 node of several shards each of those is spread over the shards, so every
 shard tells every other shard its own counts as they change, and its
 refused and then accepted logins; a check then reads its own copy and
 needs no round trip (the answer to a connection.open waits for nothing).
 
 Records, on the link a shard opened to each other shard (no answer):
-  ("tallies", {(kind, name): count})   all of them, first on a link
+  ("tallies", {(kind, name): count}, node)   all of them, first on a link, and the
+                                       sender's node (None on a node outside a cluster)
   ("tally", kind, name, count)         one changed (0: none open)
   ("login", failed, host, username)           a refused (True) or accepted (False) login
+
+In a cluster the links reach the other groups' leaders on every node: a
+vhost's and a user's counts add up all of them (RabbitMQ's vhost and user
+limits are the cluster's), the node's own (`connection_max`) only the
+shards of this node.
 
 Invariants: a shard's copy of another shard's counts is that shard's
 latest word on its link, and is dropped with the link (the shard ended, and
@@ -30,8 +34,8 @@ from __future__ import annotations
 
 import asyncio
 
-# The kind of tally by which a shard tells its resident memory (name "").
-MEMORY = "memory"
+# The kind of count that is the node's own: its connections (vhosts.broker's ("node", "")).
+NODE = "node"
 
 
 class Tallies:
@@ -40,7 +44,8 @@ class Tallies:
         self.theirs: dict[object, dict[tuple[str, str], int]] = {}  # another shard's link here -> its counts
         self.logins = None  # the shard's amqp_server.shared.login_throttle.LoginThrottle, once shared
         self.heard_from_0 = asyncio.Event()  # shard 0's counts came: a shard serves from then on
-        self.memory = 0  # this shard's resident bytes, as it last told them
+        self.node_name = None  # in a cluster, this node's (set by amqp_server.cluster.node)
+        self.local: set = set()  # the links whose peer runs on this node
 
     def share_logins(self, logins) -> None:
         """Refused logins count over the whole node: this shard's are told to the others."""
@@ -50,29 +55,29 @@ class Tallies:
     # -- this shard's counts --------------------------------------------------
 
     def tallied(self, kind: str, name: str, count: int) -> None:
-        if kind == MEMORY:  # not one of the broker's counts: kept here for the links to come
-            self.memory = count
         for link in self.node.outgoing.values():
             link.send(("tally", kind, name, count))
 
     def linked(self, link) -> None:
         """A link to another shard opened: it learns every count of this one."""
-        counts = dict(self.node.broker.counted)
-        if self.memory:
-            counts[(MEMORY, "")] = self.memory
-        link.send(("tallies", counts))
+        link.send(("tallies", dict(self.node.broker.counted), self.node_name))
 
     def elsewhere(self, kind: str, name: str) -> int:
         key = (kind, name)
+        if kind == NODE:
+            return sum(counts.get(key, 0) for link, counts in self.theirs.items() if link in self.local)
         return sum(counts.get(key, 0) for counts in self.theirs.values())
 
     # -- the other shards' --------------------------------------------------------
 
     def lost(self, link) -> None:
         self.theirs.pop(link, None)
+        self.local.discard(link)
 
-    def all_of(self, link, counts: dict) -> None:
+    def all_of(self, link, counts: dict, node) -> None:
         self.theirs[link] = dict(counts)
+        if node == self.node_name:
+            self.local.add(link)
         if link.peer == 0:
             self.heard_from_0.set()
 

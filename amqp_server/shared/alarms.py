@@ -2,8 +2,8 @@
 
 Theory of operation (RabbitMQ's, docs/resilience.md):
 - One timer checks every CHECK_INTERVAL seconds the process's resident
-  memory (on a node of several shards, the node's: this shard's plus what
-  the others last told) against the memory high watermark (`memory` alarm) and the free
+  memory (on a node of several shards, the node's: every process the
+  supervisor forked, and the supervisor, read from /proc) against the memory high watermark (`memory` alarm) and the free
   space of the data directory's filesystem against disk_free_limit (`disk`
   alarm). `raised` is the set of alarms in effect; an alarm clears by itself
   on the first check that finds usage back under its limit.
@@ -41,11 +41,31 @@ REASONS = {frozenset({MEMORY}): "low on memory", frozenset({DISK}): "low on disk
 
 def resident_memory() -> int:
     """Resident memory of this process (RabbitMQ's rss strategy)."""
+    return _resident_of(os.getpid())
+
+
+def node_memory_elsewhere(supervisor: int) -> int:
+    """Resident memory of the node's other processes: the supervisor `supervisor`
+    and every process it forked but this one (its shards, leaders or followers in a
+    cluster, so the sum is this machine's, never other nodes'). 0 once this process
+    is no longer the supervisor's child (orphaned while the node stops)."""
+    if os.getppid() != supervisor:
+        return 0
     try:
-        with open("/proc/self/statm") as statm:
+        with open("/proc/%d/task/%d/children" % (supervisor, supervisor)) as children:
+            pids = [int(pid) for pid in children.read().split()]
+    except (OSError, ValueError):
+        return 0
+    me = os.getpid()
+    return sum(_resident_of(pid) for pid in [supervisor, *pids] if pid != me)
+
+
+def _resident_of(pid: int) -> int:
+    try:
+        with open("/proc/%d/statm" % pid) as statm:
             return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
-        return 0
+        return 0  # it ended meanwhile
 
 
 def memory_limit(config: BrokerConfig) -> int:
@@ -69,13 +89,12 @@ class ResourceAlarms:
         self.config = config
         self.raised: set[str] = set()
         self.flow_waiters: set = set()
-        self.mem_used = 0  # the node's resident bytes (every shard's, on a node of several)
+        self.mem_used = 0  # the node's resident bytes (every process's, on a node of several shards)
         self.disk_free = 0
         # On a node of several shards the memory alarm is the node's, as RabbitMQ's is
         # (N shards each allowed the watermark would let the node use N times it): the
-        # composition root sets how this shard tells the others its resident bytes and
-        # what they last told (amqp_server.shards.tallies).
-        self.tell_memory = lambda used: None
+        # composition root sets how this shard weighs the node's other processes
+        # (node_memory_elsewhere).
         self.memory_elsewhere = lambda: 0
         self._timer: asyncio.TimerHandle | None = None
 
@@ -103,7 +122,6 @@ class ResourceAlarms:
         own, elsewhere = resident_memory(), self.memory_elsewhere()
         if own + elsewhere > self.memory_limit and allocator.give_back():
             own = resident_memory()  # what malloc kept free is not in use (amqp_server.shared.allocator)
-        self.tell_memory(own)
         self.mem_used = own + elsewhere
         try:
             self.disk_free = shutil.disk_usage(self.config.data_dir).free
