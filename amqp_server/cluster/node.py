@@ -680,6 +680,7 @@ class ClusterNode:
             shards.dial = self._dial_link
             shards.heartbeat = cluster.replication_timeout
             shards.tallies.node_name = self.name  # connection_max counts this node's shards only
+            shards.promising = self.keeper.valid  # its links, as its clients, hear nothing past the lease
             # what group 0's leader asks of the others' (`shard_statuses`, `rebalance`)
             shards.services["cluster.status"] = self.status
             shards.services["cluster.transfer"] = self.transfer
@@ -841,6 +842,8 @@ class ClusterNode:
             return
         for connection in list(server.connections):
             connection.io.wake()  # output held by amqp_server.shared.client's fencing
+        if server.shards is not None:
+            server.shards.wake_links()  # and by its links' (amqp_server.shards.link)
         if self.replicator is not None:
             self.replicator.lease_revived()
 

@@ -97,10 +97,15 @@ class Link(asyncio.Protocol):
     wait to leave (the peer reads slowly, or not at all), until they are
     below FULL_BELOW."""
 
-    def __init__(self, handler, on_lost, on_full) -> None:
+    def __init__(self, handler, on_lost, on_full, promising=None) -> None:
         self.handler = handler
         self.on_lost = on_lost
         self.on_full = on_full
+        # In a cluster, whether this shard's leader lease holds (amqp_server.cluster.lease): past
+        # it nothing leaves, heartbeats included, as nothing leaves for clients
+        # (amqp_server.shared.client's fencing), so the peers take the link for lost and link to
+        # the group's new leader instead of hearing two (`wake` once the lease holds again).
+        self.promising = promising
         self.full = False
         self.peer: int | None = None  # the other shard's index, once it said HELLO
         self.transport: asyncio.Transport | None = None
@@ -140,8 +145,16 @@ class Link(asyncio.Protocol):
         at the end of the loop turn); else None."""
         return self._pending[-1] if self._pending else None
 
+    def wake(self) -> None:
+        """The lease holds again: what waited leaves."""
+        if self._pending and not self._flush_armed:
+            self._flush_armed = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
     def _flush(self) -> None:
         self._flush_armed = False
+        if self.promising is not None and not self.promising():
+            return  # held (see __init__)
         records, self._pending = self._pending, []
         if not records or self.closed:
             return

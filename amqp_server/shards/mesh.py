@@ -64,10 +64,13 @@ class Mesh:
         # `cluster.replication_timeout`, set with `dial`) a peer cut off by a partition, or
         # ended on a node the partition hides, closes no TCP connection this side could see.
         self.heartbeat = heartbeat
+        # In a cluster, whether this shard's leader lease holds (set with `dial`): what its
+        # links send waits while it does not (amqp_server.shards.link.Link.promising).
+        self.promising = None
 
     def link_protocol(self) -> Link:
         """A link another shard opened to this one."""
-        return Link(self.received, self._lost, self._link_full)
+        return Link(self.received, self._lost, self._link_full, self.promising)
 
     async def _listen(self) -> None:
         path = self.shard.socket(self.here)
@@ -76,7 +79,7 @@ class Mesh:
         except FileNotFoundError:
             pass
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_unix_server(lambda: Link(self.received, self._lost, self._link_full), path)
+        self._server = await loop.create_unix_server(self.link_protocol, path)
 
     async def _beat(self, timeout: float) -> None:
         """Every timeout/4 a ("beat",) on every link, so each end hears the
@@ -118,6 +121,11 @@ class Mesh:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+    def wake_links(self) -> None:
+        """The lease holds again (a cluster): what the links held leaves."""
+        for link in set(self.links) | set(self.outgoing.values()):
+            link.wake()
 
     def _on_beat(self, link) -> None:
         """A heartbeat (`_beat`): hearing it is all it is for."""
