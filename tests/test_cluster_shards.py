@@ -381,3 +381,51 @@ def test_connection_max_counts_the_connections_of_this_node_only(tmp_path):
         finally:
             for connection in held:
                 connection.close()
+
+
+def test_transient_definitions_of_a_live_shard_survive_group_0s_failover(tmp_path):
+    """Group 0's leader orders every definition, and its new leader after a
+    failover knows the durable ones only (they are replicated): a transient
+    queue, exchange and binding that shard 1 holds, on a node that lives on,
+    are still there for every shard, with their messages."""
+    with spread(tmp_path, 2, 2) as (etcd, nodes):
+        led = {name: shard for shard, name in enumerate(shard_leaders(etcd, 2))}
+        survivor = next(node for node in nodes if led[node.name] == 1)
+        victim = next(node for node in nodes if led[node.name] == 0)
+        until(lambda: all(_served_by(survivor.port, 1) for _ in range(8)), 30, "the survivor's clients served there")
+        holder = _served_by(survivor.port, 1, keep=True)
+        channel = holder.channel()
+        channel.exchange_declare("gone-with-0?", "fanout", durable=False)
+        channel.queue_declare("transient-on-1", durable=False, arguments={"x-queue-master-locator": "client-local"})
+        channel.queue_bind("transient-on-1", "gone-with-0?")
+        exclusive = channel.queue_declare("", exclusive=True).method.queue
+        channel.confirm_delivery()
+        for n in range(3):
+            channel.basic_publish("gone-with-0?", "", b"m%d" % n)
+
+        victim.process.kill()
+        victim.process.wait(10)
+        until(lambda: shard_leaders(etcd, 2)[0] == survivor.name, 60, "group 0 led by the survivor")
+        # a client of shard 0 (the new leader of group 0) sees them, and routes through them
+        other = until(lambda: _served_by(survivor.port, 0, keep=True), 60, "a client served by shard 0")
+        try:
+            until(lambda: _count(other, "transient-on-1") == 3, 30, "the transient queue's messages seen by shard 0")
+            publisher = other.channel()
+            publisher.confirm_delivery()
+            publisher.basic_publish("gone-with-0?", "", b"after")
+            until(lambda: _count(other, "transient-on-1") == 4, 30, "routed through the transient exchange")
+            assert _count(holder, exclusive) == 0  # its connection lives: so does it
+        finally:
+            other.close()
+            holder.close()
+
+
+def _count(connection, queue: str) -> int | None:
+    """The message count of a passive declare on a new channel of `connection`; None for a 404."""
+    channel = connection.channel()
+    try:
+        count = channel.queue_declare(queue, passive=True).method.message_count
+    except pika.exceptions.ChannelClosedByBroker:
+        return None
+    channel.close()
+    return count

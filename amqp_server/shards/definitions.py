@@ -443,7 +443,8 @@ class Definitions:
                     self.apply(batch_changes)
                 link.send(("applied", ticket))
 
-        self.node.request(0, lambda ticket: ("sync", ticket), answered)
+        offer = self.transients()
+        self.node.request(0, lambda ticket: ("sync", ticket, offer), answered)
 
     def up(self) -> list[int]:
         """Shard 0: the other shards that are up (synced and linked)."""
@@ -456,6 +457,63 @@ class Definitions:
         if link is not None and self._pending:
             self._flush()
         return link
+
+    def transients(self) -> list[tuple]:
+        """What only this shard may still know after shard 0 ended: its own
+        transient queues (exclusive ones too: their connections are here) and
+        every transient exchange, with the bindings that name one of them. In a
+        cluster group 0's new leader knows the durable definitions only (they
+        are replicated); a shard that lives on offers these at its sync (`adopt`)."""
+        here = self.node.here
+        offer = []
+        for name, host in self.node.broker.vhosts.items():
+            exchanges = {x.name for x in host.exchanges.values() if not x.builtin and not x.durable}
+            queues = {q.name for q in host.queues.values()
+                      if not q.durable and not isinstance(q, RemoteQueue) and getattr(q, "shard", here) == here}
+            for x in host.exchanges.values():
+                if x.name in exchanges:
+                    offer.append(("exchange", name, x.name, x.type, x.durable, x.auto_delete, x.internal,
+                                  x.arguments))
+            for queue_name in queues:
+                queue = host.queues[queue_name]
+                offer.append(("queue", name, queue.name, queue.durable, self.key_of(queue.exclusive_owner),
+                              queue.auto_delete, queue.arguments, here))
+            for source, dest, routing_key, arguments in host.bindings():
+                named = source in exchanges or (dest.name in (queues if dest.kind == "queue" else exchanges))
+                if named:
+                    offer.append(("bind", name, source, dest.kind, dest.name, routing_key, arguments))
+        return offer
+
+    def adopt(self, peer: int, offer: list) -> None:
+        """Shard 0: what a syncing shard offers (`transients`) and shard 0 lacks
+        is made here, and so reaches every shard: a queue only as the offering
+        shard's own, never one shard 0 knows otherwise (its definition wins)."""
+        adopted = 0
+        for change in offer:
+            kind, host = change[0], self.node.broker.vhosts.get(change[1])
+            if host is None:
+                continue
+            try:
+                if kind == "queue" and change[2] not in host.queues and change[7] == peer:
+                    _kind, _vhost, name, durable, key, auto_delete, arguments, shard = change
+                    host.adopt_queue(name, durable, self.owner(key), auto_delete, arguments, shard)
+                elif kind == "exchange" and change[2] not in host.exchanges:
+                    _kind, _vhost, name, type_, durable, auto_delete, internal, arguments = change
+                    host.declare_exchange(name, type_, False, durable, auto_delete, internal, arguments)
+                elif kind == "bind":
+                    _kind, _vhost, source, dest_kind, dest, routing_key, arguments = change
+                    there = host.queues if dest_kind == "queue" else host.exchanges
+                    if source not in host.exchanges or dest not in there:
+                        continue
+                    host.bind(source, Destination(dest_kind, dest), routing_key, arguments)
+                else:
+                    continue
+            except Exception:
+                log.exception("shard 0: cannot adopt %r of shard %d", change[:3], peer)
+                continue
+            adopted += 1
+        if adopted:
+            log.info("shard 0: %d transient definitions of shard %d adopted at its sync", adopted, peer)
 
     def synced_peer(self, link) -> tuple[list, int]:
         """Shard 0: the shard at the other end of `link` asks for everything:

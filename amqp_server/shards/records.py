@@ -26,7 +26,8 @@ Records (tuples, amqp_server.shards.link), by the requester:
   ("counts", ticket, vhost, queue)
   ("purge", ticket, vhost, queue)
   ("define", ticket, op)                   to shard 0 (amqp_server.shards.definitions)
-  ("sync", ticket)                         to shard 0: all its definitions, please
+  ("sync", ticket, offer)                  to shard 0: all its definitions, please; and the
+                                           sender's transient ones, for shard 0 to make if it lacks them
   ("apply", ticket, batch, changes)        from shard 0 to every other shard
   ("report", index, report)               to shard 0, every REPORT_INTERVAL (no answer)
   ("ask", ticket, service, args)          a management service of another shard

@@ -86,7 +86,8 @@ class Services:
     def _on_failed(self, link, ticket, code, text):
         self._answered(ticket, ("failed", ticket, code, text))
 
-    def _on_sync(self, link, ticket):
+    def _on_sync(self, link, ticket, offer):
+        self.definitions.adopt(link.peer, offer)
         changes, upto = self.definitions.synced_peer(link)
         link.send(("synced", ticket, changes, upto))
         self.flush_unsent(link.peer)  # behind the definitions they may depend on
