@@ -1,4 +1,4 @@
-"""The per-queue index, after RabbitMQ's classic queue index (DESIGN.md 3).
+"""The per-queue index, after RabbitMQ's classic queue index (docs/storage.md).
 
 Layout: one directory per queue holding segment files `N.idx`; segment N
 covers the seq ids `N*segment_entries .. (N+1)*segment_entries - 1`. A file is

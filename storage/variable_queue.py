@@ -1,6 +1,6 @@
 """The backing queue of a durable queue: RabbitMQ's variable queue, simplified.
 
-A ready message is in one of the states of DESIGN.md section 3:
+A ready message is in one of the states of docs/storage.md, "Message states":
 - alpha: message and position in RAM (in `_requeued`, `_head` or `_tail`);
   `entry.store` says whether it is also on disk (gamma for a persistent
   message, whose index record and body were written when it was published);

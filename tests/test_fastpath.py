@@ -1,4 +1,4 @@
-"""amqp_server.amqp.fastpath must be byte-identical to pamqp (DESIGN.md section 5).
+"""amqp_server.amqp.fastpath must be byte-identical to pamqp (docs/architecture.md, "One message").
 
 The oracle is pamqp itself: frames are marshalled and unmarshalled with
 pamqp.frame and compared with the hand-written codecs. pamqp's constructors
