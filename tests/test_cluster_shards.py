@@ -324,6 +324,30 @@ def test_an_isolated_node_gives_up_only_its_shards_and_nothing_confirmed_is_lost
     assert all(q["confirmed"] > 150 for q in report["queues"]), report["queues"]
 
 
+def test_a_shard_leader_past_its_lease_hands_nothing_to_consumers_on_other_nodes(tmp_path):
+    """Issue 39, in real namespaces (tests/spread_faults.py `links_past_the_lease`): the leader of
+    shard 0 and an etcd member cut from etcd's majority, not from the other nodes or the clients,
+    while a publisher sends into a queue of shard 0 through it and a consumer on another node gets
+    that queue's messages over the links. Past its lease's deadline the cut-off leader hands that
+    consumer nothing (as it writes nothing to its own clients), until shard 0 is led elsewhere and
+    the consumer is cancelled: never two leaders' deliveries at once."""
+    import spread_faults
+
+    why = spread_faults.missing()
+    if why is not None:
+        unavailable(why)
+    report = spread_faults.links_past_the_lease(tmp_path)
+    logs = report.pop("logs", {})
+    print(report)
+    if report["problems"]:
+        for name, log in logs.items():
+            print("===== %s\n%s" % (name, log[-20000:]))
+    assert not report["problems"], report["problems"]
+    # shard 0 moved, and the consumer's shard found the struck leader's link silent (it closed nothing)
+    assert report["new_leader"] not in (None, report["victim"]), report
+    assert "nothing from shard 0 for" in logs[report["consumer_on"]], "the link was not taken for lost"
+
+
 def test_force_boot_marks_every_shards_group(tmp_path):
     """`hutchctl force_boot --data-dir DIR` on a node of several shards: each shard's group is a
     cluster of its own, so each of their directories gets the operator's word."""
