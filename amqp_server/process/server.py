@@ -196,7 +196,10 @@ class BrokerServer:
         what is open. A failed start removes the data directory it created
         (storage.data_directory), unless a client was accepted meanwhile
         (what it did may be stored, and may have been confirmed); a stopped
-        one keeps it, as any stop does."""
+        one keeps it, as any stop does. The shard links close first: a record
+        still coming (shard 0's sync answer) must not reach a closed store."""
+        if self.shards is not None:
+            self.shards.abandon()
         for store in (self.definitions, self.mqtt_store):
             if store is not None:
                 store.close()

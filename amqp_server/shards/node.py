@@ -50,6 +50,12 @@ class ShardNode(Mesh, OwnerSide, PortSide, Moves, Services):
             self._spawn(self._report())
             self._spawn(dead_letters.hand_over(self))
 
+    def abandon(self) -> None:
+        """The shard's start ended before it served (amqp_server.process.server): its links
+        close, and a closed transport hands over no more data."""
+        self.stopping = True
+        self._close_links()
+
     async def stop(self) -> None:
         self.stopping = True
         self._stop_moves()
