@@ -6,7 +6,8 @@ vhosts (with their description and tags in a "metadata" object, the shape
 of RabbitMQ 3.11 and later; import also takes them as top-level keys, as
 RabbitMQ does), permissions, topic permissions, vhost limits (as RabbitMQ exports
 them: a "parameters" entry of component "vhost-limits" named "limits"),
-runtime parameters (shovels, federation upstreams and sets), global
+runtime parameters (shovels, federation upstreams and sets; operator
+policies, as RabbitMQ 3.10 exports them: component "operator_policy"), global
 parameters, policies, non-exclusive queues, exchanges other than the predeclared ones,
 and the explicit bindings. Import accepts hutch's own export and
 RabbitMQ's: every entry is checked before anything is changed, then applied
@@ -26,7 +27,7 @@ import asyncio
 
 from routing import Destination
 from vhosts.errors import AMQPError
-from vhosts.policies import Policy
+from vhosts.policies import OperatorPolicy, Policy
 from vhosts.users import USER_LIMITS, VHOST_LIMITS, Permission, check_limits, check_pattern, hash_password
 
 from vhosts.parameters import validate as validate_parameter
@@ -38,6 +39,8 @@ from amqp_server.management.node import COMPATIBLE_VERSION
 
 
 VHOST_LIMITS_COMPONENT = parameters.VHOST_LIMITS
+# RabbitMQ 3.10 exports an operator policy as a parameter of this component.
+OPERATOR_POLICY_COMPONENT = "operator_policy"
 # Entries applied in one turn of the event loop: a turn that runs longer than the
 # shard links' heartbeat timeout (shard_timeout) would have this shard fenced.
 STEP = 100
@@ -85,6 +88,18 @@ def _policies(v) -> list[dict]:
     return [policies.shape(v.policies[name]) for name in sorted(v.policies)]
 
 
+def _operator_policies(v, with_vhost: bool) -> list[dict]:
+    """The vhost's operator policies as RabbitMQ exports them: parameters."""
+    out = []
+    for name in sorted(v.operator_policies):
+        policy = v.operator_policies[name]
+        item = {"value": {"pattern": policy.pattern, "definition": policy.definition, "priority": policy.priority,
+                          "apply-to": policy.apply_to},
+                "vhost": v.name, "component": OPERATOR_POLICY_COMPONENT, "name": name}
+        out.append(item if with_vhost else _without_vhost(item))
+    return out
+
+
 def export_all(broker) -> dict:
     users = [broker.users[name] for name in sorted(broker.users)]
     vhosts = [broker.vhosts[name] for name in sorted(broker.vhosts)]
@@ -103,7 +118,8 @@ def export_all(broker) -> dict:
                         for u in users for name, p in sorted(u.permissions.items())],
         "topic_permissions": [topic_permissions.shape(u.name, vhost, rule)
                               for u in users for (vhost, _x), rule in sorted(u.topic_permissions.items())],
-        "parameters": [item for v in vhosts for item in parameters.vhost_parameters(broker, v, owners=True)],
+        "parameters": [item for v in vhosts for item in
+                       parameters.vhost_parameters(broker, v, owners=True) + _operator_policies(v, True)],
         "global_parameters": [{"name": name, "value": value}
                               for name, value in sorted(broker.global_parameters.items())],
         "policies": [item for v in vhosts for item in _policies(v)],
@@ -116,7 +132,7 @@ def export_all(broker) -> dict:
 def export_vhost(broker, v) -> dict:
     return {
         "rabbit_version": COMPATIBLE_VERSION,
-        "parameters": parameters.vhost_parameters(broker, v, owners=True),
+        "parameters": parameters.vhost_parameters(broker, v, owners=True) + _operator_policies(v, False),
         "policies": _policies(v),
         "queues": _queues(v, False),
         "exchanges": _exchanges(v, False),
@@ -187,6 +203,15 @@ def _check(body: dict, vhost_name: str | None, known_vhosts: set) -> dict:
             _text(item, key)
         for key in ("write", "read"):
             _valid(check_pattern, item[key])
+    checked["operator_policies"] = [item for item in checked["parameters"]
+                                    if item.get("component") == OPERATOR_POLICY_COMPONENT]
+    checked["parameters"] = [item for item in checked["parameters"] if item not in checked["operator_policies"]]
+    for item in checked["operator_policies"]:
+        value = item.get("value")
+        if not isinstance(value, dict):
+            raise bad_request("Validation failed\n\noperator policy value must be an object\n")
+        _valid(OperatorPolicy, item["vhost"], _text(item, "name"), _text(value, "pattern"), value.get("definition"),
+               value.get("priority", 0), value.get("apply-to", "all"))
     for item in checked["parameters"]:
         value = item.get("value")
         component = _text(item, "component")
@@ -278,6 +303,10 @@ async def apply(broker, body: dict, vhost_name: str | None = None, acting_user: 
             owner = item.get(parameters.OWNER, acting_user)
             broker.set_parameter(item["vhost"], item["component"], item["name"], item["value"],
                                  owner=owner if isinstance(owner, str) else acting_user)
+    for item in checked["operator_policies"]:
+        value = item["value"]
+        broker.set_policy(item["vhost"], item["name"], value["pattern"], value["definition"], value.get("priority", 0),
+                          value.get("apply-to", "all"), operator=True)
     for item in checked["policies"]:
         broker.set_policy(item["vhost"], item["name"], item["pattern"], item["definition"], item.get("priority", 0),
                           item.get("apply-to", "all"))

@@ -20,7 +20,10 @@ def test_rabbitmq_export_imports_into_hutch_and_users_log_in(rabbitmq_api, start
     created = [("/api/users/" + user, {"password": "from-rabbit", "tags": "management"}),
                ("/api/vhosts/" + vhost, {}),
                ("/api/permissions/%s/%s" % (vhost, user), {"configure": ".*", "write": ".*", "read": ".*"}),
-               ("/api/queues/%s/%s" % (vhost, queue), {"durable": True, "arguments": {"x-max-length": 3}})]
+               ("/api/queues/%s/%s" % (vhost, queue), {"durable": True, "arguments": {"x-max-length": 3}}),
+               # RabbitMQ exports an operator policy as a parameter of component "operator_policy"
+               ("/api/operator-policies/%s/cap" % vhost, {"pattern": "^diffq", "definition": {"max-length": 2},
+                                                        "apply-to": "queues"})]
     try:
         for path, body in created:
             assert call(port, "PUT", path, body, auth=credentials).status in (201, 204), path
@@ -35,6 +38,13 @@ def test_rabbitmq_export_imports_into_hutch_and_users_log_in(rabbitmq_api, start
         connection.close()
         shown = call(broker.ports["HTTP"], "GET", "/api/queues/%s/%s" % (segment(vhost), queue)).body
         assert shown["arguments"] == {"x-max-length": 3}
+        assert shown["operator_policy"] == "cap" and shown["effective_policy_definition"] == {"max-length": 2}
+        policies = call(broker.ports["HTTP"], "GET", "/api/operator-policies/" + vhost).body
+        assert [(p["name"], p["definition"]) for p in policies] == [("cap", {"max-length": 2})]
+        # and hutch's export of it is RabbitMQ's shape
+        again = call(broker.ports["HTTP"], "GET", "/api/definitions").body
+        assert [p for p in again["parameters"] if p["component"] == "operator_policy" and p["vhost"] == vhost] == \
+            [p for p in exported["parameters"] if p["component"] == "operator_policy" and p["vhost"] == vhost]
     finally:
         call(port, "DELETE", "/api/vhosts/" + vhost, auth=credentials)
         call(port, "DELETE", "/api/users/" + user, auth=credentials)
