@@ -435,9 +435,12 @@ class Definitions:
         log.info("shard %d: definitions synced with shard 0 (%d made, %d undone)", self.node.here, len(missing),
                  len(undo))
 
-    def linked(self, peer: int) -> None:
+    def linked(self, peer: int, first: bool) -> None:
         """A link to `peer` opened: a shard other than 0 syncs with shard 0, each
-        time (what shard 0 sent on a lost link may never have come)."""
+        time (what shard 0 sent on a lost link may never have come). It offers
+        its transient definitions (`transients`) on the `first` link to an
+        incarnation of shard 0 only (a new group 0 leader): one it links to
+        again knows them, and may have deleted some meanwhile."""
         if peer != 0 or self.node.here == 0:
             return
 
@@ -453,7 +456,7 @@ class Definitions:
                     self.apply(batch_changes)
                 link.send(("applied", ticket))
 
-        offer = self.transients()
+        offer = self.transients() if first else []
         self.node.request(0, lambda ticket: ("sync", ticket, offer), answered)
 
     def up(self) -> list[int]:

@@ -220,6 +220,7 @@ class Mesh:
         if self._incarnations.get(index, incarnation) != incarnation:
             log.warning("shard %d: shard %d started again", self.here, index)
             self._peer_ended(index)
+        first = index not in self._incarnations  # the first link to this incarnation of it
         self._incarnations[index] = incarnation
         self.peers[index] = link
         self.leaving.discard(index)  # started again
@@ -231,7 +232,7 @@ class Mesh:
         log.info("shard %d: linked to shard %d", self.here, index)
         self.tallies.linked(link)
         self._flush_unsent(index)  # before anything sent from now on: in the order it was sent
-        self.definitions.linked(index)
+        self.definitions.linked(index, first)
 
     def _lost(self, link: Link) -> None:
         self.links.discard(link)
