@@ -198,7 +198,7 @@ class RemoteQueue:
                 waiter.unblocked(self)
 
     def released(self) -> None:
-        """The owner's shard ended: nothing holds its publishers."""
+        """The link to the owner's shard is lost (whose holds they were): nothing holds its publishers."""
         self._holding.clear()
         self.held(False)
 

@@ -773,7 +773,7 @@ class ClusterNode:
         async def of(index: int) -> dict:
             if index == 0:
                 return self.status(with_shards=False)
-            if self.server.shards.outgoing.get(index) is not None:
+            if index in self.server.shards.peers:
                 try:
                     return await asyncio.wait_for(self.server.shards.ask(index, "cluster.status"), MEMBERS_SECONDS)
                 except Exception as exc:  # noqa: BLE001 - ended, or slow: said below as unreachable

@@ -27,7 +27,7 @@ one AMQP's queue.purge of another shard's queue uses).
 
 `node.shards` (management.node.Node) is the ShardNode, given by the
 composition root and used by its duck type: `here`, `shard.count`,
-`reports`, `outgoing`, `held`, `ask`, `purge`.
+`reports`, `peers`, `held`, `ask`, `purge`.
 """
 from __future__ import annotations
 
@@ -185,7 +185,7 @@ async def gathered(node, parts: tuple, reading=None) -> list[tuple[int, dict]]:
         return []
     others = [index for index in range(node.shards.shard.count) if index != node.shards.here]
     asked = (reading or Reading(node.sampler, {})).asked()
-    linked = node.shards.outgoing  # a request to a shard without a link would wait for its restart
+    linked = node.shards.peers  # a request to a shard without a link would wait for its restart
     answers = await asyncio.gather(*(asyncio.wait_for(ask(node, index, "report", parts, asked), FRESH_WAIT)
                                      if index in linked else _not_linked(index) for index in others),
                                    return_exceptions=True)

@@ -95,7 +95,7 @@ async def _everywhere(node):
         return NO_CONTENT
     storage = node.config.storage
     limits = {key: getattr(storage, key) for key in LIMITS}
-    linked = [index for index in range(shards.shard_count(node)) if index in node.shards.outgoing]
+    linked = [index for index in range(shards.shard_count(node)) if index in node.shards.peers]
     answers = await asyncio.gather(*(asyncio.wait_for(shards.ask(node, index, "limits", limits), EVERYWHERE_WAIT)
                                      for index in linked), return_exceptions=True)
     missed = [str(index) for index, answer in zip(linked, answers) if isinstance(answer, BaseException)]

@@ -93,7 +93,7 @@ class Definitions:
         self._waiters: list[tuple[int, object]] = []  # (batch, done)
         self.synced = asyncio.Event()
         self._early: list[tuple] = []  # batches that came before this shard's sync
-        self._followers: dict = {}  # shard 0: peer -> the link it synced on, which carries its batches
+        self._followers: set[int] = set()  # shard 0: the peers synced on their current link (its batches go there)
 
     # -- who asked ---------------------------------------------------------------------
 
@@ -133,7 +133,7 @@ class Definitions:
             change = change[:4] + (self.key_of(change[4]),) + change[5:]
         if self.node.here != 0:
             if change[0] == "queue-":
-                self.order(("removed", change[1], change[2]), lambda _result: None)
+                self._removed(change[1], change[2])
             elif self.synced.is_set():
                 log.error("shard %d: a change outside an order: %r", self.node.here, change[:3])
             return
@@ -142,6 +142,16 @@ class Definitions:
             self._flush_armed = True
             asyncio.get_running_loop().call_soon(self._flush)
 
+    def _removed(self, vhost: str, name: str) -> None:
+        """Shard 0 hears that this shard removed its queue `name`; asked again
+        when the order is lost with its link (shard 0 may live), ahead of the
+        next link's sync, which would otherwise make the queue here again."""
+        def answered(record):
+            if record[0] == "lost" and answered.link is not None:
+                self._removed(vhost, name)
+
+        self.node.request(0, lambda ticket: ("define", ticket, ("removed", vhost, name)), answered)
+
     def _flush(self) -> None:
         self._flush_armed = False
         if not self._pending:
@@ -149,9 +159,8 @@ class Definitions:
         changes, self._pending = self._pending, []
         self._batch += 1
         batch = self._batch
-        for peer, link in list(self._followers.items()):
-            self.node.request(peer, lambda ticket: ("apply", ticket, batch, changes), self._applied(peer, batch),
-                              link)
+        for peer in list(self._followers):
+            self.node.request(peer, lambda ticket: ("apply", ticket, batch, changes), self._applied(peer, batch))
 
     def _applied(self, peer: int, batch: int):
         def callback(record) -> None:
@@ -161,7 +170,7 @@ class Definitions:
         return callback
 
     def _release(self) -> None:
-        # A shard counts from its sync on (`synced_peer`) until it ends.
+        # A shard counts from its sync on (`synced_peer`) until its link is lost (`link_lost`).
         done_upto = min(self._acked.values(), default=self._batch)
         ready = [done for batch, done in self._waiters if batch <= done_upto]
         self._waiters = [(batch, done) for batch, done in self._waiters if batch > done_upto]
@@ -195,7 +204,7 @@ class Definitions:
             elif record[0] == "refused":
                 done(_refusal(record[2], record[3]))
             else:
-                done(AMQPError(INTERNAL_ERROR, "shard 0, which orders definitions, ended before it answered"))
+                done(AMQPError(INTERNAL_ERROR, "shard 0, which orders definitions, did not answer: its link was lost"))
 
         self.node.request(0, lambda ticket: ("define", ticket, op), answered)
 
@@ -426,14 +435,18 @@ class Definitions:
         log.info("shard %d: definitions synced with shard 0 (%d made, %d undone)", self.node.here, len(missing),
                  len(undo))
 
-    def linked(self, peer: int) -> None:
-        """A link to `peer` opened: a shard other than 0 syncs with shard 0."""
+    def linked(self, peer: int, first: bool) -> None:
+        """A link to `peer` opened: a shard other than 0 syncs with shard 0, each
+        time (what shard 0 sent on a lost link may never have come). It offers
+        its transient definitions (`transients`) on the `first` link to an
+        incarnation of shard 0 only (a new group 0 leader): one it links to
+        again knows them, and may have deleted some meanwhile."""
         if peer != 0 or self.node.here == 0:
             return
 
         def answered(record):
             if record[0] != "synced":
-                return  # shard 0 ended: the next link to it syncs again
+                return  # its link was lost: the next one syncs again
             _kind, _ticket, changes, upto = record
             self.sync(changes)
             self.synced.set()
@@ -443,20 +456,18 @@ class Definitions:
                     self.apply(batch_changes)
                 link.send(("applied", ticket))
 
-        offer = self.transients()
+        offer = self.transients() if first else []
         self.node.request(0, lambda ticket: ("sync", ticket, offer), answered)
 
     def up(self) -> list[int]:
         """Shard 0: the other shards that are up (synced and linked)."""
         return sorted(self._followers)
 
-    def follower_link(self, peer: int):
-        """Shard 0: the link `peer` synced on, with every change made so far
-        queued on it (so what is sent after them arrives after them)."""
-        link = self._followers.get(peer)
-        if link is not None and self._pending:
+    def send_pending(self) -> None:
+        """Shard 0: the changes made so far go on the links now, ahead of what
+        is sent next (Mesh.link_to)."""
+        if self._pending:
             self._flush()
-        return link
 
     def transients(self) -> list[tuple]:
         """What only this shard may still know after shard 0 ended: its own
@@ -519,28 +530,27 @@ class Definitions:
         """Shard 0: the shard at the other end of `link` asks for everything:
         from now on it gets every batch on that link, after this answer, and
         takes part in the barrier."""
-        if self._pending:
-            self._flush()
+        self.send_pending()
         self._acked[link.peer] = self._batch
-        self._followers[link.peer] = link
+        self._followers.add(link.peer)
         return self.everything(), self._batch
 
-    def synced_on(self, link) -> bool:
-        """Shard 0: whether `link` is the one its peer synced on (its batches and
-        shard 0's requests to it travel there)."""
-        return link.peer is not None and self._followers.get(link.peer) is link
+    def link_lost(self, peer: int) -> None:
+        """Shard 0: `peer`'s link is lost. A batch sent on it may not have
+        reached it, so it follows again only once it synced on its next link,
+        and meanwhile the barrier does not wait for it; its queues stay (it may
+        well live: `peer_ended`)."""
+        self._followers.discard(peer)
+        if self._acked.pop(peer, None) is not None:
+            self._release()
 
-    def link_lost(self, link) -> None:
-        """Shard 0: when the link a shard synced on is lost, that shard
-        ended. Its transient queues ended with it (as RabbitMQ's do with
-        their node), and so did its connections' exclusive queues; its
-        durable queues stay, unreachable until it is back."""
-        peer = link.peer
-        if self._followers.get(peer) is not link:
+    def peer_ended(self, peer: int) -> None:
+        """Shard 0: shard `peer` ended (amqp_server.shards.mesh knows when). Its
+        transient queues ended with it (as RabbitMQ's do with their node), and
+        so did its connections' exclusive queues; its durable queues stay,
+        unreachable until it is back."""
+        if self.node.here != 0:
             return
-        del self._followers[peer]
-        self._acked.pop(peer, None)
-        self._release()
         for host in list(self.node.broker.vhosts.values()):
             for queue in list(host.queues.values()):
                 owner = queue.exclusive_owner
@@ -548,4 +558,3 @@ class Definitions:
                 kept = queue.durable and owner is None  # what a restart recovers
                 if gone or (getattr(queue, "shard", 0) == peer and not kept):
                     host.remove_queue(queue)
-

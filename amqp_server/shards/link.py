@@ -1,7 +1,7 @@
 """A link between two shards of a node: a Unix socket in the node's private
-link directory (amqp_server.process.shards). Every shard opens one to every
-other (so two per pair, one each way); which one carries what is
-amqp_server.shards.mesh's rule.
+link directory (amqp_server.process.shards). There is one per pair of
+shards, which carries everything between them both ways; who opens it
+is amqp_server.shards.mesh's rule.
 
 Framing: a 4-byte big-endian length, then a pickled list of records. What a
 shard sends in one loop turn leaves in one write (`send` queues, the end of

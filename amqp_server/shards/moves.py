@@ -64,14 +64,15 @@ class Moves:
             self._moves.close()
 
     def _moves_lost(self, mover: int) -> None:
-        """The link `mover`'s "moved" records come on is lost: its moves here cannot complete."""
+        """The link to `mover`, which its "moved" records come on, is lost: its
+        moves here cannot complete (a record lost with the link never comes)."""
         for move in [move for move in self._arriving if move[0] == mover]:
             self._forget(move)
 
     def hand_over(self, shard: int, fd: int, state: dict, pending: bytes) -> bool:
         """Send a client's socket and its connection's state to `shard`
         (the socket is duplicated into the message); False if it cannot go."""
-        link = self.outgoing.get(shard)
+        link = self.peers.get(shard)
         if link is None:
             return False
         move_id = (os.getpid(), next(self._move_ids))  # unique also across the mover's restarts

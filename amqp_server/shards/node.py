@@ -39,9 +39,8 @@ class ShardNode(Mesh, OwnerSide, PortSide, Moves, Services):
             await self._listen()
             self._listen_for_moves()
         self._spawn(self._beat(self.heartbeat))
-        for peer in range(self.shard.count):
-            if peer != self.here:
-                self._connect_soon(peer, 0)
+        for peer in range(self.here):  # the lower shards; the higher ones dial this one
+            self._connect_soon(peer, 0)
         if self.here == 0:
             self.definitions.synced.set()
         else:  # serve only with shard 0's definitions, and its counts (amqp_server.shards.tallies)

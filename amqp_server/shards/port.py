@@ -7,9 +7,10 @@ an ack (or reject) until its record is written (docs/storage.md, "Acks"),
 also when the queue is another shard's: the port numbers the ack and reject
 settles it sends each owner, asks behind them on the same link ("acks", n),
 and the owner answers ("acks_written", n) once its writer has written
-everything queued so far (`acks_mark`, `when_acks_written`); if the owner
-ends first the wait ends too (`_owner_gone`): its unwritten acks are lost
-with it, and the deliveries come back redelivered, as after a node's crash.
+everything queued so far (`acks_mark`, `when_acks_written`); if the link
+is lost first the wait ends too (`_owner_unlinked`): the acks it had not
+answered for may be lost (the owner's end, or a loss before they arrived),
+and their deliveries come back redelivered, as after a node's crash.
 """
 from __future__ import annotations
 
@@ -40,9 +41,12 @@ class PortSide:
         self._acks_asks: dict[Link, int] = {}  # the "acks" record each link gets at the end of this loop turn
         self._acks_waiters: list[tuple[dict, object]] = []  # (marks, callback) of `when_acks_written`
 
-    def _owner_gone(self, peer: int) -> None:
-        """Shard `peer` ended: its consumers here are cancelled, its queues hold
-        no publisher, and the acks sent to it are taken for written."""
+    def _owner_unlinked(self, peer: int) -> None:
+        """The link to shard `peer` is lost, or none came in time: its consumers
+        here are cancelled (their stand-ins there ended with the link, or their
+        consume was never sent), its queues hold no publisher (the holds were
+        the link's), and the acks sent to it are taken for written (one link at
+        a time carries them, so the next one counts on from there)."""
         for cid, (queue, consumer) in list(self.consumers.items()):
             if queue.shard == peer:
                 del self.consumers[cid]
@@ -90,7 +94,7 @@ class PortSide:
             # next of its queues there joins it.
             last = self._last_pub
             if last is not None and last[0] is message:
-                link = self.link_to(queue.shard)
+                link = self.peers.get(queue.shard)
                 if link is not None and link.queued_last() is last[1] and last[1][1] == queue.vhost:
                     last[1][2].append(queue.name)
                     return
@@ -117,7 +121,7 @@ class PortSide:
         cid = next(self._cids)
         self.consumers[cid] = (queue, consumer)
         consumer.remote_id = cid
-        # A starting owner gets it once linked (send_to); one that ends cancels it (_peer_gone).
+        # A starting owner gets it once linked (send_to); a lost link cancels it (_owner_unlinked).
         # The channel's global prefetch travels apart from the consumer's own: only it changes later.
         if not self.send_to(queue.shard, ("consume", cid, queue.vhost, queue.name, consumer.tag, consumer.no_ack,
                                           consumer.exclusive, consumer.prefetch_count,

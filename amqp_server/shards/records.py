@@ -6,7 +6,7 @@ arity fails to be handled, and is logged: amqp_server.shards.link); a kind
 that is in no table is logged and dropped (Mesh.received).
 
 Records (tuples, amqp_server.shards.link), by the requester:
-  ("hello", index)                        first on every link
+  ("hello", index, incarnation)           first on a link each way: the dialer's, then the other's
   ("bye",)                                 last on every link of a shard that stops cleanly
   ("pub", vhost, [queues], exchange, routing key, header, body, ticket)
                                            ticket 0: no confirm wanted, and then one record carries a

@@ -36,7 +36,7 @@ class Services:
 
     async def _report(self) -> None:
         while True:
-            link = self.outgoing.get(0)
+            link = self.peers.get(0)
             if link is not None and self.report_source is not None:
                 try:
                     link.send(("report", self.here, self.report_source()))
@@ -87,10 +87,11 @@ class Services:
         self._answered(ticket, ("failed", ticket, code, text))
 
     def _on_sync(self, link, ticket, offer):
+        if link.peer is None:  # no shard's: it said no hello
+            return
         self.definitions.adopt(link.peer, offer)
         changes, upto = self.definitions.synced_peer(link)
         link.send(("synced", ticket, changes, upto))
-        self.flush_unsent(link.peer)  # behind the definitions they may depend on
 
     def _on_synced(self, link, ticket, changes, upto):
         self._answered(ticket, ("synced", ticket, changes, upto))
@@ -121,10 +122,12 @@ class Services:
 
     def dead_letter(self, vhost: str, record, on_durable) -> None:
         def answered(answer):
-            # Not "durable": shard 0 ended, and the node restarts with it; the message
-            # stays in its queue, as a message never leaves one before its record is on disk.
             if answer[0] == "durable":
                 on_durable()
+            elif answered.link is not None:  # lost with its link, shard 0 may live: at least once
+                self.dead_letter(vhost, record, on_durable)
+            # Else no link to shard 0 came within shard_timeout: it ended, and the node restarts
+            # with it; the message stays in its queue, as one never leaves before its record is on disk.
 
         self.request(0, lambda ticket: ("dead", ticket, vhost, record), answered)
 

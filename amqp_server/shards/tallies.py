@@ -8,9 +8,9 @@ shard tells every other shard its own counts as they change, and its
 refused and then accepted logins; a check then reads its own copy and
 needs no round trip (the answer to a connection.open waits for nothing).
 
-Records, on the link a shard opened to each other shard (no answer):
-  ("tallies", {(kind, name): count}, node)   all of them, first on a link, and the
-                                       sender's node (None on a node outside a cluster)
+Records, on the link to each other shard (no answer):
+  ("tallies", {(kind, name): count}, node)   all of them, first on a link after the hellos,
+                                       and the sender's node (None on a node outside a cluster)
   ("tally", kind, name, count)         one changed (0: none open)
   ("login", failed, host, username)           a refused (True) or accepted (False) login
 
@@ -20,12 +20,13 @@ limits are the cluster's), the node's own (`connection_max`) only the
 shards of this node.
 
 Invariants: a shard's copy of another shard's counts is that shard's
-latest word on its link, and is dropped with the link (the shard ended, and
-its connections with it); a shard that starts again tells its counts anew
-on every link it opens, and serves clients only once shard 0's counts came
-(shard 0 links back at once when a shard links to it). On a node of more
-than two shards, two shards K, J > 0 starting together may each admit
-clients for a moment before the other's counts came. Two
+latest word, replaced whole on each of their links (so a link lost while
+both live loses nothing for long: the next one tells all) and dropped once
+that shard is known to have ended, its connections with it (`ended`); a
+shard that starts again tells its counts anew, and serves clients only
+once shard 0's counts came. On a node of more than two shards, two shards
+K, J > 0 starting together may each admit clients for a moment before the
+other's counts came. Two
 shards may admit one connection each at the same instant past a limit:
 the copies trail by one message on a local socket, as RabbitMQ's own count
 of a node's connections trails the connections being opened.
@@ -41,11 +42,11 @@ NODE = "node"
 class Tallies:
     def __init__(self, node) -> None:
         self.node = node
-        self.theirs: dict[object, dict[tuple[str, str], int]] = {}  # another shard's link here -> its counts
+        self.theirs: dict[int, dict[tuple[str, str], int]] = {}  # another shard -> its counts
         self.logins = None  # the shard's amqp_server.shared.login_throttle.LoginThrottle, once shared
         self.heard_from_0 = asyncio.Event()  # shard 0's counts came: a shard serves from then on
         self.node_name = None  # in a cluster, this node's (set by amqp_server.cluster.node)
-        self.local: set = set()  # the links whose peer runs on this node
+        self.local: set[int] = set()  # the other shards that run on this node
 
     def share_logins(self, logins) -> None:
         """Refused logins count over the whole node: this shard's are told to the others."""
@@ -55,7 +56,7 @@ class Tallies:
     # -- this shard's counts --------------------------------------------------
 
     def tallied(self, kind: str, name: str, count: int) -> None:
-        for link in self.node.outgoing.values():
+        for link in self.node.peers.values():
             link.send(("tally", kind, name, count))
 
     def linked(self, link) -> None:
@@ -65,24 +66,28 @@ class Tallies:
     def elsewhere(self, kind: str, name: str) -> int:
         key = (kind, name)
         if kind == NODE:
-            return sum(counts.get(key, 0) for link, counts in self.theirs.items() if link in self.local)
+            return sum(counts.get(key, 0) for peer, counts in self.theirs.items() if peer in self.local)
         return sum(counts.get(key, 0) for counts in self.theirs.values())
 
     # -- the other shards' --------------------------------------------------------
 
-    def lost(self, link) -> None:
-        self.theirs.pop(link, None)
-        self.local.discard(link)
+    def ended(self, peer: int) -> None:
+        self.theirs.pop(peer, None)
+        self.local.discard(peer)
 
     def all_of(self, link, counts: dict, node) -> None:
-        self.theirs[link] = dict(counts)
-        if node == self.node_name:
-            self.local.add(link)
+        if link.peer is None:  # no shard's word: it said no hello
+            return
+        self.theirs[link.peer] = dict(counts)
+        if node == self.node_name:  # a peer's node changes only with its incarnation (`ended`)
+            self.local.add(link.peer)
         if link.peer == 0:
             self.heard_from_0.set()
 
     def one_of(self, link, kind: str, name: str, count: int) -> None:
-        counts = self.theirs.setdefault(link, {})
+        if link.peer is None:
+            return
+        counts = self.theirs.setdefault(link.peer, {})
         if count:
             counts[(kind, name)] = count
         else:
@@ -91,7 +96,7 @@ class Tallies:
     # -- refused logins -------------------------------------------------------------
 
     def _told_login(self, failed: bool, host: str, username: str) -> None:
-        for link in self.node.outgoing.values():
+        for link in self.node.peers.values():
             link.send(("login", failed, host, username))
 
     def login(self, failed: bool, host: str, username: str) -> None:
