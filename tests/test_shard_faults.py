@@ -6,13 +6,13 @@ connections stay where the kernel landed them (moves off)."""
 from __future__ import annotations
 
 import os
-import pickle
 import signal
 import socket
 import struct
 import threading
 import time
 
+import msgpack
 import pika
 import pytest
 
@@ -191,8 +191,11 @@ def test_an_apply_record_makes_definition_changes_only(node):
     """A batch of changes ("apply") naming a Broker call that is no definition change (one that
     would stop the shard storing its definitions) is logged and skipped, and the shard serves on."""
     shard1 = pid_of_shard(node, 1, node.shards)
-    changes = [("broker", "detach_definitions", (), {})]
-    payload = pickle.dumps([("apply", 1, 10**9, changes)])
+    def tup(*items):  # a tuple as a frame holds it (amqp_server.shards.codec)
+        return msgpack.ExtType(1, msgpack.packb(list(items)))
+
+    changes = [tup("broker", "detach_definitions", tup(), {})]
+    payload = msgpack.packb([["apply", 1, 10**9, changes]])
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as link:
         link.connect(link_socket(shard1))
         link.sendall(struct.pack(">I", len(payload)) + payload)

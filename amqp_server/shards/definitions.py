@@ -37,9 +37,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import pickle
 import weakref
 
+from amqp_server.shards.codec import pack
 from routing import Destination
 from vhosts.access import Access
 from vhosts.errors import INTERNAL_ERROR, AMQPError
@@ -389,8 +389,8 @@ class Definitions:
         """Make this shard's definitions shard 0's: undo what it has that
         shard 0 has not, then make what it lacks."""
         ours = self.everything()
-        keys = {pickle.dumps(change): change for change in theirs}
-        mine = {pickle.dumps(change): change for change in ours}
+        keys = {pack(change): change for change in theirs}  # equal changes encode equally
+        mine = {pack(change): change for change in ours}
         missing = [keys[key] for key in keys if key not in mine]
         extra = [mine[key] for key in mine if key not in keys]
         undo = []

@@ -10,7 +10,8 @@ and starting again. Here are the hello and bye of a link, its heartbeats
 (`_beat`) and the fencing of a stalled peer (`_fence`), the records that wait
 for a link to a starting peer (`send_to`), requests and their answers
 (`request`, `waiting`), and what a lost link or peer ends (`_lost`,
-`_peer_gone`). The records are amqp_server.shards.records'.
+`_peer_gone`). The records are amqp_server.shards.records': one that does
+not fit its kind is logged and skipped (`received`), the link kept.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import struct
 import time
 
 from amqp_server.shards.link import Link
+from amqp_server.shards.records import RECORDS
 
 log = logging.getLogger("hutch.shards")
 
@@ -294,12 +296,12 @@ class Mesh:
                         self.here, peer, self.heartbeat, len(dropped))
             self._peer_gone(peer)
 
-    def received(self, link: Link, record: tuple) -> None:
-        handler = self._handlers.get(record[0])
-        if handler is None:
-            log.error("shard %d: unknown record %r from shard %s", self.here, record[0], link.peer)
+    def received(self, link: Link, record: list) -> None:
+        fault = RECORDS.fault(record)
+        if fault is not None:
+            log.error("shard %d: a record from shard %s skipped: %s", self.here, link.peer, fault)
             return
-        handler(link, *record[1:])
+        self._handlers[record[0]](link, *record[1:])
 
     def _answered(self, ticket: int, record: tuple) -> None:
         callback = self.waiting.pop(ticket, None)
