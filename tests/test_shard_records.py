@@ -1,23 +1,25 @@
 """Records between shards are data with a schema (issue 39, "Shards you can
 trust"; docs/scaling.md): frames are msgpack (amqp_server.shards.codec),
 every record is checked against its kind (amqp_server.shards.records)
-where it is handled.
+where it is handled, and an "apply" carries definition changes only.
 
 From the outside: a raw socket on a running shard's link socket
 (tests/shard_kit.py `link_socket`) sends frames no shard would, and the
-shard logs each, answers on that link what it still serves (a ping), keeps
-the link unless the frame does not decode, and serves pika clients after.
-The codec and the schema are checked in process too: every field-table
-value survives the trip as the value it was, and every kind has a handler
-that takes its fields.
+shard logs each, answers on that link what it still serves (a ping, an
+apply, an order), keeps the link unless the frame does not decode, and
+serves pika clients after. The codec and the schema are checked in process
+too: every field-table value survives the trip as the value it was, and
+every kind has a handler that takes its fields.
 """
 from __future__ import annotations
 
 import datetime
 import decimal
 import inspect
+import os
 import pickle
 import socket
+import sqlite3
 import struct
 import types
 
@@ -120,6 +122,49 @@ def test_records_of_wrong_types_unknown_kinds_or_arity_are_logged_and_skipped_an
         "'credit' has 1 fields, not 2", "'no-such-kind' is no kind of record", "not a record: [1, 2]",
         "not a record: 'not a record'", "'tallies' field 'counts' holds str, not int"))
     assert pid_of_shard(node, 0) == pid
+    serves_clients(node, 0)
+
+
+def test_an_apply_naming_anything_but_a_definition_change_is_refused_and_logged(node):
+    """A batch of changes from "shard 0" naming a Broker call that is no definition change
+    (one that would stop the shard storing its definitions), a change of no kind the domain
+    reports, and one of the wrong types: each is logged and refused, the batch is answered,
+    and the shard serves on, storing its definitions."""
+    pid = pid_of_shard(node, 1)
+    changes = [tup("broker", "detach_definitions", tup(), {}), tup("shell", "rm -rf /"),
+               tup("queue", "/", 5, True, None, False, {}, 1)]
+    with raw_link(node, 1) as sock:
+        sock.sendall(frame([["apply", 3, 10**9, changes]]))
+        assert read_record(sock) == ["applied", 3]
+    logged(node, "shard 1: a change from shard 0 refused: ", (
+        "'detach_definitions' is not a definition change", "'shell' is no kind of definition change",
+        "'queue' field 'name' is int, not str"))
+    assert pid_of_shard(node, 1) == pid
+    durable = unique("stored")
+    connection = on_shard(node.port, 1)
+    try:
+        connection.channel().queue_declare(durable, durable=True)
+    finally:
+        connection.close()
+    assert wait_for(lambda: _stored(node, 1, durable), 10, what="the queue in shard 1's definitions store")
+    serves_clients(node, 1)
+
+
+def _stored(node, shard: int, queue: str) -> bool:
+    db = sqlite3.connect(os.path.join(node.data_dir, "shards", str(shard), "definitions.db"))
+    try:
+        return db.execute("SELECT 1 FROM queues WHERE name = ?", (queue,)).fetchone() is not None
+    finally:
+        db.close()
+
+
+def test_an_order_of_no_amqp_method_is_refused_with_an_answer(node):
+    """Shard 0 runs an order's vhost call by name: a name that is none of them is refused."""
+    with raw_link(node, 0) as sock:
+        sock.sendall(frame([["define", 4, tup("amqp", "_execute", "guest", "/", None, tup())]]))
+        answer = read_record(sock)
+    assert answer[:3] == ["refused", 4, 541]
+    logged(node, "shard 0: an order from shard None refused: ", ("'_execute' is not an AMQP method shard 0 orders",))
     serves_clients(node, 0)
 
 
