@@ -6,10 +6,7 @@ connections stay where the kernel landed them (moves off)."""
 from __future__ import annotations
 
 import os
-import pickle
 import signal
-import socket
-import struct
 import threading
 import time
 
@@ -18,7 +15,7 @@ import pytest
 
 from conftest import launch
 from helpers import channel_error, unique, wait_for
-from shard_kit import link_socket, on_shard, pid_of_shard, placement, queue_on
+from shard_kit import on_shard, pid_of_shard, placement, queue_on
 from vhosts.node import NODE
 
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
@@ -185,22 +182,6 @@ def test_a_queue_whose_shard_stays_down_answers_rabbitmqs_404_and_is_kept(node):
     assert wait_for(lambda: messages_in(again, theirs) == 10, 20, what="shard 1's queue back")
     assert [again.basic_get(theirs, auto_ack=True)[2] for _ in range(10)] == [b"k%d" % i for i in range(10)]
     setup.close()
-
-
-def test_an_apply_record_makes_definition_changes_only(node):
-    """A batch of changes ("apply") naming a Broker call that is no definition change (one that
-    would stop the shard storing its definitions) is logged and skipped, and the shard serves on."""
-    shard1 = pid_of_shard(node, 1, node.shards)
-    changes = [("broker", "detach_definitions", (), {})]
-    payload = pickle.dumps([("apply", 1, 10**9, changes)])
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as link:
-        link.connect(link_socket(shard1))
-        link.sendall(struct.pack(">I", len(payload)) + payload)
-        wait_for(lambda: "'detach_definitions' is not a definition change" in node.log, 10, what="the refusal logged")
-    assert pid_of_shard(node, 1, node.shards) == shard1
-    on_one = on_shard(node.port, 1)
-    on_one.channel().queue_declare(unique("after"), exclusive=True)
-    on_one.close()
 
 
 def _rss(pid: int) -> int:

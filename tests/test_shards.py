@@ -7,10 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-import pickle
 import signal
-import socket
-import struct
 import subprocess
 import sys
 import time
@@ -25,7 +22,6 @@ from helpers import channel_error, pump, unique, wait_for
 from http_api import call
 from test_alarms import Notices
 from shard_kit import on_shard, placement, queue_on
-from shard_kit import link_socket as _link_socket
 from shard_kit import pid_of_shard as _pid_of_shard
 from mqtt_raw import DISCONNECT, RawMQTT, parse_publish, publish_packet, subscribe_packet, until_ping
 
@@ -254,50 +250,6 @@ def test_a_shard_killed_under_load_loses_nothing_confirmed_and_the_other_keeps_s
     bodies = [int(fresh.basic_get(kept, auto_ack=True)[2]) for _ in range(confirmed)]
     assert bodies == list(range(confirmed))
     steady.connection.close()
-
-
-class _Hostile:
-    """What a hostile frame asks pickle to do: create `path` (a function call)."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-
-    def __reduce__(self):
-        return (open, (self.path, "w"))
-
-
-def test_a_link_frame_naming_a_function_runs_nothing_and_the_shard_goes_on(node, tmp_path):
-    """A link reads records as data: a frame that would call a function
-    (here open(), to create a file) is refused, its link closed, and the
-    shard serves on; so does a frame that is not a list, and records that
-    are not records are logged and skipped."""
-    shard0 = _pid_of_shard(node, 0)
-    marker = tmp_path / "called"
-    refused = node.log.count("an undecodable frame; closing the link")
-    for payload in (pickle.dumps([("hello", _Hostile(str(marker)))]), pickle.dumps({"not": "records"}),
-                    b"not a pickle"):
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as link:
-            link.connect(_link_socket(shard0))
-            link.sendall(struct.pack(">I", len(payload)) + payload)
-            link.settimeout(10)
-            assert link.recv(1) == b""  # closed by the shard
-    assert not marker.exists()
-    wait_for(lambda: node.log.count("an undecodable frame; closing the link") == refused + 3, 10,
-             what="the refusals logged")
-    failed = node.log.count("failed to handle")
-    garbage = pickle.dumps([1, (), (["unhashable"],), ("no-such-record",)])  # records that are not
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as link:
-        link.connect(_link_socket(shard0))
-        link.sendall(struct.pack(">I", len(garbage)) + garbage)
-        wait_for(lambda: node.log.count("failed to handle") == failed + 3
-                 and "unknown record 'no-such-record'" in node.log, 10, what="each bad record logged")
-    assert _pid_of_shard(node, 0) == shard0
-    channel = on_shard(node.port, 1).channel()
-    name = queue_on(node, channel, 0)
-    channel.basic_publish("", name, b"after")
-    assert wait_for(lambda: _get_or_none(channel, name), 10, what="the message")[2] == b"after"
-    channel.queue_delete(name)
-    channel.connection.close()
 
 
 def test_a_shard_that_held_no_queue_does_not_stop_fewer_shards(tmp_path):

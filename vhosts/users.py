@@ -58,12 +58,6 @@ class Permission:
     read: str = ".*"
     _compiled: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
-    def __getstate__(self) -> dict:
-        # The compiled patterns are a cache, made again where needed: a copy
-        # sent to another shard holds only the three strings (a shard link
-        # builds no regular expression, amqp_server.shards.link).
-        return {**self.__dict__, "_compiled": {}}
-
     def allows(self, kind: str, name: str) -> bool:
         """`kind` is "configure", "write" or "read"."""
         compiled = self._compiled.get(kind)

@@ -207,17 +207,17 @@ def queue_figures(reading, q, unacked: int, unacked_bytes: int, consumers: list)
                       message_stats(reading, q, q.stats, QUEUE_STATS))
 
 
-def queue_values(q, unacked: int, unacked_bytes: int, consumers: list) -> tuple:
-    """The figures of a queue that are not rates, as one small tuple (what a
+def queue_values(q, unacked: int, unacked_bytes: int, consumers: list) -> list:
+    """The figures of a queue that are not rates, as one small list (what a
     shard's report carries per queue): consumers, whether it has any of its
     own (a stream's stream-protocol subscribers are counted, not held),
     ready, unacked, bytes ready and unacked, its message states, the
     exclusive consumer's tag, its exclusive owner's details."""
-    return (q.consumer_count, bool(q.consumers), q.message_count, unacked, q.size, unacked_bytes, q.state_counts(),
-            next((c.tag for _ch, c in consumers if c.exclusive), None), _owner(q.exclusive_owner))
+    return [q.consumer_count, bool(q.consumers), q.message_count, unacked, q.size, unacked_bytes, q.state_counts(),
+            next((c.tag for _ch, c in consumers if c.exclusive), None), _owner(q.exclusive_owner)]
 
 
-def figures_of(values: tuple, lengths: dict, stats: dict | None) -> dict:
+def figures_of(values: list, lengths: dict, stats: dict | None) -> dict:
     """A queue's figures from its `queue_values`, its `counts` and its message_stats."""
     consumers, held, ready, unacked, size, unacked_bytes, states, exclusive_tag, owner = values
     paged_out = states.get("delta", 0)

@@ -297,20 +297,22 @@ def _queues(node, reading) -> dict:
 
 
 # A queue's figures in a report, packed small: its shapes.queue_values, the
-# current rates of its lengths, and (total, rate) of each QUEUE_STATS counter
-# or None (unpacked by `unpacked` into what shapes.queue_figures makes).
+# current rates of its lengths, and [total, rate] of each QUEUE_STATS counter
+# or None (unpacked by `unpacked` into what shapes.queue_figures makes). Lists,
+# not tuples: a shard link carries a tuple as an ext value of its own, at
+# several times the cost (amqp_server.shards.codec).
 LENGTH_DETAILS = ("messages_details", "messages_ready_details", "messages_unacknowledged_details")
 
 
-def packed(reading, q, unacked: int, unacked_bytes: int, consumers: list) -> tuple:
+def packed(reading, q, unacked: int, unacked_bytes: int, consumers: list) -> list:
     lengths = shapes.counts(reading, [q], q.message_count, unacked)
     stats = shapes.message_stats(reading, q, q.stats, QUEUE_STATS)
-    return (shapes.queue_values(q, unacked, unacked_bytes, consumers),
-            tuple(lengths[key]["rate"] for key in LENGTH_DETAILS),
-            None if stats is None else tuple((stats[key], stats[key + "_details"]["rate"]) for key in QUEUE_STATS))
+    return [shapes.queue_values(q, unacked, unacked_bytes, consumers),
+            [lengths[key]["rate"] for key in LENGTH_DETAILS],
+            None if stats is None else [[stats[key], stats[key + "_details"]["rate"]] for key in QUEUE_STATS]]
 
 
-def unpacked(entry: tuple) -> dict:
+def unpacked(entry: list) -> dict:
     values, rates, counted = entry
     ready, unacked = values[2], values[3]
     lengths = {"messages": ready + unacked, "messages_ready": ready, "messages_unacknowledged": unacked}
@@ -377,7 +379,8 @@ class NodeQueues:
         self.unacked = shapes.unacked_by_queue(held)
         self.unacked_bytes = shapes.unacked_bytes_by_queue(held)
         self.consumers = shapes.consumers_by_queue(node.connections)
-        # (vhost, name) -> figures of another shard's queue: `packed`, or whole (with a range's samples)
+        # (vhost, name) -> figures of another shard's queue: `packed` (a list), or whole (a dict, with a
+        # range's samples)
         self.figures: dict = {}
         self.fresh: dict = {}  # (vhost, name) -> figures its owner just gave
         self.counted: dict = {}  # (vhost, name) -> [message_stats of other shards]
@@ -404,7 +407,7 @@ class NodeQueues:
                 out = dict(self.fresh[key])
             else:
                 out = (shapes.idle_queue_figures(self.reading) if found is None
-                       else unpacked(found) if isinstance(found, tuple) else dict(found))
+                       else unpacked(found) if isinstance(found, list) else dict(found))
             if _counted(q.stats):  # messages counted here, on their way to the owner
                 self._count(out, shapes.message_stats(self.reading, q, q.stats, QUEUE_STATS))
         for stats in self.counted.get((q.vhost, q.name), ()):
@@ -436,7 +439,7 @@ class NodeQueues:
             found = self.figures.get((q.vhost, q.name))
             if found is None:
                 return 0
-            return found[0][0] if isinstance(found, tuple) else found["consumers"]
+            return found[0][0] if isinstance(found, list) else found["consumers"]
         return q.consumer_count
 
 

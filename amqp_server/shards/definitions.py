@@ -17,7 +17,11 @@ sends them, in order, to every other shard, which makes them too
 (`apply`); its replies that promise a change (declare-ok and friends, the
 management API's answers: `Broker.durability_barrier`) wait until every
 running shard has applied every change made so far (`barrier`), so a
-client that was answered may use the change on any connection.
+client that was answered may use the change on any connection. A shard
+makes only changes of a kind the domain reports, each of its fields' types
+(`CHANGES`; a Broker call only if every shard makes it: `BROKER_CHANGES`),
+and shard 0 runs an order only if it names one of its AMQP calls
+(`AMQP_ORDERS`): anything else is logged and refused.
 
 A shard's own changes besides these (an exclusive queue whose connection
 closed, an auto-delete queue's last consumer gone, x-expires) are queue
@@ -37,11 +41,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import pickle
 import weakref
 
+from amqp_server.shards.codec import pack
+from amqp_server.shards.records import NONE, Kinds
 from routing import Destination
 from vhosts.access import Access
+from vhosts.broker import Broker
 from vhosts.errors import INTERNAL_ERROR, AMQPError
 from vhosts.remote_queue import RemoteQueue
 
@@ -63,6 +69,47 @@ class RemoteOwner:
 
     def __init__(self, key: tuple) -> None:
         self.key = key
+
+
+# The definition changes the domain reports (`changed`), by kind: all that an "apply" or a sync
+# may carry (the exclusive owner of a queue: `key_of`).
+_BINDING = {"vhost": str, "source": str, "destination_kind": str, "destination": str, "routing_key": str,
+            "arguments": (dict, NONE)}
+CHANGES = Kinds("definition change", {
+    "queue": {"vhost": str, "name": str, "durable": bool, "owner": (tuple, NONE), "auto_delete": bool,
+              "arguments": (dict, NONE), "shard": int},
+    "queue-": {"vhost": str, "name": str},
+    "exchange": {"vhost": str, "name": str, "type": str, "durable": bool, "auto_delete": bool, "internal": bool,
+                 "arguments": (dict, NONE)},
+    "exchange-": {"vhost": str, "name": str},
+    "bind": _BINDING,
+    "unbind": _BINDING,
+    "broker": {"method": str, "args": tuple, "kwargs": dict},
+})
+# The Broker calls a "broker" change may name: those every shard makes (vhosts.broker's _every_shard).
+BROKER_CHANGES = frozenset(name for name, call in vars(Broker).items() if getattr(call, "every_shard", False))
+# The orders another shard may send shard 0 ("define"): an AMQP method of one of its
+# connections (a vhost call, `AMQP_ORDERS`), or a queue it removed.
+ORDERS = Kinds("order", {
+    "amqp": {"method": str, "user": str, "vhost": str, "connection": (tuple, NONE), "args": tuple},
+    "removed": {"vhost": str, "name": str},
+})
+
+
+def change_fault(change) -> str | None:
+    """None if `change` is a definition change; else what it is not."""
+    fault = CHANGES.fault(change)
+    if fault is None and change[0] == "broker" and change[1] not in BROKER_CHANGES:
+        return "%r is not a definition change" % (change[1],)
+    return fault
+
+
+def order_fault(op) -> str | None:
+    """None if `op` is an order shard 0 makes; else what it is not."""
+    fault = ORDERS.fault(op)
+    if fault is None and op[0] == "amqp" and op[1] not in Definitions.AMQP_ORDERS:
+        return "%r is not an AMQP method shard 0 orders" % (op[1],)
+    return fault
 
 
 # What undoes a change a shard has and shard 0 has not (`sync`).
@@ -209,7 +256,13 @@ class Definitions:
         self.node.request(0, lambda ticket: ("define", ticket, op), answered)
 
     def ordered(self, link, ticket: int, op: tuple) -> None:
-        """Shard 0: an order from another shard."""
+        """Shard 0: an order from another shard (refused unless it is one)."""
+        fault = order_fault(op)
+        if fault is not None:
+            log.error("shard 0: an order from shard %s refused: %s", link.peer, fault)
+            link.send(("refused", ticket, INTERNAL_ERROR, "INTERNAL_ERROR - not an order: %s" % fault))
+            return
+
         def done(result):
             if isinstance(result, AMQPError):
                 link.send(("refused", ticket, result.reply_code, result.reply_text))
@@ -261,7 +314,7 @@ class Definitions:
         owner = self.owner(key)
         self.origin = key[0]
         try:
-            return getattr(self, "_" + method)(host, access, owner, *args)
+            return self.AMQP_ORDERS[method](host, access, owner, *args)
         finally:
             self.origin = self.node.here
 
@@ -298,16 +351,35 @@ class Definitions:
     def _exchange_unbind(host, access, owner, destination, source, routing_key, arguments):
         host.unbind_exchange(destination, source, routing_key, arguments, access)
 
+    # an AMQP order's method -> the vhost call it makes (amqp_server.amqp.declarations names them)
+    AMQP_ORDERS = {
+        "queue_declare": _queue_declare, "queue_delete": _queue_delete, "queue_bind": _queue_bind,
+        "queue_unbind": _queue_unbind, "exchange_declare": _exchange_declare, "exchange_delete": _exchange_delete,
+        "exchange_bind": _exchange_bind, "exchange_unbind": _exchange_unbind,
+    }
+
     # -- every other shard applies -------------------------------------------------------------
 
     def batch(self, link, ticket: int, batch: int, changes: list) -> None:
         """A batch of shard 0's changes; one made before this shard's sync is
         kept until the sync, and then made only if the sync did not include it."""
+        changes = self.definition_changes(changes)
         if not self.synced.is_set():
             self._early.append((link, ticket, batch, changes))
             return
         self.apply(changes)
         link.send(("applied", ticket))
+
+    def definition_changes(self, changes: list, source: int = 0) -> list:
+        """The definition changes of `changes` (shard `source`'s); anything else is logged and left out."""
+        kept = []
+        for change in changes:
+            fault = change_fault(change)
+            if fault is None:
+                kept.append(change)
+            else:
+                log.error("shard %d: a change from shard %s refused: %s", self.node.here, source, fault)
+        return kept
 
     def apply(self, changes: list) -> None:
         with self.nested():
@@ -321,9 +393,7 @@ class Definitions:
         broker = self.node.broker
         if change[0] == "broker":
             _kind, method, args, kwargs = change
-            if not getattr(getattr(type(broker), method, None), "every_shard", False):
-                raise ValueError("%r is not a definition change" % (method,))  # logged, skipped (apply)
-            getattr(broker, method)(*args, **kwargs)
+            getattr(broker, method)(*args, **kwargs)  # one of BROKER_CHANGES (definition_changes)
             return
         kind, vhost = change[0], change[1]
         host = broker.vhosts.get(vhost)
@@ -397,9 +467,10 @@ class Definitions:
     def sync(self, theirs: list[tuple]) -> None:
         """Make this shard's definitions shard 0's: undo what it has that
         shard 0 has not, then make what it lacks."""
+        theirs = self.definition_changes(theirs)
         ours = self.everything()
-        keys = {pickle.dumps(change): change for change in theirs}
-        mine = {pickle.dumps(change): change for change in ours}
+        keys = {pack(change): change for change in theirs}  # equal changes encode equally
+        mine = {pack(change): change for change in ours}
         missing = [keys[key] for key in keys if key not in mine]
         extra = [mine[key] for key in mine if key not in keys]
         undo = []
@@ -500,7 +571,7 @@ class Definitions:
         is made here, and so reaches every shard: a queue only as the offering
         shard's own, never one shard 0 knows otherwise (its definition wins)."""
         adopted = 0
-        for change in offer:
+        for change in self.definition_changes(offer, peer):
             kind, host = change[0], self.node.broker.vhosts.get(change[1])
             if host is None:
                 continue

@@ -3,33 +3,30 @@ link directory (amqp_server.process.shards). There is one per pair of
 shards, which carries everything between them both ways; who opens it
 is amqp_server.shards.mesh's rule.
 
-Framing: a 4-byte big-endian length, then a pickled list of records. What a
-shard sends in one loop turn leaves in one write (`send` queues, the end of
-the turn flushes), cut into frames of about FRAME_TARGET bytes each, so a
-burst of small publishes costs one pickle, and a burst of large ones (a
+Framing: a 4-byte big-endian length, then a msgpack list of records. Only
+this node's processes reach the directory (mode 0700), yet a frame is read
+as data only (amqp_server.shards.codec: no class or function a frame could
+name), so the same records may cross nodes (docs/scaling.md). What a shard
+sends in one loop turn leaves in one write (`send` queues, the end of the
+turn flushes), cut into frames of about FRAME_TARGET bytes each, so a burst
+of small publishes costs one encoding, and a burst of large ones (a
 consumer's prefetch of 1 MiB messages) never makes a frame the reader must
 refuse: only a single record larger than FRAME_TARGET makes a larger frame,
-and no record is larger than MAX_FRAME (a message is at most 512 MiB).
-
-Only this node's own processes can reach the directory (mode 0700, same
-user), but a frame is still read as data, never as code (`decode`): pickle
-builds the builtin values by itself, and the only classes a frame may name
-are the value types records carry (CARRIED), so no bytes on a link can
-call a function or build another object. That is what lets the same
-records cross nodes later (docs/scaling.md). A frame that does not decode,
-or is not a list, closes the link, never the shard; a record that is not
-one (a tuple named by a str, of its name's arity) is logged and skipped.
-
-Records are tuples whose first item, a str, names them (amqp_server.shards.records).
+and no record is larger than MAX_FRAME (a message is at most 512 MiB). A
+frame that does not decode, or is not a list, closes the link, never the
+shard; each record is checked against its kind's fields where it is
+handled (Mesh.received, amqp_server.shards.records). A record that cannot
+be encoded is logged and dropped, not the others of its frame.
 """
 from __future__ import annotations
 
 import asyncio
-import io
 import logging
-import pickle
 import struct
 import time
+
+from amqp_server.shards.codec import keeping_byte_arrays, pack, unpack
+from amqp_server.shards.records import TABLES
 
 log = logging.getLogger("hutch.shards")
 
@@ -48,35 +45,31 @@ _RECORD_WEIGHT = 64
 FULL_ABOVE = 8 * 1024 * 1024
 FULL_BELOW = 2 * 1024 * 1024
 
-# (module, name) of every class a record may hold besides pickle's own builtin
-# values: the values an AMQP field table decodes to (amqp_server.amqp.framing;
-# an aware datetime brings its timezone), a permission (set_permissions and a
-# sync), a dead letter (to shard 0's log). Building one runs no code of the
-# sender's choosing: a constructor of values, or a dataclass given its fields.
-CARRIED = frozenset({
-    ("decimal", "Decimal"),
-    ("datetime", "datetime"), ("datetime", "timezone"), ("datetime", "timedelta"),
-    ("vhosts.users", "Permission"),
-    ("storage.dead_letter_log", "DeadLetter"),
-})
 
-
-class _Records(pickle.Unpickler):
-    def find_class(self, module: str, name: str):
-        if (module, name) not in CARRIED:
-            raise pickle.UnpicklingError("a link carries no %s.%s" % (module, name))
-        return super().find_class(module, name)
-
-
-def decode(frame: bytes) -> list:
-    """The records of one frame; UnpicklingError when it is not a list, or
-    names a class a link does not carry. Each record's shape is checked where
-    it is handled (a malformed one is logged and skipped, Link.data_received),
-    not in a pass of its own over every record."""
-    records = _Records(io.BytesIO(frame)).load()
+def decode(frame) -> list:
+    """The records of one frame (bytes, or a view of them); ValueError when
+    it does not decode, or is not a list."""
+    records = unpack(frame)
     if type(records) is not list:
-        raise pickle.UnpicklingError("a frame is not a list of records")
+        raise ValueError("a frame is not a list of records")
     return records
+
+
+def encode(records: list) -> bytes:
+    """One frame of `records` (tuples: each goes as a list, which is what it decodes to)."""
+    lists = [list(keeping_byte_arrays(record)) if record[0] in TABLES else list(record) for record in records]
+    try:
+        return pack(lists)
+    except (TypeError, ValueError):  # a value no link carries: that record alone is dropped
+        kept = []
+        for record in lists:
+            try:
+                pack(record)
+            except (TypeError, ValueError) as exc:
+                log.error("shard link: a %s record cannot be sent: %s", _kind(record), exc)
+            else:
+                kept.append(record)
+        return pack(kept)
 
 
 def _weight(record: tuple) -> int:
@@ -88,7 +81,7 @@ def _weight(record: tuple) -> int:
 
 def _kind(record) -> str:
     """A record's name for a log line, whatever the record is."""
-    return repr(record[0] if type(record) is tuple and record else record)[:80]
+    return repr(record[0] if type(record) in (list, tuple) and record else record)[:80]
 
 
 class Link(asyncio.Protocol):
@@ -169,7 +162,7 @@ class Link(asyncio.Protocol):
             frames.append(records[start:] if start else records)
         out = []
         for frame in frames:
-            data = pickle.dumps(frame, protocol=pickle.HIGHEST_PROTOCOL)
+            data = encode(frame)
             out.append(_LENGTH.pack(len(data)))
             out.append(data)
         self.transport.writelines(out)
@@ -187,7 +180,8 @@ class Link(asyncio.Protocol):
             if len(buffer) < 4 + length:
                 return
             try:
-                records = decode(bytes(memoryview(buffer)[4:4 + length]))  # one copy; the view is gone after it
+                with memoryview(buffer)[4:4 + length] as frame:  # released before the buffer is cut
+                    records = decode(frame)
             except Exception:
                 log.exception("shard link from %s: an undecodable frame; closing the link", self.peer)
                 self.close()

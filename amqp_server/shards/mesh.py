@@ -15,7 +15,8 @@ node its process's exit (`_exited`, told by a pidfd), which its fencing
 (`_fence`) brings about after `heartbeat` seconds silent or without a
 link. Here too are the heartbeats (`_beat`), the records that wait for a
 link (`send_to`) and requests (`request`, `waiting`); the records are
-amqp_server.shards.records'.
+amqp_server.shards.records': one that does not fit its kind is logged and
+skipped (`received`), the link kept.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ import struct
 import time
 
 from amqp_server.shards.link import Link
+from amqp_server.shards.records import RECORDS
 
 log = logging.getLogger("hutch.shards")
 
@@ -356,12 +358,12 @@ class Mesh:
         self._owner_unlinked(peer)
         self._fence(peer, "has not linked again for %.1f s" % self.heartbeat)
 
-    def received(self, link: Link, record: tuple) -> None:
-        handler = self._handlers.get(record[0])
-        if handler is None:
-            log.error("shard %d: unknown record %r from shard %s", self.here, record[0], link.peer)
+    def received(self, link: Link, record: list) -> None:
+        fault = RECORDS.fault(record)
+        if fault is not None:
+            log.error("shard %d: a record from shard %s skipped: %s", self.here, link.peer, fault)
             return
-        handler(link, *record[1:])
+        self._handlers[record[0]](link, *record[1:])
 
     def _answered(self, ticket: int, record: tuple) -> None:
         callback = self.waiting.pop(ticket, None)

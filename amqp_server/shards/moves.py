@@ -6,7 +6,9 @@ its link, behind every publish the connection sent across; the owner serves
 the connection once both halves came (`_arrived`), or drops a half whose
 other never comes (`_forget`). Before a move on a node of more than two
 shards, `ping_others` makes one round trip on the link to every third shard,
-so that each has handled what the connection sent it from here.
+so that each has handled what the connection sent it from here. The state
+travels encoded as records are (amqp_server.shards.codec) and is checked
+(`_MOVE`) before the connection is served.
 """
 from __future__ import annotations
 
@@ -14,9 +16,11 @@ import asyncio
 import itertools
 import logging
 import os
-import pickle
 import socket
 import struct
+
+from amqp_server.shards.codec import keeping_byte_arrays, pack, unpack
+from amqp_server.shards.records import Kinds
 
 log = logging.getLogger("hutch.shards")
 
@@ -27,6 +31,8 @@ MOVE_TIMEOUT = 2.0
 # behind what the link carried before it, which a busy owner may take a while to read.
 ARRIVAL_TIMEOUT = 30.0
 _LENGTH = struct.Struct(">I")
+# What comes with a moving connection's socket (amqp_server.amqp.hand_over.state_of: its state).
+_MOVE = Kinds("move", {"move": {"mover": int, "move": tuple, "state": dict, "pending": bytes}})
 
 
 class Moves:
@@ -76,14 +82,15 @@ class Moves:
         if link is None:
             return False
         move_id = (os.getpid(), next(self._move_ids))  # unique also across the mover's restarts
-        data = pickle.dumps((self.here, move_id, state, pending), protocol=pickle.HIGHEST_PROTOCOL)
         try:
+            # TypeError: a value no shard carries. Its client properties are a field table.
+            data = pack(keeping_byte_arrays(("move", self.here, move_id, state, pending)))
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as move:
                 move.settimeout(MOVE_TIMEOUT)
                 move.connect(self.shard.socket(shard) + MOVES)
                 socket.send_fds(move, [_LENGTH.pack(len(data))], [fd])
                 move.sendall(data)
-        except OSError as exc:
+        except (OSError, TypeError) as exc:
             log.warning("shard %d: a connection could not move to shard %d: %s", self.here, shard, exc)
             return False
         link.send(("moved", move_id))
@@ -131,8 +138,12 @@ class Moves:
                     if not chunk:
                         raise ConnectionError("the moving shard closed early")
                     data += chunk
-                mover, move_id, state, pending = pickle.loads(data)
-        except (OSError, ValueError, struct.error, pickle.UnpicklingError) as exc:
+                arrived = unpack(data)
+                fault = _MOVE.fault(arrived)
+                if fault is not None:
+                    raise ValueError(fault)
+                _kind, mover, move_id, state, pending = arrived
+        except (OSError, ValueError, struct.error) as exc:
             log.error("shard %d: a connection moving here was lost: %s", self.here, exc)
             for fd in fds:
                 os.close(fd)
