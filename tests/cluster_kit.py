@@ -5,11 +5,15 @@ Each node gets fixed free ports (not 0), so a node that re-executes itself
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
+import fcntl
 import os
+import random
 import shutil
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -23,51 +27,94 @@ SECRET = "the-test-clusters-shared-secret"  # cluster.secret of every node the t
 from server_process import ROOT, ServerProcess, spawn  # noqa: F401 - ROOT for the cluster tests
 
 
-# Every port free_ports handed out in this process: a node binds its ports only once it runs, so
-# the kernel may offer a port again that an earlier node of the same test has been given but not
-# bound yet (seen: n2 given n1's MQTT port for AMQP, "address already in use").
-_handed_out: set[int] = set()
+# The ports free_ports hands out: a node binds its ports only once it runs (and again on each
+# restart, after a kill or a fencing), so a port must stay out of every other hand's reach from
+# being handed out to the end of the process. Hence ports below the kernel's ephemeral range
+# (/proc/sys/net/ipv4/ip_local_port_range), which neither a listener on port 0 nor a client's
+# connect is ever given, each reserved by a file of its own in RESERVED that names the process
+# holding it: two test processes (pytest-xdist's workers, another run of the suite) never hold
+# the same port. A reservation ends with its process; one of a process that is gone is taken
+# over. (Seen before: n2 given n1's MQTT port for AMQP, "address already in use".)
+RESERVED = Path(tempfile.gettempdir()) / "hutch-test-ports"
+LOWEST_PORT = 20000
+_held: list[int] = []
+
+
+def _ephemeral_start() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _reserve(port: int) -> bool:
+    """Whether `port` is now this process's (the caller holds RESERVED's lock)."""
+    path = RESERVED / str(port)
+    try:
+        owner = int(path.read_text() or "0")
+    except FileNotFoundError:
+        owner = None
+    except ValueError:
+        owner = 0
+    if owner is not None:
+        if owner == os.getpid() or os.path.exists("/proc/%d" % owner):
+            return False
+        path.unlink()
+    if not _bindable(port):
+        return False
+    path.write_text(str(os.getpid()))
+    _held.append(port)
+    return True
+
+
+@atexit.register
+def _release() -> None:
+    for port in _held:
+        with contextlib.suppress(OSError):
+            (RESERVED / str(port)).unlink()
+
+
+def _handing_out(count: int, consecutive: bool) -> list[int]:
+    top = min(_ephemeral_start(), 65536)
+    if top - LOWEST_PORT < 1000:
+        raise RuntimeError("the ephemeral port range starts at %d: too few ports below it for the tests" % top)
+    RESERVED.mkdir(exist_ok=True)
+    with open(RESERVED / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        ports: list[int] = []
+        port = random.randrange(LOWEST_PORT, top - count)
+        for _ in range(top - LOWEST_PORT):
+            port = port + 1 if port + 1 < top else LOWEST_PORT
+            if consecutive and ports and port != ports[-1] + 1:
+                ports = []  # wrapped around: a run cannot go on past the top
+            if _reserve(port):
+                ports.append(port)
+                if len(ports) == count:
+                    return ports
+            elif consecutive:
+                ports = []  # the run ends here; what it held stays held (this process's)
+        raise RuntimeError("no %d free test ports between %d and %d" % (count, LOWEST_PORT, top))
 
 
 def free_port_run(count: int) -> int:
-    """The first of `count` consecutive ports free now and not handed out
-    before (a node of `count` shards listens for replication on each)."""
-    while True:
-        first = free_ports(1)[0]
-        run = range(first, first + count)
-        if run[-1] > 65535 or any(port in _handed_out for port in run[1:]):
-            continue
-        sockets = []
-        try:
-            for port in run[1:]:
-                s = socket.socket()
-                sockets.append(s)
-                s.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        finally:
-            for s in sockets:
-                s.close()
-        _handed_out.update(run)
-        return first
+    """The first of `count` consecutive ports, free and reserved for this
+    process (a node of `count` shards listens for replication on each)."""
+    return _handing_out(count, consecutive=True)[0]
 
 
 def free_ports(count: int) -> list[int]:
-    """`count` ports free now and not handed out before in this process."""
-    sockets, ports = [], []
-    try:
-        while len(ports) < count:
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            sockets.append(s)  # held until all are picked, so none is offered twice in this call
-            port = s.getsockname()[1]
-            if port not in _handed_out:
-                _handed_out.add(port)
-                ports.append(port)
-        return ports
-    finally:
-        for s in sockets:
-            s.close()
+    """`count` ports free now and reserved for this process (above)."""
+    return _handing_out(count, consecutive=False)
 
 
 def until(predicate, timeout: float, what: str, interval: float = 0.05):

@@ -46,6 +46,7 @@ from amqp_server.process.shards import usable_cores
 from helpers import assert_serves, unique, wait_for  # noqa: F401 - unique, wait_for re-exported
 from http_api import Api, segment
 from server_process import ROOT, ServerProcess, spawn  # noqa: F401 - ROOT re-exported
+import tiers
 
 LISTENING = re.compile(r"listening for (AMQPS?|MQTTS?|STREAMS?|HTTP|PROMETHEUS) on [^ ]+:(\d+)")
 ALL_PERMISSIONS = {"configure": ".*", "write": ".*", "read": ".*"}
@@ -267,3 +268,32 @@ def framing_c():
     if getattr(_framing, "VERSION", None) != C_VERSION:
         unavailable("amqp_server.amqp._framing at %s is a stale build (rebuild it in place)" % _framing.__file__)
     return _framing
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Every test gets its tier's marker and, with `--dist loadgroup`, its
+    xdist group, which the xdist plugin keeps on one worker (tests/tiers.py).
+    On an xdist worker the groups that take longest come first (the processes
+    tier, the shared services, then the rest by tier, each in file order):
+    with --no-loadscope-reorder xdist hands out the groups in this order, so
+    the longest start early instead of ending the run alone."""
+    unknown = set()
+    order = {}
+    for index, item in enumerate(items):
+        try:
+            item_tier = tiers.tier(item)
+        except KeyError as exc:
+            unknown.add(exc.args[0])
+            continue
+        name = item_tier.split(":")[0]
+        item.add_marker(getattr(pytest.mark, name))
+        group = tiers.group(item, item_tier)
+        if getattr(config.option, "loadgroup", False):
+            item.add_marker(pytest.mark.xdist_group(group))
+        order[item] = (tiers.start_rank(group, item_tier), index)
+    if unknown:
+        raise pytest.UsageError("tests/tiers.py gives no tier to %s: add %s to its FILES"
+                                % (", ".join(sorted(unknown)), "them" if len(unknown) > 1 else "it"))
+    if hasattr(config, "workerinput"):
+        items.sort(key=order.__getitem__)

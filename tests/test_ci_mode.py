@@ -1,7 +1,7 @@
 """Tests that need a service say so: with $CI set (.ci/run sets it), a test
 whose browser or reference RabbitMQ is missing fails, naming what is missing;
 without $CI it is skipped. Each case runs pytest on one such test in a child
-process, with the service made unreachable."""
+process (one process: -n 0), with the service made unreachable."""
 from __future__ import annotations
 
 import os
@@ -34,7 +34,7 @@ def run_pytest(test: str, env: dict, ci: bool) -> subprocess.CompletedProcess:
     environ.update(env)
     if ci:
         environ["CI"] = "true"
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", test],
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", "-rs", test],
                           cwd=ROOT, env=environ, capture_output=True, text=True, timeout=120)
 
 

@@ -14,6 +14,7 @@ import struct
 
 import pytest
 
+from cluster_kit import free_ports
 from helpers import unique, wait_for
 from mqtt_raw import DISCONNECT, RawMQTT, connect_packet, packet, parse_publish, publish_packet, subscribe_packet, until_ping
 
@@ -23,9 +24,10 @@ def _in_ci() -> bool:
 
 
 def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A port for Mosquitto that no other process of the suite can take before it listens
+    (a freed port 0 one could go to a broker of another xdist worker: then "mosquitto" would be
+    that hutch)."""
+    return free_ports(1)[0]
 
 
 def _listening(port: int) -> bool:
