@@ -162,7 +162,9 @@ FILES = {
     "test_shard_consumers.py": "processes",
     "test_shard_count.py": "broker",
     "test_shard_faults.py": "processes",
+    "test_shard_link_loss.py": "processes",
     "test_shard_links.py": "processes",
+    "test_shard_records.py": "processes",
     "test_shard_soak.py": "processes",
     "test_shard_transactions.py": "processes",
     "test_shards.py": "processes",
@@ -203,6 +205,8 @@ TESTS = {
         "service:chromium",
     "test_cluster_operations.py::test_a_node_that_runs_alone_reports_itself_and_refuses_cluster_operations":
         "broker",
+    "test_cluster_shards.py::test_a_shard_leader_past_its_lease_hands_nothing_to_consumers_on_other_nodes":
+        "service:netns",
     "test_cluster_shards.py::test_every_node_leads_a_shard_and_a_killed_nodes_shards_move_without_losing_a_confirm":
         "service:chromium",
     "test_data_directory_lock.py::test_a_start_after_a_sigkill_of_the_supervisor_waits_until_its_shards_have_ended":
