@@ -63,8 +63,9 @@ SUBPACKAGES: dict[str, tuple[frozenset | None, frozenset]] = {
     # compressed sub-entry batches (snappy, LZ4, zstd)
     "amqp_server.stream": (frozenset({"amqp_server.shared", "amqp_server.amqp.framing"}),
                            frozenset({"pamqp", "cramjam"})),
-    # the links between the shards of one node (docs/scaling.md): the domain's side only
-    "amqp_server.shards": (frozenset(), frozenset()),
+    # the links between the shards of one node (docs/scaling.md): the domain's side only; msgpack:
+    # the records' data-only codec (amqp_server.shards.codec)
+    "amqp_server.shards": (frozenset(), frozenset({"msgpack"})),
     "amqp_server.process": (ANYTHING, frozenset({"aiohttp", "uvloop"})),
 }
 # single modules outside amqp_server and the libraries they may import besides their package's, and why
