@@ -50,16 +50,28 @@ def messages_in(channel, queue: str) -> int:
 def test_a_link_lost_while_its_peer_lives_deletes_none_of_its_queues(node):
     """Shard 0 reads a frame that does not decode on its link with shard 1 and closes it: shard 1's
     exclusive and transient queues are still known to shard 0 (and the others) and usable from
-    there, and shard 1's client connection serves on, as do both processes."""
+    there, and shard 1's client connection serves on, as do both processes. On three shards a
+    consumer on shard 2 of shard 1's transient queue, whose link never broke, is not cancelled
+    and gets what follows (it was, while shard 0 took the loss for shard 1's end and dropped the
+    queue everywhere, even once shard 1's sync gave it back)."""
     pids = pid_of_shard(node, 0, node.shards), pid_of_shard(node, 1, node.shards)
     owner = on_shard(node.port, 1)
     mine = owner.channel()
     exclusive = mine.queue_declare("", exclusive=True).method.queue
     transient = mine.queue_declare(unique("transient"), arguments=LOCAL).method.queue
     mine.basic_publish("", transient, b"before")
+    third = None
+    if node.shards > 2:
+        consumed = mine.queue_declare(unique("consumed"), arguments=LOCAL).method.queue
+        third = Consumer(on_shard(node.port, 2).channel(), consumed)
     refused = node.log.count("an undecodable frame; closing the link")
     relinked(node, lambda: break_link(pids[1], pids[0]), 1, 0)
     assert node.log.count("an undecodable frame; closing the link") == refused + 1
+    if third is not None:
+        mine.basic_publish("", consumed, b"to the third")
+        third.until(lambda: third.got or third.cancelled, "a delivery on shard 2")
+        assert not third.cancelled and [body for _method, body in third.got] == [b"to the third"]
+        third.channel.connection.close()
     client = on_shard(node.port, 0)
     theirs = client.channel()
     assert messages_in(theirs, transient) == 1

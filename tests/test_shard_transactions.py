@@ -186,10 +186,13 @@ def test_a_commit_for_a_shard_that_stays_down_is_answered_after_the_shard_timeou
     tx = connection.channel()
     tx.tx_select()
     victim = pid_of_shard(node, last, of=node.shards)
+    lost = "shard 0: the link to shard %d is lost" % last
+    losses, serving = node.log.count(lost), node.log.count("listening for AMQP")
     node.process.send_signal(signal.SIGSTOP)  # the supervisor starts the shard again only once it runs again
     try:
         os.kill(victim, signal.SIGKILL)
-        wait_for(lambda: ended(victim), 10, what="the shard ended")
+        # shard 0 knows: a commit sent before would be answered at the link's loss, not wait
+        wait_for(lambda: ended(victim) and node.log.count(lost) > losses, 10, what="the shard ended")
         for queue in [far, *others]:
             tx.basic_publish("", queue, b"while down", PERSISTENT)
         started = time.monotonic()
@@ -200,6 +203,7 @@ def test_a_commit_for_a_shard_that_stays_down_is_answered_after_the_shard_timeou
     assert waited < SHARD_TIMEOUT + 3
     check = connection.channel()
     assert [drain(check, queue) for queue in others] == [[b"while down"]] * last
+    wait_for(lambda: node.log.count("listening for AMQP") > serving, 20, what="the last shard serving again")
     back = on_shard(node.port, last).channel()
     assert drain(back, far) == []
     back.connection.close()
