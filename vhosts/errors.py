@@ -57,6 +57,14 @@ class AMQPError(Exception):
         self._attributed = False
         super().__init__(self.reply_text)
 
+    @classmethod
+    def from_reply(cls, reply_code: int, reply_text: str) -> "AMQPError":
+        """The error another process answered, its reply text as it was (already "NAME - ...")."""
+        error = cls(reply_code, "")
+        error.reply_text = reply_text
+        error.args = (reply_text,)
+        return error
+
     def at(self, class_id: int, method_id: int) -> "AMQPError":
         """Attribute the error to a method unless it already is; returns self."""
         if not self._attributed:

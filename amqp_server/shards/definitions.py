@@ -54,13 +54,6 @@ from vhosts.remote_queue import RemoteQueue
 log = logging.getLogger("hutch.shards")
 
 
-def _refusal(code: int, text: str) -> AMQPError:
-    """The error shard 0 answered, its text as it was (already "NAME - ...")."""
-    error = AMQPError(code, "")
-    error.reply_text = text
-    return error
-
-
 class RemoteOwner:
     """Stands for a connection on another shard: the exclusive owner of its
     queues here (identity is what `VirtualHost.queue` compares)."""
@@ -249,7 +242,7 @@ class Definitions:
             if record[0] == "defined":
                 done(record[2])
             elif record[0] == "refused":
-                done(_refusal(record[2], record[3]))
+                done(AMQPError.from_reply(record[2], record[3]))
             else:
                 done(AMQPError(INTERNAL_ERROR, "shard 0, which orders definitions, did not answer: its link was lost"))
 

@@ -17,11 +17,11 @@ from __future__ import annotations
 import asyncio
 import itertools
 
-from amqp_server.shards.definitions import _refusal
 from amqp_server.shards.link import Link
 from storage import Message
 from vhosts import reply_to
 from vhosts.consumer import Consumer
+from vhosts.errors import AMQPError
 from vhosts.remote_queue import RemoteEntry, RemoteQueue, owner_down
 
 
@@ -136,7 +136,7 @@ class PortSide:
         queue, consumer = found
         if code:
             del self.consumers[cid]
-            queue.consume_answered(consumer.tag, _refusal(code, text))
+            queue.consume_answered(consumer.tag, AMQPError.from_reply(code, text))
         else:
             queue.consume_answered(consumer.tag, None)
 

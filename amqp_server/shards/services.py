@@ -56,7 +56,8 @@ class Services:
                 if record[0] == "answer":
                     future.set_result(record[2])
                 elif record[0] == "failed":
-                    future.set_exception(AMQPError(record[2], record[3]) if record[2] else RuntimeError(record[3]))
+                    future.set_exception(AMQPError.from_reply(record[2], record[3]) if record[2]
+                                         else RuntimeError(record[3]))
                 else:
                     future.set_exception(ShardGone("shard %d ended before it answered" % peer))
 
