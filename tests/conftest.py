@@ -218,6 +218,11 @@ def _hung(config, nodeid: str) -> None:
 # PySpark's driver stops answering callbacks (foreachBatch hangs) once this
 # process has file descriptors numbered past select()'s limit of 1024.
 SPARK_FD_BUDGET = 900
+# The timeout of a test that uses `spark` (pytest_collection_modifyitems): the first such test of
+# a process starts the session's JVM in its setup, 11 s on a quiet 2-core machine but over the
+# suite's 60 s per test seen with both xdist workers busy and other work on the machine, and a
+# session whose start was cut short fails every Spark test after it.
+SPARK_TIMEOUT = 180
 # Spark's driver JVMs (the `spark` fixture's, and those of the spark_sink and
 # hutchctl processes tests start, which inherit the environment) compile with
 # C1 only: the tests' jobs are tiny, and C2's compiling was a third of each
@@ -292,6 +297,10 @@ def pytest_collection_modifyitems(config, items):
         if getattr(config.option, "loadgroup", False):
             item.add_marker(pytest.mark.xdist_group(group))
         order[item] = (tiers.start_rank(group, item_tier), index)
+        if "spark" in getattr(item, "fixturenames", ()):
+            marker = item.get_closest_marker("timeout")
+            if float(marker.args[0] if marker else config.getini("timeout")) < SPARK_TIMEOUT:
+                item.add_marker(pytest.mark.timeout(SPARK_TIMEOUT), append=False)
     if unknown:
         raise pytest.UsageError("tests/tiers.py gives no tier to %s: add %s to its FILES"
                                 % (", ".join(sorted(unknown)), "them" if len(unknown) > 1 else "it"))

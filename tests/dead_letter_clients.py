@@ -68,6 +68,11 @@ class Workload:
                 ch.basic_nack(method.delivery_tag, requeue=False)
             else:
                 ch.basic_reject(method.delivery_tag, requeue=False)
+        # the rejections are in the log before anything else dies: the log's order is then the
+        # clients' (a reject is asynchronous, and its record may come from another shard's queue
+        # after the payments expired in shard 0's, seen with the suite on both cores)
+        wait_for(lambda: next_offset(self.broker, self.vhost) == before + rejected, timeout=10,
+                 what="the rejections in the log")
         self.publish("payments", expired, tag)
         if maxlen:
             self.publish("audit", maxlen + 2, tag)
