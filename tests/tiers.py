@@ -13,7 +13,7 @@
   Node and Java stream clients, network namespaces, cgroups. In CI such a
   test fails when its service is missing (tests/test_ci_mode.py).
 
-`python -m pytest -m "memory or broker"` is the fast tier (README).
+`python -m pytest -m memory` is the fast tier (README), `-m "memory or broker"` the next.
 
 conftest.pytest_collection_modifyitems marks every test with `tier(item)`:
 the entry of its file in FILES, raised by TESTS (one test of a file needs
