@@ -300,16 +300,7 @@ class Cluster:
         return [n for n in self.nodes if n is not leader]
 
     def cluster_status(self, node: HutchNode) -> dict | None:
-        def get():
-            request = urllib.request.Request("http://%s:%d/api/hutch/cluster" % (node.host.address, HTTP_PORT))
-            request.add_header("Authorization", "Basic " + base64.b64encode(
-                ("%s:%s" % (USER, PASSWORD)).encode()).decode())
-            try:
-                with urllib.request.urlopen(request, timeout=2) as reply:
-                    return json.load(reply)
-            except (OSError, ValueError):
-                return None
-        return self.inside(get)
+        return self.inside(lambda: management_get(node, "/api/hutch/cluster"))
 
     def all_in_sync(self) -> bool:
         """etcd's in-sync set names all three, and the leader lists each
@@ -713,3 +704,14 @@ def run(faults: list[str], lease_ttl: int = 2, keep: Path | None = None, log=lam
 if __name__ == "__main__":  # a quick look: python tests/partition_kit.py LOG_DIR leader-isolated ...
     print(json.dumps(run(sys.argv[2:] or ["leader-isolated"], keep=Path(sys.argv[1]),
                          log=lambda text: print(text, flush=True)), indent=1))
+
+
+def management_get(node: HutchNode, path: str):
+    """GET `path` of `node`'s management API from the calling namespace: the JSON, None on an error."""
+    request = urllib.request.Request("http://%s:%d%s" % (node.host.address, HTTP_PORT, path))
+    request.add_header("Authorization", "Basic " + base64.b64encode(("%s:%s" % (USER, PASSWORD)).encode()).decode())
+    try:
+        with urllib.request.urlopen(request, timeout=2) as reply:
+            return json.load(reply)
+    except (OSError, ValueError):
+        return None

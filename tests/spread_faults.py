@@ -39,7 +39,7 @@ from pathlib import Path
 
 import netns
 from cluster_kit import Load, shard_key, until
-from partition_kit import AMQP_PORT, HTTP_PORT, PASSWORD, REPLICATION_PORT, USER, EtcdMember, HutchNode
+from partition_kit import AMQP_PORT, PASSWORD, REPLICATION_PORT, USER, EtcdMember, HutchNode, management_get
 
 SHARDS = 3
 FAULTS = ("isolated", "cut-from-nodes", "etcd-minority")
@@ -141,16 +141,7 @@ class Spread:
 
     def api(self, node: HutchNode, path: str):
         """GET `path` of `node`'s management API (from the client namespace): the JSON, None on an error."""
-        def get():
-            request = urllib.request.Request("http://%s:%d%s" % (node.host.address, HTTP_PORT, path))
-            request.add_header("Authorization", "Basic " + base64.b64encode(
-                ("%s:%s" % (USER, PASSWORD)).encode()).decode())
-            try:
-                with urllib.request.urlopen(request, timeout=2) as reply:
-                    return json.load(reply)
-            except (OSError, ValueError):
-                return None
-        return netns.run_in(self.client.namespace, get)
+        return netns.run_in(self.client.namespace, lambda: management_get(node, path))
 
     def leaders(self) -> list[str | None]:
         return [self.get(shard_key(shard, "leader")) for shard in range(SHARDS)]
